@@ -1,0 +1,8 @@
+"""sglang-fp4-indexer: an MXFP4 index-key cache and Triton scorers for SGLang's DSA indexer.
+
+The core (``format``, ``pool``, ``reference``, ``ops``, ``schedule``, ``gate``,
+``dcp``) imports torch and Triton only; everything that touches SGLang lives in
+``sglang_fp4_indexer.sglang_plugin``. See DESIGN.md section 4 and docs/.
+"""
+
+__version__ = "0.1.0"

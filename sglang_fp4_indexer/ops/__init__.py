@@ -1,0 +1,1 @@
+"""Triton kernels, one public op per module (DESIGN section 4)."""
