@@ -22,6 +22,7 @@ __all__ = [
     "expand_context_lens",
     "paged_slots",
     "paged_logits_reference",
+    "paged_schedule_reference",
     "logits_from_keys",
     "topk_reference",
     "fp8_quantize_rows",
@@ -223,3 +224,51 @@ def fp8_quantize_rows(x: torch.Tensor, scale_fmt: str | None = None) -> tuple[to
 def fp8_dequantize_rows(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """Inverse of ``fp8_quantize_rows``: fp32 ``values * scales[..., None]``."""
     return values.to(torch.float32) * scales.unsqueeze(-1)
+
+
+def paged_schedule_reference(context_lens: torch.Tensor, block_kv: int, num_ctas: int) -> torch.Tensor:
+    """Oracle of the CTA schedule planner (``ops.schedule.plan_paged_schedule``).
+
+    Enumerates every tile ``(b, blk)`` explicitly, b-major, with
+    ``blk < max(1, ceil(max_len_b / block_kv))`` (``max_len_b`` is
+    ``context_lens[b]``, or the row maximum for ``[B, next_n]`` lengths), then
+    gives CTA ``i`` the flat tiles ``[i * T // num_ctas, (i + 1) * T // num_ctas)``.
+
+    Args:
+        context_lens: int ``[B]`` or ``[B, next_n]``, values >= 0.
+        block_kv: keys per tile (> 0).
+        num_ctas: CTAs of the persistent grid (>= 1).
+
+    Returns:
+        int32 ``[num_ctas + 1, 2]`` on ``context_lens``'s device: row ``i`` is the
+        ``(b, blk)`` of CTA ``i``'s first tile, ``(B, 0)`` when that is past the last tile.
+
+    Raises:
+        ValueError: bad rank or dtype, a negative length, ``block_kv <= 0`` or ``num_ctas < 1``.
+    """
+    if context_lens.dtype.is_floating_point or context_lens.dtype == torch.bool:
+        raise ValueError(f"context_lens: expected an integer tensor, got {context_lens.dtype}")
+    if context_lens.dim() not in (1, 2):
+        raise ValueError(f"context_lens: expected [B] or [B, next_n], got {list(context_lens.shape)}")
+    if block_kv <= 0:
+        raise ValueError(f"block_kv: expected > 0, got {block_kv}")
+    if num_ctas < 1:
+        raise ValueError(f"num_ctas: expected >= 1, got {num_ctas}")
+    lens = context_lens.to(torch.int64).cpu()
+    lens = lens if lens.dim() == 2 else lens[:, None]
+    if lens.numel() and int(lens.min()) < 0:
+        raise ValueError("context_lens: negative length")
+    batch = lens.shape[0]
+    tiles = []
+    for b in range(batch):
+        max_len = int(lens[b].max()) if lens.shape[1] else 0
+        blk = 0
+        while True:
+            tiles.append((b, blk))
+            blk += 1
+            if blk * block_kv >= max_len:
+                break
+    tiles.append((batch, 0))
+    total = len(tiles) - 1
+    rows = [tiles[i * total // num_ctas] for i in range(num_ctas + 1)]
+    return torch.tensor(rows, dtype=torch.int32).reshape(num_ctas + 1, 2).to(context_lens.device)
