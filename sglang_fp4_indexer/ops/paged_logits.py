@@ -1,0 +1,344 @@
+"""Paged FP4 scorer for decode and target verify (DESIGN.md section 5).
+
+``logits[r, j] = sum_h weights[r, h] * relu(q[r, h] . k_j)`` for the keys
+``j < len(r)`` of row ``r``'s request, read straight out of the paged MXFP4
+index-key cache through the block table; columns ``len(r) <= j < width`` are
+written ``-inf`` (so a plain top-k over the row is correct without lengths).
+
+Method. Each E2M1 nibble is turned into the e4m3 byte ``sign << 7 | (code & 7) << 2``
+with integer ops; read as e4m3 that byte is exactly ``E2M1(code) * 2**-6``
+(DESIGN section 3). One MMA per 32-element group multiplies the decoded keys
+with the index query (FP8 MMA where the GPU has it, bf16 MMA otherwise: both
+are exact products with fp32 accumulation); the group's partial product is
+scaled by its UE8M0 factor ``2**(code - 127)``, built from the code's bits
+(no ``exp2``), and accumulated in fp32. The constant ``2**6`` is applied once
+after relu and the head sum (``relu(c x) = c relu(x)`` for ``c > 0``). Work is
+split over a persistent grid by the CTA schedule (``ops/schedule.py``): program
+``i`` walks the (request, key block) tiles from ``schedule[i]`` to
+``schedule[i + 1]``; one tile scores all ``next_n`` rows of a request against
+``block_kv`` keys, so each key is read once per request.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..format import INDEX_HEAD_DIM
+from ..pool import PAGE_SIZE, check_cache
+
+__all__ = ["DEFAULT_BLOCK_KV", "SUPPORTED_HEADS", "paged_logits", "fp8_mma_available"]
+
+#: Keys per tile (one page). The CTA schedule must be planned with the same value.
+DEFAULT_BLOCK_KV = 64
+#: Index head counts the scorer supports (powers of two; 32 and 64 are the DSA models').
+SUPPORTED_HEADS = (16, 32, 64, 128)
+_MAX_NEXT_N = 8
+
+
+def fp8_mma_available(device: torch.device) -> bool:
+    """Whether the scorer uses FP8 MMA on ``device``.
+
+    True on CUDA devices of compute capability 8.9 or newer (Ada, Hopper,
+    Blackwell) and on the CPU under ``TRITON_INTERPRET=1`` (the interpreter
+    emulates fp8 dots, so CPU tests exercise the same code path). False
+    elsewhere (the bf16-MMA path is used; it is exact in the same way).
+    """
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 9)
+    return device.type == "cpu"
+
+
+@triton.jit
+def _paged_logits_kernel(
+    q_ptr,
+    w_ptr,
+    cache_ptr,
+    bt_ptr,
+    lens_ptr,
+    sched_ptr,
+    out_ptr,
+    num_pages,
+    max_pages,
+    width,
+    stride_q_row,
+    stride_q_head,
+    stride_w_row,
+    stride_bt,
+    stride_out,
+    LENS_PER_ROW: tl.constexpr,
+    NEXT_N: tl.constexpr,
+    NEXT_N_PAD: tl.constexpr,
+    H: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    DOT_MODE: tl.constexpr,
+):
+    NH: tl.constexpr = NEXT_N_PAD * H
+    PAGE_BYTES: tl.constexpr = PAGE * 68
+    pid = tl.program_id(0)
+    b = tl.load(sched_ptr + pid * 2)
+    blk = tl.load(sched_ptr + pid * 2 + 1)
+    b_end = tl.load(sched_ptr + pid * 2 + 2)
+    blk_end = tl.load(sched_ptr + pid * 2 + 3)
+
+    offs_i = tl.arange(0, NEXT_N_PAD)
+    offs_kv = tl.arange(0, BLOCK_KV)
+    offs_n = tl.arange(0, NH)  # combined (row-in-request, head) index n = i * H + h
+    n_row = offs_n // H
+    n_head = offs_n % H
+    offs_k = tl.arange(0, 32)
+    offs_c = tl.arange(0, 16)
+    neg_inf = tl.full((BLOCK_KV, NEXT_N_PAD), float("-inf"), tl.float32)
+
+    while (b < b_end) | ((b == b_end) & (blk < blk_end)):
+        # Visible keys of each of the request's next_n rows.
+        if LENS_PER_ROW:
+            lens = tl.load(lens_ptr + b * NEXT_N + offs_i, mask=offs_i < NEXT_N, other=0)
+        else:
+            ctx = tl.load(lens_ptr + b)
+            lens = ctx - NEXT_N + 1 + offs_i
+        lens = tl.where(offs_i < NEXT_N, tl.maximum(lens, 0), 0)
+        max_len = tl.max(lens, axis=0)
+        nblocks = tl.maximum(tl.cdiv(max_len, BLOCK_KV), 1)
+        row0 = b * NEXT_N
+
+        kv = blk * BLOCK_KV + offs_kv
+        in_req = kv < max_len
+        page = tl.load(bt_ptr + b.to(tl.int64) * stride_bt + kv // PAGE, mask=in_req, other=0)
+        ok = in_req & (page >= 0) & (page < num_pages)
+        prow = kv % PAGE
+        page_base = page.to(tl.int64) * PAGE_BYTES
+        payload_base = page_base + prow * 64
+        # Scale plane row of a token: pool.scale_row(row) -- the identity in this layout.
+        scale_base = page_base + PAGE * 64 + prow * 4
+
+        q_rows = row0 + n_row
+        n_ok = n_row < NEXT_N
+        w = tl.load(w_ptr + q_rows.to(tl.int64) * stride_w_row + n_head, mask=n_ok, other=0.0)
+        q_base = q_ptr + q_rows.to(tl.int64) * stride_q_row + n_head * stride_q_head
+
+        acc = tl.zeros((BLOCK_KV, NH), dtype=tl.float32)
+        for g in tl.static_range(4):
+            packed = tl.load(
+                cache_ptr + payload_base[:, None] + g * 16 + offs_c[None, :], mask=ok[:, None], other=0
+            )
+            lo = packed & 0x0F
+            hi = packed >> 4
+            e_lo = ((lo & 0x08) << 4) | ((lo & 0x07) << 2)
+            e_hi = ((hi & 0x08) << 4) | ((hi & 0x07) << 2)
+            # Element 2c is the low nibble of byte c, element 2c + 1 the high nibble.
+            k_bits = tl.reshape(tl.join(e_lo, e_hi), (BLOCK_KV, 32))
+            k_g = k_bits.to(tl.float8e4nv, bitcast=True)
+            q_g = tl.load(q_base[None, :] + g * 32 + offs_k[:, None], mask=n_ok[None, :], other=0.0)
+            if DOT_MODE == 0:  # FP8 MMA: e4m3 x e4m3, exact products
+                part = tl.dot(k_g, q_g)
+            elif DOT_MODE == 1:  # fp16 MMA: both e4m3 operands are exact in fp16
+                part = tl.dot(k_g.to(tl.float16), q_g.to(tl.float16))
+            elif DOT_MODE == 2:  # bf16 MMA for bf16 queries
+                part = tl.dot(k_g.to(tl.bfloat16), q_g.to(tl.bfloat16))
+            else:  # fp32 (interpreter only: its bf16 dot is unreliable)
+                part = tl.dot(k_g.to(tl.float32), q_g.to(tl.float32), input_precision="ieee")
+            code = tl.load(cache_ptr + scale_base + g, mask=ok, other=127).to(tl.int32)
+            factor = (code << 23).to(tl.float32, bitcast=True)  # 2 ** (code - 127), exact
+            acc += part * factor[:, None]
+
+        contrib = tl.maximum(acc, 0.0) * w[None, :]
+        logits = tl.sum(tl.reshape(contrib, (BLOCK_KV, NEXT_N_PAD, H)), axis=2) * 64.0
+        visible = (kv[:, None] < lens[None, :]) & ok[:, None]
+        logits = tl.where(visible, logits, neg_inf)
+        out_rows = (row0 + offs_i).to(tl.int64) * stride_out
+        store_mask = (offs_i[None, :] < NEXT_N) & (kv[:, None] < width)
+        tl.store(out_ptr + out_rows[None, :] + kv[:, None], logits, mask=store_mask)
+
+        # The request's last tile also writes -inf over the rest of the row.
+        if blk == nblocks - 1:
+            for c0 in range((blk + 1) * BLOCK_KV, width, BLOCK_KV):
+                cols = c0 + offs_kv
+                tail_mask = (offs_i[None, :] < NEXT_N) & (cols[:, None] < width)
+                tl.store(out_ptr + out_rows[None, :] + cols[:, None], neg_inf, mask=tail_mask)
+
+        blk += 1
+        if blk >= nblocks:
+            b += 1
+            blk = 0
+
+
+_DOT_MODES = {"fp8": 0, "fp16": 1, "bf16": 2, "fp32": 3}
+
+
+def _dot_mode(mma: str, q: torch.Tensor) -> int:
+    """Pick the MMA input type. Every mode multiplies exactly and accumulates in fp32."""
+    if mma not in ("auto",) + tuple(_DOT_MODES):
+        raise ValueError(f"mma: expected 'auto', 'fp8', 'fp16', 'bf16' or 'fp32', got {mma!r}")
+    is_fp8 = q.dtype == torch.float8_e4m3fn
+    if mma in ("fp8", "fp16") and not is_fp8:
+        raise ValueError(f"mma: {mma!r} needs q in float8_e4m3fn (bf16 queries are not exact in it)")
+    if mma == "auto":
+        if is_fp8:
+            mma = "fp8" if fp8_mma_available(q.device) else "fp16"
+        else:
+            mma = "fp32" if q.device.type == "cpu" else "bf16"
+    return _DOT_MODES[mma]
+
+
+def _check_inputs(q, weights, cache, block_table, context_lens, page_size):
+    check_cache(cache, page_size)
+    dev = cache.device
+    if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[2] != INDEX_HEAD_DIM:
+        raise ValueError(f"q: expected [rows, H, {INDEX_HEAD_DIM}], got {getattr(q, 'shape', q)}")
+    if q.dtype not in (torch.float8_e4m3fn, torch.bfloat16):
+        raise ValueError(f"q: expected float8_e4m3fn or bfloat16, got {q.dtype}")
+    if q.stride(2) != 1:
+        raise ValueError("q: the last (128-element) dimension must be contiguous")
+    rows, heads = q.shape[0], q.shape[1]
+    if heads not in SUPPORTED_HEADS:
+        raise ValueError(f"q: {heads} index heads; supported: {SUPPORTED_HEADS}")
+    if weights.dtype != torch.float32 or tuple(weights.shape) != (rows, heads):
+        raise ValueError(f"weights: expected float32 [{rows}, {heads}], got {weights.dtype} {list(weights.shape)}")
+    if weights.stride(1) != 1:
+        raise ValueError("weights: the head dimension must be contiguous")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or not block_table.is_contiguous():
+        raise ValueError(
+            f"block_table: expected contiguous int32 [B, max_pages], got {block_table.dtype} {list(block_table.shape)}"
+        )
+    batch = block_table.shape[0]
+    if batch == 0 or rows % batch:
+        raise ValueError(f"q: rows ({rows}) must be a positive multiple of the block_table batch ({batch})")
+    next_n = rows // batch
+    if next_n > _MAX_NEXT_N:
+        raise ValueError(f"q: next_n = {next_n} rows per request; at most {_MAX_NEXT_N} supported")
+    if context_lens.dtype != torch.int32 or not context_lens.is_contiguous():
+        raise ValueError(f"context_lens: expected contiguous int32, got {context_lens.dtype}")
+    if tuple(context_lens.shape) not in ((batch,), (batch, next_n)):
+        raise ValueError(f"context_lens: expected [{batch}] or [{batch}, {next_n}], got {list(context_lens.shape)}")
+    for name, t in (("q", q), ("weights", weights), ("block_table", block_table), ("context_lens", context_lens)):
+        if t.device != dev:
+            raise ValueError(f"{name}: on {t.device}, but the cache is on {dev}")
+    return rows, heads, batch, next_n
+
+
+def paged_logits(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    width: int | None = None,
+    schedule: torch.Tensor | None = None,
+    block_kv: int = DEFAULT_BLOCK_KV,
+    page_size: int = PAGE_SIZE,
+    out: torch.Tensor | None = None,
+    check: bool = True,
+    mma: str = "auto",
+) -> torch.Tensor:
+    """Score index queries against the paged FP4 index-key cache (decode / target verify).
+
+    Rows are ``r = b * next_n + i`` (``next_n = rows // B``); row ``r`` sees the
+    first ``len(r)`` keys of request ``b`` (``reference.expand_context_lens``:
+    with ``[B]`` lengths, ``ctx - next_n + i + 1``), key ``j`` at slot
+    ``block_table[b, j // page_size] * page_size + j % page_size``.
+
+    Args:
+        q: ``[B * next_n, H, 128]`` float8_e4m3fn (bf16 accepted) index queries,
+            last dim contiguous; ``H`` in ``SUPPORTED_HEADS``.
+        weights: fp32 ``[B * next_n, H]`` head weights (q scale folded in).
+        cache: uint8 ``[num_pages, page_size * 68]`` one layer's FP4 index-key cache.
+        block_table: int32 ``[B, max_pages]`` page indices.
+        context_lens: int32 ``[B]`` or ``[B, next_n]``.
+        width: logits columns (default ``max_pages * page_size``); keys past
+            ``width`` are not scored.
+        schedule: int32 ``[num_ctas + 1, 2]`` CTA schedule from
+            ``ops.schedule.plan_paged_schedule(context_lens, block_kv, num_ctas)``;
+            planned here when ``None`` (one extra small launch).
+        block_kv: keys per tile; must equal the value the schedule was planned with.
+        out: optional fp32 ``[rows, width]`` output (row stride free, columns contiguous).
+        check: validate lengths and page indices against the cache (reads them on
+            the host: a sync). With ``check=False`` (the serving path, CUDA graphs)
+            keys on out-of-range pages are masked by the kernel, never read out
+            of bounds, and their columns are written ``-inf``.
+        mma: MMA input type. ``"auto"``: ``"fp8"`` when q is e4m3 and
+            ``fp8_mma_available``, else ``"fp16"`` (both e4m3 operands are exact
+            in fp16); for bf16 q ``"bf16"`` on a GPU and ``"fp32"`` under the CPU
+            interpreter (whose bf16 dot is unreliable in triton 3.8). Every mode
+            multiplies exactly and accumulates in fp32.
+
+    Returns:
+        fp32 ``[rows, width]``: the logits; ``-inf`` at columns ``>= len(r)``.
+
+    Raises:
+        ValueError: wrong dtype, shape, device or contiguity of any argument; with
+            ``check=True`` also a row length over ``width`` or the block table, or
+            a page index outside the cache.
+    """
+    rows, heads, batch, next_n = _check_inputs(q, weights, cache, block_table, context_lens, page_size)
+    max_pages = block_table.shape[1]
+    if width is None:
+        width = max_pages * page_size
+    if not isinstance(width, int) or width < 1:
+        raise ValueError(f"width: expected a positive int, got {width!r}")
+    if not isinstance(block_kv, int) or block_kv < 16 or block_kv & (block_kv - 1):
+        raise ValueError(f"block_kv: expected a power of two >= 16, got {block_kv!r}")
+    dot_mode = _dot_mode(mma, q)
+    if check:
+        from ..reference import expand_context_lens
+
+        lens = expand_context_lens(context_lens, next_n)
+        longest = int(lens.max()) if lens.numel() else 0
+        if longest > width:
+            raise ValueError(f"context_lens: a row sees {longest} keys, more than width {width}")
+        if longest > max_pages * page_size:
+            raise ValueError(
+                f"context_lens: a row sees {longest} keys, more than block_table's {max_pages} pages hold"
+            )
+        per_req = lens.max(dim=1).values
+        needed = (per_req + page_size - 1) // page_size
+        cols = torch.arange(max_pages, device=block_table.device)
+        used = cols[None, :] < needed[:, None]
+        if bool(used.any()):
+            pages = block_table[used]
+            if int(pages.min()) < 0 or int(pages.max()) >= cache.shape[0]:
+                raise ValueError(f"block_table: a page index in use lies outside the cache's {cache.shape[0]} pages")
+    if schedule is None:
+        from .schedule import plan_paged_schedule
+        from ..schedule import default_num_ctas
+
+        schedule = plan_paged_schedule(context_lens, block_kv, default_num_ctas(q.device))
+    if schedule.dtype != torch.int32 or schedule.dim() != 2 or schedule.shape[1] != 2 or schedule.shape[0] < 2:
+        raise ValueError(f"schedule: expected int32 [num_ctas + 1, 2], got {schedule.dtype} {list(schedule.shape)}")
+    if schedule.device != q.device or not schedule.is_contiguous():
+        raise ValueError("schedule: expected a contiguous tensor on the cache's device")
+    if out is None:
+        out = torch.empty((rows, width), dtype=torch.float32, device=q.device)
+    elif out.dtype != torch.float32 or tuple(out.shape) != (rows, width) or out.stride(1) != 1:
+        raise ValueError(f"out: expected float32 [{rows}, {width}] with contiguous columns, got {out.dtype} {list(out.shape)}")
+    next_n_pad = triton.next_power_of_2(next_n)
+    num_ctas = schedule.shape[0] - 1
+    _paged_logits_kernel[(num_ctas,)](
+        q,
+        weights,
+        cache,
+        block_table,
+        context_lens,
+        schedule,
+        out,
+        cache.shape[0],
+        max_pages,
+        width,
+        q.stride(0),
+        q.stride(1),
+        weights.stride(0),
+        block_table.stride(0),
+        out.stride(0),
+        LENS_PER_ROW=context_lens.dim() == 2,
+        NEXT_N=next_n,
+        NEXT_N_PAD=next_n_pad,
+        H=heads,
+        PAGE=page_size,
+        BLOCK_KV=block_kv,
+        DOT_MODE=dot_mode,
+        num_warps=4,
+    )
+    return out

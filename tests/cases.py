@@ -1,0 +1,72 @@
+"""Shared builders of paged-scorer test cases (random, seeded, any device).
+
+A case is a filled FP4 index-key cache with shuffled pages, a block table, row
+lengths, e4m3 index queries and fp32 weights, plus an error bound for the
+scorer: ``bound[r, j] = sum_h |w[r,h]| * sum_d |q[r,h,d] * k_j[d]|``, the sum of
+the magnitudes of every term of the logit. A float32 sum of n terms is within
+``n * 2**-24 * bound`` of the exact value, whatever the order of the additions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang_fp4_indexer.format import dequantize_index_k, quantize_index_k
+from sglang_fp4_indexer.pool import PAGE_SIZE, allocate_index_k_cache, payload_plane, read_index_k, scale_plane
+from sglang_fp4_indexer.reference import expand_context_lens, paged_slots
+
+
+@dataclass
+class PagedCase:
+    q: torch.Tensor
+    weights: torch.Tensor
+    cache: torch.Tensor
+    block_table: torch.Tensor
+    context_lens: torch.Tensor
+    next_n: int
+
+
+def make_paged_case(lens, next_n=1, heads=64, extra_pages=3, seed=0, device="cpu", per_row=False, q_dtype=torch.float8_e4m3fn):
+    """Build a case; ``lens`` are per-request context lengths (``[B]`` form) or per-row lists."""
+    g = torch.Generator().manual_seed(seed)
+    if per_row:
+        lens_t = torch.tensor(lens, dtype=torch.int32)
+        req_len = lens_t.max(dim=1).values
+    else:
+        lens_t = torch.tensor(lens, dtype=torch.int32)
+        req_len = lens_t
+    batch = len(lens)
+    max_pages = max(1, int((int(req_len.max()) + PAGE_SIZE - 1) // PAGE_SIZE))
+    num_pages = batch * max_pages + extra_pages
+    perm = torch.randperm(num_pages, generator=g)
+    block_table = perm[: batch * max_pages].view(batch, max_pages).to(torch.int32)
+    keys = torch.randn(num_pages * PAGE_SIZE, 128, generator=g) * torch.exp(torch.randn(num_pages * PAGE_SIZE, 1, generator=g))
+    payload, scales = quantize_index_k(keys)
+    cache = allocate_index_k_cache(num_pages)
+    payload_plane(cache)[:] = payload.view(num_pages, PAGE_SIZE, 64)
+    scale_plane(cache)[:] = scales.view(num_pages, PAGE_SIZE, 4)
+    rows = batch * next_n
+    q = (torch.randn(rows, heads, 128, generator=g) * 2).to(q_dtype)
+    weights = torch.rand(rows, heads, generator=g) * heads**-0.5
+    return PagedCase(
+        q.to(device), weights.to(device), cache.to(device), block_table.to(device), lens_t.to(device), next_n
+    )
+
+
+def term_bound(case: PagedCase, width: int) -> torch.Tensor:
+    """``sum_h |w| * sum_d |q k|`` per (row, column), fp64 ``[rows, width]`` (0 past a row's length)."""
+    lens = expand_context_lens(case.context_lens.cpu(), case.next_n).reshape(-1)
+    cache = case.cache.cpu()
+    rows = case.q.shape[0]
+    out = torch.zeros(rows, width, dtype=torch.float64)
+    for r in range(rows):
+        n = int(lens[r])
+        if n == 0:
+            continue
+        slots = paged_slots(case.block_table[r // case.next_n].cpu(), n)
+        k = dequantize_index_k(*read_index_k(cache, slots)).abs().double()
+        q = case.q[r].cpu().double().abs()
+        out[r, :n] = (k @ q.t()) @ case.weights[r].cpu().double().abs()
+    return out

@@ -1,0 +1,157 @@
+"""The paged FP4 scorer against the torch oracle (reference.paged_logits_reference).
+
+Tolerance: the kernel multiplies exactly (e4m3 x e4m3, or fp16/bf16 holding
+the same values) and accumulates in fp32 in an order of its own; the oracle
+sums in fp64. A float32 sum of n terms lies within n * 2**-24 of the sum of
+the terms' magnitudes; a logit is built from at most 32 + 4 + H + 2 roundings,
+so |kernel - oracle| <= 2e-5 * bound, with bound = sum_h |w| sum_d |q k| per
+column (tests/cases.py). Columns at or past a row's length must be exactly -inf.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cases import make_paged_case, term_bound
+
+from sglang_fp4_indexer.ops.paged_logits import paged_logits
+from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
+from sglang_fp4_indexer.reference import paged_logits_reference, topk_reference
+
+REL = 2e-5
+
+
+def _check(case, width=None, num_ctas=5, mma="auto", rel=REL, block_kv=64):
+    max_pages = case.block_table.shape[1]
+    width = width or max_pages * 64
+    sched = plan_paged_schedule(case.context_lens, block_kv, num_ctas)
+    out = torch.full((case.q.shape[0], width), float("nan"), dtype=torch.float32, device=case.q.device)
+    got = paged_logits(
+        case.q, case.weights, case.cache, case.block_table, case.context_lens,
+        width=width, schedule=sched, out=out, mma=mma, block_kv=block_kv,
+    )
+    assert got.data_ptr() == out.data_ptr()
+    ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width)
+    assert not torch.isnan(got).any(), "an output element was left unwritten"
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(got)), "-inf columns differ from the reference"
+    assert torch.all(got[~fin] == float("-inf"))
+    bound = term_bound(case, width).to(got.device)
+    err = (got.double() - ref.double()).abs()
+    assert torch.all(err[fin] <= rel * bound[fin] + 1e-30), f"max err {err[fin].max()} vs bound {bound[fin].max()}"
+    return got, ref
+
+
+@pytest.mark.parametrize("heads", [64, 32])
+@pytest.mark.parametrize("lens", [[1], [63], [64], [65], [1, 63, 64, 65, 130]])
+def test_decode_matches_reference(heads, lens):
+    _check(make_paged_case(lens, next_n=1, heads=heads, seed=len(lens) + heads))
+
+
+@pytest.mark.parametrize("heads", [64, 32])
+def test_target_verify_next_n_4(heads):
+    # [B] lengths: row i of a request sees ctx - next_n + i + 1 keys.
+    _check(make_paged_case([4, 66, 129], next_n=4, heads=heads, seed=heads))
+
+
+def test_next_n_per_row_lengths_and_padding():
+    # [B, next_n] lengths with next_n = 3 (padded to 4 inside the kernel), zero-length rows.
+    case = make_paged_case([[0, 5, 64], [70, 0, 1]], next_n=3, heads=32, per_row=True, seed=7)
+    _check(case, width=150)
+
+
+def test_more_ctas_than_tiles_and_one_cta():
+    case = make_paged_case([200, 3], next_n=2, heads=32, seed=3)
+    _check(case, num_ctas=1)
+    _check(case, num_ctas=16)
+
+
+@pytest.mark.parametrize("mma", ["fp8", "fp16"])
+def test_mma_modes_agree(mma):
+    _check(make_paged_case([70, 129], heads=32, seed=11), mma=mma)
+
+
+def test_bf16_queries():
+    _check(make_paged_case([65, 10], heads=32, seed=5, q_dtype=torch.bfloat16))
+
+
+def test_block_kv_128_two_pages_per_tile():
+    _check(make_paged_case([200, 65, 1], heads=32, seed=13), block_kv=128)
+
+
+def test_all_zero_lengths_write_minus_inf():
+    case = make_paged_case([0, 0], heads=32, seed=2, extra_pages=1)
+    case.context_lens.zero_()
+    got, _ = _check(case, width=70)
+    assert torch.all(got == float("-inf"))
+
+
+def test_topk_over_kernel_logits_matches_reference_topk():
+    case = make_paged_case([300, 129], heads=64, seed=21)
+    got, ref = _check(case)
+    k = 64
+    # Top-k agrees wherever the reference's k-th and (k+1)-th scores are separated by more than the tolerance.
+    a, b = topk_reference(got, k), topk_reference(ref, k)
+    assert torch.equal(a, b)
+
+
+def test_unchecked_out_of_range_page_is_masked_not_read():
+    case = make_paged_case([100], heads=32, seed=4)
+    case.block_table[0, 1] = 10_000  # a page past the cache
+    out = paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, check=False,
+                       schedule=plan_paged_schedule(case.context_lens, 64, 2))
+    assert torch.all(out[0, 64:] == float("-inf"))
+    good = make_paged_case([100], heads=32, seed=4)
+    ref = paged_logits_reference(good.q, good.weights, good.cache, good.block_table, good.context_lens)
+    assert torch.allclose(out[0, :64], ref[0, :64], rtol=1e-5, atol=0)
+    with pytest.raises(ValueError, match="block_table"):
+        paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens)
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda c: setattr(c, "q", c.q.float()), "q: expected float8_e4m3fn or bfloat16"),
+        (lambda c: setattr(c, "q", c.q[:, :, :64]), r"q: expected \[rows, H, 128\]"),
+        (lambda c: setattr(c, "q", c.q[:, :24]), "index heads"),
+        (lambda c: setattr(c, "weights", c.weights.double()), "weights"),
+        (lambda c: setattr(c, "weights", c.weights[:, :1]), "weights"),
+        (lambda c: setattr(c, "cache", c.cache[:, :100]), "cache"),
+        (lambda c: setattr(c, "cache", c.cache.to(torch.int8)), "cache: expected uint8"),
+        (lambda c: setattr(c, "block_table", c.block_table.long()), "block_table"),
+        (lambda c: setattr(c, "context_lens", c.context_lens.long()), "context_lens"),
+        (lambda c: setattr(c, "context_lens", c.context_lens[:1]), "context_lens"),
+        (lambda c: setattr(c, "context_lens", c.context_lens * 0 + 10_000), "context_lens"),
+        (lambda c: (setattr(c, "q", torch.cat([c.q, c.q[:1]])), setattr(c, "weights", torch.cat([c.weights, c.weights[:1]]))), "rows"),
+    ],
+)
+def test_bad_input_raises(mutate, match):
+    case = make_paged_case([70, 5], heads=32, seed=1)
+    mutate(case)
+    with pytest.raises(ValueError, match=match):
+        paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens)
+
+
+def test_bad_width_out_schedule_raise():
+    case = make_paged_case([70, 5], heads=32, seed=1)
+    args = (case.q, case.weights, case.cache, case.block_table, case.context_lens)
+    with pytest.raises(ValueError, match="width"):
+        paged_logits(*args, width=10)
+    with pytest.raises(ValueError, match="out"):
+        paged_logits(*args, out=torch.empty(2, 3))
+    with pytest.raises(ValueError, match="schedule"):
+        paged_logits(*args, schedule=torch.zeros(3, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="mma"):
+        paged_logits(*args, mma="int8")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("next_n", [1, 4])
+def test_gpu_full_size_h64_batch8_32k(next_n):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    lens = [32768 - 97 * i for i in range(8)]
+    case = make_paged_case(lens, next_n=next_n, heads=64, seed=99, device="cuda")
+    # FP8 MMA on Hopper adds products in a narrower internal accumulator than fp32
+    # (DeepGEMM's notes); the bound is the same shape, wider by the measured factor.
+    _check(case, num_ctas=torch.cuda.get_device_properties(0).multi_processor_count, rel=1e-3)
