@@ -21,14 +21,14 @@ from sglang_fp4_indexer.reference import paged_logits_reference, topk_reference
 REL = 2e-5
 
 
-def _check(case, width=None, num_ctas=5, mma="auto", rel=REL, block_kv=64):
+def _check(case, width=None, num_ctas=5, mma="auto", rel=REL, block_kv=64, impl="group"):
     max_pages = case.block_table.shape[1]
     width = width or max_pages * 64
     sched = plan_paged_schedule(case.context_lens, block_kv, num_ctas)
     out = torch.full((case.q.shape[0], width), float("nan"), dtype=torch.float32, device=case.q.device)
     got = paged_logits(
         case.q, case.weights, case.cache, case.block_table, case.context_lens,
-        width=width, schedule=sched, out=out, mma=mma, block_kv=block_kv,
+        width=width, schedule=sched, out=out, mma=mma, block_kv=block_kv, impl=impl,
     )
     assert got.data_ptr() == out.data_ptr()
     ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width)
@@ -155,3 +155,8 @@ def test_gpu_full_size_h64_batch8_32k(next_n):
     # FP8 MMA on Hopper adds products in a narrower internal accumulator than fp32
     # (DeepGEMM's notes); the bound is the same shape, wider by the measured factor.
     _check(case, num_ctas=torch.cuda.get_device_properties(0).multi_processor_count, rel=1e-3)
+
+
+@pytest.mark.parametrize("next_n", [1, 3])
+def test_dot_scaled_impl_matches_reference(next_n):
+    _check(make_paged_case([65, 130, 3], next_n=next_n, heads=32, seed=17 + next_n), impl="scaled")

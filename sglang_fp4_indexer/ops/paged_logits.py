@@ -51,6 +51,31 @@ def fp8_mma_available(device: torch.device) -> bool:
 
 
 @triton.jit
+def _group_partial(cache_ptr, payload_base, scale_base, ok, q_g, G: tl.constexpr, DOT_MODE: tl.constexpr):
+    """One 32-element group: decode E2M1 -> e4m3 bytes, MMA with q, scale by UE8M0 (in units of 2**-6)."""
+    offs_c = tl.arange(0, 16)
+    packed = tl.load(cache_ptr + payload_base[:, None] + G * 16 + offs_c[None, :], mask=ok[:, None], other=0)
+    lo = packed & 0x0F
+    hi = packed >> 4
+    e_lo = ((lo & 0x08) << 4) | ((lo & 0x07) << 2)
+    e_hi = ((hi & 0x08) << 4) | ((hi & 0x07) << 2)
+    # Element 2c is the low nibble of byte c, element 2c + 1 the high nibble.
+    k_bits = tl.reshape(tl.join(e_lo, e_hi), (payload_base.shape[0], 32))
+    k_g = k_bits.to(tl.float8e4nv, bitcast=True)
+    if DOT_MODE == 0:  # FP8 MMA: e4m3 x e4m3, exact products
+        part = tl.dot(k_g, q_g)
+    elif DOT_MODE == 1:  # fp16 MMA: both e4m3 operands are exact in fp16
+        part = tl.dot(k_g.to(tl.float16), q_g.to(tl.float16))
+    elif DOT_MODE == 2:  # bf16 MMA for bf16 queries
+        part = tl.dot(k_g.to(tl.bfloat16), q_g.to(tl.bfloat16))
+    else:  # fp32 (interpreter only: its bf16 dot is unreliable)
+        part = tl.dot(k_g.to(tl.float32), q_g.to(tl.float32), input_precision="ieee")
+    code = tl.load(cache_ptr + scale_base + G, mask=ok, other=127).to(tl.int32)
+    factor = (code << 23).to(tl.float32, bitcast=True)  # 2 ** (code - 127), exact
+    return part * factor[:, None]
+
+
+@triton.jit
 def _paged_logits_kernel(
     q_ptr,
     w_ptr,
@@ -59,8 +84,8 @@ def _paged_logits_kernel(
     lens_ptr,
     sched_ptr,
     out_ptr,
+    num_requests,
     num_pages,
-    max_pages,
     width,
     stride_q_row,
     stride_q_head,
@@ -74,25 +99,30 @@ def _paged_logits_kernel(
     PAGE: tl.constexpr,
     BLOCK_KV: tl.constexpr,
     DOT_MODE: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     NH: tl.constexpr = NEXT_N_PAD * H
     PAGE_BYTES: tl.constexpr = PAGE * 68
     pid = tl.program_id(0)
-    b = tl.load(sched_ptr + pid * 2)
-    blk = tl.load(sched_ptr + pid * 2 + 1)
-    b_end = tl.load(sched_ptr + pid * 2 + 2)
-    blk_end = tl.load(sched_ptr + pid * 2 + 3)
+    b_first = tl.load(sched_ptr + pid * 2)
+    blk_first = tl.load(sched_ptr + pid * 2 + 1)
+    b_last = tl.load(sched_ptr + pid * 2 + 2)
+    blk_last = tl.load(sched_ptr + pid * 2 + 3)
 
     offs_i = tl.arange(0, NEXT_N_PAD)
     offs_kv = tl.arange(0, BLOCK_KV)
     offs_n = tl.arange(0, NH)  # combined (row-in-request, head) index n = i * H + h
     n_row = offs_n // H
     n_head = offs_n % H
+    n_ok = n_row < NEXT_N
     offs_k = tl.arange(0, 32)
-    offs_c = tl.arange(0, 16)
+    offs_d = tl.arange(0, 128)
+    offs_p = tl.arange(0, 64)
+    offs_g = tl.arange(0, 4)
     neg_inf = tl.full((BLOCK_KV, NEXT_N_PAD), float("-inf"), tl.float32)
 
-    while (b < b_end) | ((b == b_end) & (blk < blk_end)):
+    # Requests b_first .. b_last (b_last only up to key block blk_last, exclusive).
+    for b in range(b_first, tl.minimum(b_last + 1, num_requests)):
         # Visible keys of each of the request's next_n rows.
         if LENS_PER_ROW:
             lens = tl.load(lens_ptr + b * NEXT_N + offs_i, mask=offs_i < NEXT_N, other=0)
@@ -102,67 +132,60 @@ def _paged_logits_kernel(
         lens = tl.where(offs_i < NEXT_N, tl.maximum(lens, 0), 0)
         max_len = tl.max(lens, axis=0)
         nblocks = tl.maximum(tl.cdiv(max_len, BLOCK_KV), 1)
+        blk_start = tl.where(b == b_first, blk_first, 0)
+        blk_stop = tl.where(b == b_last, blk_last, nblocks)
         row0 = b * NEXT_N
-
-        kv = blk * BLOCK_KV + offs_kv
-        in_req = kv < max_len
-        page = tl.load(bt_ptr + b.to(tl.int64) * stride_bt + kv // PAGE, mask=in_req, other=0)
-        ok = in_req & (page >= 0) & (page < num_pages)
-        prow = kv % PAGE
-        page_base = page.to(tl.int64) * PAGE_BYTES
-        payload_base = page_base + prow * 64
-        # Scale plane row of a token: pool.scale_row(row) -- the identity in this layout.
-        scale_base = page_base + PAGE * 64 + prow * 4
-
-        q_rows = row0 + n_row
-        n_ok = n_row < NEXT_N
-        w = tl.load(w_ptr + q_rows.to(tl.int64) * stride_w_row + n_head, mask=n_ok, other=0.0)
-        q_base = q_ptr + q_rows.to(tl.int64) * stride_q_row + n_head * stride_q_head
-
-        acc = tl.zeros((BLOCK_KV, NH), dtype=tl.float32)
-        for g in tl.static_range(4):
-            packed = tl.load(
-                cache_ptr + payload_base[:, None] + g * 16 + offs_c[None, :], mask=ok[:, None], other=0
-            )
-            lo = packed & 0x0F
-            hi = packed >> 4
-            e_lo = ((lo & 0x08) << 4) | ((lo & 0x07) << 2)
-            e_hi = ((hi & 0x08) << 4) | ((hi & 0x07) << 2)
-            # Element 2c is the low nibble of byte c, element 2c + 1 the high nibble.
-            k_bits = tl.reshape(tl.join(e_lo, e_hi), (BLOCK_KV, 32))
-            k_g = k_bits.to(tl.float8e4nv, bitcast=True)
-            q_g = tl.load(q_base[None, :] + g * 32 + offs_k[:, None], mask=n_ok[None, :], other=0.0)
-            if DOT_MODE == 0:  # FP8 MMA: e4m3 x e4m3, exact products
-                part = tl.dot(k_g, q_g)
-            elif DOT_MODE == 1:  # fp16 MMA: both e4m3 operands are exact in fp16
-                part = tl.dot(k_g.to(tl.float16), q_g.to(tl.float16))
-            elif DOT_MODE == 2:  # bf16 MMA for bf16 queries
-                part = tl.dot(k_g.to(tl.bfloat16), q_g.to(tl.bfloat16))
-            else:  # fp32 (interpreter only: its bf16 dot is unreliable)
-                part = tl.dot(k_g.to(tl.float32), q_g.to(tl.float32), input_precision="ieee")
-            code = tl.load(cache_ptr + scale_base + g, mask=ok, other=127).to(tl.int32)
-            factor = (code << 23).to(tl.float32, bitcast=True)  # 2 ** (code - 127), exact
-            acc += part * factor[:, None]
-
-        contrib = tl.maximum(acc, 0.0) * w[None, :]
-        logits = tl.sum(tl.reshape(contrib, (BLOCK_KV, NEXT_N_PAD, H)), axis=2) * 64.0
-        visible = (kv[:, None] < lens[None, :]) & ok[:, None]
-        logits = tl.where(visible, logits, neg_inf)
+        q_rows = (row0 + n_row).to(tl.int64)
         out_rows = (row0 + offs_i).to(tl.int64) * stride_out
-        store_mask = (offs_i[None, :] < NEXT_N) & (kv[:, None] < width)
-        tl.store(out_ptr + out_rows[None, :] + kv[:, None], logits, mask=store_mask)
+        row_ok = offs_i[None, :] < NEXT_N
+        # The request's index queries and weights stay in registers for all its tiles.
+        w = tl.load(w_ptr + q_rows * stride_w_row + n_head, mask=n_ok, other=0.0)
+        q_base = q_ptr + q_rows * stride_q_row + n_head * stride_q_head
+        if SCALED:
+            q_t = tl.load(q_base[None, :] + offs_d[:, None], mask=n_ok[None, :], other=0.0)
+        else:
+            q_0 = tl.load(q_base[None, :] + offs_k[:, None], mask=n_ok[None, :], other=0.0)
+            q_1 = tl.load(q_base[None, :] + 32 + offs_k[:, None], mask=n_ok[None, :], other=0.0)
+            q_2 = tl.load(q_base[None, :] + 64 + offs_k[:, None], mask=n_ok[None, :], other=0.0)
+            q_3 = tl.load(q_base[None, :] + 96 + offs_k[:, None], mask=n_ok[None, :], other=0.0)
+
+        for blk in range(blk_start, blk_stop):
+            kv = blk * BLOCK_KV + offs_kv
+            in_req = kv < max_len
+            page = tl.load(bt_ptr + b * stride_bt + kv // PAGE, mask=in_req, other=0)
+            ok = in_req & (page >= 0) & (page < num_pages)
+            prow = kv % PAGE
+            page_base = page.to(tl.int64) * PAGE_BYTES
+            payload_base = page_base + prow * 64
+            # Scale plane row of a token: pool.scale_row(row) -- the identity in this layout.
+            scale_base = page_base + PAGE * 64 + prow * 4
+            if SCALED:
+                # Triton's MX dot reads E2M1 codes and UE8M0 scales natively (DESIGN section 5).
+                k_codes = tl.load(cache_ptr + payload_base[:, None] + offs_p[None, :], mask=ok[:, None], other=0)
+                k_scales = tl.load(cache_ptr + scale_base[:, None] + offs_g[None, :], mask=ok[:, None], other=127)
+                if DOT_MODE == 2:
+                    acc = tl.dot_scaled(k_codes, k_scales, "e2m1", q_t, None, "bf16", fast_math=True)
+                else:
+                    acc = tl.dot_scaled(k_codes, k_scales, "e2m1", q_t, None, "e4m3", fast_math=True)
+                unit = 1.0
+            else:
+                acc = _group_partial(cache_ptr, payload_base, scale_base, ok, q_0, 0, DOT_MODE)
+                acc += _group_partial(cache_ptr, payload_base, scale_base, ok, q_1, 1, DOT_MODE)
+                acc += _group_partial(cache_ptr, payload_base, scale_base, ok, q_2, 2, DOT_MODE)
+                acc += _group_partial(cache_ptr, payload_base, scale_base, ok, q_3, 3, DOT_MODE)
+                unit = 64.0  # e4m3 bytes hold E2M1 * 2**-6
+            contrib = tl.maximum(acc, 0.0) * w[None, :]
+            logits = tl.sum(tl.reshape(contrib, (BLOCK_KV, NEXT_N_PAD, H)), axis=2) * unit
+            visible = (kv[:, None] < lens[None, :]) & ok[:, None]
+            logits = tl.where(visible, logits, neg_inf)
+            store_mask = row_ok & (kv[:, None] < width)
+            tl.store(out_ptr + out_rows[None, :] + kv[:, None], logits, mask=store_mask)
 
         # The request's last tile also writes -inf over the rest of the row.
-        if blk == nblocks - 1:
-            for c0 in range((blk + 1) * BLOCK_KV, width, BLOCK_KV):
+        if (blk_stop == nblocks) & (blk_start < blk_stop):
+            for c0 in range(nblocks * BLOCK_KV, width, BLOCK_KV):
                 cols = c0 + offs_kv
-                tail_mask = (offs_i[None, :] < NEXT_N) & (cols[:, None] < width)
-                tl.store(out_ptr + out_rows[None, :] + cols[:, None], neg_inf, mask=tail_mask)
-
-        blk += 1
-        if blk >= nblocks:
-            b += 1
-            blk = 0
+                tl.store(out_ptr + out_rows[None, :] + cols[:, None], neg_inf, mask=row_ok & (cols[:, None] < width))
 
 
 _DOT_MODES = {"fp8": 0, "fp16": 1, "bf16": 2, "fp32": 3}
@@ -233,6 +256,9 @@ def paged_logits(
     out: torch.Tensor | None = None,
     check: bool = True,
     mma: str = "auto",
+    impl: str = "group",
+    num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Score index queries against the paged FP4 index-key cache (decode / target verify).
 
@@ -264,6 +290,12 @@ def paged_logits(
             in fp16); for bf16 q ``"bf16"`` on a GPU and ``"fp32"`` under the CPU
             interpreter (whose bf16 dot is unreliable in triton 3.8). Every mode
             multiplies exactly and accumulates in fp32.
+        impl: ``"group"``: one MMA per 32-element group on e4m3 bytes decoded
+            with integer ops, each partial product scaled by its UE8M0 factor;
+            ``"scaled"``: Triton's ``tl.dot_scaled`` reading the E2M1 codes and
+            UE8M0 scales natively (on Hopper Triton upcasts them to bf16).
+        num_warps, num_stages: Triton launch parameters (tuned on H200, see
+            docs/perf-notes.md).
 
     Returns:
         fp32 ``[rows, width]``: the logits; ``-inf`` at columns ``>= len(r)``.
@@ -282,6 +314,9 @@ def paged_logits(
     if not isinstance(block_kv, int) or block_kv < 16 or block_kv & (block_kv - 1):
         raise ValueError(f"block_kv: expected a power of two >= 16, got {block_kv!r}")
     dot_mode = _dot_mode(mma, q)
+    if impl not in ("group", "scaled"):
+        raise ValueError(f"impl: expected 'group' or 'scaled', got {impl!r}")
+    scaled = impl == "scaled"
     if check:
         from ..reference import expand_context_lens
 
@@ -324,8 +359,8 @@ def paged_logits(
         context_lens,
         schedule,
         out,
+        batch,
         cache.shape[0],
-        max_pages,
         width,
         q.stride(0),
         q.stride(1),
@@ -339,6 +374,8 @@ def paged_logits(
         PAGE=page_size,
         BLOCK_KV=block_kv,
         DOT_MODE=dot_mode,
-        num_warps=4,
+        SCALED=scaled,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out
