@@ -27,8 +27,14 @@ __all__ = ["CPU_NUM_CTAS", "default_num_ctas", "ScheduleBuffer"]
 CPU_NUM_CTAS = 4
 
 
+#: Persistent-grid CTAs per SM for the paged scorer (measured on H200, docs/perf-notes.md).
+CTAS_PER_SM = 2
+
+
 def default_num_ctas(device: torch.device | str | None = None) -> int:
-    """CTAs of the persistent grid on ``device``: its SM count on CUDA, ``CPU_NUM_CTAS`` otherwise.
+    """CTAs of the persistent grid on ``device``: ``CTAS_PER_SM`` x its SM count on CUDA, ``CPU_NUM_CTAS`` otherwise.
+
+    Two CTAs per SM measured 1.6x faster than one on H200 (docs/perf-notes.md, run 1).
 
     Args:
         device: a torch device (``None``: the current CUDA device when CUDA is
@@ -41,7 +47,7 @@ def default_num_ctas(device: torch.device | str | None = None) -> int:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return CTAS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
     return CPU_NUM_CTAS
 
 

@@ -21,7 +21,7 @@ from sglang_fp4_indexer.reference import paged_logits_reference, topk_reference
 REL = 2e-5
 
 
-def _check(case, width=None, num_ctas=5, mma="auto", rel=REL, block_kv=64, impl="group"):
+def _check(case, width=None, num_ctas=5, mma="auto", rel=REL, block_kv=64, impl="scaled"):
     max_pages = case.block_table.shape[1]
     width = width or max_pages * 64
     sched = plan_paged_schedule(case.context_lens, block_kv, num_ctas)
@@ -42,16 +42,18 @@ def _check(case, width=None, num_ctas=5, mma="auto", rel=REL, block_kv=64, impl=
     return got, ref
 
 
+@pytest.mark.parametrize("impl", ["scaled", "group"])
 @pytest.mark.parametrize("heads", [64, 32])
 @pytest.mark.parametrize("lens", [[1], [63], [64], [65], [1, 63, 64, 65, 130]])
-def test_decode_matches_reference(heads, lens):
-    _check(make_paged_case(lens, next_n=1, heads=heads, seed=len(lens) + heads))
+def test_decode_matches_reference(heads, lens, impl):
+    _check(make_paged_case(lens, next_n=1, heads=heads, seed=len(lens) + heads), impl=impl)
 
 
+@pytest.mark.parametrize("impl", ["scaled", "group"])
 @pytest.mark.parametrize("heads", [64, 32])
-def test_target_verify_next_n_4(heads):
+def test_target_verify_next_n_4(heads, impl):
     # [B] lengths: row i of a request sees ctx - next_n + i + 1 keys.
-    _check(make_paged_case([4, 66, 129], next_n=4, heads=heads, seed=heads))
+    _check(make_paged_case([4, 66, 129], next_n=4, heads=heads, seed=heads), impl=impl)
 
 
 def test_next_n_per_row_lengths_and_padding():
@@ -68,7 +70,7 @@ def test_more_ctas_than_tiles_and_one_cta():
 
 @pytest.mark.parametrize("mma", ["fp8", "fp16"])
 def test_mma_modes_agree(mma):
-    _check(make_paged_case([70, 129], heads=32, seed=11), mma=mma)
+    _check(make_paged_case([70, 129], heads=32, seed=11), mma=mma, impl="group")
 
 
 def test_bf16_queries():
@@ -154,9 +156,10 @@ def test_gpu_full_size_h64_batch8_32k(next_n):
     case = make_paged_case(lens, next_n=next_n, heads=64, seed=99, device="cuda")
     # FP8 MMA on Hopper adds products in a narrower internal accumulator than fp32
     # (DeepGEMM's notes); the bound is the same shape, wider by the measured factor.
-    _check(case, num_ctas=torch.cuda.get_device_properties(0).multi_processor_count, rel=1e-3)
+    for impl in ("scaled", "group"):
+        _check(case, num_ctas=2 * torch.cuda.get_device_properties(0).multi_processor_count, rel=1e-3, impl=impl, block_kv=128)
 
 
 @pytest.mark.parametrize("next_n", [1, 3])
-def test_dot_scaled_impl_matches_reference(next_n):
-    _check(make_paged_case([65, 130, 3], next_n=next_n, heads=32, seed=17 + next_n), impl="scaled")
+def test_group_impl_odd_next_n(next_n):
+    _check(make_paged_case([65, 130, 3], next_n=next_n, heads=32, seed=17 + next_n), impl="group")

@@ -30,8 +30,9 @@ from ..pool import PAGE_SIZE, check_cache
 
 __all__ = ["DEFAULT_BLOCK_KV", "SUPPORTED_HEADS", "paged_logits", "fp8_mma_available"]
 
-#: Keys per tile (one page). The CTA schedule must be planned with the same value.
-DEFAULT_BLOCK_KV = 64
+#: Keys per tile (two pages). The CTA schedule must be planned with the same value.
+#: 128 and 256 measured best on H200 (docs/perf-notes.md, run 1); 128 splits short contexts finer.
+DEFAULT_BLOCK_KV = 128
 #: Index head counts the scorer supports (powers of two; 32 and 64 are the DSA models').
 SUPPORTED_HEADS = (16, 32, 64, 128)
 _MAX_NEXT_N = 8
@@ -163,7 +164,7 @@ def _paged_logits_kernel(
                 # Triton's MX dot reads E2M1 codes and UE8M0 scales natively (DESIGN section 5).
                 k_codes = tl.load(cache_ptr + payload_base[:, None] + offs_p[None, :], mask=ok[:, None], other=0)
                 k_scales = tl.load(cache_ptr + scale_base[:, None] + offs_g[None, :], mask=ok[:, None], other=127)
-                if DOT_MODE == 2:
+                if DOT_MODE >= 2:  # bf16 index queries
                     acc = tl.dot_scaled(k_codes, k_scales, "e2m1", q_t, None, "bf16", fast_math=True)
                 else:
                     acc = tl.dot_scaled(k_codes, k_scales, "e2m1", q_t, None, "e4m3", fast_math=True)
@@ -256,9 +257,9 @@ def paged_logits(
     out: torch.Tensor | None = None,
     check: bool = True,
     mma: str = "auto",
-    impl: str = "group",
+    impl: str = "scaled",
     num_warps: int = 4,
-    num_stages: int = 2,
+    num_stages: int = 1,
 ) -> torch.Tensor:
     """Score index queries against the paged FP4 index-key cache (decode / target verify).
 
