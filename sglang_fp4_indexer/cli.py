@@ -1,0 +1,90 @@
+"""The ``sglang-fp4-indexer`` command: argparse wiring only.
+
+Each subcommand's work lives in its own module; this file only builds the
+parser and dispatches. To add a subcommand (``check``, ``bench``, ``info``,
+``accuracy``), append a ``_Subcommand`` to ``SUBCOMMANDS``: its module must
+provide ``add_arguments(parser)`` and ``main(args) -> int``. Modules are
+imported only when their subcommand runs (or its parser is built), and a
+subcommand whose ``device`` option is ``cpu`` gets ``TRITON_INTERPRET=1`` set
+before its module -- and so Triton and the kernels -- is imported, because
+Triton reads that variable when a kernel is defined.
+
+Subcommands now: ``demo`` (``demo.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+
+
+@dataclass(frozen=True)
+class _Subcommand:
+    name: str
+    module: str  # relative to this package; provides add_arguments(parser) and main(args) -> int
+    help: str
+
+
+#: The subcommands, in the order ``--help`` lists them.
+SUBCOMMANDS: tuple[_Subcommand, ...] = (
+    _Subcommand("demo", ".demo",
+                "the main job: FP4 vs FP8 vs exact indexer scoring on one decode step (one table)"),
+)
+
+
+def _module(sub: _Subcommand):
+    return importlib.import_module(sub.module, __package__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's parser, one subparser per entry of ``SUBCOMMANDS``.
+
+    Building it imports each subcommand's module but not Triton (the modules
+    import their kernels lazily).
+    """
+    parser = argparse.ArgumentParser(
+        prog="sglang-fp4-indexer",
+        description="MXFP4 index-key cache and Triton scorers for SGLang's DSA lightning indexer.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for sub in SUBCOMMANDS:
+        sp = subparsers.add_parser(sub.name, help=sub.help, description=sub.help)
+        _module(sub).add_arguments(sp)
+        sp.set_defaults(_subcommand=sub)
+    return parser
+
+
+def _wants_interpreter(args: argparse.Namespace) -> bool:
+    device = getattr(args, "device", None)
+    return isinstance(device, str) and device.strip().lower() == "cpu"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script ``sglang-fp4-indexer``.
+
+    Args:
+        argv: arguments without the program name (default ``sys.argv[1:]``).
+
+    Returns:
+        The subcommand's exit code; 2 on a usage error (argparse's convention,
+        also used for a ``ValueError`` raised by the subcommand on bad options).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if _wants_interpreter(args):
+        # Must precede the first import of triton / the ops modules.
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        return int(_module(args._subcommand).main(args))
+    except ValueError as exc:
+        parser.exit(2, f"{parser.prog} {args.command}: error: {exc}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
