@@ -277,8 +277,8 @@ def test_cpu_tensors_without_interpreter_raise():
     env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "RAISED k: CPU tensors need the Triton interpreter" in out.stdout
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "RAISED k: CPU tensors need the Triton interpreter" in out.stdout, out.stdout + out.stderr
 
 
 # ---------------------------------------------------------------- GPU, full size
