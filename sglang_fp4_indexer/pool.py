@@ -32,6 +32,7 @@ __all__ = [
     "payload_plane",
     "scale_plane",
     "read_index_k",
+    "copy_slots",
     "Capacity",
     "capacity",
 ]
@@ -180,6 +181,40 @@ def read_index_k(
     return payload, scales
 
 
+def copy_slots(
+    cache: torch.Tensor, dst_slots: torch.Tensor, src_slots: torch.Tensor, page_size: int = PAGE_SIZE
+) -> None:
+    """Copy whole tokens (payload and scale planes) from ``src_slots`` to ``dst_slots`` in place.
+
+    The FP4 counterpart of SGLang's ``IndexKeyCache.move``: token-granular, so
+    the other rows of a page are untouched. Scale rows go through ``scale_row``.
+    All sources are read before any destination is written (torch advanced
+    indexing), as in SGLang's move.
+
+    Args:
+        cache: uint8 ``[num_pages, page_size * 68]`` one layer's FP4 cache.
+        dst_slots, src_slots: integer ``[N]`` slots, ``0 <= s < num_pages * page_size``.
+
+    Raises:
+        ValueError: bad cache, mismatched lengths, or a slot out of range.
+    """
+    check_cache(cache, page_size)
+    dst = dst_slots.reshape(-1)
+    src = src_slots.reshape(-1)
+    if dst.shape[0] != src.shape[0]:
+        raise ValueError(f"dst_slots, src_slots: lengths differ ({dst.shape[0]} vs {src.shape[0]})")
+    if dst.numel() == 0:
+        return
+    dst_page, dst_row = slot_to_page_row(dst, page_size)
+    src_page, src_row = slot_to_page_row(src, page_size)
+    if max(int(dst_page.max()), int(src_page.max())) >= cache.shape[0]:
+        raise ValueError(f"slots: a slot is past the cache's {cache.shape[0] * page_size} slots")
+    payload = payload_plane(cache, page_size)
+    scales = scale_plane(cache, page_size)
+    payload[dst_page, dst_row] = payload[src_page, src_row]
+    scales[dst_page, scale_row(dst_row, page_size)] = scales[src_page, scale_row(src_row, page_size)]
+
+
 @dataclass(frozen=True)
 class Capacity:
     """KV tokens that fit in a memory budget with the FP8 and with the FP4 index cache."""
@@ -201,6 +236,7 @@ def capacity(
     num_layers: int = DEEPSEEK_V32_NUM_LAYERS,
     index_bytes_fp8: int = FP8_INDEX_BYTES_PER_TOKEN,
     index_bytes_fp4: int = FP4_INDEX_BYTES_PER_TOKEN,
+    num_index_layers: int | None = None,
 ) -> Capacity:
     """Tokens that fit in ``memory_bytes`` of KV pool with the FP8 vs the FP4 index cache.
 
@@ -213,9 +249,12 @@ def capacity(
         kv_bytes_per_token_per_layer: MLA KV bytes per token per layer.
         num_layers: layers holding KV and index caches.
         index_bytes_fp8, index_bytes_fp4: index bytes per token per layer.
+        num_index_layers: layers that hold an index-key cache (default
+            ``num_layers``; fewer when some layers reuse another layer's top-k).
 
     Raises:
-        ValueError: a negative budget or a non-positive per-token size or layer count.
+        ValueError: a negative budget or a non-positive per-token size or layer
+            count, or ``num_index_layers`` outside ``0 .. num_layers``.
     """
     if memory_bytes < 0:
         raise ValueError(f"memory_bytes: expected >= 0, got {memory_bytes}")
@@ -223,6 +262,10 @@ def capacity(
         raise ValueError(f"num_layers: expected > 0, got {num_layers}")
     if kv_bytes_per_token_per_layer < 0 or index_bytes_fp8 <= 0 or index_bytes_fp4 <= 0:
         raise ValueError("bytes per token: expected kv >= 0 and index sizes > 0")
-    per_fp8 = num_layers * (kv_bytes_per_token_per_layer + index_bytes_fp8)
-    per_fp4 = num_layers * (kv_bytes_per_token_per_layer + index_bytes_fp4)
+    if num_index_layers is None:
+        num_index_layers = num_layers
+    if not 0 <= num_index_layers <= num_layers:
+        raise ValueError(f"num_index_layers: expected 0 .. {num_layers}, got {num_index_layers}")
+    per_fp8 = num_layers * kv_bytes_per_token_per_layer + num_index_layers * index_bytes_fp8
+    per_fp4 = num_layers * kv_bytes_per_token_per_layer + num_index_layers * index_bytes_fp4
     return Capacity(per_fp8, per_fp4, int(memory_bytes) // per_fp8, int(memory_bytes) // per_fp4)

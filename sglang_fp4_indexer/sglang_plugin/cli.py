@@ -1,0 +1,98 @@
+"""``--enable-fp4-indexer`` on every SGLang entry, and its way to the scheduler processes.
+
+Seams (SGLang 0.5.23, see docs/sglang-seams.md):
+
+- ``ServerArgs.add_cli_args`` (staticmethod; builds the parser of
+  ``python -m sglang.launch_server``, ``sglang serve`` and ``--config``
+  merging): an AFTER hook adds ``--enable-fp4-indexer`` (store_true).
+  ``ConfigArgumentMerger`` reads the parser's store_true actions, so
+  ``enable-fp4-indexer: true`` in a ``--config`` YAML works too.
+- ``ServerArgs.from_cli_args`` (classmethod; copies only declared fields off
+  the argparse namespace): an AFTER hook records the flag on the record as the
+  underscore attribute ``_enable_fp4_indexer``. ``ServerArgs.__reduce__``
+  carries underscore bookkeeping to the scheduler processes.
+- ``Engine.server_args_class`` (what ``Engine(**kwargs)`` constructs): replaced
+  by a factory that takes ``enable_fp4_indexer=`` off the keyword arguments.
+  Installed directly, not through ``HookRegistry``: the registry would also
+  rebind every module's ``ServerArgs`` name to the factory (its
+  ``_propagate_patch``), and ``Engine.__init__`` reads the attribute after it
+  has called ``load_plugins()``, so the first ``Engine(...)`` call already sees it.
+
+The environment variable ``SGLANG_ENABLE_FP4_INDEXER=1`` asks for the FP4
+indexer too (``facts.requested``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .facts import mark_requested
+
+__all__ = ["FLAG", "HELP", "add_flag", "carry_flag", "install_engine_kwarg"]
+
+FLAG = "--enable-fp4-indexer"
+HELP = (
+    "Store the DSA lightning indexer's key cache in MXFP4 (68 B/token/layer instead "
+    "of 132) and score it with the sglang-fp4-indexer Triton kernels. DeepSeek Sparse "
+    "Attention models only (DeepSeek-V3.2, GLM-5.x); on anything the FP4 path does "
+    "not serve, one warning names the reason and SGLang keeps its FP8 indexer."
+)
+_ENGINE_MODULE = "sglang.srt.entrypoints.engine"
+
+
+def add_flag(result, parser: argparse.ArgumentParser):
+    """AFTER hook of ``ServerArgs.add_cli_args(parser)``: add ``--enable-fp4-indexer``.
+
+    Idempotent per parser. Returns ``result`` unchanged (``None``).
+    """
+    if FLAG not in parser._option_string_actions:
+        parser.add_argument(FLAG, action="store_true", default=False, help=HELP)
+    return result
+
+
+def carry_flag(result, cls, args: argparse.Namespace):
+    """AFTER hook of ``ServerArgs.from_cli_args(args)``: record the parsed flag on the new record."""
+    value = getattr(args, "enable_fp4_indexer", None)
+    if value is not None:
+        mark_requested(result, bool(value))
+    return result
+
+
+def _factory(base):
+    def build(**kwargs):
+        flag = kwargs.pop("enable_fp4_indexer", None)
+        server_args = base(**kwargs)
+        if flag is not None:
+            mark_requested(server_args, bool(flag))
+        return server_args
+
+    build.__doc__ = f"Build {getattr(base, '__name__', base)} from keyword arguments; accepts enable_fp4_indexer=bool."
+    build._fp4_base = base
+    return build
+
+
+def install_engine_kwarg(engine_cls=None) -> bool:
+    """Let ``sglang.Engine(..., enable_fp4_indexer=True)`` through.
+
+    Replaces ``engine_cls.server_args_class`` by a factory that pops the keyword
+    and marks the built ``ServerArgs``. Without ``engine_cls`` it patches
+    ``sglang.srt.entrypoints.engine.Engine`` if that module is already imported
+    (it is whenever ``Engine.__init__`` is the caller of ``load_plugins()``), so
+    scheduler and detokenizer processes do not import the engine for nothing.
+    Idempotent.
+
+    Returns:
+        True if the factory is in place on the class.
+    """
+    if engine_cls is None:
+        module = sys.modules.get(_ENGINE_MODULE)
+        if module is None:
+            return False
+        engine_cls = module.Engine
+    current = engine_cls.__dict__.get("server_args_class")
+    current_fn = current.__func__ if isinstance(current, staticmethod) else current
+    if getattr(current_fn, "_fp4_base", None) is not None:
+        return True
+    engine_cls.server_args_class = staticmethod(_factory(engine_cls.server_args_class))
+    return True

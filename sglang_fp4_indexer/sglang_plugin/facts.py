@@ -1,0 +1,210 @@
+"""Read the gate's facts off SGLang 0.5.23 objects (no numerics here).
+
+The gate (``sglang_fp4_indexer.gate``) decides from three plain records; this
+module fills them from what SGLang has at hand: the HF config (through SGLang's
+own ``is_deepseek_dsa`` / ``get_dsa_index_head_dim`` / ``get_dsa_index_n_heads``
+/ ``get_dsa_index_kpool``), a ``ServerArgs`` record (raw or resolved, read
+through SGLang's ``resolution_result``), the runtime context where one is
+published, and the ``KVCacheConfigurator`` that sizes and builds the pools.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..gate import Decision, DeviceFacts, ModelFacts, ServerFacts, decide, report
+
+__all__ = [
+    "ENV_VAR",
+    "ATTR",
+    "requested",
+    "mark_requested",
+    "model_facts",
+    "server_facts",
+    "device_facts",
+    "global_rank",
+    "decision_for_kvc",
+]
+
+#: Environment variable that also asks for the FP4 indexer ("1"/"true"/"yes"/"on").
+ENV_VAR = "SGLANG_ENABLE_FP4_INDEXER"
+#: Underscore attribute carried on ``ServerArgs`` (kept by ``ServerArgs.__reduce__``).
+ATTR = "_enable_fp4_indexer"
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def requested(server_args) -> bool:
+    """Whether the FP4 indexer was asked for: ``server_args._enable_fp4_indexer`` or ``$SGLANG_ENABLE_FP4_INDEXER``.
+
+    Args:
+        server_args: a ``ServerArgs`` record (or None: only the environment counts).
+    """
+    return bool(getattr(server_args, ATTR, False)) or _truthy(os.environ.get(ENV_VAR))
+
+
+def mark_requested(server_args, value: bool = True) -> None:
+    """Record the flag on a ``ServerArgs`` record as an underscore attribute.
+
+    ``ServerArgs`` is a sealed msgspec record (no new fields), but it keeps
+    underscore bookkeeping attributes in its ``__dict__`` and ``__reduce__``
+    carries them to the scheduler processes (the same way SGLang carries
+    ``_launch_command``). Allowed before and after resolution.
+
+    Raises:
+        TypeError: ``value`` is not a bool.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"value: expected a bool, got {type(value).__name__}")
+    setattr(server_args, ATTR, value)
+
+
+def model_facts(hf_config) -> ModelFacts:
+    """Gate facts of a model, through SGLang's own DSA detection.
+
+    Args:
+        hf_config: a ``transformers.PretrainedConfig``, a dict (``config.json``)
+            or any object with the config's attributes.
+    """
+    from types import SimpleNamespace
+
+    from sglang.srt.configs.model_config import (
+        get_dsa_index_head_dim,
+        get_dsa_index_kpool,
+        get_dsa_index_n_heads,
+        is_deepseek_dsa,
+        is_deepseek_v4,
+    )
+
+    cfg = SimpleNamespace(**hf_config) if isinstance(hf_config, dict) else hf_config
+    archs = getattr(cfg, "architectures", None) or [None]
+    is_dsa = bool(is_deepseek_dsa(cfg))
+    is_v4 = bool(is_deepseek_v4(cfg))
+    head_dim = n_heads = None
+    if is_dsa:
+        head_dim = getattr(cfg, "index_head_dim", None) and get_dsa_index_head_dim(cfg)
+        n_heads = getattr(cfg, "index_n_heads", None) and get_dsa_index_n_heads(cfg)
+    kpool = get_dsa_index_kpool(cfg)
+    return ModelFacts(
+        architecture=archs[0],
+        is_dsa=is_dsa,
+        is_deepseek_v4=is_v4,
+        index_head_dim=head_dim,
+        index_n_heads=n_heads,
+        index_kpool=int(kpool) if kpool is not None else 1,
+    )
+
+
+def _field(server_args, name: str, default):
+    from sglang.srt.arg_groups.overrides import resolution_result
+
+    value = resolution_result(server_args, name, default)
+    return default if value is None else value
+
+
+def server_facts(
+    server_args,
+    *,
+    page_size: int | None = None,
+    kv_shard: bool = False,
+    hybrid_pool: str = "",
+) -> ServerFacts:
+    """Gate facts of a server configuration.
+
+    Fields are read through SGLang's ``resolution_result`` (the resolved value
+    when the record was resolved, its raw input otherwise). Where a runtime
+    context is published (scheduler processes) its parallel widths win.
+
+    Args:
+        server_args: a ``ServerArgs`` record.
+        page_size: the resolved KV page size when the caller knows it (the
+            ``KVCacheConfigurator`` does); else the record's (None: SGLang's default).
+        kv_shard: logical-page KV sharding is active (known to the configurator).
+        hybrid_pool: name of a hybrid pool kind in use, empty if none.
+    """
+    dcp = int(_field(server_args, "dcp_size", 1))
+    cp = int(_field(server_args, "attn_cp_size", 1))
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        dcp = max(dcp, int(get_parallel().attn_dcp_size))
+        cp = max(cp, int(get_parallel().attn_cp_size))
+    except Exception:  # no runtime context published in this process (CLI, check)
+        pass
+    if page_size is None:
+        page_size = _field(server_args, "page_size", None)
+    unified = bool(_field(server_args, "enable_unified_memory", False)) or bool(
+        _field(server_args, "enable_unified_cache_external_linker", False)
+    )
+    return ServerFacts(
+        requested=requested(server_args),
+        page_size=None if page_size is None else int(page_size),
+        dcp_size=dcp,
+        attn_cp_size=cp,
+        enable_prefill_cp=bool(_field(server_args, "enable_prefill_cp", False)),
+        kv_shard=kv_shard,
+        hicache=bool(_field(server_args, "enable_hierarchical_cache", False)),
+        hisparse=bool(_field(server_args, "enable_hisparse", False)),
+        disaggregation_mode=str(_field(server_args, "disaggregation_mode", "null")),
+        hybrid_pool=hybrid_pool,
+        unified_memory=unified,
+    )
+
+
+def device_facts(device: str | torch.device = "cuda", gpu_id: int | None = None) -> DeviceFacts:
+    """Gate facts of the device a pool lives on.
+
+    Args:
+        device: SGLang's device string (``"cuda"``, ``"cpu"``, ...).
+        gpu_id: CUDA device index (default: the current device).
+    """
+    kind = torch.device(device).type
+    if kind == "cuda" and getattr(torch.version, "hip", None):
+        return DeviceFacts("rocm")
+    if kind != "cuda":
+        return DeviceFacts(kind)
+    if not torch.cuda.is_available():
+        return DeviceFacts("cuda", None, "no CUDA device visible")
+    index = torch.cuda.current_device() if gpu_id is None else int(gpu_id)
+    return DeviceFacts("cuda", tuple(torch.cuda.get_device_capability(index)), torch.cuda.get_device_name(index))
+
+
+def global_rank() -> int:
+    """This process's rank in the default torch.distributed group (0 when not initialised)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return 0
+
+
+def _hybrid_pool(kvc) -> str:
+    if getattr(kvc, "is_hybrid_swa", False):
+        return "hybrid sliding-window (SWA)"
+    if getattr(kvc, "mambaish_config", None) is not None:
+        return "hybrid linear-attention (mamba-like)"
+    return ""
+
+
+def decision_for_kvc(kvc, *, log: bool = True) -> Decision:
+    """The gate's decision for the pools a ``KVCacheConfigurator`` sizes and builds.
+
+    Reads the model config, server args, page size, device, KV sharding and
+    hybrid-pool kind off ``kvc`` and runs ``gate.decide``; with ``log`` the
+    decision is reported once per process on rank 0 (``gate.report``).
+    """
+    decision = decide(
+        model_facts(kvc.model_config.hf_config),
+        server_facts(
+            kvc.server_args,
+            page_size=getattr(kvc, "page_size", None),
+            kv_shard=getattr(kvc, "kv_shard_rank", None) is not None,
+            hybrid_pool=_hybrid_pool(kvc),
+        ),
+        device_facts(kvc.device, getattr(kvc, "gpu_id", None)),
+    )
+    if log:
+        report(decision, rank=global_rank())
+    return decision

@@ -1,0 +1,287 @@
+"""Store, score and top-k inside SGLang 0.5.23's DSA ``Indexer`` (no numerics here).
+
+Every hook checks the pool the forward runs on (``get_token_to_kv_pool()``):
+when it holds the FP4 index-key cache (``pool.Fp4IndexKeyCache``) the FP4 path
+runs, otherwise SGLang's own method runs unchanged. The cache layout, not a
+flag, decides, so a store and a read can never disagree about the format.
+
+Seams (docs/sglang-seams.md), all on
+``sglang.srt.layers.attention.dsa.dsa_indexer.Indexer``:
+
+- ``_store_index_k_cache``: quantize and write with ``ops.quantize.store_index_k``.
+- ``_fused_k_prepare_and_store``: SGLang's fused norm+RoPE+FP8-store kernel
+  would write FP8 bytes; with FP4 the same norm+RoPE kernel runs without the
+  store (SGLang's own fallback branch) and the key goes through the store above.
+- ``_get_topk_paged`` (decode, target verify, draft extend): logits from
+  ``ops.paged_logits.paged_logits`` on the paged FP4 cache with the CTA schedule
+  SGLang published in the metadata (ours, see ``metadata.py``), then SGLang's own
+  ``_mask_init_and_local_tokens`` and ``metadata.topk_transform``.
+- ``_get_topk_ragged`` (prefill / extend): ``ops.gather.gather_index_k`` of the
+  batch's keys, ``ops.ragged_logits.ragged_logits`` per row-chunk (SGLang's own
+  logits byte budget decides the chunks), SGLang's masking and top-k transform.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .pool import is_fp4_pool
+
+__all__ = [
+    "SCHEDULE_BLOCK_KV",
+    "paged_scorer_inputs",
+    "store_index_k_cache",
+    "fused_k_prepare_and_store",
+    "get_topk_paged",
+    "get_topk_ragged",
+]
+
+#: Keys per tile of the paged scorer; the CTA schedule is planned with the same value.
+SCHEDULE_BLOCK_KV = 64
+
+
+def _dsa_indexer_module():
+    from sglang.srt.layers.attention.dsa import dsa_indexer
+
+    return dsa_indexer
+
+
+def _current_pool():
+    from sglang.srt.model_executor.forward_context import get_token_to_kv_pool
+
+    return get_token_to_kv_pool()
+
+
+def store_index_k_cache(original, self, forward_batch, layer_id, key, *, act_quant=None, out_cache_loc=None):
+    """AROUND hook of ``Indexer._store_index_k_cache``: write ``key`` (bf16 ``[N, 128]``) into the FP4 cache.
+
+    Same slot semantics as SGLang (``out_cache_loc`` defaults to the batch's),
+    same layer-ownership checks; slots < 0 are skipped by the store op.
+    """
+    pool = _current_pool()
+    if not is_fp4_pool(pool):
+        return original(self, forward_batch, layer_id, key, act_quant=act_quant, out_cache_loc=out_cache_loc)
+    from ..ops.quantize import store_index_k
+
+    if out_cache_loc is None:
+        out_cache_loc = forward_batch.out_cache_loc
+    if hasattr(pool, "invalidate_index_buffer_for_layer"):
+        pool.invalidate_index_buffer_for_layer(layer_id)
+    if hasattr(pool, "_is_layer_owned") and not pool._is_layer_owned(layer_id):
+        return None
+    cache = pool.get_index_k_with_scale_buffer(layer_id=layer_id)
+    store_index_k(key, cache, out_cache_loc.contiguous(), page_size=pool.index_page_size, check_slots=False)
+    return None
+
+
+def fused_k_prepare_and_store(
+    original, self, key_raw, positions, forward_batch, layer_id, act_quant, out_cache_loc=None
+):
+    """AROUND hook of ``Indexer._fused_k_prepare_and_store``: norm + RoPE with SGLang's kernel, then the FP4 store."""
+    if not is_fp4_pool(_current_pool()):
+        return original(self, key_raw, positions, forward_batch, layer_id, act_quant, out_cache_loc=out_cache_loc)
+    key = _dsa_indexer_module().fused_k_indexer_norm_rope(
+        key_raw,
+        self.k_norm.weight,
+        self.k_norm.bias,
+        self.k_norm.variance_epsilon,
+        self._indexer_cos_sin_cache,
+        positions,
+    )
+    self._store_index_k_cache(
+        forward_batch=forward_batch,
+        layer_id=layer_id,
+        key=key,
+        act_quant=act_quant,
+        out_cache_loc=out_cache_loc,
+    )
+    return None
+
+
+def paged_scorer_inputs(block_tables, seqlens_2d, schedule, rows: int, max_next_n: int):
+    """Pick the paged scorer's ``(block_table, context_lens, schedule)`` from SGLang's metadata.
+
+    SGLang hands the paged-MQA path either per-row lengths ``[rows, 1]`` with a
+    per-row (repeat-interleaved) page table, or, for target verify on some
+    GPUs, ``[B, next_n]`` lengths whose page table rows repeat ``next_n`` times.
+    The published schedule was planned on exactly ``seqlens_2d``, so it is kept
+    when the scorer gets that same tensor and dropped (the scorer plans its own)
+    otherwise.
+
+    Args:
+        block_tables: int ``[>= rows, max_pages]`` page table, one row per query row.
+        seqlens_2d: int32 ``[rows, 1]`` or ``[B, next_n]`` (``B * next_n == rows``), or None.
+        schedule: the published CTA schedule for ``seqlens_2d``, or None.
+        rows: query rows of this call.
+        max_next_n: most rows per request the scorer takes in one tile.
+
+    Returns:
+        ``(block_table int32 [B', max_pages] contiguous, context_lens int32 contiguous, schedule or None)``.
+
+    Raises:
+        ValueError: the page table has fewer rows than the call, or the lengths
+            describe another number of rows.
+    """
+    if block_tables.shape[0] < rows:
+        raise ValueError(f"block_tables: {block_tables.shape[0]} rows for {rows} query rows")
+    if seqlens_2d is None:
+        raise ValueError("seqlens_2d: expected the paged-MQA context lengths, got None")
+    if seqlens_2d.numel() != rows:
+        raise ValueError(f"seqlens_2d: describes {seqlens_2d.numel()} rows, the call has {rows}")
+    table = block_tables[:rows].to(torch.int32)
+    if seqlens_2d.dim() == 2 and seqlens_2d.shape[1] > 1:
+        next_n = seqlens_2d.shape[1]
+        if next_n <= max_next_n:
+            return table[::next_n].contiguous(), seqlens_2d.to(torch.int32).contiguous(), schedule
+        # Too many rows per request for one tile: score row by row, own schedule.
+        return table.contiguous(), seqlens_2d.reshape(rows, 1).to(torch.int32).contiguous(), None
+    return table.contiguous(), seqlens_2d.reshape(rows, 1).to(torch.int32).contiguous(), schedule
+
+
+def get_topk_paged(original, self, forward_batch, layer_id, q_fp8, weights, metadata):
+    """AROUND hook of ``Indexer._get_topk_paged``: FP4 paged logits, then SGLang's masking and top-k.
+
+    Mirrors SGLang 0.5.23's method: lengths are ``get_seqlens_expanded()``
+    for target verify and draft extend, ``get_seqlens_int32()`` otherwise; the
+    call scores ``sum(get_dsa_extend_len_cpu())`` rows; padding rows of ``q``
+    get ``-1`` indices.
+    """
+    pool = _current_pool()
+    if not is_fp4_pool(pool):
+        return original(self, forward_batch, layer_id, q_fp8, weights, metadata)
+    from ..ops import paged_logits as paged
+
+    page_size = pool.index_page_size
+    mode = forward_batch.forward_mode
+    block_tables = metadata.get_page_table_64()
+    width = block_tables.shape[1] * page_size
+    cache = self._get_index_k_read_buffer(pool, layer_id)
+    if mode.is_target_verify() or mode.is_draft_extend_v2():
+        seqlens_32 = metadata.get_seqlens_expanded()
+    else:
+        seqlens_32 = metadata.get_seqlens_int32()
+    rows = int(sum(metadata.get_dsa_extend_len_cpu()))
+    if rows == 0:
+        logits = torch.empty((0, width), dtype=torch.float32, device=q_fp8.device)
+    else:
+        seqlens_2d = getattr(metadata, "paged_mqa_ctx_lens_2d", None)
+        schedule = getattr(metadata, "paged_mqa_schedule_metadata", None)
+        if seqlens_2d is None:
+            seqlens_2d, schedule = seqlens_32.reshape(-1, 1), None
+        table, lens, schedule = paged_scorer_inputs(
+            block_tables, seqlens_2d, schedule, rows, paged._MAX_NEXT_N
+        )
+        logits = paged.paged_logits(
+            q_fp8[:rows],
+            weights.reshape(weights.shape[0], -1)[:rows].float(),
+            cache,
+            table,
+            lens,
+            width=width,
+            schedule=schedule,
+            block_kv=SCHEDULE_BLOCK_KV,
+            page_size=page_size,
+            check=False,
+        )
+    self._mask_init_and_local_tokens(logits, seqlens_32)
+    topk_result = metadata.topk_transform(logits, self.index_topk)
+    if rows < q_fp8.shape[0]:
+        padding = torch.full(
+            (q_fp8.shape[0] - rows, topk_result.shape[1]), -1, dtype=topk_result.dtype, device=topk_result.device
+        )
+        topk_result = torch.cat([topk_result, padding], dim=0)
+    return topk_result
+
+
+def _rows_per_chunk(self, rows: int, cols: int, device) -> int:
+    """Query rows per logits chunk under SGLang's MQA-logits byte budget (all rows when no chunking is needed)."""
+    di = _dsa_indexer_module()
+    need_chunk, budget = di.mqa_logits_should_chunk(
+        num_rows=rows,
+        num_cols=cols,
+        get_budget_bytes=lambda: self._get_mqa_logits_budget_bytes(device.index),
+        rocm=False,
+    )
+    if not need_chunk:
+        return rows
+    row_bytes = max(cols * self._MQA_LOGITS_BYTES_PER_ELEM, 1)
+    return max(1, min(rows, int(budget // row_bytes)))
+
+
+def get_topk_ragged(
+    original, self, enable_dual_stream, forward_batch, layer_id, q_fp8, weights, metadata, topk_result=None
+):
+    """AROUND hook of ``Indexer._get_topk_ragged``: FP4 gather + ragged logits, SGLang's masking and top-k.
+
+    Same inputs, chunking rule and top-k calls as SGLang 0.5.23's method;
+    ``topk_result`` (a preallocated ``[tokens, index_topk]`` buffer) is filled
+    in place when given.
+    """
+    pool = _current_pool()
+    if not is_fp4_pool(pool):
+        return original(
+            self, enable_dual_stream, forward_batch, layer_id, q_fp8, weights, metadata, topk_result=topk_result
+        )
+    from ..ops.gather import gather_index_k
+    from ..ops.ragged_logits import ragged_logits
+
+    if not forward_batch.forward_mode.is_extend_without_speculative():
+        raise ValueError(f"forward_mode: the ragged indexer path takes extend batches, got {forward_batch.forward_mode}")
+    weights = weights.reshape(weights.shape[0], -1).float()
+    block_tables = metadata.get_logical_page_table()
+    token_nums = q_fp8.shape[0]
+    device = q_fp8.device
+    if topk_result is None:
+        topk_result = torch.full((token_nums, self.index_topk), -1, device=device, dtype=torch.int32)
+    if len(block_tables) == 0:
+        return topk_result
+
+    ks, ke = metadata.get_indexer_kvcache_range()
+    lens_cpu = metadata.get_indexer_seq_len_cpu()
+    total = int(torch.sum(lens_cpu).item())
+    longest = int(torch.max(lens_cpu).item())
+    payload, scales = gather_index_k(
+        self._get_index_k_read_buffer(pool, layer_id),
+        block_tables.to(torch.int32).contiguous(),
+        metadata.get_indexer_seq_len().contiguous(),
+        total,
+        longest,
+        page_size=pool.index_page_size,
+        check=False,
+    )
+    seq_lens_expanded = metadata.get_seqlens_expanded()
+    rows = ks.shape[0]
+    ks32, ke32 = ks.to(torch.int32).contiguous(), ke.to(torch.int32).contiguous()
+    step = _rows_per_chunk(self, rows, total, device)
+
+    if step >= rows:
+        logits = ragged_logits(
+            q_fp8[:rows], weights[:rows], payload, scales, ks32, ke32, clean_logits=False, check=False
+        )
+        self._mask_init_and_local_tokens(logits, seq_lens_expanded, ks)
+        topk_result[:rows] = metadata.topk_transform(logits, self.index_topk, ks=ks)
+        return topk_result
+
+    global_offset = metadata.attn_metadata.topk_indices_offset
+    token_to_batch_idx = metadata.get_token_to_batch_idx()
+    ones = torch.ones(rows, dtype=torch.int32, device=device) if global_offset is None else None
+    for start in range(0, rows, step):
+        end = min(start + step, rows)
+        logits = ragged_logits(
+            q_fp8[start:end], weights[start:end], payload, scales, ks32[start:end], ke32[start:end],
+            clean_logits=False, check=False,
+        )
+        lengths = seq_lens_expanded[start:end]
+        self._mask_init_and_local_tokens(logits, lengths, ks[start:end])
+        if global_offset is not None:  # RAGGED top-k: offsets into the flat keys
+            chunk = metadata.topk_transform(
+                logits, self.index_topk, ks=ks[start:end], ke_offset=lengths,
+                topk_indices_offset_override=global_offset[start:end],
+            )
+        else:  # PAGED top-k: each token a length-1 sequence of its request
+            chunk = metadata.topk_transform(
+                logits, self.index_topk, ks=ks[start:end], cu_seqlens_q=ones[start:end], ke_offset=lengths,
+                batch_idx_list=token_to_batch_idx[start:end],
+            )
+        topk_result[start:end] = chunk
+    return topk_result

@@ -1,0 +1,107 @@
+"""Publish the FP4 CTA schedule wherever SGLang 0.5.23 publishes the paged-MQA schedule (no numerics here).
+
+SGLang's DSA backend computes the DeepGEMM paged-MQA schedule from every
+metadata path -- eager ``init_forward_metadata``, CUDA-graph capture
+(``_build_forward_metadata_cuda_graph``), graph replay and
+``*_from_precomputed`` (both through ``_refresh_paged_mqa_schedule_metadata``),
+the indexer's own fallback -- by calling
+``resolve_paged_mqa_logits_metadata_fn()(context_lens_2d, 64, num_sms)`` and
+storing the result in ``metadata.paged_mqa_schedule_metadata`` (captured
+buffers are refreshed with ``copy_``, so their addresses stay fixed). Our
+planner has the same call signature and result shape (DESIGN section 5), so:
+
+- ``dsa.utils.resolve_paged_mqa_logits_metadata_fn`` (AROUND): returns
+  ``plan_fp4_schedule`` while this process holds the FP4 index cache.
+- ``DeepseekSparseAttnBackend._refresh_paged_mqa_schedule_metadata`` (AROUND):
+  with FP4, plans in place into the captured buffer (no allocation, no copy).
+- ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph``
+  (AFTER): SGLang's fused three-backend metadata copy (more than 3 draft steps)
+  refreshes lengths but not the schedule, and sibling copies take the first
+  step's; with FP4 every draft step's schedule is re-planned from its own
+  current lengths, in place.
+
+All three act only on DSA classes or DSA call sites, so a non-DSA target with
+a draft model (e.g. Llama + EAGLE3) never reaches them.
+"""
+
+from __future__ import annotations
+
+from .indexer import SCHEDULE_BLOCK_KV
+from .pool import fp4_active
+
+__all__ = [
+    "plan_fp4_schedule",
+    "resolve_paged_mqa_logits_metadata_fn",
+    "refresh_paged_mqa_schedule_metadata",
+    "multi_step_init_forward_metadata_out_graph",
+    "replan_in_place",
+]
+
+
+def plan_fp4_schedule(context_lens, block_kv, num_sms):
+    """Drop-in for DeepGEMM's ``get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms)``.
+
+    Plans the FP4 scorer's CTA schedule (``ops.schedule.plan_paged_schedule``)
+    with the scorer's tile (``SCHEDULE_BLOCK_KV``; SGLang passes 64, DeepGEMM's
+    value, which is the same here).
+
+    Returns:
+        int32 ``[num_sms + 1, 2]`` on ``context_lens``'s device.
+    """
+    from ..ops.schedule import plan_paged_schedule
+
+    return plan_paged_schedule(context_lens.contiguous(), SCHEDULE_BLOCK_KV, int(num_sms))
+
+
+def resolve_paged_mqa_logits_metadata_fn(original):
+    """AROUND hook: SGLang's schedule function, or ``plan_fp4_schedule`` when this process holds the FP4 cache."""
+    if fp4_active():
+        return plan_fp4_schedule
+    return original()
+
+
+def replan_in_place(context_lens, schedule) -> bool:
+    """Re-plan ``schedule`` (a published int32 ``[n + 1, 2]`` buffer) from ``context_lens``, in place.
+
+    Returns:
+        False (nothing done) when either is None, else True.
+    """
+    if context_lens is None or schedule is None:
+        return False
+    from ..ops.schedule import plan_paged_schedule_into
+
+    plan_paged_schedule_into(context_lens.contiguous(), SCHEDULE_BLOCK_KV, schedule)
+    return True
+
+
+def refresh_paged_mqa_schedule_metadata(original, self, metadata, seqlens_32_2d):
+    """AROUND hook of ``DeepseekSparseAttnBackend._refresh_paged_mqa_schedule_metadata``: plan in place with FP4."""
+    if fp4_active() and metadata.paged_mqa_schedule_metadata is not None:
+        replan_in_place(seqlens_32_2d, metadata.paged_mqa_schedule_metadata)
+        return None
+    return original(self, metadata, seqlens_32_2d)
+
+
+def multi_step_init_forward_metadata_out_graph(result, self, forward_batch, in_capture=False):
+    """AFTER hook of ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph``.
+
+    With FP4, after SGLang has refreshed every draft step's metadata for a
+    replay, each step's schedule is re-planned from that step's own decode
+    lengths (``cache_seqlens_int32``, which every copy path refreshes), and its
+    ``paged_mqa_ctx_lens_2d`` is brought in line with them.
+    """
+    if in_capture or not fp4_active():
+        return result
+    bs = forward_batch.batch_size
+    for backend in self.attn_backends:
+        metadata = getattr(backend, "forward_metadata", None)
+        schedule = getattr(metadata, "paged_mqa_schedule_metadata", None)
+        if schedule is None:
+            continue
+        ctx = metadata.paged_mqa_ctx_lens_2d
+        rows = ctx.shape[0] if ctx is not None and ctx.dim() == 2 and ctx.shape[1] == 1 else bs
+        lens = metadata.cache_seqlens_int32[:rows].reshape(rows, 1)
+        if ctx is not None and ctx.shape == lens.shape and ctx.data_ptr() != lens.data_ptr():
+            ctx.copy_(lens)
+        replan_in_place(lens, schedule)
+    return result

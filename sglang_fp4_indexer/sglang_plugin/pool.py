@@ -1,0 +1,193 @@
+"""The FP4 index-key cache inside SGLang 0.5.23's DSA KV pool (no numerics here).
+
+Seams (docs/sglang-seams.md):
+
+- ``KVCacheConfigurator._build_dsa_kv_pool`` (AROUND): asks the gate for this
+  configurator's pools; when enabled, the pool is built inside an FP4 scope.
+- ``DSATokenToKVPool._create_index_key_cache`` (AROUND): inside the scope it
+  returns ``Fp4IndexKeyCache`` (``[pages, 64 * 68]`` uint8 per layer, DESIGN
+  section 3) instead of SGLang's 132-byte ``IndexKeyCache``.
+- ``DefaultPoolConfigurator._compute_dsa_indexer_cell_size`` (AROUND): the
+  one place SGLang turns index bytes into ``max_total_num_tokens`` for plain
+  DSA pools (target and EAGLE/MTP draft share); with FP4 enabled it counts 68
+  bytes per token per index layer instead of 132. The other sites with the
+  132-byte formula belong to features the gate refuses (hybrid SWA pools,
+  HiCache host pools, page-interleave pools, DeepSeek-V4).
+
+One process holds either FP4 or FP8 DSA pools, never both: the paged-MQA
+schedule resolver is process-wide (``metadata.py``), so a mix would hand one
+scorer the other's schedule. A later pool follows the first one's layout, or
+startup stops with an error naming the conflict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+
+from sglang.srt.mem_cache.index_key_cache import IndexKeyCache
+
+from .. import pool as fp4_pool
+from ..gate import Decision
+from .facts import decision_for_kvc
+
+__all__ = [
+    "Fp4IndexKeyCache",
+    "is_fp4_pool",
+    "fp4_active",
+    "reset_state",
+    "build_dsa_kv_pool",
+    "create_index_key_cache",
+    "compute_dsa_indexer_cell_size",
+]
+
+logger = logging.getLogger("sglang_fp4_indexer")
+
+_fp4_scope: contextvars.ContextVar[bool] = contextvars.ContextVar("fp4_index_pool_scope", default=False)
+_state = {"fp4_pools": 0, "fp8_pools": 0}
+
+
+def fp4_active() -> bool:
+    """Whether this process has built an FP4 DSA index-key cache."""
+    return _state["fp4_pools"] > 0
+
+
+def reset_state() -> None:
+    """Forget the pools built in this process (for tests)."""
+    _state["fp4_pools"] = 0
+    _state["fp8_pools"] = 0
+
+
+def is_fp4_pool(pool) -> bool:
+    """Whether ``pool`` (a DSA KV pool, or anything) holds the FP4 index-key cache."""
+    return isinstance(getattr(pool, "index_key_cache", None), Fp4IndexKeyCache)
+
+
+class Fp4IndexKeyCache(IndexKeyCache):
+    """SGLang's ``IndexKeyCache`` with the MXFP4 layout: one uint8 ``[pages, page_size * 68]`` buffer per layer.
+
+    Payload plane then scale plane per page (``sglang_fp4_indexer.pool``).
+    Written by the plugin's ``Indexer._store_index_k_cache`` hook
+    (``ops.quantize.store_index_k``), read by its ``_get_topk_paged`` and
+    ``_get_topk_ragged`` hooks. SGLang's FP8 entry points into the cache
+    (``store_quantized``, ``get_k_and_scale``) raise instead of writing or
+    reading 132-byte rows. ``cpu_copy``, ``load_cpu_copy`` and
+    ``state_buf_infos`` are SGLang's own: they move whole pages (rows of the
+    buffer) and report per-page byte counts, so they are correct for any row
+    width, 68-byte tokens included.
+    """
+
+    def _buffer_shape(self, num_pages: int) -> tuple[int, int]:
+        return (num_pages, fp4_pool.page_bytes(self.pool.index_page_size))
+
+    def _kernel_view(self, buffer):
+        # One physical page per buffer row (index_kpool is 1): the buffer is the kernels' view.
+        return buffer
+
+    @property
+    def page_size(self) -> int:
+        """Tokens per page of this cache (the pool's index page)."""
+        return self.pool.index_page_size
+
+    def move(self, tgt_loc, src_loc) -> None:
+        """Move tokens ``src_loc -> tgt_loc`` in every layer (payload and scales), as SGLang's ``move`` does for FP8."""
+        if tgt_loc.numel() == 0:
+            return
+        for buffer in self.buffer:
+            if buffer.shape[0] == 0:
+                continue
+            fp4_pool.copy_slots(buffer, tgt_loc, src_loc, self.page_size)
+
+    def get_k_and_scale(self, *args, **kwargs):
+        """Refused: SGLang's FP8 gather cannot read the FP4 layout (the plugin's ragged hook gathers FP4)."""
+        raise RuntimeError(
+            "sglang-fp4-indexer: SGLang's FP8 index-key gather was called on the FP4 index cache; "
+            "this call path is not covered by the plugin's Indexer._get_topk_ragged hook"
+        )
+
+    def store_quantized(self, *args, **kwargs):
+        """Refused: SGLang's FP8 writer would put 132-byte rows into the 68-byte layout."""
+        raise RuntimeError(
+            "sglang-fp4-indexer: SGLang's FP8 index-key writer was called on the FP4 index cache; "
+            "this call path is not covered by the plugin's Indexer._store_index_k_cache hook"
+        )
+
+
+@contextlib.contextmanager
+def _scope():
+    token = _fp4_scope.set(True)
+    try:
+        yield
+    finally:
+        _fp4_scope.reset(token)
+
+
+def build_dsa_kv_pool(original, self, *, max_total_num_tokens, max_running_requests, dsa_pool_class):
+    """AROUND hook of ``KVCacheConfigurator._build_dsa_kv_pool``: build the pool in the FP4 layout when the gate allows."""
+    decision: Decision = decision_for_kvc(self)
+    kwargs = dict(
+        max_total_num_tokens=max_total_num_tokens,
+        max_running_requests=max_running_requests,
+        dsa_pool_class=dsa_pool_class,
+    )
+    if decision.enabled and _state["fp8_pools"]:
+        logger.warning(
+            "FP4 indexer: this process already holds an FP8 DSA index cache; this pool keeps FP8 too"
+        )
+        decision = Decision(False, "another DSA pool of this process uses FP8", "", ("mixed",))
+    if not decision.enabled:
+        if _state["fp4_pools"]:
+            raise RuntimeError(
+                "sglang-fp4-indexer: this process already holds an FP4 DSA index cache, but the gate "
+                f"refuses FP4 for this pool ({decision.reason}); one process cannot mix FP4 and FP8 "
+                "DSA pools. Fix: make the draft and target agree, or drop --enable-fp4-indexer."
+            )
+        pool = original(self, **kwargs)
+        _state["fp8_pools"] += 1
+        return pool
+    with _scope():
+        pool = original(self, **kwargs)
+    if not is_fp4_pool(pool):
+        raise RuntimeError(
+            f"sglang-fp4-indexer: the DSA pool class {type(pool).__name__} did not build its index cache "
+            "through DSATokenToKVPool._create_index_key_cache; it cannot hold the FP4 layout"
+        )
+    _state["fp4_pools"] += 1
+    return pool
+
+
+def create_index_key_cache(original, self):
+    """AROUND hook of ``DSATokenToKVPool._create_index_key_cache``: the FP4 cache inside the FP4 scope."""
+    if not _fp4_scope.get():
+        return original(self)
+    if self.index_kpool != 1 or self.index_head_dim != 128:
+        raise RuntimeError(
+            f"sglang-fp4-indexer: FP4 pool asked with index_kpool={self.index_kpool}, "
+            f"index_head_dim={self.index_head_dim}; the gate should have refused it"
+        )
+    return Fp4IndexKeyCache(self, self.index_buf_size)
+
+
+def compute_dsa_indexer_cell_size(original, self, *, kvc, num_layers, allocate_all_layers=False):
+    """AROUND hook of ``DefaultPoolConfigurator._compute_dsa_indexer_cell_size``: 68 index bytes per token with FP4.
+
+    SGLang returns ``index_bytes * index_layers`` with ``index_bytes = 132``
+    (``index_head_dim + index_head_dim // quant_block_size * 4`` uint8 cells;
+    the HiSparse ratio and NPU sizing do not apply when the gate enables FP4).
+    With FP4 enabled the same layer count is charged 68 bytes each.
+
+    Raises:
+        RuntimeError: SGLang's result is not a whole number of 132-byte cells
+            (the formula changed upstream; the plugin must be updated).
+    """
+    result = original(self, kvc=kvc, num_layers=num_layers, allocate_all_layers=allocate_all_layers)
+    if not decision_for_kvc(kvc, log=False).enabled:
+        return result
+    fp8 = fp4_pool.FP8_INDEX_BYTES_PER_TOKEN
+    if result % fp8:
+        raise RuntimeError(
+            f"sglang-fp4-indexer: SGLang's DSA indexer cell size {result} is not a multiple of {fp8} bytes; "
+            "its sizing formula changed and the plugin does not know how to rescale it"
+        )
+    return result // fp8 * fp4_pool.FP4_INDEX_BYTES_PER_TOKEN
