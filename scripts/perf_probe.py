@@ -99,6 +99,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="8x131072x64x1,32x32768x64x1,1x4096x64x1,8x131072x64x4")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ctas-per-sm", default="1,2")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "perf_probe.json"))
     args = ap.parse_args()
     bw = copy_bandwidth()
@@ -106,9 +107,11 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     l2 = 60e6
     if args.quick:
-        space = [("group", 64, 4, 2), ("group", 128, 8, 2), ("scaled", 64, 4, 2), ("scaled", 128, 8, 2), ("scaled", 128, 4, 3)]
+        space = [("scaled", 128, 4, 1), ("scaled", 256, 4, 1)] + list(
+            itertools.product(["folded"], [64, 128, 256], [4, 8], [1, 2]))
     else:
-        space = list(itertools.product(["group", "scaled"], [64, 128, 256], [4, 8], [1, 2, 3]))
+        space = list(itertools.product(["group", "scaled", "folded"], [64, 128, 256], [4, 8], [1, 2, 3]))
+    impls = sorted({v[0] for v in space})
     results = []
     for shape in args.shapes.split(","):
         batch, ctx, heads, next_n = map(int, shape.split("x"))
@@ -118,7 +121,7 @@ def main():
         floor = floor_bytes / bw
         ref = None
         for impl, bkv, nw, ns in space:
-            for ctas in (sms, 2 * sms):
+            for ctas in [int(c * sms) for c in args.ctas_per_sm.split(',') for c in [float(c)]]:
                 sched = plan_paged_schedule(lens, bkv, ctas)
                 try:
                     def fn(i, impl=impl, bkv=bkv, nw=nw, ns=ns, sched=sched):
@@ -129,7 +132,7 @@ def main():
                     out = outs[0].clone()
                     fn(0)
                     torch.cuda.synchronize()
-                    if ref is None:
+                    if ref is None:  # the reference variant: the first in the space
                         ref = outs[0].clone()
                     err = ((outs[0] - ref).abs() / (ref.abs() + 1e-3)).max().item()
                     res = dict(shape=shape, impl=impl, block_kv=bkv, warps=nw, stages=ns, ctas=ctas, us=t * 1e6,
@@ -146,7 +149,7 @@ def main():
     print(f"{'shape':>18} {'impl':>6} {'bkv':>4} {'w':>2} {'st':>2} {'ctas':>4} {'us':>9} {'floor':>8} {'%floor':>7}")
     for shape in args.shapes.split(","):
         ok = [r for r in results if r["shape"] == shape and "us" in r]
-        for impl in ("group", "scaled"):
+        for impl in impls:
             rs = [r for r in ok if r["impl"] == impl]
             if rs:
                 r = min(rs, key=lambda r: r["us"])

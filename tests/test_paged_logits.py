@@ -163,3 +163,35 @@ def test_gpu_full_size_h64_batch8_32k(next_n):
 @pytest.mark.parametrize("next_n", [1, 3])
 def test_group_impl_odd_next_n(next_n):
     _check(make_paged_case([65, 130, 3], next_n=next_n, heads=32, seed=17 + next_n), impl="group")
+
+
+@pytest.mark.parametrize("next_n", [1, 2])
+@pytest.mark.parametrize("heads", [64, 32])
+def test_folded_impl_matches_reference(heads, next_n):
+    # Keys of tests/cases.py have group scales within 2**11 of each other, where "folded" is exact.
+    _check(make_paged_case([1, 65, 130], next_n=next_n, heads=heads, seed=23 + heads), impl="folded")
+
+
+def test_folded_flushes_groups_more_than_2_11_below_the_largest():
+    from sglang_fp4_indexer.format import quantize_index_k
+    from sglang_fp4_indexer.pool import payload_plane, scale_plane
+
+    case = make_paged_case([64], heads=32, seed=31, extra_pages=0)
+    keys = torch.randn(64, 128)
+    keys[:, 32:64] *= 2.0**-14  # group 1 far below the others: flushed by "folded"
+    keys[:, 64:96] *= 2.0**-8  # group 2 within range: exact
+    p, s = quantize_index_k(keys)
+    page = int(case.block_table[0, 0])
+    payload_plane(case.cache)[page] = p
+    scale_plane(case.cache)[page] = s
+    got = paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, impl="folded",
+                       schedule=plan_paged_schedule(case.context_lens, 128, 2))
+    flushed = keys.clone()
+    flushed[:, 32:64] = 0
+    p2, s2 = quantize_index_k(flushed)
+    s2[:, 1] = s[:, 1]  # keep a valid scale code for the zero group
+    payload_plane(case.cache)[page] = p2
+    scale_plane(case.cache)[page] = s2
+    ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens)
+    bound = term_bound(case, 64)
+    assert torch.all((got.double() - ref.double()).abs()[:, :64] <= REL * bound + 1e-30)

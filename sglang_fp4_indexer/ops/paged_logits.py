@@ -76,6 +76,94 @@ def _group_partial(cache_ptr, payload_base, scale_base, ok, q_g, G: tl.constexpr
     return part * factor[:, None]
 
 
+# Folded decode (impl "folded"): each group's UE8M0 scale is folded into the
+# e4m3 bytes relative to the key's largest group scale s_max, so one K = 128
+# FP8 MMA covers the whole key and 2**(s_max - 127) is applied once per key
+# after the head sum. For a group with A = s_g - s_max + 12 >= 1 the e4m3 byte
+# of E2M1 magnitude x (x = 0..7) is LUT_A[x] = e4m3(E2M1(x) * 2**(A - 6)) = E2M1(x) * 2**(s_g - s_max + 6):
+#   LUT_A[0] = 0, LUT_A[1] = A << 3, LUT_A[x >= 2] = (x << 2) + (A << 3)
+# -- every entry normal and exact. A group more than 2**11 below its key's
+# largest group (A < 1) is flushed to zero: its terms are below 2**-11 of the
+# key's largest and below FP4's own rounding error of that largest group.
+_FOLD_BIAS = 12
+_FOLD_ASM = """
+{
+.reg .b32 sel, sgn, t, one;
+mov.b32 one, 0x8000;
+and.b32 sel, $2, 0x7777;
+prmt.b32 $0, $3, $7, sel;
+shr.b32 t, $2, 3;
+and.b32 t, t, 0x1111;
+prmt.b32 sgn, one, 0, t;
+or.b32 $0, $0, sgn;
+shr.b32 t, $2, 16;
+and.b32 sel, t, 0x7777;
+prmt.b32 $1, $3, $7, sel;
+shr.b32 t, $2, 19;
+and.b32 t, t, 0x1111;
+prmt.b32 sgn, one, 0, t;
+or.b32 $1, $1, sgn;
+}
+"""
+
+
+@triton.jit
+def _folded_keys(cache_ptr, payload_base, scale_base, ok, BLOCK_KV: tl.constexpr, ASM: tl.constexpr):
+    """Decode BLOCK_KV keys to e4m3 [BLOCK_KV, 128] with group scales folded in; also 2**(s_max - 127) per key.
+
+    With ASM the columns come in the order of ``_folded_q_perm`` (PTX ``prmt``
+    on 4 packed bytes: elements 8m..8m+3 then 8m+4..8m+7); without it (the
+    portable integer path the CPU interpreter runs) in element order.
+    """
+    offs_g = tl.arange(0, 4)
+    codes = tl.load(cache_ptr + scale_base[:, None] + offs_g[None, :], mask=ok[:, None], other=127).to(tl.int32)
+    s_max = tl.max(codes, axis=1)
+    a = codes - s_max[:, None] + 12  # [BLOCK_KV, 4]
+    live = a >= 1
+    offs_c = tl.arange(0, 16)
+    packed = tl.load(
+        cache_ptr + payload_base[:, None, None] + offs_g[None, :, None] * 16 + offs_c[None, None, :],
+        mask=ok[:, None, None], other=0,
+    )  # [BLOCK_KV, 4, 16] uint8
+    if ASM:
+        step = (a << 3)[:, :, None]
+        lut_lo = tl.where(live[:, :, None], 0x0C080000 + step * 0x01010100, 0)
+        lut_hi = tl.where(live[:, :, None], 0x1C181410 + step * 0x01010101, 0)
+        lut_lo = tl.broadcast_to(lut_lo, (BLOCK_KV, 4, 16))
+        lut_hi = tl.broadcast_to(lut_hi, (BLOCK_KV, 4, 16))
+        first, second = tl.inline_asm_elementwise(
+            _FOLD_ASM, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lut_lo, lut_hi],
+            dtype=(tl.uint8, tl.uint8), is_pure=True, pack=4,
+        )
+        k_bits = tl.reshape(tl.join(first, second), (BLOCK_KV, 128))
+    else:
+        step = (a << 3).to(tl.uint8)[:, :, None]
+        keep = live[:, :, None]
+        lo = packed & 0x0F
+        hi = packed >> 4
+        m_lo = lo & 0x07
+        m_hi = hi & 0x07
+        e_lo = tl.where(m_lo == 0, 0, tl.where(m_lo == 1, 0, m_lo << 2) + step)
+        e_hi = tl.where(m_hi == 0, 0, tl.where(m_hi == 1, 0, m_hi << 2) + step)
+        e_lo = tl.where(keep, e_lo | ((lo & 0x08) << 4), 0).to(tl.uint8)
+        e_hi = tl.where(keep, e_hi | ((hi & 0x08) << 4), 0).to(tl.uint8)
+        k_bits = tl.reshape(tl.join(e_lo, e_hi), (BLOCK_KV, 128))
+    factor = (s_max << 23).to(tl.float32, bitcast=True)  # 2 ** (s_max - 127), exact
+    return k_bits.to(tl.float8e4nv, bitcast=True), factor
+
+
+@triton.jit
+def _folded_q_perm(ASM: tl.constexpr):
+    """Element index of each column of ``_folded_keys``'s output."""
+    col = tl.arange(0, 128)
+    if ASM:
+        c = col // 2
+        t = col % 2
+        return (c // 4) * 8 + t * 4 + c % 4
+    else:
+        return col
+
+
 @triton.jit
 def _paged_logits_kernel(
     q_ptr,
@@ -100,7 +188,8 @@ def _paged_logits_kernel(
     PAGE: tl.constexpr,
     BLOCK_KV: tl.constexpr,
     DOT_MODE: tl.constexpr,
-    SCALED: tl.constexpr,
+    IMPL: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     NH: tl.constexpr = NEXT_N_PAD * H
     PAGE_BYTES: tl.constexpr = PAGE * 68
@@ -142,8 +231,10 @@ def _paged_logits_kernel(
         # The request's index queries and weights stay in registers for all its tiles.
         w = tl.load(w_ptr + q_rows * stride_w_row + n_head, mask=n_ok, other=0.0)
         q_base = q_ptr + q_rows * stride_q_row + n_head * stride_q_head
-        if SCALED:
+        if IMPL == 1:
             q_t = tl.load(q_base[None, :] + offs_d[:, None], mask=n_ok[None, :], other=0.0)
+        elif IMPL == 2:
+            q_t = tl.load(q_base[None, :] + _folded_q_perm(ASM)[:, None], mask=n_ok[None, :], other=0.0)
         else:
             q_0 = tl.load(q_base[None, :] + offs_k[:, None], mask=n_ok[None, :], other=0.0)
             q_1 = tl.load(q_base[None, :] + 32 + offs_k[:, None], mask=n_ok[None, :], other=0.0)
@@ -160,7 +251,11 @@ def _paged_logits_kernel(
             payload_base = page_base + prow * 64
             # Scale plane row of a token: pool.scale_row(row) -- the identity in this layout.
             scale_base = page_base + PAGE * 64 + prow * 4
-            if SCALED:
+            if IMPL == 2:
+                k_f8, key_factor = _folded_keys(cache_ptr, payload_base, scale_base, ok, BLOCK_KV, ASM)
+                acc = tl.dot(k_f8, q_t)
+                unit = 0.015625  # LUT entries hold E2M1 * 2**(s_g - s_max + 6)
+            elif IMPL == 1:
                 # Triton's MX dot reads E2M1 codes and UE8M0 scales natively (DESIGN section 5).
                 k_codes = tl.load(cache_ptr + payload_base[:, None] + offs_p[None, :], mask=ok[:, None], other=0)
                 k_scales = tl.load(cache_ptr + scale_base[:, None] + offs_g[None, :], mask=ok[:, None], other=127)
@@ -177,6 +272,8 @@ def _paged_logits_kernel(
                 unit = 64.0  # e4m3 bytes hold E2M1 * 2**-6
             contrib = tl.maximum(acc, 0.0) * w[None, :]
             logits = tl.sum(tl.reshape(contrib, (BLOCK_KV, NEXT_N_PAD, H)), axis=2) * unit
+            if IMPL == 2:
+                logits = logits * key_factor[:, None]  # relu(c x) = c relu(x) for c > 0
             visible = (kv[:, None] < lens[None, :]) & ok[:, None]
             logits = tl.where(visible, logits, neg_inf)
             store_mask = row_ok & (kv[:, None] < width)
@@ -189,6 +286,7 @@ def _paged_logits_kernel(
                 tl.store(out_ptr + out_rows[None, :] + cols[:, None], neg_inf, mask=row_ok & (cols[:, None] < width))
 
 
+_IMPLS = {"group": 0, "scaled": 1, "folded": 2}
 _DOT_MODES = {"fp8": 0, "fp16": 1, "bf16": 2, "fp32": 3}
 
 
@@ -294,7 +392,11 @@ def paged_logits(
         impl: ``"group"``: one MMA per 32-element group on e4m3 bytes decoded
             with integer ops, each partial product scaled by its UE8M0 factor;
             ``"scaled"``: Triton's ``tl.dot_scaled`` reading the E2M1 codes and
-            UE8M0 scales natively (on Hopper Triton upcasts them to bf16).
+            UE8M0 scales natively (on Hopper Triton upcasts them to bf16);
+            ``"folded"``: group scales folded into the e4m3 bytes relative to
+            the key's largest group (PTX ``prmt`` lookup on NVIDIA, integer ops
+            elsewhere), one K = 128 FP8 MMA per tile; exact while a key's group
+            scales lie within 2**11 of its largest, smaller groups flushed to 0.
         num_warps, num_stages: Triton launch parameters (tuned on H200, see
             docs/perf-notes.md).
 
@@ -315,9 +417,11 @@ def paged_logits(
     if not isinstance(block_kv, int) or block_kv < 16 or block_kv & (block_kv - 1):
         raise ValueError(f"block_kv: expected a power of two >= 16, got {block_kv!r}")
     dot_mode = _dot_mode(mma, q)
-    if impl not in ("group", "scaled"):
-        raise ValueError(f"impl: expected 'group' or 'scaled', got {impl!r}")
-    scaled = impl == "scaled"
+    if impl not in _IMPLS:
+        raise ValueError(f"impl: expected one of {tuple(_IMPLS)}, got {impl!r}")
+    if impl == "folded" and dot_mode != 0:
+        raise ValueError("impl: 'folded' needs e4m3 queries and FP8 MMA (mma 'fp8' or 'auto' on such a device)")
+    use_asm = impl == "folded" and q.device.type == "cuda" and torch.version.hip is None
     if check:
         from ..reference import expand_context_lens
 
@@ -375,7 +479,8 @@ def paged_logits(
         PAGE=page_size,
         BLOCK_KV=block_kv,
         DOT_MODE=dot_mode,
-        SCALED=scaled,
+        IMPL=_IMPLS[impl],
+        ASM=use_asm,
         num_warps=num_warps,
         num_stages=num_stages,
     )
