@@ -1,0 +1,195 @@
+"""Loading through SGLang's own machinery: entry point, SGLANG_PLUGINS, hook
+targets, the flag on every entry (CLI, --config YAML, help, Engine kwarg), and
+the flag reaching a fresh process in a pickled ServerArgs."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import pickle
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from plugin_support import ENTRY, load
+
+pytestmark = pytest.mark.sglang
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+_CHILD = r"""
+import json, os, pickle, sys
+out = {}
+path = sys.argv[1]
+if path != "-":
+    # Read the record before load_plugins(), as run_scheduler_process gets it.
+    with open(path, "rb") as f:
+        record = pickle.load(f)
+    from sglang_fp4_indexer.sglang_plugin.facts import requested
+    out["requested"] = requested(record)
+    out["attr"] = getattr(record, "_enable_fp4_indexer", None)
+from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+load_plugins()
+out["patched"] = sorted(t for t, hooks in HookRegistry._hooks.items()
+                        if any(src and src.plugin_name == "fp4_indexer" for _, _, src in hooks) and t in HookRegistry._patched)
+import argparse
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+out["flag"] = "--enable-fp4-indexer" in parser._option_string_actions
+print("RESULT" + json.dumps(out))
+"""
+
+
+def _child(env_plugins: str, record_path: str = "-") -> dict:
+    env = {**os.environ, "SGLANG_PLUGINS": env_plugins}
+    env.pop("SGLANG_ENABLE_FP4_INDEXER", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, record_path], capture_output=True, text=True, env=env, timeout=600
+    )
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT"):])
+
+
+def _targets():
+    from sglang_fp4_indexer.sglang_plugin import hooks
+
+    return [h.target for h in hooks()]
+
+
+def test_entry_point_loaded_and_pickled_flag_in_fresh_process(tmp_path):
+    load()
+    from sglang.srt.server_args import prepare_server_args
+
+    record = prepare_server_args(["--model-path", "dummy", "--enable-fp4-indexer"])
+    path = tmp_path / "server_args.pkl"
+    path.write_bytes(pickle.dumps(record))
+    out = _child(ENTRY, str(path))
+    assert out["requested"] is True and out["attr"] is True
+    assert out["patched"] == sorted(_targets())
+    assert out["flag"] is True
+
+
+def test_sglang_plugins_whitelist_excludes_us():
+    out = _child("some_other_plugin")
+    assert out["patched"] == [] and out["flag"] is False
+
+
+def test_every_hook_target_resolves_and_is_ours():
+    load()
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_fp4_indexer.sglang_plugin import hooks
+
+    for hook in hooks():
+        assert hook.target in HookRegistry._patched, f"hook target not applied: {hook.target}"
+        obj_path, attr = hook.target.rsplit(".", 1)
+        owner = pkgutil.resolve_name(obj_path)
+        raw = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+        fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+        chain, original = [], fn
+        while hasattr(original, "__wrapped__"):
+            chain.append(original)
+            original = original.__wrapped__
+        assert chain, f"{hook.target} is not wrapped"
+        # The hook sees SGLang's parameters after its own first one (original fn / result).
+        hook_params = list(inspect.signature(hook.hook).parameters)[1:]
+        sglang_params = list(inspect.signature(original).parameters)
+        assert hook_params == sglang_params, f"{hook.target}: SGLang signature {sglang_params} != hook {hook_params}"
+
+
+def test_prepare_server_args_flag_on_off_and_help(capsys):
+    load()
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_fp4_indexer.sglang_plugin.facts import requested
+
+    on = prepare_server_args(["--model-path", "dummy", "--enable-fp4-indexer"])
+    off = prepare_server_args(["--model-path", "dummy"])
+    assert on._enable_fp4_indexer is True and requested(on)
+    assert off._enable_fp4_indexer is False and not requested(off)
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--help"])
+    help_text = capsys.readouterr().out
+    assert "--enable-fp4-indexer" in help_text and "MXFP4" in help_text
+
+
+def test_environment_variable_asks_too(monkeypatch):
+    load()
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_fp4_indexer.sglang_plugin.facts import requested
+
+    off = prepare_server_args(["--model-path", "dummy"])
+    monkeypatch.setenv("SGLANG_ENABLE_FP4_INDEXER", "1")
+    assert requested(off)
+    monkeypatch.setenv("SGLANG_ENABLE_FP4_INDEXER", "0")
+    assert not requested(off)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_config_yaml(tmp_path, value):
+    load()
+    from sglang.srt.server_args import prepare_server_args
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model-path: dummy\nenable-fp4-indexer: {str(value).lower()}\n")
+    record = prepare_server_args(["--config", str(cfg)])
+    assert record._enable_fp4_indexer is value
+    # The command line still wins over the file's false.
+    record = prepare_server_args(["--config", str(cfg), "--enable-fp4-indexer"])
+    assert record._enable_fp4_indexer is True
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_parse_with_sglang(path):
+    load()
+    from sglang.srt.server_args import prepare_server_args
+
+    text = path.read_text()
+    assert text.startswith("#"), "each config starts with a comment header"
+    record = prepare_server_args(["--config", str(path)])
+    assert record._enable_fp4_indexer is True
+    for key, value in yaml.safe_load(text).items():
+        if key == "enable-fp4-indexer":
+            continue
+        assert getattr(record, key.replace("-", "_")) == value, key
+    assert record.page_size == 64
+
+
+def test_configs_cover_the_dsa_models():
+    names = {p.name for p in CONFIGS}
+    assert {"deepseek-v3.2.yaml", "glm-5.yaml"} <= names
+
+
+def test_engine_keyword(monkeypatch):
+    load()
+    from sglang.srt.entrypoints import engine as engine_module
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_fp4_indexer.sglang_plugin.cli import install_engine_kwarg
+
+    Engine = engine_module.Engine
+    monkeypatch.setattr(Engine, "server_args_class", ServerArgs)  # restored after the test
+    assert install_engine_kwarg(Engine) and install_engine_kwarg(Engine)  # idempotent
+    on = Engine.server_args_class(model_path="dummy", enable_fp4_indexer=True)
+    off = Engine.server_args_class(model_path="dummy")
+    assert isinstance(on, ServerArgs) and on._enable_fp4_indexer is True
+    assert not hasattr(off, "_enable_fp4_indexer")
+    with pytest.raises(TypeError):
+        Engine.server_args_class(model_path="dummy", no_such_field=1)
+    # Engine.__init__ loads plugins before it builds the record through server_args_class.
+    src = inspect.getsource(Engine.__init__)
+    assert src.index("load_plugins()") < src.index("self.server_args_class(**kwargs)")
+    # register() installs it when the engine module is loaded.
+    monkeypatch.setattr(Engine, "server_args_class", ServerArgs)
+    assert install_engine_kwarg() is True
+    assert getattr(Engine.__dict__["server_args_class"].__func__, "_fp4_base") is ServerArgs
