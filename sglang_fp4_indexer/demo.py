@@ -313,6 +313,18 @@ class _StageContext:
             self.progress.stop_task(self.task)
 
 
+def _device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested but torch.cuda.is_available() is False")
+    return dev
+
+
 def run_demo(workload: Workload, *, device: str | torch.device = "cpu", topk: int = DEFAULT_TOPK,
              memory_gib: float = _DEFAULT_MEMORY_GIB, repeats: int = 20, seed: int = 0,
              progress: Progress | None = None) -> DemoResult:
@@ -335,15 +347,13 @@ def run_demo(workload: Workload, *, device: str | torch.device = "cpu", topk: in
 
     Raises:
         ValueError: ``topk < 1``, ``memory_gib < 0``, ``repeats < 1``, or a
-            ``device`` that is neither CPU nor CUDA; the ops' own errors (e.g.
+            ``device`` that is neither CPU nor an available CUDA device; the ops' own errors (e.g.
             a head count the scorer does not support).
     """
     from .ops.paged_logits import DEFAULT_BLOCK_KV, paged_logits
     from .ops.quantize import store_index_k
 
-    dev = torch.device(device)
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}")
+    dev = _device(device)
     if not isinstance(topk, int) or topk < 1:
         raise ValueError(f"topk: expected an int >= 1, got {topk!r}")
     if not memory_gib >= 0 or math.isinf(memory_gib):
@@ -362,20 +372,20 @@ def run_demo(workload: Workload, *, device: str | torch.device = "cpu", topk: in
     block_table = shuffled_block_table(batch, context, seed, device=dev)
     slots = request_slots(block_table, context)
     cache = allocate_index_k_cache(block_table.numel(), device=dev)
-    with stages.stage(f"FP4: store {batch * context} keys (Triton store_index_k)"):
+    with stages.stage(f"FP4 store: {batch * context} keys (Triton)"):
         store_index_k(work.keys, cache, slots)
-    with stages.stage("FP4: check the cache against format.quantize_index_k"):
+    with stages.stage("FP4 store vs format.quantize_index_k"):
         payload, scales = read_index_k(cache, slots)
         want_payload, want_scales = fmt.quantize_index_k(work.keys)
         store_bit_exact = bool(torch.equal(payload, want_payload) and torch.equal(scales, want_scales))
-    with stages.stage(f"FP4: score {batch} rows x {context} keys x {heads} heads (Triton paged_logits)"):
+    with stages.stage(f"FP4 score: {batch} x {context} keys x {heads} heads (Triton)"):
         fp4_logits = paged_logits(q_fp8, w_eff, cache, block_table, lens, width=context)
-    with stages.stage("FP4: check the scorer against reference.paged_logits_reference"):
+    with stages.stage("FP4 scorer vs reference.paged_logits_reference"):
         oracle = paged_logits_reference(q_fp8, w_eff, cache, block_table, lens, width=context)
         scorer_vs_oracle = float((fp4_logits - oracle).abs().max())
 
     # FP8: SGLang's per-token e4m3 + fp32 scale, torch scorer.
-    with stages.stage("FP8: quantize keys and score (torch)"):
+    with stages.stage("FP8 quantize + score (torch)"):
         k_fp8, k_scale = fp8_quantize_rows(keys_3d, FP8_KEY_SCALE_FMT)
 
         def fp8_scorer() -> torch.Tensor:
@@ -384,7 +394,7 @@ def run_demo(workload: Workload, *, device: str | torch.device = "cpu", topk: in
         fp8_logits = fp8_scorer()
 
     # Exact: unquantized bf16 keys and queries, fp64.
-    with stages.stage("exact: score in fp64 (torch)"):
+    with stages.stage("exact score (fp64, torch)"):
         exact_logits = torch.stack([logits_from_keys(work.queries[b], work.weights[b], keys_3d[b])
                                     for b in range(batch)])
 
@@ -405,7 +415,7 @@ def run_demo(workload: Workload, *, device: str | torch.device = "cpu", topk: in
 
         schedule = plan_paged_schedule(lens, DEFAULT_BLOCK_KV, default_num_ctas(dev))
         out = torch.empty((batch, context), dtype=torch.float32, device=dev)
-        with stages.stage(f"timing: {repeats} calls per scorer (CUDA events)", total=3) as advance:
+        with stages.stage(f"timing: {repeats} calls per scorer", total=3) as advance:
             times["FP4"] = time_per_call_us(
                 lambda: paged_logits(q_fp8, w_eff, cache, block_table, lens, width=context, schedule=schedule,
                                      block_kv=DEFAULT_BLOCK_KV, out=out, check=False), dev, repeats)
@@ -527,13 +537,14 @@ def main(args: argparse.Namespace, console: Console | None = None) -> int:
         if clash:
             raise ValueError(f"--load-workload: the file fixes the workload; drop {', '.join(clash)}")
     opts = {name: _GEOMETRY_DEFAULTS[name] if value is None else value for name, value in given.items()}
+    _device(args.device)  # fail before the (slow) workload build
     with _progress(console) as progress:
         if args.load_workload is not None:
-            with _Stages(progress).stage(f"load the workload from {args.load_workload}"):
+            with _Stages(progress).stage(f"load {args.load_workload}"):
                 work = Workload.load(args.load_workload)
         else:
             with _Stages(progress).stage(
-                f"build the {opts['workload']} workload ({opts['batch']} x {opts['context']} tokens)"
+                f"{opts['workload']} workload: {opts['batch']} x {opts['context']} tokens"
             ) as advance:
                 work = build_workload(opts["workload"], opts["batch"], opts["context"], opts["heads"],
                                       opts["seed"], on_window=advance)

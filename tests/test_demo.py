@@ -273,6 +273,21 @@ def test_demo_caps_k_at_the_context():
     assert res.k == 40 and res.fp4.recall == 1.0 and res.fp8.recall == 1.0
 
 
+def test_demo_rejects_bad_options():
+    from sglang_fp4_indexer.demo import run_demo
+
+    w = gaussian_workload(1, 40, 16, 0)
+    with pytest.raises(ValueError, match="topk"):
+        run_demo(w, topk=0)
+    with pytest.raises(ValueError, match="memory_gib"):
+        run_demo(w, memory_gib=float("nan"))
+    with pytest.raises(ValueError, match="device"):
+        run_demo(w, device="meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device"):
+            run_demo(w, device="cuda")
+
+
 def test_cli_demo_prints_the_table(capsys, tmp_path):
     from sglang_fp4_indexer.cli import main
 
