@@ -55,6 +55,9 @@ def hf_config(cfg: dict):
 def stand_in_kvc(cfg: dict, server_args, *, num_layers: int | None = None, is_draft_worker: bool = False):
     """Stands for ``KVCacheConfigurator``: ModelRunner builds it on a GPU from a loaded model.
 
+    Its ``device`` is ``"cpu"`` so the real pool classes allocate here; the
+    gate's device facts are given separately (``H200``).
+
     Carries the attributes SGLang's ``_build_dsa_kv_pool`` / sizing methods and
     the plugin's ``decision_for_kvc`` read.
     """
@@ -67,7 +70,7 @@ def stand_in_kvc(cfg: dict, server_args, *, num_layers: int | None = None, is_dr
     layer_info = types.SimpleNamespace(start_layer=0, end_layer=layers, num_effective_layers=layers)
     return types.SimpleNamespace(
         model_config=model_config, server_args=server_args, is_draft_worker=is_draft_worker,
-        device="cuda", gpu_id=0, page_size=64, pool_page_size=64, kv_shard_rank=None,
+        device="cpu", gpu_id=0, page_size=64, pool_page_size=64, kv_shard_rank=None,
         is_hybrid_swa=False, mambaish_config=None, layer_info=layer_info, loc_space_scale=1,
         kv_cache_dtype=torch.bfloat16, use_mla_backend=True,
     )
