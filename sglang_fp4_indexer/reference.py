@@ -23,6 +23,8 @@ __all__ = [
     "paged_slots",
     "paged_logits_reference",
     "paged_schedule_reference",
+    "gather_index_k_reference",
+    "ragged_logits_reference",
     "logits_from_keys",
     "topk_reference",
     "fp8_quantize_rows",
@@ -272,3 +274,71 @@ def paged_schedule_reference(context_lens: torch.Tensor, block_kv: int, num_ctas
     total = len(tiles) - 1
     rows = [tiles[i * total // num_ctas] for i in range(num_ctas + 1)]
     return torch.tensor(rows, dtype=torch.int32).reshape(num_ctas + 1, 2).to(context_lens.device)
+
+
+def gather_index_k_reference(
+    cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int = PAGE_SIZE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Oracle of ``ops.gather.gather_index_k``: a torch gather of each request's keys, concatenated.
+
+    Args:
+        cache: uint8 ``[num_pages, page_size * 68]``.
+        block_table: int ``[B, max_pages]``.
+        seq_lens: int ``[B]`` keys per request (>= 0).
+
+    Returns:
+        ``(payload uint8 [sum(seq_lens), 64], scales uint8 [sum(seq_lens), 4])``.
+
+    Raises:
+        ValueError: as ``paged_slots`` and ``pool.read_index_k``.
+    """
+    slots = [paged_slots(block_table[b], int(n), page_size) for b, n in enumerate(seq_lens.tolist())]
+    flat = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64, device=cache.device)
+    return read_index_k(cache, flat, page_size)
+
+
+def ragged_logits_reference(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    payload: torch.Tensor,
+    scales: torch.Tensor,
+    ks: torch.Tensor,
+    ke: torch.Tensor,
+) -> torch.Tensor:
+    """Oracle of the ragged (prefill / extend) scorer ``ops.ragged_logits.ragged_logits``.
+
+    ``logits[t, j] = sum_h weights[t, h] * relu(q[t, h] . k_j)`` for
+    ``ks[t] <= j < ke[t]`` and ``-inf`` at every other column (an empty window,
+    ``ke[t] <= ks[t]``, gives a row of ``-inf``). Keys are decoded exactly
+    (``format.dequantize_index_k``) and scored in fp64, rounded once to fp32.
+    The same semantics as SGLang's FP8 ``fp8_mqa_logits`` with clean logits.
+
+    Args:
+        q: ``[T, H, 128]`` float8_e4m3fn, bf16 or fp32 index queries.
+        weights: ``[T, H]`` head weights.
+        payload: uint8 ``[S, 64]`` flat payload plane (``ops.gather.gather_index_k``).
+        scales: uint8 ``[S, 4]`` flat scale plane.
+        ks, ke: int ``[T]`` window start (inclusive) and end (exclusive) per query token.
+
+    Returns:
+        fp32 ``[T, S]``.
+
+    Raises:
+        ValueError: inconsistent shapes, or a window outside ``[0, S]``.
+    """
+    if q.dim() != 3 or q.shape[2] != INDEX_HEAD_DIM:
+        raise ValueError(f"q: expected [T, H, {INDEX_HEAD_DIM}], got {list(q.shape)}")
+    tokens, heads = q.shape[0], q.shape[1]
+    if weights.shape != (tokens, heads):
+        raise ValueError(f"weights: expected [{tokens}, {heads}], got {list(weights.shape)}")
+    if ks.shape != (tokens,) or ke.shape != (tokens,):
+        raise ValueError(f"ks, ke: expected [{tokens}], got {list(ks.shape)} and {list(ke.shape)}")
+    keys = dequantize_index_k(payload, scales)  # [S, 128], exact
+    width = keys.shape[0]
+    out = torch.full((tokens, width), float("-inf"), dtype=torch.float32, device=q.device)
+    for t, (lo, hi) in enumerate(zip(ks.tolist(), ke.tolist())):
+        if lo < 0 or hi > width:
+            raise ValueError(f"ks, ke: token {t} has window [{lo}, {hi}) outside [0, {width}]")
+        if hi > lo:
+            out[t, lo:hi] = logits_from_keys(q[t], weights[t], keys[lo:hi]).to(torch.float32)
+    return out

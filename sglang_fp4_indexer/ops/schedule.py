@@ -28,13 +28,13 @@ boundaries, so any ``B`` and any ``num_ctas`` work.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from ..pool import PAGE_SIZE
+from ._common import interpreting
 
 __all__ = [
     "num_key_blocks",
@@ -93,10 +93,6 @@ def check_block_kv(block_kv, page_size: int = PAGE_SIZE) -> int:
     return block_kv
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
-
-
 def _check_context_lens(context_lens) -> None:
     if not isinstance(context_lens, torch.Tensor):
         raise TypeError(f"context_lens: expected a torch.Tensor, got {type(context_lens).__name__}")
@@ -108,7 +104,7 @@ def _check_context_lens(context_lens) -> None:
         )
     if context_lens.dim() == 2 and context_lens.shape[1] < 1:
         raise ValueError(f"context_lens: next_n must be >= 1, got shape {list(context_lens.shape)}")
-    if context_lens.device.type == "cpu" and not _interpreting():
+    if context_lens.device.type == "cpu" and not interpreting():
         raise ValueError(
             "context_lens: on the CPU the Triton planner runs only under TRITON_INTERPRET=1; "
             "use reference.paged_schedule_reference there"

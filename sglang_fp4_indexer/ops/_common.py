@@ -1,0 +1,79 @@
+"""Helpers shared by the Triton ops: interpreter detection, the jit form of
+``pool.scale_row``, and the choice of MMA input type.
+
+Nothing here is public API; the ops re-export what they document.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+import triton
+import triton.language as tl
+
+from ..pool import scale_row
+
+__all__ = ["interpreting", "scale_row_jit", "fp8_mma_available", "select_mma", "MMA_DTYPES"]
+
+
+def interpreting() -> bool:
+    """Whether Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+# pool.scale_row is plain arithmetic; compiled as a Triton function it is the one
+# row mapping the kernels use for the scale plane, so changing pool.scale_row
+# changes every kernel too (DESIGN section 3). Triton's interpreter wants
+# triton.language among a jit function's globals, hence the copy with ``tl`` added
+# (pool itself imports no Triton).
+scale_row_jit = triton.jit(
+    types.FunctionType(scale_row.__code__, {**scale_row.__globals__, "tl": tl}, "scale_row", scale_row.__defaults__)
+)
+
+
+def fp8_mma_available(device: torch.device) -> bool:
+    """Whether FP8 (e4m3 x e4m3) MMA is used on ``device``.
+
+    True on CUDA devices of compute capability 8.9 or newer (Ada, Hopper,
+    Blackwell) and on the CPU under the interpreter (which emulates fp8 dots
+    exactly, so CPU tests exercise the FP8 code path); False elsewhere.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 9)
+    return device.type == "cpu"
+
+
+#: MMA input type name -> torch dtype of both dot operands.
+MMA_DTYPES = {
+    "fp8": torch.float8_e4m3fn,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp32": torch.float32,
+}
+
+
+def select_mma(mma: str, q: torch.Tensor) -> str:
+    """Resolve the MMA input type for queries ``q``; every choice multiplies exactly.
+
+    ``"auto"``: ``"fp8"`` for e4m3 ``q`` where ``fp8_mma_available``, else
+    ``"fp16"`` (e4m3 values and decoded E2M1 keys are exact in fp16); for bf16
+    ``q``: ``"bf16"`` on a GPU, ``"fp32"`` on the CPU (the interpreter's bf16
+    dot is unreliable in triton 3.8).
+
+    Raises:
+        ValueError: unknown ``mma``, or ``"fp8"``/``"fp16"`` with non-e4m3 ``q``
+            (bf16 queries are not exact in those types).
+    """
+    if mma != "auto" and mma not in MMA_DTYPES:
+        raise ValueError(f"mma: expected 'auto', 'fp8', 'fp16', 'bf16' or 'fp32', got {mma!r}")
+    is_fp8 = q.dtype == torch.float8_e4m3fn
+    if mma in ("fp8", "fp16") and not is_fp8:
+        raise ValueError(f"mma: {mma!r} needs q in float8_e4m3fn (bf16 queries are not exact in it)")
+    if mma != "auto":
+        return mma
+    if is_fp8:
+        return "fp8" if fp8_mma_available(q.device) else "fp16"
+    return "fp32" if q.device.type == "cpu" else "bf16"
