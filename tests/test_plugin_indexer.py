@@ -1,0 +1,412 @@
+"""The hooked DSA Indexer methods driven with real SGLang 0.5.23 objects and
+compared with the core reference: store bytes, paged logits and top-k (decode,
+target verify next_n 2-4, draft extend), ragged prefill logits and top-k, the
+published CTA schedule; and pass-through when the pool is not FP4.
+
+Real objects: the DSA pool (``DSATokenToKVPool`` with the plugin's FP4 cache,
+built on the CPU), ``DSAMetadata``, ``DSAIndexerMetadata`` with SGLang's torch
+top-k backend, ``ForwardMode``, SGLang's forward context, the ``Indexer`` class
+and its own ``_mask_init_and_local_tokens`` / ``_get_index_k_read_buffer``.
+Stand-ins (each says what it stands for): the attention backend and the
+forward batch, whose constructors need a GPU model runner; the Indexer
+instance skips ``Indexer.__init__`` (its RoPE kernels need CUDA).
+
+Tolerance of logits: the FP4 scorer multiplies exactly and sums in fp32 in its
+own order, the oracle sums in fp64; |got - ref| <= 2e-5 * sum of term
+magnitudes (see tests/test_paged_logits.py). Top-k is checked as a valid top-k
+of the reference logits within that tolerance (ties may order differently).
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from plugin_support import DSV32, H200, load, published, stand_in_kvc
+from sglang_fp4_indexer import pool as fp4_pool
+from sglang_fp4_indexer.format import dequantize_index_k, quantize_index_k
+from sglang_fp4_indexer.reference import (
+    expand_context_lens,
+    paged_logits_reference,
+    paged_schedule_reference,
+    ragged_logits_reference,
+)
+
+pytestmark = pytest.mark.sglang
+
+REL = 2e-5
+NUM_CTAS = 4
+TOPK = 16
+
+
+@pytest.fixture(scope="module")
+def env():
+    """Hooks applied, a real FP4 DSA pool of 24 pages x 1 layer on the CPU, a published runtime context."""
+    load()
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_fp4_indexer.sglang_plugin import facts
+    from sglang_fp4_indexer.sglang_plugin import pool as plugin_pool
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(facts, "device_facts", lambda *a, **k: H200)
+    plugin_pool.reset_state()
+    ctx = published(page_size=64)
+    ctx.__enter__()
+    sa = prepare_server_args(["--model-path", "dummy", "--enable-fp4-indexer"])
+    pool = KVCacheConfigurator._build_dsa_kv_pool(
+        stand_in_kvc(DSV32, sa, num_layers=1), max_total_num_tokens=23 * 64,
+        max_running_requests=8, dsa_pool_class=DSATokenToKVPool,
+    )
+    assert plugin_pool.is_fp4_pool(pool)
+    yield types.SimpleNamespace(pool=pool, cache=pool.index_key_cache.buffer[0])
+    ctx.__exit__(None, None, None)
+    plugin_pool.reset_state()
+    mp.undo()
+
+
+def _indexer(heads, init_tokens=0, local_tokens=0):
+    """The real ``Indexer`` class without ``__init__`` (which builds CUDA RoPE kernels); the fields its methods read."""
+    from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
+
+    ix = Indexer.__new__(Indexer)
+    torch.nn.Module.__init__(ix)
+    ix.n_heads, ix.head_dim, ix.index_topk = heads, 128, TOPK
+    ix.num_init_tokens, ix.num_local_tokens = init_tokens, local_tokens
+    ix.block_size, ix.scale_fmt = 128, None
+    return ix
+
+
+def _forward(pool):
+    """SGLang's forward context over a stand-in for DeepseekSparseAttnBackend (only ``token_to_kv_pool`` is read)."""
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    return forward_context(ForwardContext(attn_backend=types.SimpleNamespace(token_to_kv_pool=pool)))
+
+
+def _batch(mode, **fields):
+    """Stands for ForwardBatch (built by ModelRunner from a ScheduleBatch): the fields the indexer reads."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return types.SimpleNamespace(forward_mode=getattr(ForwardMode, mode), **fields)
+
+
+class _SpyMetadata:
+    """Mixin recording the logits SGLang's indexer metadata hands to top-k."""
+
+    def topk_transform(self, logits, topk, **kw):
+        self.seen.append(logits.clone())
+        return super().topk_transform(logits, topk, **kw)
+
+
+def _metadata(*, cache_seqlens, seqlens_expanded, table, extend_lens, ctx2d=None, schedule=None,
+              ks=None, ke=None, indexer_seq_lens=None, token_to_batch_idx=None, topk_indices_offset=None):
+    from sglang.srt.layers.attention.dsa.dsa_indexer_metadata import DSAIndexerMetadata
+    from sglang.srt.layers.attention.dsa.dsa_topk_backend import DSATopKBackend, TopkTransformMethod
+    from sglang.srt.layers.attention.dsa_backend import DSAMetadata
+
+    spy = type("SpyDSAIndexerMetadata", (_SpyMetadata, DSAIndexerMetadata), {})
+    rows = int(seqlens_expanded.shape[0])
+    cu = torch.arange(rows + 1, dtype=torch.int32)
+    md = DSAMetadata(
+        page_size=64, cache_seqlens_int32=cache_seqlens, max_seq_len_q=1,
+        max_seq_len_k=int(cache_seqlens.max()) if cache_seqlens.numel() else 0, cu_seqlens_q=cu,
+        cu_seqlens_k=torch.nn.functional.pad(torch.cumsum(cache_seqlens, 0), (1, 0)).to(torch.int32),
+        page_table_1=None, real_page_table=table, dsa_cache_seqlens_int32=seqlens_expanded,
+        dsa_cu_seqlens_q=cu, dsa_cu_seqlens_k=cu, dsa_extend_seq_lens_list=extend_lens,
+        dsa_seqlens_expanded=seqlens_expanded, paged_mqa_schedule_metadata=schedule,
+        paged_mqa_ctx_lens_2d=ctx2d,
+        indexer_k_start_end=None if ks is None else (ks, ke),
+        indexer_seq_lens=indexer_seq_lens, indexer_seq_lens_cpu=indexer_seq_lens,
+        token_to_batch_idx=token_to_batch_idx, topk_indices_offset=topk_indices_offset,
+    )
+    out = spy(
+        attn_metadata=md, topk_transform_method=TopkTransformMethod.PAGED, topk_backend=DSATopKBackend.TORCH,
+        paged_mqa_schedule_metadata=schedule, paged_mqa_ctx_lens_2d=ctx2d, force_unfused_topk=True,
+    )
+    object.__setattr__(out, "seen", [])
+    return out
+
+
+def _store_requests(env, ix, lens, seed):
+    """Write random keys for each request through the hooked ``_store_index_k_cache``; return the page table."""
+    g = torch.Generator().manual_seed(seed)
+    max_pages = max(1, -(-max(lens) // 64))
+    pages = torch.randperm(env.cache.shape[0], generator=g)[: len(lens) * max_pages].view(len(lens), max_pages)
+    table = pages.to(torch.int32)
+    env.cache.zero_()
+    for b, n in enumerate(lens):
+        slots = _slots(table[b], n)
+        k = (torch.randn(n, 128, generator=g) * torch.exp(torch.randn(n, 1, generator=g))).to(torch.bfloat16)
+        with _forward(env.pool):
+            ix._store_index_k_cache(_batch("EXTEND", out_cache_loc=slots), 0, k, out_cache_loc=slots)
+        payload, scales = fp4_pool.read_index_k(env.cache, slots)
+        want = quantize_index_k(k)
+        assert torch.equal(payload, want[0]) and torch.equal(scales, want[1]), "store hook bytes differ from format.py"
+    return table
+
+
+def _queries(rows, heads, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(rows, heads, 128, generator=g) * 2).to(torch.float8_e4m3fn)
+    w = (torch.rand(rows, heads, 1, generator=g) * heads**-0.5).float()
+    return q, w
+
+
+def _slots(table_row, n):
+    j = torch.arange(n)
+    return table_row[j // 64].long() * 64 + j % 64
+
+
+def _keys(env, table, lens):
+    """Decoded keys of row ``r``'s first ``lens[r]`` slots through ``table[r]``."""
+    return [dequantize_index_k(*fp4_pool.read_index_k(env.cache, _slots(table[r], n))) for r, n in enumerate(lens)]
+
+
+def _bound(q, w, keys_per_row):
+    """sum_h |w| sum_d |q k| per (row, column), for the tolerance."""
+    out = []
+    for r, keys in enumerate(keys_per_row):
+        t = (keys.double().abs() @ q[r].double().abs().t()) @ w[r].double().abs()
+        out.append(t)
+    return out
+
+
+def _check_logits(got, ref, bound_rows):
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(got)), "-inf columns differ from the reference"
+    for r, bound in enumerate(bound_rows):
+        n = bound.shape[0]
+        err = (got[r, :n].double() - ref[r, :n].double()).abs()
+        assert torch.all(err <= REL * bound + 1e-30), f"row {r}: max err {err.max()}"
+
+
+def _check_topk(idx, ref, lengths, k, tol_rows):
+    """``idx`` is a valid top-k of ``ref`` restricted to columns < lengths, up to ``tol`` per row."""
+    for r in range(idx.shape[0]):
+        n = int(lengths[r])
+        chosen = idx[r][idx[r] >= 0]
+        assert len(set(chosen.tolist())) == len(chosen) == min(k, n)
+        assert torch.all(chosen < n)
+        if n == 0:
+            continue
+        vals = ref[r, :n].double()
+        kth = torch.sort(vals, descending=True).values[len(chosen) - 1]
+        assert torch.all(vals[chosen.long()] >= kth - tol_rows[r]), f"row {r} is not a top-{k}"
+
+
+def _schedule(ctx2d):
+    from sglang.srt.layers.attention.dsa import utils as dsa_utils
+    from sglang.srt.layers.attention import dsa_backend
+
+    fn = dsa_utils.resolve_paged_mqa_logits_metadata_fn()
+    assert fn is dsa_backend.resolve_paged_mqa_logits_metadata_fn(), "the patch reached dsa_backend's binding"
+    sched = fn(ctx2d, 64, NUM_CTAS)
+    assert torch.equal(sched, paged_schedule_reference(ctx2d, 64, NUM_CTAS))
+    return sched
+
+
+def _run_paged(env, ix, mode, md, q, w):
+    with _forward(env.pool):
+        return ix._get_topk_paged(_batch(mode), 0, q, w, md)
+
+
+@pytest.mark.parametrize("heads", [64, 32])
+def test_decode(env, heads):
+    from sglang_fp4_indexer.sglang_plugin.metadata import plan_fp4_schedule
+
+    lens = [1, 100, 200]
+    ix = _indexer(heads)
+    table = _store_requests(env, ix, lens, seed=heads)
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32)
+    ctx2d = cache_seqlens.view(-1, 1)  # what SGLang's _to_2d_context_lens gives for decode
+    sched = _schedule(ctx2d)
+    from sglang.srt.layers.attention.dsa import utils as dsa_utils
+
+    assert dsa_utils.resolve_paged_mqa_logits_metadata_fn() is plan_fp4_schedule
+    md = _metadata(cache_seqlens=cache_seqlens, seqlens_expanded=cache_seqlens, table=table,
+                   extend_lens=[1] * 3, ctx2d=ctx2d, schedule=sched)
+    q, w = _queries(3, heads, seed=1)
+    idx = _run_paged(env, ix, "DECODE", md, q, w)
+    ref = paged_logits_reference(q, w[:, :, 0], env.cache, table, cache_seqlens)
+    bound = _bound(q, w[:, :, 0], _keys(env, table, lens))
+    _check_logits(md.seen[0], ref, bound)
+    _check_topk(idx, ref, cache_seqlens, TOPK, [REL * b.max() for b in bound])
+    assert idx.dtype == torch.int32 and idx.shape == (3, TOPK)
+
+
+def _verify_case(env, heads, next_n, lens, seed):
+    ix = _indexer(heads)
+    table = _store_requests(env, ix, lens, seed=seed)
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32)
+    per_row = expand_context_lens(cache_seqlens, next_n).to(torch.int32)  # [B, next_n] causal lengths
+    rows = len(lens) * next_n
+    table_rows = torch.repeat_interleave(table, next_n, dim=0)  # SGLang repeat-interleaves the page table
+    q, w = _queries(rows, heads, seed=seed + 1)
+    keys = _keys(env, table_rows, per_row.reshape(-1).tolist())
+    return ix, table, table_rows, cache_seqlens, per_row, q, w, keys
+
+
+@pytest.mark.parametrize("next_n", [2, 3, 4])
+def test_target_verify_per_row_lengths(env, next_n):
+    """SGLang's default verify form: ctx [rows, 1] = seqlens_expanded, page table repeat-interleaved."""
+    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    ix, table, table_rows, cache_seqlens, per_row, q, w, keys = _verify_case(env, 32, next_n, [70, 130], 10 + next_n)
+    expanded = per_row.reshape(-1).contiguous()
+    # SGLang's own choice of the 2-D lengths for this mode (no SM100 here: the per-row form).
+    backend = types.SimpleNamespace(speculative_num_draft_tokens=next_n)
+    ctx2d = DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens(
+        backend, ForwardMode.TARGET_VERIFY, cache_seqlens, expanded, 2
+    )
+    assert ctx2d.shape == (2 * next_n, 1)
+    md = _metadata(cache_seqlens=cache_seqlens, seqlens_expanded=expanded, table=table_rows,
+                   extend_lens=[next_n] * 2, ctx2d=ctx2d, schedule=_schedule(ctx2d))
+    idx = _run_paged(env, ix, "TARGET_VERIFY", md, q, w)
+    ref = paged_logits_reference(q, w[:, :, 0], env.cache, table, per_row)
+    bound = _bound(q, w[:, :, 0], keys)
+    _check_logits(md.seen[0], ref, bound)
+    _check_topk(idx, ref, expanded, TOPK, [REL * b.max() for b in bound])
+
+
+def test_target_verify_request_form(env):
+    """The SM100 form: ctx [B, next_n] (every row the full length); SGLang's top-k masks by the per-row lengths."""
+    next_n = 4
+    ix, table, table_rows, cache_seqlens, per_row, q, w, keys = _verify_case(env, 64, next_n, [66, 129], 5)
+    ctx2d = cache_seqlens.view(-1, 1).expand(-1, next_n).contiguous()  # as _build_paged_mqa_schedule_2d_ctx_lens on SM100
+    expanded = per_row.reshape(-1).contiguous()
+    md = _metadata(cache_seqlens=cache_seqlens, seqlens_expanded=expanded, table=table_rows,
+                   extend_lens=[next_n] * 2, ctx2d=ctx2d, schedule=_schedule(ctx2d))
+    idx = _run_paged(env, ix, "TARGET_VERIFY", md, q, w)
+    ref_full = paged_logits_reference(q, w[:, :, 0], env.cache, table, ctx2d)
+    bound = _bound(q, w[:, :, 0], _keys(env, table_rows, ctx2d.reshape(-1).tolist()))
+    _check_logits(md.seen[0], ref_full, bound)
+    _check_topk(idx, ref_full, expanded, TOPK, [REL * b.max() for b in bound])
+
+
+def test_draft_extend_and_padding_and_masks(env):
+    """DRAFT_EXTEND_V2 rows, extra padding rows in q (-1 results), init/local tokens forced in."""
+    next_n = 2
+    ix, table, table_rows, cache_seqlens, per_row, q, w, keys = _verify_case(env, 32, next_n, [90, 40], 7)
+    ix.num_init_tokens, ix.num_local_tokens = 2, 3
+    expanded = per_row.reshape(-1).contiguous()
+    ctx2d = expanded.view(-1, 1)
+    md = _metadata(cache_seqlens=cache_seqlens, seqlens_expanded=expanded, table=table_rows,
+                   extend_lens=[next_n] * 2, ctx2d=ctx2d, schedule=_schedule(ctx2d))
+    pad_q = torch.cat([q, q[:3]])
+    pad_w = torch.cat([w, w[:3]])
+    idx = _run_paged(env, ix, "DRAFT_EXTEND_V2", md, pad_q, pad_w)
+    assert idx.shape == (7, TOPK) and torch.all(idx[4:] == -1)
+    ref = paged_logits_reference(q, w[:, :, 0], env.cache, table, per_row)
+    ix._mask_init_and_local_tokens(ref, expanded)  # SGLang's own masking on the reference
+    seen = md.seen[0]
+    assert torch.equal(torch.isposinf(seen), torch.isposinf(ref)) and int(torch.isposinf(ref).sum()) > 0
+    bound = _bound(q, w[:, :, 0], keys)
+    _check_topk(idx[:4], ref, expanded, TOPK, [REL * b.max() for b in bound])
+    for r in range(4):
+        forced = torch.isposinf(ref[r]).nonzero().flatten()
+        assert set(forced.tolist()) <= set(idx[r].tolist())
+
+
+def test_no_schedule_and_empty_batch(env):
+    """Without published lengths/schedule the scorer plans its own; a batch of 0 rows gives an empty result."""
+    ix = _indexer(32)
+    lens = [65, 3]
+    table = _store_requests(env, ix, lens, seed=3)
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32)
+    md = _metadata(cache_seqlens=cache_seqlens, seqlens_expanded=cache_seqlens, table=table, extend_lens=[1, 1])
+    q, w = _queries(2, 32, seed=4)
+    idx = _run_paged(env, ix, "DECODE", md, q, w)
+    ref = paged_logits_reference(q, w[:, :, 0], env.cache, table, cache_seqlens)
+    _check_logits(md.seen[0], ref, _bound(q, w[:, :, 0], _keys(env, table, lens)))
+    empty = _metadata(cache_seqlens=cache_seqlens[:0], seqlens_expanded=cache_seqlens[:0], table=table[:0], extend_lens=[])
+    out = _run_paged(env, ix, "DECODE", empty, q[:0], w[:0])
+    assert out.shape == (0, TOPK)
+
+
+@pytest.mark.parametrize("chunked", [None, "paged", "ragged"])
+def test_prefill_ragged(env, chunked, monkeypatch):
+    """Prefill with a cached prefix (70 + 5) and without (0 + 3); whole, or in SGLang's row chunks
+    with the PAGED (per-token) or RAGGED (flat-offset) top-k arguments."""
+    from sglang.srt.layers.attention.dsa import dsa_indexer
+
+    heads = 32
+    ix = _indexer(heads)
+    prefix, extend = [70, 0], [5, 3]
+    lens = [p + e for p, e in zip(prefix, extend)]
+    table = _store_requests(env, ix, lens, seed=11)
+    starts = [0, lens[0]]
+    ks = torch.tensor([starts[b] for b in range(2) for _ in range(extend[b])], dtype=torch.int32)
+    pos = torch.tensor([prefix[b] + i for b in range(2) for i in range(extend[b])], dtype=torch.int32)
+    ke = ks + pos + 1
+    seqlens_expanded = (pos + 1).to(torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    offsets = torch.repeat_interleave(torch.tensor(starts, dtype=torch.int32), torch.tensor(extend))
+    md = _metadata(cache_seqlens=seq_lens, seqlens_expanded=seqlens_expanded, table=table,
+                   extend_lens=extend, ks=ks, ke=ke, indexer_seq_lens=seq_lens,
+                   token_to_batch_idx=torch.repeat_interleave(torch.arange(2), torch.tensor(extend)),
+                   topk_indices_offset=offsets if chunked == "ragged" else None)
+    if chunked:  # force SGLang's row chunking: 3 rows per chunk
+        monkeypatch.setattr(dsa_indexer, "mqa_logits_should_chunk", lambda **kw: (True, 3 * kw["num_cols"] * 4))
+    rows = int(ks.shape[0])
+    q, w = _queries(rows, heads, seed=12)
+    with _forward(env.pool):
+        idx = ix._get_topk_ragged(False, _batch("EXTEND"), 0, q, w, md)
+    slots = torch.cat([_slots(table[b], n) for b, n in enumerate(lens)])
+    payload, scales = fp4_pool.read_index_k(env.cache, slots)
+    ref = ragged_logits_reference(q, w[:, :, 0], payload, scales, ks, ke)
+    seen = torch.cat(md.seen)
+    assert len(md.seen) == (3 if chunked else 1)
+    keys = dequantize_index_k(payload, scales)
+    for t in range(rows):
+        lo, hi = int(ks[t]), int(ke[t])
+        bound = (keys[lo:hi].double().abs() @ q[t].double().abs().t()) @ w[t, :, 0].double().abs()
+        err = (seen[t, lo:hi].double() - ref[t, lo:hi].double()).abs()
+        assert torch.all(err <= REL * bound + 1e-30)
+    # The torch top-k backend returns window-local positions (column - ks).
+    local = torch.stack([torch.cat([ref[t, int(ks[t]):int(ke[t])], ref.new_full((ref.shape[1] - int(ke[t] - ks[t]),), float("-inf"))]) for t in range(rows)])
+    _check_topk(idx, local, seqlens_expanded, TOPK, [1e-3] * rows)
+
+
+def test_passthrough_without_fp4_pool():
+    """With an FP8 pool (or FP4 off), every hook calls SGLang's original with the same arguments and returns its result."""
+    load()
+    from sglang_fp4_indexer.sglang_plugin import indexer as hooks
+    from sglang_fp4_indexer.sglang_plugin import metadata as meta_hooks
+    from sglang_fp4_indexer.sglang_plugin import pool as plugin_pool
+
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append((args, kwargs))
+        return "sglang"
+
+    fp8_pool = types.SimpleNamespace(index_key_cache=object())  # stands for a DSA pool with SGLang's IndexKeyCache
+    ix = _indexer(32)
+    fb = _batch("DECODE", out_cache_loc=torch.tensor([1]))
+    with _forward(fp8_pool):
+        assert hooks.get_topk_paged(original, ix, fb, 3, "q", "w", "md") == "sglang"
+        assert hooks.get_topk_ragged(original, ix, True, fb, 3, "q", "w", "md", topk_result="buf") == "sglang"
+        assert hooks.store_index_k_cache(original, ix, fb, 3, "k", act_quant="aq", out_cache_loc="loc") == "sglang"
+        assert hooks.fused_k_prepare_and_store(original, ix, "kr", "pos", fb, 3, "aq", out_cache_loc="loc") == "sglang"
+    assert calls == [
+        ((ix, fb, 3, "q", "w", "md"), {}),
+        ((ix, True, fb, 3, "q", "w", "md"), {"topk_result": "buf"}),
+        ((ix, fb, 3, "k"), {"act_quant": "aq", "out_cache_loc": "loc"}),
+        ((ix, "kr", "pos", fb, 3, "aq"), {"out_cache_loc": "loc"}),
+    ]
+    saved = dict(plugin_pool._state)
+    plugin_pool.reset_state()
+    try:
+        assert meta_hooks.resolve_paged_mqa_logits_metadata_fn(lambda: "deepgemm") == "deepgemm"
+        md = types.SimpleNamespace(paged_mqa_schedule_metadata=torch.zeros(2, 2, dtype=torch.int32))
+        assert meta_hooks.refresh_paged_mqa_schedule_metadata(original, "backend", md, "ctx") == "sglang"
+        assert calls[-1] == (("backend", md, "ctx"), {})
+        assert meta_hooks.multi_step_init_forward_metadata_out_graph("r", types.SimpleNamespace(attn_backends=[]), fb) == "r"
+    finally:
+        plugin_pool._state.update(saved)
