@@ -9,7 +9,7 @@ subcommand whose ``device`` option is ``cpu`` gets ``TRITON_INTERPRET=1`` set
 before its module -- and so Triton and the kernels -- is imported, because
 Triton reads that variable when a kernel is defined.
 
-Subcommands now: ``demo`` (``demo.py``).
+Subcommands now: ``demo`` (``demo.py``), ``check`` (``check.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ class _Subcommand:
 SUBCOMMANDS: tuple[_Subcommand, ...] = (
     _Subcommand("demo", ".demo",
                 "the main job: FP4 vs FP8 vs exact indexer scoring on one decode step (one table)"),
+    _Subcommand("check", ".check",
+                "would --enable-fp4-indexer serve this model (and these SGLang flags)? decision and memory effect"),
 )
 
 

@@ -26,6 +26,8 @@ __all__ = [
     "device_facts",
     "global_rank",
     "decision_for_kvc",
+    "server_args_from_flags",
+    "index_layer_count",
 ]
 
 #: Environment variable that also asks for the FP4 indexer ("1"/"true"/"yes"/"on").
@@ -208,3 +210,52 @@ def decision_for_kvc(kvc, *, log: bool = True) -> Decision:
     if log:
         report(decision, rank=global_rank())
     return decision
+
+
+def server_args_from_flags(model_path: str, flags: list[str], *, requested: bool | None = None):
+    """A raw ``ServerArgs`` from SGLang server flags, parsed by SGLang's own parser (no resolution).
+
+    The parser is ``ServerArgs.add_cli_args`` plus ``--enable-fp4-indexer``,
+    built directly so no plugin hooks need to be applied.
+
+    Args:
+        model_path: the ``--model-path`` value.
+        flags: further SGLang command-line flags.
+        requested: if not None, overrides whether the FP4 indexer is asked for.
+
+    Raises:
+        ValueError: SGLang's parser rejects the flags.
+    """
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from .cli import add_flag
+
+    parser = argparse.ArgumentParser(prog="sglang server flags", exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    add_flag(None, parser)
+    try:
+        ns, unknown = parser.parse_known_args(["--model-path", model_path, *flags])
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ValueError(f"server flags: SGLang's parser rejected {flags}: {exc}") from None
+    if unknown:
+        raise ValueError(f"server flags: SGLang does not know {unknown}")
+    record = ServerArgs.from_cli_args(ns)
+    mark_requested(record, bool(ns.enable_fp4_indexer) if requested is None else requested)
+    return record
+
+
+def index_layer_count(hf_config, num_layers: int) -> int:
+    """Layers of a DSA model that hold an index-key cache (SGLang's ``dsa_layer_skips_topk`` is False).
+
+    Non-DSA models: ``num_layers``.
+    """
+    from types import SimpleNamespace
+
+    from sglang.srt.configs.model_config import dsa_layer_skips_topk, is_deepseek_dsa
+
+    cfg = SimpleNamespace(**hf_config) if isinstance(hf_config, dict) else hf_config
+    if not is_deepseek_dsa(cfg):
+        return num_layers
+    return sum(not dsa_layer_skips_topk(cfg, layer) for layer in range(num_layers))
