@@ -86,7 +86,7 @@ def _group_partial(cache_ptr, payload_base, scale_base, ok, q_g, G: tl.constexpr
 # largest group (A < 1) is flushed to zero: its terms are below 2**-11 of the
 # key's largest and below FP4's own rounding error of that largest group.
 _FOLD_BIAS = 12
-_FOLD_ASM = """
+_FOLD_ASM = tl.constexpr("""
 {
 .reg .b32 sel, sgn, t, one;
 mov.b32 one, 0x8000;
@@ -104,7 +104,7 @@ and.b32 t, t, 0x1111;
 prmt.b32 sgn, one, 0, t;
 or.b32 $1, $1, sgn;
 }
-"""
+""")
 
 
 @triton.jit
