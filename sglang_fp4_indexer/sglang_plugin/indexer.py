@@ -168,9 +168,9 @@ def get_topk_paged(original, self, forward_batch, layer_id, q_fp8, weights, meta
         schedule = getattr(metadata, "paged_mqa_schedule_metadata", None)
         if seqlens_2d is None:
             seqlens_2d, schedule = seqlens_32.reshape(-1, 1), None
-        table, lens, schedule = paged_scorer_inputs(
-            block_tables, seqlens_2d, schedule, rows, paged._MAX_NEXT_N
-        )
+        # Rows per request one tile takes (1 if the op does not say: the per-row form is always valid).
+        max_next_n = getattr(paged, "MAX_NEXT_N", getattr(paged, "_MAX_NEXT_N", 1))
+        table, lens, schedule = paged_scorer_inputs(block_tables, seqlens_2d, schedule, rows, max_next_n)
         logits = paged.paged_logits(
             q_fp8[:rows],
             weights.reshape(weights.shape[0], -1)[:rows].float(),
