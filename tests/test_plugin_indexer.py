@@ -410,3 +410,35 @@ def test_passthrough_without_fp4_pool():
         assert meta_hooks.multi_step_init_forward_metadata_out_graph("r", types.SimpleNamespace(attn_backends=[]), fb) == "r"
     finally:
         plugin_pool._state.update(saved)
+
+
+def test_fused_k_path_stores_fp4(env, monkeypatch):
+    """SGLang's fused norm+RoPE+FP8-store would write FP8 bytes; with FP4 its norm+RoPE runs and the key is stored as FP4."""
+    from sglang.srt.layers.attention.dsa import dsa_indexer
+
+    g = torch.Generator().manual_seed(9)
+    key_raw = torch.randn(5, 128, generator=g).to(torch.bfloat16)
+    positions = torch.arange(5)
+    seen = {}
+
+    def norm_rope(key, weight, bias, eps, cos_sin, pos):
+        """Stands for SGLang's CUDA ``fused_k_indexer_norm_rope`` (not importable without CUDA): a known transform."""
+        seen["args"] = (weight, bias, eps, cos_sin)
+        assert torch.equal(pos, positions)
+        return (key.float() * 2 - 1).to(torch.bfloat16)
+
+    monkeypatch.setattr(dsa_indexer, "fused_k_indexer_norm_rope", norm_rope, raising=False)
+    ix = _indexer(32)
+    ix.k_norm = types.SimpleNamespace(weight="w", bias="b", variance_epsilon=1e-6)
+    monkeypatch.setattr(type(ix), "_indexer_cos_sin_cache", property(lambda self: "cos_sin"))
+    slots = torch.tensor([3, 64, 65, 200, 7])
+    env.cache.zero_()
+    with _forward(env.pool):
+        ix._fused_k_prepare_and_store(key_raw, positions, _batch("DECODE", out_cache_loc=slots), 0, None)
+    assert seen["args"] == ("w", "b", 1e-6, "cos_sin")
+    payload, scales = fp4_pool.read_index_k(env.cache, slots)
+    want = quantize_index_k((key_raw.float() * 2 - 1).to(torch.bfloat16))
+    assert torch.equal(payload, want[0]) and torch.equal(scales, want[1])
+    others = torch.ones(env.cache.shape[0] * 64, dtype=torch.bool)
+    others[slots] = False
+    assert int(fp4_pool.read_index_k(env.cache, torch.arange(env.cache.shape[0] * 64)[others])[1].max()) == 0

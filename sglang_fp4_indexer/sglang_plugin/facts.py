@@ -41,12 +41,25 @@ def _truthy(value: str | None) -> bool:
 
 
 def requested(server_args) -> bool:
-    """Whether the FP4 indexer was asked for: ``server_args._enable_fp4_indexer`` or ``$SGLANG_ENABLE_FP4_INDEXER``.
+    """Whether the FP4 indexer was asked for.
+
+    True when ``server_args._enable_fp4_indexer`` is set, or (in a scheduler
+    process, where SGLang has published its record) the published record
+    carries it, or ``$SGLANG_ENABLE_FP4_INDEXER`` is truthy.
 
     Args:
-        server_args: a ``ServerArgs`` record (or None: only the environment counts).
+        server_args: a ``ServerArgs`` record (or None: the published record and
+            the environment count).
     """
-    return bool(getattr(server_args, ATTR, False)) or _truthy(os.environ.get(ENV_VAR))
+    if getattr(server_args, ATTR, False) or _truthy(os.environ.get(ENV_VAR)):
+        return True
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        published = get_server_args()
+    except Exception:  # nothing published in this process
+        return False
+    return published is not server_args and bool(getattr(published, ATTR, False))
 
 
 def mark_requested(server_args, value: bool = True) -> None:
