@@ -195,3 +195,17 @@ def test_folded_flushes_groups_more_than_2_11_below_the_largest():
     ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens)
     bound = term_bound(case, 64)
     assert torch.all((got.double() - ref.double()).abs()[:, :64] <= REL * bound + 1e-30)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_logits_are_the_fp32_logits_rounded_once(dtype):
+    case = make_paged_case([70, 129], heads=32, seed=41)
+    args = (case.q, case.weights, case.cache, case.block_table, case.context_lens)
+    sched = plan_paged_schedule(case.context_lens, 128, 3)
+    full = paged_logits(*args, schedule=sched)
+    low = paged_logits(*args, schedule=sched, logits_dtype=dtype)
+    assert low.dtype == dtype
+    # Same fp32 sum, one rounding on store: equal to the fp32 logits cast.
+    assert torch.equal(low, full.to(dtype))
+    with pytest.raises(ValueError, match="logits_dtype"):
+        paged_logits(*args, logits_dtype=torch.float64)
