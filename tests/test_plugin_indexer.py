@@ -27,6 +27,8 @@ import torch
 from plugin_support import DSV32, H200, load, published, stand_in_kvc
 from sglang_fp4_indexer import pool as fp4_pool
 from sglang_fp4_indexer.format import dequantize_index_k, quantize_index_k
+from sglang_fp4_indexer.schedule import default_num_ctas
+from sglang_fp4_indexer.sglang_plugin.indexer import SCHEDULE_BLOCK_KV
 from sglang_fp4_indexer.reference import (
     expand_context_lens,
     paged_logits_reference,
@@ -37,7 +39,6 @@ from sglang_fp4_indexer.reference import (
 pytestmark = pytest.mark.sglang
 
 REL = 2e-5
-NUM_CTAS = 4
 TOPK = 16
 
 
@@ -205,8 +206,8 @@ def _schedule(ctx2d):
 
     fn = dsa_utils.resolve_paged_mqa_logits_metadata_fn()
     assert fn is dsa_backend.resolve_paged_mqa_logits_metadata_fn(), "the patch reached dsa_backend's binding"
-    sched = fn(ctx2d, 64, NUM_CTAS)
-    assert torch.equal(sched, paged_schedule_reference(ctx2d, 64, NUM_CTAS))
+    sched = fn(ctx2d, 64, 132)  # SGLang passes DeepGEMM's block (64) and SM count; the plugin plans its own grid
+    assert torch.equal(sched, paged_schedule_reference(ctx2d, SCHEDULE_BLOCK_KV, default_num_ctas("cpu")))
     return sched
 
 

@@ -13,6 +13,10 @@ import torch
 
 from plugin_support import load
 from sglang_fp4_indexer.reference import paged_schedule_reference
+from sglang_fp4_indexer.schedule import default_num_ctas
+from sglang_fp4_indexer.sglang_plugin.indexer import SCHEDULE_BLOCK_KV as BKV
+
+CTAS = default_num_ctas("cpu")
 
 pytestmark = pytest.mark.sglang
 
@@ -59,12 +63,12 @@ def test_capture_then_replays_refresh_in_place(fp4):
         lens.copy_(torch.tensor(new, dtype=torch.int32))
         backend._refresh_paged_mqa_schedule_metadata(md, ctx)
         assert md.paged_mqa_schedule_metadata.data_ptr() == ptr
-        assert torch.equal(md.paged_mqa_schedule_metadata, paged_schedule_reference(ctx, 64, 6))
+        assert torch.equal(md.paged_mqa_schedule_metadata, paged_schedule_reference(ctx, BKV, CTAS))
     # Verify-shaped [B, next_n] lengths plan per request.
     ctx4 = torch.tensor([[60, 61, 62, 63], [200, 201, 202, 203]], dtype=torch.int32)
     md4 = _dsa_metadata(ctx4[:, -1].contiguous(), torch.zeros(7, 2, dtype=torch.int32), ctx4)
     backend._refresh_paged_mqa_schedule_metadata(md4, ctx4)
-    assert torch.equal(md4.paged_mqa_schedule_metadata, paged_schedule_reference(ctx4, 64, 6))
+    assert torch.equal(md4.paged_mqa_schedule_metadata, paged_schedule_reference(ctx4, BKV, 6))
 
 
 def test_every_draft_step_replans_from_its_own_lengths(fp4):
@@ -96,7 +100,7 @@ def test_every_draft_step_replans_from_its_own_lengths(fp4):
         own = md.cache_seqlens_int32.view(-1, 1)
         assert md.paged_mqa_schedule_metadata.data_ptr() == ptr
         assert torch.equal(md.paged_mqa_ctx_lens_2d, own)
-        assert torch.equal(md.paged_mqa_schedule_metadata, paged_schedule_reference(own, 64, 5))
+        assert torch.equal(md.paged_mqa_schedule_metadata, paged_schedule_reference(own, BKV, CTAS))
     assert not torch.equal(steps[0].forward_metadata.paged_mqa_schedule_metadata,
                            steps[3].forward_metadata.paged_mqa_schedule_metadata)
 

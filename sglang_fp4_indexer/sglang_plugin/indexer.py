@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from ..ops.paged_logits import DEFAULT_BLOCK_KV
 from .pool import is_fp4_pool
 
 __all__ = [
@@ -36,8 +37,8 @@ __all__ = [
     "get_topk_ragged",
 ]
 
-#: Keys per tile of the paged scorer; the CTA schedule is planned with the same value.
-SCHEDULE_BLOCK_KV = 64
+#: Keys per tile of the paged scorer (its tuned default); the CTA schedule is planned with the same value.
+SCHEDULE_BLOCK_KV = DEFAULT_BLOCK_KV
 
 
 def _dsa_indexer_module():

@@ -42,15 +42,19 @@ def plan_fp4_schedule(context_lens, block_kv, num_sms):
     """Drop-in for DeepGEMM's ``get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms)``.
 
     Plans the FP4 scorer's CTA schedule (``ops.schedule.plan_paged_schedule``)
-    with the scorer's tile (``SCHEDULE_BLOCK_KV``; SGLang passes 64, DeepGEMM's
-    value, which is the same here).
+    with the scorer's own tile and grid: ``SCHEDULE_BLOCK_KV`` keys per tile
+    (SGLang passes DeepGEMM's 64) and ``schedule.default_num_ctas`` CTAs (the
+    scorer's measured grid; SGLang passes DeepGEMM's SM count). Every buffer
+    that holds it is planned by this function or in place with the same shape,
+    so SGLang's ``copy_`` refreshes between them stay shape-compatible.
 
     Returns:
-        int32 ``[num_sms + 1, 2]`` on ``context_lens``'s device.
+        int32 ``[num_ctas + 1, 2]`` on ``context_lens``'s device.
     """
     from ..ops.schedule import plan_paged_schedule
+    from ..schedule import default_num_ctas
 
-    return plan_paged_schedule(context_lens.contiguous(), SCHEDULE_BLOCK_KV, int(num_sms))
+    return plan_paged_schedule(context_lens.contiguous(), SCHEDULE_BLOCK_KV, default_num_ctas(context_lens.device))
 
 
 def resolve_paged_mqa_logits_metadata_fn(original):
