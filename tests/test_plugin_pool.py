@@ -194,3 +194,23 @@ def test_capacity_with_fewer_index_layers():
     assert part.bytes_per_token_fp4 == 61 * 656 + 31 * 68
     with pytest.raises(ValueError, match="num_index_layers"):
         fp4_pool.capacity(10**9, num_index_layers=62)
+
+
+def test_half_applied_plugin_keeps_fp8(plugin, monkeypatch, caplog):
+    """If SGLang could not apply one of the hooks, no FP4 pool is built (an FP8 reader would see FP4 bytes)."""
+    import logging
+
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    target = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._get_topk_paged"
+    monkeypatch.setattr(HookRegistry, "_patched", HookRegistry._patched - {target})
+    record = _server_args("--enable-fp4-indexer")
+    logging.getLogger().addHandler(caplog.handler)  # prepare_server_args' basicConfig(force=True) removed it
+    try:
+        with published(page_size=64), caplog.at_level(logging.WARNING, logger="sglang_fp4_indexer"):
+            p = _build(stand_in_kvc(DSV32, record, num_layers=2))
+    finally:
+        logging.getLogger().removeHandler(caplog.handler)
+    assert not plugin.is_fp4_pool(p) and not plugin.fp4_active()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and target in warnings[0]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["ENTRY_POINT_NAME", "Hook", "hooks", "register"]
+__all__ = ["ENTRY_POINT_NAME", "Hook", "hooks", "missing_hooks", "register"]
 
 #: Name of the entry point in the ``sglang.srt.plugins`` group (what ``SGLANG_PLUGINS`` lists).
 ENTRY_POINT_NAME = "fp4_indexer"
@@ -77,3 +77,16 @@ def register() -> None:
     for hook in hooks():
         HookRegistry.register(hook.target, hook.hook, HookType[hook.kind])
     install_engine_kwarg()
+
+
+def missing_hooks() -> list[str]:
+    """Targets of ``hooks()`` that SGLang's ``HookRegistry`` has not applied in this process.
+
+    ``apply_hooks`` logs and skips a target it cannot patch (e.g. after an
+    SGLang upgrade moved it); the FP4 pool is only built when this is empty,
+    so a half-applied plugin can never write FP4 bytes that an unhooked FP8
+    reader would then read.
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    return [h.target for h in hooks() if h.target not in HookRegistry._patched]

@@ -29,8 +29,8 @@ import logging
 from sglang.srt.mem_cache.index_key_cache import IndexKeyCache
 
 from .. import pool as fp4_pool
-from ..gate import Decision
-from .facts import decision_for_kvc
+from ..gate import Decision, report
+from .facts import decision_for_kvc, global_rank
 
 __all__ = [
     "Fp4IndexKeyCache",
@@ -125,17 +125,26 @@ def _scope():
 
 def build_dsa_kv_pool(original, self, *, max_total_num_tokens, max_running_requests, dsa_pool_class):
     """AROUND hook of ``KVCacheConfigurator._build_dsa_kv_pool``: build the pool in the FP4 layout when the gate allows."""
-    decision: Decision = decision_for_kvc(self)
+    from . import missing_hooks
+
+    decision: Decision = decision_for_kvc(self, log=False)
     kwargs = dict(
         max_total_num_tokens=max_total_num_tokens,
         max_running_requests=max_running_requests,
         dsa_pool_class=dsa_pool_class,
     )
     if decision.enabled and _state["fp8_pools"]:
-        logger.warning(
-            "FP4 indexer: this process already holds an FP8 DSA index cache; this pool keeps FP8 too"
+        decision = Decision(
+            False, "another DSA pool of this process already uses SGLang's FP8 index cache",
+            "make the draft and target agree", ("mixed",),
         )
-        decision = Decision(False, "another DSA pool of this process uses FP8", "", ("mixed",))
+    missing = missing_hooks() if decision.enabled else []
+    if missing:
+        decision = Decision(
+            False, f"SGLang did not apply the plugin's hooks on {missing} (see its 'Failed to apply hooks' log)",
+            "use the SGLang version this plugin supports (0.5.23)", ("hooks_missing",),
+        )
+    report(decision, rank=global_rank())
     if not decision.enabled:
         if _state["fp4_pools"]:
             raise RuntimeError(
