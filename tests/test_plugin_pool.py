@@ -214,3 +214,10 @@ def test_half_applied_plugin_keeps_fp8(plugin, monkeypatch, caplog):
     assert not plugin.is_fp4_pool(p) and not plugin.fp4_active()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and target in warnings[0]
+    # ... and SGLang's sizing keeps counting 132 bytes, so the FP8 pool fits its budget.
+    from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
+
+    plugin.reset_state()
+    with published(page_size=64):
+        conf = object.__new__(DefaultPoolConfigurator)
+        assert conf._compute_dsa_indexer_cell_size(kvc=stand_in_kvc(DSV32, record), num_layers=61) == 61 * 132

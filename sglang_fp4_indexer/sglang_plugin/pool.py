@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import logging
 
 from sglang.srt.mem_cache.index_key_cache import IndexKeyCache
 
@@ -37,12 +36,11 @@ __all__ = [
     "is_fp4_pool",
     "fp4_active",
     "reset_state",
+    "pool_decision",
     "build_dsa_kv_pool",
     "create_index_key_cache",
     "compute_dsa_indexer_cell_size",
 ]
-
-logger = logging.getLogger("sglang_fp4_indexer")
 
 _fp4_scope: contextvars.ContextVar[bool] = contextvars.ContextVar("fp4_index_pool_scope", default=False)
 _state = {"fp4_pools": 0, "fp8_pools": 0}
@@ -123,28 +121,35 @@ def _scope():
         _fp4_scope.reset(token)
 
 
-def build_dsa_kv_pool(original, self, *, max_total_num_tokens, max_running_requests, dsa_pool_class):
-    """AROUND hook of ``KVCacheConfigurator._build_dsa_kv_pool``: build the pool in the FP4 layout when the gate allows."""
+def pool_decision(kvc) -> Decision:
+    """The gate's decision for ``kvc``'s DSA pools, refused as well when this process already holds an FP8
+    DSA pool or SGLang did not apply every plugin hook (``missing_hooks``). Used for sizing and building."""
     from . import missing_hooks
 
-    decision: Decision = decision_for_kvc(self, log=False)
-    kwargs = dict(
-        max_total_num_tokens=max_total_num_tokens,
-        max_running_requests=max_running_requests,
-        dsa_pool_class=dsa_pool_class,
-    )
+    decision: Decision = decision_for_kvc(kvc, log=False)
     if decision.enabled and _state["fp8_pools"]:
-        decision = Decision(
+        return Decision(
             False, "another DSA pool of this process already uses SGLang's FP8 index cache",
             "make the draft and target agree", ("mixed",),
         )
     missing = missing_hooks() if decision.enabled else []
     if missing:
-        decision = Decision(
+        return Decision(
             False, f"SGLang did not apply the plugin's hooks on {missing} (see its 'Failed to apply hooks' log)",
             "use the SGLang version this plugin supports (0.5.23)", ("hooks_missing",),
         )
+    return decision
+
+
+def build_dsa_kv_pool(original, self, *, max_total_num_tokens, max_running_requests, dsa_pool_class):
+    """AROUND hook of ``KVCacheConfigurator._build_dsa_kv_pool``: build the pool in the FP4 layout when the gate allows."""
+    decision = pool_decision(self)
     report(decision, rank=global_rank())
+    kwargs = dict(
+        max_total_num_tokens=max_total_num_tokens,
+        max_running_requests=max_running_requests,
+        dsa_pool_class=dsa_pool_class,
+    )
     if not decision.enabled:
         if _state["fp4_pools"]:
             raise RuntimeError(
@@ -191,7 +196,7 @@ def compute_dsa_indexer_cell_size(original, self, *, kvc, num_layers, allocate_a
             (the formula changed upstream; the plugin must be updated).
     """
     result = original(self, kvc=kvc, num_layers=num_layers, allocate_all_layers=allocate_all_layers)
-    if not decision_for_kvc(kvc, log=False).enabled:
+    if not pool_decision(kvc).enabled:
         return result
     fp8 = fp4_pool.FP8_INDEX_BYTES_PER_TOKEN
     if result % fp8:
