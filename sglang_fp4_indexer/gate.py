@@ -14,8 +14,8 @@ these hold: a DeepSeek Sparse Attention model (SGLang's ``is_deepseek_dsa``),
 == 1``, a CUDA GPU with FP8 MMA (compute capability >= 8.9: Ada, Hopper,
 Blackwell), and none of the parallel or cache features the FP4 layout does not
 handle yet (decode context parallelism, prefill context parallelism, KV
-sharding, hierarchical cache, HiSparse, PD disaggregation, hybrid SWA pools,
-unified memory pools). Every refusal names all the reasons that apply and the
+sharding, hierarchical cache, HiSparse, PD disaggregation, hybrid KV pools,
+unified memory pools, external KV stores). Every refusal names all the reasons that apply and the
 fix; SGLang then keeps its FP8 indexer. ``report`` logs one line per process
 (rank 0 only): the active line, or one warning.
 """
@@ -86,6 +86,8 @@ class ServerFacts:
             linear attention), empty when the pool is a plain DSA pool.
         unified_memory: ``--enable-unified-memory`` or the unified-cache
             external linker (pools whose entries are sized by other code).
+        external_kv_store: names of external KV stores in use (``"flexkv"``,
+            ``"lmcache"``), empty if none.
     """
 
     requested: bool
@@ -99,6 +101,7 @@ class ServerFacts:
     disaggregation_mode: str = "null"
     hybrid_pool: str = ""
     unified_memory: bool = False
+    external_kv_store: str = ""
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,8 @@ def decide(model: ModelFacts, server: ServerFacts, device: DeviceFacts) -> Decis
          f"{server.hybrid_pool} KV pools build and size the index cache in their own code"),
         ("unified_memory", server.unified_memory,
          "unified memory pools (--enable-unified-memory / unified-cache linker) size the index entry in their own code"),
+        ("external_kv_store", bool(server.external_kv_store),
+         f"external KV stores ({server.external_kv_store}) keep index pages that servers with the FP8 layout may read"),
     )
     for code, active, reason in features:
         if active:

@@ -27,7 +27,7 @@ def _write(tmp_path, cfg, as_dir=True):
 
 def _run(capsys, *argv):
     code = main(["check", *argv])
-    return code, capsys.readouterr().out.replace("\n", " ")
+    return code, " ".join(capsys.readouterr().out.split())  # rich wraps lines: compare whitespace-normalised
 
 
 @pytest.mark.parametrize("cfg, layers", [(DSV32, 61), (GLM5, 78)], ids=["deepseek-v3.2", "glm-5"])
@@ -56,6 +56,8 @@ def test_refusals_name_reason_and_exit_1(tmp_path, capsys):
     path = _write(tmp_path, GLM5)
     code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--dcp-size 2 --enable-hierarchical-cache")
     assert code == 1 and "DISABLED" in out and "--dcp-size 2" in out and "hierarchical cache" in out
+    code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--enable-flexkv")
+    assert code == 1 and "external KV stores (flexkv)" in out
     code, out = _run(capsys, path, "--capability", "8.0")
     assert code == 1 and "no FP8 MMA" in out
     code, out = _run(capsys, _write(tmp_path, LLAMA, as_dir=False))

@@ -100,6 +100,7 @@ GOOD = ModelFacts("DeepseekV32ForCausalLM", True, False, 128, 64, 1)
         (GOOD, ServerFacts(True, 64, disaggregation_mode="decode"), H200, "pd_disaggregation"),
         (GOOD, ServerFacts(True, 64, hybrid_pool="hybrid sliding-window (SWA)"), H200, "hybrid_pool"),
         (GOOD, ServerFacts(True, 64, unified_memory=True), H200, "unified_memory"),
+        (GOOD, ServerFacts(True, 64, external_kv_store="flexkv"), H200, "external_kv_store"),
     ],
 )
 def test_each_refusal(model, server, device, code):

@@ -167,6 +167,10 @@ def server_facts(
         disaggregation_mode=str(_field(server_args, "disaggregation_mode", "null")),
         hybrid_pool=hybrid_pool,
         unified_memory=unified,
+        external_kv_store=", ".join(
+            name for name, field in (("flexkv", "enable_flexkv"), ("lmcache", "enable_lmcache"))
+            if _field(server_args, field, False)
+        ),
     )
 
 
