@@ -193,3 +193,16 @@ def test_engine_keyword(monkeypatch):
     monkeypatch.setattr(Engine, "server_args_class", ServerArgs)
     assert install_engine_kwarg() is True
     assert getattr(Engine.__dict__["server_args_class"].__func__, "_fp4_base") is ServerArgs
+
+
+def test_serve_and_launch_server_load_plugins_before_parsing():
+    """``sglang serve`` and ``python -m sglang.launch_server`` parse with prepare_server_args after load_plugins()."""
+    import sglang.launch_server as launch_server
+    from sglang.cli import serve
+
+    src = inspect.getsource(launch_server)
+    main = src[src.index('if __name__ == "__main__":'):]
+    assert main.index("load_plugins()") < main.index("prepare_server_args(sys.argv[1:])")
+    serve_src = inspect.getsource(serve.serve)
+    assert serve_src.index("load_plugins()") < serve_src.index("registered.backend.run(request)")
+    assert "prepare_server_args(list(request.argv))" in inspect.getsource(serve._run_llm)
