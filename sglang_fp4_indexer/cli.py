@@ -9,7 +9,7 @@ subcommand whose ``device`` option is ``cpu`` gets ``TRITON_INTERPRET=1`` set
 before its module -- and so Triton and the kernels -- is imported, because
 Triton reads that variable when a kernel is defined.
 
-Subcommands now: ``demo`` (``demo.py``), ``check`` (``check.py``).
+Subcommands now: ``demo`` (``demo.py``), ``check`` (``check.py``), ``bench`` (``bench/``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ SUBCOMMANDS: tuple[_Subcommand, ...] = (
                 "the main job: FP4 vs FP8 vs exact indexer scoring on one decode step (one table)"),
     _Subcommand("check", ".check",
                 "would --enable-fp4-indexer serve this model (and these SGLang flags)? decision and memory effect"),
+    _Subcommand("bench", ".bench",
+                "benchmark: the paged scorer vs SGLang's Triton FP4 and DeepGEMM FP8 vs the HBM floor, "
+                "the store op and the planner (docs/benchmarks.md)"),
 )
 
 

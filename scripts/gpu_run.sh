@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One device call: the GPU tests, then the benchmark; full logs, JSON and plot under $OUT;
+# a short summary printed LAST (the device call returns the end of the output).
+#
+# From the repository root on the device machine:
+#   bash scripts/gpu_run.sh                 # pytest -m gpu (time-limited), then bench --quick
+#   bash scripts/gpu_run.sh full            # bench over the full grid (48 shapes); no pytest
+#   bash scripts/gpu_run.sh bench ARGS...   # bench with your own arguments (e.g. --shapes 64x8x128Kx1); no pytest
+# Carry .carry (scripts/fetch_peer_wheels.sh fills .carry/whl) so SGLang's scorer can run.
+# Environment: OUT (output folder; default ./out), PYTHON (default python3),
+# TEST_LIMIT / BENCH_LIMIT (seconds).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+OUTDIR="${OUT:-$PWD/out}"
+mkdir -p "$OUTDIR"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET
+
+MODE="${1:-quick}"
+[ $# -gt 0 ] && shift
+case "$MODE" in
+  quick) BENCH_ARGS=(--quick); RUN_TESTS=1; : "${BENCH_LIMIT:=270}" ;;
+  full)  BENCH_ARGS=(); RUN_TESTS=0; : "${BENCH_LIMIT:=540}" ;;
+  bench) BENCH_ARGS=("$@"); RUN_TESTS=0; : "${BENCH_LIMIT:=540}" ;;
+  *) echo "usage: bash scripts/gpu_run.sh [quick|full|bench ARGS...]" >&2; exit 2 ;;
+esac
+: "${TEST_LIMIT:=210}"
+
+# 1. Carried wheels (SGLang's scorer and what its import chain needs) -> /tmp/site.
+#    The bench appends /tmp/site to sys.path only when loading the peer, so the
+#    device's own packages win everywhere else.
+PEER="no carried wheels (.carry/whl): SGLang's scorer will be unavailable"
+if ls .carry/whl/*.whl >/dev/null 2>&1; then
+  if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+       --target /tmp/site .carry/whl/*.whl >"$OUTDIR/pip.log" 2>&1; then
+    export SGLANG_FP4_INDEXER_PEER_SITE=/tmp/site
+    PEER="carried wheels installed in /tmp/site: $(ls .carry/whl | wc -l) wheels"
+  else
+    PEER="pip install of .carry/whl failed (see pip.log): SGLang's scorer will be unavailable"
+  fi
+fi
+
+# 2. GPU tests.
+TESTS="skipped ($MODE mode)"
+if [ "$RUN_TESTS" = 1 ]; then
+  timeout -k 10 "$TEST_LIMIT" "$PY" -m pytest -m gpu -q -p no:cacheprovider -rfE --continue-on-collection-errors >"$OUTDIR/pytest_gpu.log" 2>&1
+  rc=$?
+  if [ $rc = 124 ] || [ $rc = 137 ]; then TESTS="TIMED OUT after ${TEST_LIMIT}s"; else TESTS="rc=$rc: $(tail -n 1 "$OUTDIR/pytest_gpu.log")"; fi
+fi
+
+# 3. The benchmark (its JSON is rewritten after every shape, so a time-out still leaves numbers).
+rm -f "$OUTDIR/bench.json"
+timeout -k 10 "$BENCH_LIMIT" "$PY" -m sglang_fp4_indexer.cli bench --device cuda "${BENCH_ARGS[@]}" \
+  --json "$OUTDIR/bench.json" --plot "$OUTDIR/bench.png" >"$OUTDIR/bench.log" 2>&1
+BENCH_RC=$?
+
+# 4. Summary, last.
+echo "== device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+echo "== peer: $PEER"
+echo "== pytest -m gpu: $TESTS"
+if [ "$RUN_TESTS" = 1 ]; then grep -E "^(FAILED|ERROR) " "$OUTDIR/pytest_gpu.log" | head -n 15; fi
+case $BENCH_RC in
+  0) echo "== bench: ok (every timed output passed its check)" ;;
+  1) echo "== bench: rc=1 (a check failed or a scorer errored; see the table)" ;;
+  124|137) echo "== bench: TIMED OUT after ${BENCH_LIMIT}s (partial results below)" ;;
+  *) echo "== bench: rc=$BENCH_RC; last lines of bench.log:"; tail -n 15 "$OUTDIR/bench.log" ;;
+esac
+echo "== logs: $OUTDIR (pytest_gpu.log, bench.log, bench.json, bench.png, pip.log)"
+if [ -s "$OUTDIR/bench.json" ]; then
+  "$PY" -m sglang_fp4_indexer.bench.report "$OUTDIR/bench.json"
+fi
+exit $BENCH_RC

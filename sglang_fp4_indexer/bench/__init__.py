@@ -1,0 +1,141 @@
+"""``sglang-fp4-indexer bench``: the benchmark harness and its peers (issue 3, DESIGN.md section 8).
+
+Times, side by side, per scorer shape: this project's paged FP4 scorer,
+SGLang's own Triton FP4 scorer and DeepGEMM's FP8 scorer (each when it can
+run, else ``unavailable: <reason>``), against the HBM floor measured in the
+same run, and checks every timed output against the torch oracle; also the
+store op against its floor and the CTA planner against its 5 us target.
+docs/benchmarks.md describes the method.
+
+Modules: ``shapes`` (the grid), ``floor`` (byte counts and floors), ``timing``
+(CUDA graphs, copy bandwidth, L2 rotation), ``inputs`` (random caches on the
+device), ``checks`` (the oracle comparisons), ``scorers`` (ours and the peers),
+``peers`` (loading SGLang's kernel module and DeepGEMM), ``runner`` (one run),
+``report`` (table, summary, JSON, plot).
+
+This package module imports nothing heavy: ``cli.py`` builds its parser
+before deciding whether Triton must run in interpreter mode. SGLang is loaded
+only by ``peers``, lazily, and only on a CUDA device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+__all__ = ["add_arguments", "main"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` subcommand's options to ``parser``."""
+    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
+                        help="where to run: cuda (CUDA graphs), cpu (Triton interpreter, tiny shapes, "
+                             "not a speed figure) or auto (cuda when available)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a first look: issue 3's target shapes only (default on a GPU: the full grid)")
+    parser.add_argument("--shapes", default=None, metavar="LIST",
+                        help="comma-separated HxBATCHxCONTEXTxNEXT_N shapes (K = 1024, e.g. 64x8x128Kx1) "
+                             "and/or set names quick, full, cpu (default: full on a GPU, cpu on the CPU)")
+    parser.add_argument("--scorers", default="ours,sglang,deepgemm", metavar="LIST",
+                        help="scorers to time: ours, sglang (SGLang's Triton FP4), deepgemm (DeepGEMM FP8)")
+    parser.add_argument("--impl", default=None, metavar="LIST",
+                        help="paged_logits impl variants to time as separate 'ours' columns (default: the op's default)")
+    parser.add_argument("--store-tokens", type=int, default=None, metavar="N",
+                        help="tokens of the store-op row (default 65536 on a GPU, 256 on the CPU; 0 skips it)")
+    parser.add_argument("--planner-batch", type=int, default=None, metavar="N",
+                        help="batch of the planner row (default 64; 0 skips it)")
+    parser.add_argument("--copy-mib", type=int, default=None, metavar="MIB",
+                        help="size of the bandwidth-measuring copy (default 1024 on a GPU, 64 on the CPU)")
+    parser.add_argument("--seed", type=int, default=0, help="input seed")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the full report as JSON")
+    parser.add_argument("--plot", default=None, metavar="PATH",
+                        help="save a plot (time vs context, one line per scorer, floors dashed; needs matplotlib)")
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _resolve_device(name: str):
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() and not _interpreting() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available")
+        if _interpreting():
+            raise ValueError("--device cuda: TRITON_INTERPRET=1 is set; unset it to time on the GPU")
+        return torch.device("cuda", torch.cuda.current_device())
+    if not _interpreting():
+        if "triton" in sys.modules:
+            raise ValueError("--device cpu needs TRITON_INTERPRET=1 set before Triton is imported "
+                             "(run it through the sglang-fp4-indexer command, or set the variable)")
+        os.environ["TRITON_INTERPRET"] = "1"
+    return torch.device("cpu")
+
+
+def _positive_or_none(value, name: str, default):
+    if value is None:
+        return default
+    if value < 0:
+        raise ValueError(f"{name}: expected >= 0, got {value}")
+    return value or None
+
+
+def main(args: argparse.Namespace, console=None) -> int:
+    """Run the benchmark with parsed ``args``; print the table, then a short summary last.
+
+    Returns:
+        0 when every timed output passed its check, 1 otherwise.
+
+    Raises:
+        ValueError: bad options (the CLI turns it into a usage error).
+    """
+    from rich.console import Console
+
+    device = _resolve_device(args.device)
+    from .runner import CPU_STORE_TOKENS, GPU_STORE_TOKENS, PLANNER_BATCH, BenchConfig, run_benchmark
+    from .report import render_summary, render_table, write_json, write_plot
+    from .scorers import make_scorers
+    from .shapes import parse_shapes
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a log file: do not wrap the tables at 80 columns
+            console = Console(width=200)
+    cpu = device.type == "cpu"
+    spec = args.shapes or ("quick" if args.quick else "cpu" if cpu else "full")
+    shapes = parse_shapes(spec)
+    scorers = make_scorers([s.strip() for s in args.scorers.split(",") if s.strip()],
+                           [i.strip() for i in args.impl.split(",") if i.strip()] if args.impl else None)
+    if not scorers:
+        raise ValueError("--scorers: expected at least one scorer")
+    copy_bytes = None if args.copy_mib is None else _positive_or_none(args.copy_mib, "--copy-mib", None)
+    config = BenchConfig(
+        device=device,
+        shapes=shapes,
+        scorers=scorers,
+        seed=args.seed,
+        store_tokens=_positive_or_none(args.store_tokens, "--store-tokens", CPU_STORE_TOKENS if cpu else GPU_STORE_TOKENS),
+        planner_batch=_positive_or_none(args.planner_batch, "--planner-batch", PLANNER_BATCH),
+        copy_bytes=copy_bytes * (1 << 20) if copy_bytes else None,
+        command=shlex.join(["sglang-fp4-indexer", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "",
+    )
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot: matplotlib is not installed (pip install 'sglang-fp4-indexer[plot]')")
+    console.print(f"bench on {device}: {len(shapes)} shape(s), scorers {', '.join(s.name for s in scorers)}")
+    progress = (lambda partial: write_json(partial, args.json)) if args.json else None
+    report = run_benchmark(config, log=console.print, on_progress=progress)
+    console.print(render_table(report))
+    if args.json:
+        console.print(f"report: {write_json(report, args.json)}")
+    if args.plot:
+        console.print(f"plot: {write_plot(report, args.plot)}")
+    console.print(render_summary(report), highlight=False, markup=False, soft_wrap=True)
+    return 0 if report["failures"] == 0 else 1

@@ -1,0 +1,109 @@
+"""HBM floors: the fewest bytes each benchmarked op must move, over the measured copy bandwidth.
+
+Method (the device tool's METHOD.md, issue 3 "Where the bar is"): a call
+cannot run faster than the time to move its compulsory bytes -- each input
+read once, each output written once -- at the bandwidth a large
+device-to-device copy reaches in the same run (bytes read plus bytes written).
+
+* Paged scorer, FP4 cache: ``68 B`` per visible key per request (every key of
+  a request is read once, whatever ``next_n``) plus ``4 B`` per logit written
+  (``rows x width`` fp32). The index queries, weights, block table and lengths
+  are a few KB and not counted.
+* Paged scorer, FP8 cache (DeepGEMM's column): ``132 B`` per key (128 e4m3 +
+  one fp32 scale) plus the same ``4 B`` per logit -- ``136 B`` per key at
+  ``next_n = 1``.
+* Store op (``ops.quantize.store_index_k``): read ``256 B`` of bf16 key and
+  write ``68 B`` per token (the slot indices, 4-8 B per token, are not counted).
+
+The planner has no byte floor worth the name (it reads ``4 B`` per request);
+it is reported against issue 3's absolute target instead.
+"""
+
+from __future__ import annotations
+
+from ..format import INDEX_HEAD_DIM
+from ..pool import FP4_INDEX_BYTES_PER_TOKEN, FP8_INDEX_BYTES_PER_TOKEN, PAGE_SIZE
+from .shapes import ScorerShape
+
+__all__ = [
+    "LOGIT_BYTES",
+    "BF16_KEY_BYTES",
+    "logits_width",
+    "visible_keys",
+    "scorer_bytes",
+    "fp4_scorer_bytes",
+    "fp8_scorer_bytes",
+    "store_bytes",
+    "floor_seconds",
+    "percent_of_floor",
+]
+
+#: Bytes of one fp32 logit.
+LOGIT_BYTES = 4
+#: Bytes of one bf16 index key (128 x 2).
+BF16_KEY_BYTES = INDEX_HEAD_DIM * 2
+
+
+def logits_width(shape: ScorerShape, page_size: int = PAGE_SIZE) -> int:
+    """Logits columns of a call: the block table's capacity, ``cdiv(context, page_size) * page_size``."""
+    return -(-shape.context // page_size) * page_size
+
+
+def visible_keys(shape: ScorerShape) -> int:
+    """Keys read per call: ``batch * context`` (each request's keys once, shared by its ``next_n`` rows)."""
+    return shape.batch * shape.context
+
+
+def scorer_bytes(shape: ScorerShape, key_bytes: int, page_size: int = PAGE_SIZE) -> int:
+    """Compulsory bytes of one paged scorer call: ``key_bytes`` per visible key + 4 per logit written.
+
+    Args:
+        shape: the call's geometry.
+        key_bytes: cache bytes per key (68 for FP4, 132 for FP8).
+        page_size: tokens per page (sets the logits width).
+
+    Raises:
+        ValueError: ``key_bytes`` not positive.
+    """
+    if key_bytes <= 0:
+        raise ValueError(f"key_bytes: expected > 0, got {key_bytes}")
+    return visible_keys(shape) * key_bytes + shape.rows * logits_width(shape, page_size) * LOGIT_BYTES
+
+
+def fp4_scorer_bytes(shape: ScorerShape) -> int:
+    """``scorer_bytes`` with the FP4 cache's 68 B per key."""
+    return scorer_bytes(shape, FP4_INDEX_BYTES_PER_TOKEN)
+
+
+def fp8_scorer_bytes(shape: ScorerShape) -> int:
+    """``scorer_bytes`` with SGLang's FP8 cache's 132 B per key."""
+    return scorer_bytes(shape, FP8_INDEX_BYTES_PER_TOKEN)
+
+
+def store_bytes(tokens: int, key_bytes: int = BF16_KEY_BYTES) -> int:
+    """Compulsory bytes of storing ``tokens`` index keys: read ``key_bytes`` + write 68 per token.
+
+    Raises:
+        ValueError: ``tokens`` negative.
+    """
+    if tokens < 0:
+        raise ValueError(f"tokens: expected >= 0, got {tokens}")
+    return tokens * (key_bytes + FP4_INDEX_BYTES_PER_TOKEN)
+
+
+def floor_seconds(nbytes: int, bandwidth: float) -> float:
+    """Time to move ``nbytes`` at ``bandwidth`` bytes/s.
+
+    Raises:
+        ValueError: ``bandwidth`` not positive.
+    """
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth: expected > 0 bytes/s, got {bandwidth}")
+    return nbytes / bandwidth
+
+
+def percent_of_floor(seconds: float, floor: float) -> float:
+    """``100 * floor / seconds``: how close a measured time comes to its floor (100 = at the floor)."""
+    if not seconds > 0:
+        raise ValueError(f"seconds: expected > 0, got {seconds}")
+    return 100.0 * floor / seconds

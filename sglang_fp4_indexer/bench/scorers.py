@@ -1,0 +1,306 @@
+"""The scorers the benchmark times side by side, behind one small interface.
+
+* ``OursScorer``: this project's ``ops.paged_logits.paged_logits``, with its CTA
+  schedule planned once outside the timed graph
+  (``ops.schedule.plan_paged_schedule`` with the op's default ``block_kv`` and
+  ``schedule.default_num_ctas``), ``check=False`` (the serving path), writing
+  into preallocated outputs poisoned with NaN.
+* ``SGLangFP4Scorer``: SGLang 0.5.23's Triton FP4 scorer
+  ``fp4_index_logits_paged`` on the *same cache bytes*: SGLang's DSv4 index-K
+  page is this project's page layout (``page_size * 64`` payload bytes, then
+  ``page_size * 4`` UE8M0 bytes, token row ``r`` at scale row ``r``), so the
+  cache is passed as is. Its request table holds one cache slot per position
+  (``req_table[b, j] = block_table[b, j // 64] * 64 + j % 64``, exactly
+  ``reference.paged_slots``); ``req`` maps each query row to its request and
+  ``lens`` gives each row's visible keys (``reference.expand_context_lens``);
+  queries go in as bf16 (exact for e4m3 values); ``ratio = 1`` (no compression).
+* ``DeepGemmFP8Scorer``: DeepGEMM's ``fp8_paged_mqa_logits`` on an FP8 copy of
+  the same keys in SGLang's FP8 index layout (per page: ``64 x 128`` e4m3 bytes,
+  then 64 fp32 scales; viewed ``[pages, 64, 1, 132]``), scales rounded to powers
+  of two so the copy is exact (checked when built), its schedule from
+  ``get_paged_mqa_logits_metadata`` planned once outside the graph,
+  ``clean_logits=False`` as SGLang calls it.
+
+A peer that cannot run says why (``unavailable_reason``) and the benchmark
+prints ``unavailable: <reason>`` in its place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..format import INDEX_HEAD_DIM, dequantize_index_k
+from ..pool import FP4_INDEX_BYTES_PER_TOKEN, FP8_INDEX_BYTES_PER_TOKEN, PAGE_SIZE, read_index_k
+from ..reference import expand_context_lens, fp8_dequantize_rows, fp8_quantize_rows
+from .checks import DEEPGEMM_REL, OURS_REL, SGLANG_REL
+from .floor import logits_width
+from .inputs import ScorerInputs
+from .shapes import ScorerShape
+from .timing import rotation_sets
+
+__all__ = [
+    "PreparedScorer",
+    "Scorer",
+    "OursScorer",
+    "SGLangFP4Scorer",
+    "DeepGemmFP8Scorer",
+    "SCORER_NAMES",
+    "make_scorers",
+    "fp8_index_cache_from_fp4",
+    "sglang_request_table",
+]
+
+
+@dataclass
+class PreparedScorer:
+    """A scorer bound to one shape's inputs.
+
+    Attributes:
+        fn: ``fn(set_index) -> logits`` (capturable on CUDA).
+        sets: rotation sets it cycles through.
+        rel: its check tolerance (``checks``).
+        writes_all: whether its contract writes every element (``-inf`` tails).
+        case_bytes: bytes of one call's working set (cache + logits), for the record.
+    """
+
+    fn: Callable[[int], torch.Tensor]
+    sets: int
+    rel: float
+    writes_all: bool
+    case_bytes: int
+
+
+class Scorer:
+    """Interface of a benchmarked scorer.
+
+    Attributes:
+        name: column name.
+        key_bytes: cache bytes per key of its format (its HBM floor: 68 or 132).
+        label: one line saying what it is.
+    """
+
+    name = "scorer"
+    key_bytes = FP4_INDEX_BYTES_PER_TOKEN
+    label = ""
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        """``None`` when it can run on ``device``, else why not (shown as ``unavailable: <reason>``)."""
+        return None
+
+    def prepare(self, inputs: ScorerInputs, l2_bytes: int | None) -> PreparedScorer:
+        """Bind to ``inputs`` (allocate outputs, plan schedules, convert caches) outside any timing."""
+        raise NotImplementedError
+
+
+def _case_bytes(shape: ScorerShape, key_bytes: int) -> int:
+    return shape.batch * logits_width(shape) * key_bytes + shape.rows * logits_width(shape) * 4
+
+
+class OursScorer(Scorer):
+    """This project's paged FP4 scorer (module docstring).
+
+    Args:
+        impl: ``paged_logits``'s ``impl`` variant, or ``None`` for the op's default.
+    """
+
+    key_bytes = FP4_INDEX_BYTES_PER_TOKEN
+
+    def __init__(self, impl: str | None = None):
+        self.impl = impl
+        self.name = "ours" if impl is None else f"ours[{impl}]"
+        self.label = "sglang_fp4_indexer.ops.paged_logits.paged_logits" + ("" if impl is None else f"(impl={impl!r})")
+
+    def prepare(self, inputs: ScorerInputs, l2_bytes: int | None) -> PreparedScorer:
+        from ..ops import paged_logits as pl
+        from ..ops.schedule import plan_paged_schedule
+        from ..schedule import default_num_ctas
+
+        shape, dev = inputs.shape, inputs.device
+        block_kv = pl.DEFAULT_BLOCK_KV
+        schedule = plan_paged_schedule(inputs.context_lens, block_kv, default_num_ctas(dev))
+        case = _case_bytes(shape, self.key_bytes)
+        sets = min(len(inputs.caches), rotation_sets(case, l2_bytes))
+        outs = [torch.full((shape.rows, inputs.width), float("nan"), device=dev) for _ in range(sets)]
+        extra = {} if self.impl is None else {"impl": self.impl}
+        q, w, bt, lens, caches, width = (
+            inputs.q, inputs.weights, inputs.block_table, inputs.context_lens, inputs.caches, inputs.width,
+        )
+
+        def fn(s: int) -> torch.Tensor:
+            return pl.paged_logits(
+                q, w, caches[s], bt, lens, width=width, schedule=schedule, block_kv=block_kv,
+                out=outs[s], check=False, **extra,
+            )
+
+        return PreparedScorer(fn, sets, OURS_REL, True, case)
+
+
+def sglang_request_table(block_table: torch.Tensor, width: int, page_size: int = PAGE_SIZE) -> torch.Tensor:
+    """SGLang's per-position slot table from a block table: int32 ``[B, width]``.
+
+    ``table[b, j] = block_table[b, j // page_size] * page_size + j % page_size``
+    (``reference.paged_slots`` for every position at once).
+
+    Raises:
+        ValueError: ``width`` exceeds the block table's capacity.
+    """
+    if width > block_table.shape[1] * page_size:
+        raise ValueError(f"width: {width} positions exceed the block table's {block_table.shape[1]} pages")
+    j = torch.arange(width, device=block_table.device)
+    return (block_table.to(torch.int64)[:, j // page_size] * page_size + j % page_size).to(torch.int32).contiguous()
+
+
+class _PeerScorer(Scorer):
+    """A peer loaded on first use; ``unavailable_reason`` reports a missing device or a failed import."""
+
+    #: Why the peer cannot run on a non-CUDA device.
+    cpu_reason = "needs a CUDA device"
+
+    def __init__(self):
+        self._module = None
+        self._reason: str | None = None
+        self._loaded = False
+
+    def _load(self):
+        """Import and return the peer's module (raises when it cannot)."""
+        raise NotImplementedError
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return self.cpu_reason
+        if not self._loaded:
+            self._loaded = True
+            try:
+                self._module = self._load()
+            except Exception as exc:  # any import failure (a wheel for another torch too) is a reason, not a crash
+                self._reason = f"{type(exc).__name__}: {exc}"
+        return self._reason
+
+
+class SGLangFP4Scorer(_PeerScorer):
+    """SGLang's Triton FP4 scorer, loaded through ``peers.load_sglang_fp4_indexer`` (module docstring)."""
+
+    name = "sglang-triton-fp4"
+    key_bytes = FP4_INDEX_BYTES_PER_TOKEN
+    label = "sglang.kernels.ops.attention.dsv4.fp4_indexer.fp4_index_logits_paged"
+    cpu_reason = (
+        "needs a CUDA device (it reads the SM count through torch.cuda, and the bf16 dot it "
+        "uses is unreliable under the Triton CPU interpreter)"
+    )
+
+    def _load(self):
+        from .peers import load_sglang_fp4_indexer
+
+        return load_sglang_fp4_indexer()
+
+    def prepare(self, inputs: ScorerInputs, l2_bytes: int | None) -> PreparedScorer:
+        shape, dev = inputs.shape, inputs.device
+        # SGLang's table also reads 4 B of slot per position: part of its working set.
+        case = _case_bytes(shape, self.key_bytes) + shape.batch * inputs.width * 4
+        sets = min(len(inputs.caches), rotation_sets(case, l2_bytes))
+        req_table = sglang_request_table(inputs.block_table, inputs.width)
+        req = (torch.arange(shape.rows, device=dev) // shape.next_n).to(torch.int32)
+        lens = expand_context_lens(inputs.context_lens, shape.next_n).reshape(-1).to(torch.int32).contiguous()
+        q = inputs.q.to(torch.bfloat16).contiguous()
+        w, caches, width = inputs.weights, inputs.caches, inputs.width
+        score = self._module.fp4_index_logits_paged
+
+        def fn(s: int) -> torch.Tensor:
+            return score(q, w, req, req_table, lens, caches[s], PAGE_SIZE, width, 1)
+
+        return PreparedScorer(fn, sets, SGLANG_REL, False, case)
+
+
+def fp8_index_cache_from_fp4(cache: torch.Tensor, page_size: int = PAGE_SIZE, chunk_pages: int = 2048) -> torch.Tensor:
+    """An FP8 copy of an FP4 cache in SGLang's FP8 index layout (exact for the benchmark's keys, checked).
+
+    Each key is decoded exactly (``pool.read_index_k`` + ``format.dequantize_index_k``)
+    and re-quantized with ``reference.fp8_quantize_rows(..., "ue8m0")`` (e4m3 with
+    one power-of-two scale per key), exact while a key's group scales lie
+    within ``2**14`` of each other (``inputs.SCALE_CODES`` spans 2**7). Page layout: ``page_size * 128`` e4m3
+    bytes, then ``page_size`` fp32 scales (132 B per token).
+
+    Returns:
+        uint8 ``[num_pages, page_size * 132]`` on the cache's device.
+
+    Raises:
+        ValueError: the copy is not exact for some key (its group scales are too
+            far apart for one e4m3 scale).
+    """
+    num_pages = cache.shape[0]
+    out = torch.empty((num_pages, page_size * FP8_INDEX_BYTES_PER_TOKEN), dtype=torch.uint8, device=cache.device)
+    rows = torch.arange(page_size, device=cache.device)
+    for p0 in range(0, num_pages, chunk_pages):
+        pages = torch.arange(p0, min(p0 + chunk_pages, num_pages), device=cache.device)
+        slots = (pages[:, None] * page_size + rows[None, :]).reshape(-1)
+        keys = dequantize_index_k(*read_index_k(cache, slots, page_size))
+        values, scales = fp8_quantize_rows(keys, "ue8m0")
+        if not torch.equal(fp8_dequantize_rows(values, scales), keys):
+            raise ValueError("cache: a key's group scales are too far apart for an exact FP8 copy")
+        n = pages.numel()
+        block = out[p0 : p0 + n]
+        block[:, : page_size * INDEX_HEAD_DIM] = values.view(torch.uint8).reshape(n, page_size * INDEX_HEAD_DIM)
+        block[:, page_size * INDEX_HEAD_DIM :] = scales.contiguous().view(torch.uint8).reshape(n, page_size * 4)
+    return out
+
+
+class DeepGemmFP8Scorer(_PeerScorer):
+    """DeepGEMM's ``fp8_paged_mqa_logits`` on an exact FP8 copy of the keys (module docstring)."""
+
+    name = "deepgemm-fp8"
+    key_bytes = FP8_INDEX_BYTES_PER_TOKEN
+    label = "deep_gemm.fp8_paged_mqa_logits (FP8 cache, 132 B/key)"
+
+    def _load(self):
+        from .peers import load_deep_gemm
+
+        return load_deep_gemm()
+
+    def prepare(self, inputs: ScorerInputs, l2_bytes: int | None) -> PreparedScorer:
+        shape, dev = inputs.shape, inputs.device
+        dg = self._module
+        case = _case_bytes(shape, self.key_bytes)
+        sets = min(len(inputs.caches), rotation_sets(case, l2_bytes))
+        first = fp8_index_cache_from_fp4(inputs.caches[0])
+        kv = [first] + [first.clone() for _ in range(sets - 1)]
+        kv = [c.view(c.shape[0], PAGE_SIZE, 1, FP8_INDEX_BYTES_PER_TOKEN) for c in kv]
+        num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        schedule = dg.get_paged_mqa_logits_metadata(inputs.context_lens, PAGE_SIZE, num_sms)
+        q = inputs.q.view(shape.batch, shape.next_n, shape.heads, INDEX_HEAD_DIM)
+        w, lens, bt, width = inputs.weights, inputs.context_lens, inputs.block_table, inputs.width
+
+        def fn(s: int) -> torch.Tensor:
+            return dg.fp8_paged_mqa_logits(q, kv[s], w, lens, bt, schedule, width, False)
+
+        return PreparedScorer(fn, sets, DEEPGEMM_REL, False, case)
+
+
+#: Scorer names accepted by ``--scorers``.
+SCORER_NAMES = ("ours", "sglang", "deepgemm")
+
+
+def make_scorers(names: list[str], impls: list[str] | None = None) -> list[Scorer]:
+    """Scorer objects for ``names`` (from ``SCORER_NAMES``), ours first.
+
+    Args:
+        names: which scorers.
+        impls: ``paged_logits`` ``impl`` variants to time as separate "ours"
+            columns (``None``: the op's default only).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    bad = [n for n in names if n not in SCORER_NAMES]
+    if bad:
+        raise ValueError(f"scorers: unknown {bad}; expected names from {SCORER_NAMES}")
+    scorers: list[Scorer] = []
+    if "ours" in names:
+        scorers.extend(OursScorer(i) for i in (impls or [None]))
+    if "sglang" in names:
+        scorers.append(SGLangFP4Scorer())
+    if "deepgemm" in names:
+        scorers.append(DeepGemmFP8Scorer())
+    return scorers

@@ -1,0 +1,345 @@
+"""The benchmark harness (sglang_fp4_indexer/bench) on the CPU interpreter, at tiny sizes.
+
+What is asserted: the floor arithmetic against hand-computed byte counts;
+shape parsing; the L2 rotation count; that the CPU run times with the wall
+clock and says so; that every timed output is really checked -- deliberately
+broken scorers, a corrupting store op and a wrong planner are reported as
+failing, while the real ops pass with rows actually compared; the SGLang
+layout mapping and the FP8 copy against the reference's own slot and decode
+functions; the command line end to end (JSON and plot); and that SGLang's
+scorer module loads without SGLang's package ``__init__`` side effects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_fp4_indexer.bench import floor as fl
+from sglang_fp4_indexer.bench.checks import OURS_REL
+from sglang_fp4_indexer.bench.inputs import SCALE_CODES, random_index_k_cache
+from sglang_fp4_indexer.bench.report import render_summary, write_json, load_json
+from sglang_fp4_indexer.bench.runner import BenchConfig, bench_planner, bench_store, run_benchmark
+from sglang_fp4_indexer.bench.scorers import (
+    OursScorer,
+    fp8_index_cache_from_fp4,
+    make_scorers,
+    sglang_request_table,
+)
+from sglang_fp4_indexer.bench.shapes import QUICK_SHAPES, ScorerShape, full_grid, parse_shapes
+from sglang_fp4_indexer.bench.timing import CPU_TIMING_NOTE, rotation_sets
+from sglang_fp4_indexer.format import dequantize_index_k
+from sglang_fp4_indexer.pool import read_index_k, scale_plane
+from sglang_fp4_indexer.reference import fp8_dequantize_rows, paged_slots
+
+REPO = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+MiB = 1 << 20
+
+
+# ---------------------------------------------------------------- floor arithmetic
+
+
+def test_fp4_floor_bytes_by_hand():
+    # Issue 3: batch 8 x 131072, H 64: (68 + 4) B per key, ~18 us at ~4.2 TB/s.
+    s = ScorerShape(64, 8, 131072, 1)
+    assert fl.fp4_scorer_bytes(s) == 8 * 131072 * 68 + 8 * 131072 * 4 == 75_497_472
+    assert fl.floor_seconds(75_497_472, 4.2e12) == pytest.approx(17.975e-6, rel=1e-4)
+    # next_n = 4: keys are read once per request, logits written per row.
+    s4 = ScorerShape(64, 8, 131072, 4)
+    assert fl.fp4_scorer_bytes(s4) == 71_303_168 + 32 * 131072 * 4 == 88_080_384
+    # A context that is not a whole number of pages: logits span the pages (width 128).
+    odd = ScorerShape(32, 2, 100, 1)
+    assert fl.logits_width(odd) == 128
+    assert fl.fp4_scorer_bytes(odd) == 2 * 100 * 68 + 2 * 128 * 4 == 14_624
+
+
+def test_fp8_and_store_floor_bytes_by_hand():
+    # DeepGEMM's column: 132 B per key + 4 B per logit = 136 B per key at next_n 1.
+    assert fl.fp8_scorer_bytes(ScorerShape(64, 8, 131072, 1)) == 8 * 131072 * 136 == 142_606_336
+    # Store: 256 B of bf16 key read + 68 B written per token.
+    assert fl.store_bytes(65536) == 65536 * 324 == 21_233_664
+    assert fl.percent_of_floor(2e-6, 1e-6) == 50.0
+    with pytest.raises(ValueError, match="bandwidth"):
+        fl.floor_seconds(10, 0.0)
+    with pytest.raises(ValueError, match="key_bytes"):
+        fl.scorer_bytes(ScorerShape(32, 1, 64, 1), 0)
+
+
+def test_rotation_sets():
+    l2 = 60 * MiB
+    # 75.5 MB per call vs 4 x 60 MiB = 251.7 MB: ceil(3.33) = 4 sets.
+    assert rotation_sets(75_497_472, l2) == 4
+    assert rotation_sets(4 * l2, l2) == 1  # already 4 x L2
+    assert rotation_sets(1000, l2) == 512  # capped
+    assert rotation_sets(1000, None) == 1  # CPU: no L2 to defeat
+    with pytest.raises(ValueError, match="case_bytes"):
+        rotation_sets(0, l2)
+
+
+# ---------------------------------------------------------------- shapes
+
+
+def test_full_grid_and_quick():
+    grid = full_grid()
+    assert len(grid) == len(set(grid)) == 2 * 4 * 3 * 2
+    assert {s.heads for s in grid} == {64, 32} and {s.batch for s in grid} == {1, 8, 32, 64}
+    assert {s.context for s in grid} == {4096, 32768, 131072} and {s.next_n for s in grid} == {1, 4}
+    assert set(QUICK_SHAPES) <= set(grid)
+    assert ScorerShape(64, 8, 131072, 1) in QUICK_SHAPES and ScorerShape(64, 1, 4096, 1) in QUICK_SHAPES
+
+
+def test_parse_shapes():
+    got = parse_shapes("64x8x128Kx1, 32x1x100x2,64x8x131072x1")
+    assert got == [ScorerShape(64, 8, 131072, 1), ScorerShape(32, 1, 100, 2)]
+    assert got[0].spec == "64x8x128Kx1" and parse_shapes(got[1].spec) == [got[1]]
+    assert parse_shapes("quick") == list(QUICK_SHAPES)
+    for bad in ("64x8x128K", "big", "", "0x1x64x1", "64x1x2x4"):
+        with pytest.raises(ValueError):
+            parse_shapes(bad)
+
+
+# ---------------------------------------------------------------- peer input mapping
+
+
+def test_sglang_request_table_is_the_reference_slot_map():
+    g = torch.Generator().manual_seed(3)
+    bt = torch.randperm(12, generator=g)[:10].view(2, 5).to(torch.int32)
+    table = sglang_request_table(bt, 300)
+    assert table.dtype == torch.int32 and table.shape == (2, 300)
+    for b in range(2):
+        assert torch.equal(table[b].long(), paged_slots(bt[b], 300))
+    with pytest.raises(ValueError, match="width"):
+        sglang_request_table(bt, 5 * 64 + 1)
+
+
+def test_fp8_copy_is_exact_in_sglang_fp8_layout():
+    g = torch.Generator().manual_seed(5)
+    cache = random_index_k_cache(3, CPU, g)
+    codes = scale_plane(cache)
+    assert int(codes.min()) >= SCALE_CODES[0] and int(codes.max()) <= SCALE_CODES[1]
+    fp8 = fp8_index_cache_from_fp4(cache, chunk_pages=2)
+    assert fp8.shape == (3, 64 * 132) and fp8.dtype == torch.uint8
+    values = fp8[:, : 64 * 128].reshape(3 * 64, 128).view(torch.float8_e4m3fn)
+    scales = fp8[:, 64 * 128 :].reshape(3 * 64, 4).contiguous().view(torch.float32).reshape(-1)
+    slots = torch.arange(3 * 64)
+    assert torch.equal(fp8_dequantize_rows(values, scales), dequantize_index_k(*read_index_k(cache, slots)))
+
+
+# ---------------------------------------------------------------- the CPU run and its checks
+
+
+class _Broken(OursScorer):
+    """Ours with a planted bug applied to its output after every call."""
+
+    def __init__(self, name, bug):
+        super().__init__()
+        self.name = name
+        self._bug = bug
+
+    def prepare(self, inputs, l2_bytes):
+        prepared = super().prepare(inputs, l2_bytes)
+        inner, bug = prepared.fn, self._bug
+
+        def fn(s):
+            out = inner(s)
+            bug(out)
+            return out
+
+        return dataclasses.replace(prepared, fn=fn)
+
+
+def _swap_first_two_keys(out):  # an indexing bug: two keys' logits exchanged
+    out[:, [0, 1]] = out[:, [1, 0]].clone()
+
+
+def _zero_tail(out):  # past-the-length columns written 0 instead of -inf
+    out[out == float("-inf")] = 0.0
+
+
+def _off_by_one_percent(out):  # a scale error well past the 1e-3 tolerance
+    out.mul_(1.01)
+
+
+SHAPES = [ScorerShape(32, 2, 130, 1), ScorerShape(64, 1, 70, 2)]
+
+
+@pytest.fixture(scope="module")
+def cpu_report():
+    scorers = [
+        OursScorer(),
+        _Broken("broken-swap", _swap_first_two_keys),
+        _Broken("broken-tail", _zero_tail),
+        _Broken("broken-scale", _off_by_one_percent),
+    ]
+    config = BenchConfig(CPU, SHAPES, scorers, seed=1, store_tokens=96, planner_batch=8, copy_bytes=4 * MiB)
+    return run_benchmark(config)
+
+
+def test_cpu_run_checks_ours_for_real(cpu_report):
+    assert CPU_TIMING_NOTE in cpu_report["meta"]["timing"]
+    bw = cpu_report["meta"]["copy_bandwidth_bytes_per_s"]
+    for shape, row in zip(SHAPES, cpu_report["rows"]):
+        assert row["fp4_bytes"] == shape.batch * shape.context * 68 + shape.rows * fl.logits_width(shape) * 4
+        assert row["fp4_floor_s"] == pytest.approx(row["fp4_bytes"] / bw)
+        res = row["results"]["ours"]
+        assert res["status"] == "ok", res
+        assert res["timing"]["method"] == "wall-clock" and res["seconds"] > 0
+        assert res["pct_floor"] == pytest.approx(100 * row["fp4_floor_s"] / res["seconds"])
+        check = res["check"]
+        # Both checked requests' rows were compared, and the errors were measured, within tolerance.
+        checked_rows = (2 if shape.batch > 1 else 1) * shape.next_n
+        assert check["ok"] and check["rows_checked"] == checked_rows
+        assert check["sets_checked"] == 1 and 0 < check["worst"] <= 1
+        assert f"{OURS_REL:g}" in check["detail"]
+
+
+def test_cpu_run_reports_broken_scorers(cpu_report):
+    for row in cpu_report["rows"]:
+        res = row["results"]
+        assert res["broken-swap"]["status"] == "check failed"
+        assert "exceeds" in res["broken-swap"]["check"]["detail"]
+        assert res["broken-tail"]["status"] == "check failed"
+        assert "-inf" in res["broken-tail"]["check"]["detail"]
+        assert res["broken-scale"]["status"] == "check failed"
+        assert res["broken-scale"]["check"]["worst"] > 1
+        assert "seconds" in res["broken-scale"]  # it was timed, then failed its check
+    assert cpu_report["failures"] == 3 * len(SHAPES)
+    summary = render_summary(cpu_report)
+    assert "FAIL broken-swap,broken-tail,broken-scale" in summary and CPU_TIMING_NOTE in summary
+
+
+def test_cpu_run_store_and_planner_rows(cpu_report, tmp_path):
+    store, planner = cpu_report["store"], cpu_report["planner"]
+    assert store["status"] == "ok" and store["bytes"] == 96 * 324
+    assert store["check"]["rows_checked"] == 96 and "bit-exact" in store["check"]["detail"]
+    assert planner["status"] == "ok" and planner["check"]["ok"] and planner["seconds"] > 0
+    path = write_json(cpu_report, tmp_path / "r.json")
+    assert load_json(path)["rows"][0]["spec"] == SHAPES[0].spec
+
+
+def test_store_check_catches_a_corrupting_store(monkeypatch):
+    import sglang_fp4_indexer.ops.quantize as quantize
+
+    real = quantize.store_index_k
+
+    def corrupt(k, cache, slots, page_size=64, **kw):
+        real(k, cache, slots, page_size, **kw)
+        cache[0, 0] ^= 0x11  # one payload byte of one token wrong
+
+    monkeypatch.setattr(quantize, "store_index_k", corrupt)
+    row = bench_store(CPU, 64, None, 1e9)
+    assert row["status"] == "check failed" and "differ" in row["check"]["detail"]
+
+
+def test_planner_check_catches_a_wrong_schedule(monkeypatch):
+    import sglang_fp4_indexer.ops.schedule as sched
+
+    real = sched.plan_paged_schedule_into
+
+    def wrong(lens, block_kv, out):
+        real(lens, block_kv, out)
+        out[1, 1] += 1
+        return out
+
+    monkeypatch.setattr(sched, "plan_paged_schedule_into", wrong)
+    row = bench_planner(CPU, 8)
+    assert row["status"] == "check failed"
+
+
+def test_peers_unavailable_on_cpu_say_why():
+    report = run_benchmark(BenchConfig(CPU, [ScorerShape(32, 1, 64, 1)], make_scorers(["sglang", "deepgemm"]),
+                                       store_tokens=None, planner_batch=None, copy_bytes=MiB))
+    status = {s["name"]: s["status"] for s in report["scorers"]}
+    assert status["sglang-triton-fp4"].startswith("unavailable: needs a CUDA device")
+    assert status["deepgemm-fp8"].startswith("unavailable: needs a CUDA device")
+    assert report["failures"] == 0 and "store" not in report and "planner" not in report
+
+
+def test_make_scorers_rejects_unknown():
+    with pytest.raises(ValueError, match="unknown"):
+        make_scorers(["ours", "flashinfer"])
+    assert [s.name for s in make_scorers(["ours"], ["scaled", "group"])] == ["ours[scaled]", "ours[group]"]
+
+
+# ---------------------------------------------------------------- command line and peer loading
+
+
+def _clean_env():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def test_cli_bench_cpu_end_to_end(tmp_path):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    cmd = [sys.executable, "-m", "sglang_fp4_indexer.cli", "bench", "--device", "cpu", "--shapes", "32x1x64x1",
+           "--scorers", "ours,sglang", "--store-tokens", "64", "--planner-batch", "4", "--copy-mib", "4",
+           "--json", str(out_json), "--plot", str(out_png)]
+    # TRITON_INTERPRET is not set: the command must set it itself before Triton is imported.
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env(), cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out_json.read_text())
+    assert report["rows"][0]["results"]["ours"]["check"]["ok"]
+    assert report["meta"]["device_type"] == "cpu" and report["failures"] == 0
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    tail = proc.stdout.strip().splitlines()
+    assert tail[-2].startswith("failures: 0") or tail[-1].startswith("failures: 0")
+    assert "unavailable: needs a CUDA device" in proc.stdout
+
+
+def test_cli_bench_bad_options():
+    for args in (["--shapes", "64x8"], ["--scorers", "nope"], ["--store-tokens", "-1"]):
+        proc = subprocess.run([sys.executable, "-m", "sglang_fp4_indexer.cli", "bench", "--device", "cpu", *args],
+                              capture_output=True, text=True, env=_clean_env(), timeout=300)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "error:" in proc.stderr
+
+
+@pytest.mark.sglang
+def test_sglang_scorer_module_loads_without_package_init():
+    code = textwrap.dedent(
+        """
+        import sys
+        from sglang_fp4_indexer.bench.peers import load_sglang_fp4_indexer
+        m = load_sglang_fp4_indexer()
+        assert callable(m.fp4_index_logits_paged)
+        heavy = [n for n in ("sglang.lang", "sglang.lang.api", "transformers", "sglang.srt.utils.network", "zmq")
+                 if n in sys.modules]
+        print("HEAVY", heavy)
+        assert not heavy, heavy
+        assert not hasattr(sys.modules["sglang"], "__version__")  # sglang/__init__.py did not run
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_clean_env(), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------- GPU (device machine)
+
+
+@pytest.mark.gpu
+def test_gpu_bench_small_shapes_all_scorers_checked():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    shapes = [ScorerShape(64, 2, 4096, 1), ScorerShape(32, 1, 4096, 4)]
+    report = run_benchmark(BenchConfig(dev, shapes, make_scorers(["ours", "sglang", "deepgemm"]),
+                                       store_tokens=4096, planner_batch=64, copy_bytes=256 * MiB))
+    assert report["meta"]["copy_bandwidth_bytes_per_s"] > 1e12
+    for row in report["rows"]:
+        ours = row["results"]["ours"]
+        assert ours["status"] == "ok", ours
+        assert ours["timing"]["method"] == "cuda-graph" and ours["timing"]["calls_per_graph"] >= 20
+        assert ours["sets"] > 1  # small case: rotated to defeat L2
+        for peer in ("sglang-triton-fp4", "deepgemm-fp8"):
+            assert row["results"][peer]["status"] in ("ok", "unavailable"), row["results"][peer]
+    assert report["store"]["status"] == "ok" and report["planner"]["status"] == "ok"
