@@ -3,7 +3,7 @@
 # a short summary printed LAST (the device call returns the end of the output).
 #
 # From the repository root on the device machine:
-#   bash scripts/gpu_run.sh                 # pytest -m gpu (time-limited), then bench --quick
+#   bash scripts/gpu_run.sh [quick ARGS...] # pytest -m gpu (time-limited), then bench --quick ARGS
 #   bash scripts/gpu_run.sh full            # bench over the full grid (48 shapes); no pytest
 #   bash scripts/gpu_run.sh bench ARGS...   # bench with your own arguments (e.g. --shapes 64x8x128Kx1); no pytest
 # Carry .carry (scripts/fetch_peer_wheels.sh fills .carry/whl) so SGLang's scorer can run.
@@ -20,7 +20,7 @@ unset TRITON_INTERPRET
 MODE="${1:-quick}"
 [ $# -gt 0 ] && shift
 case "$MODE" in
-  quick) BENCH_ARGS=(--quick); RUN_TESTS=1; : "${BENCH_LIMIT:=270}" ;;
+  quick) BENCH_ARGS=(--quick "$@"); RUN_TESTS=1; : "${BENCH_LIMIT:=270}" ;;
   full)  BENCH_ARGS=(); RUN_TESTS=0; : "${BENCH_LIMIT:=540}" ;;
   bench) BENCH_ARGS=("$@"); RUN_TESTS=0; : "${BENCH_LIMIT:=540}" ;;
   *) echo "usage: bash scripts/gpu_run.sh [quick|full|bench ARGS...]" >&2; exit 2 ;;
