@@ -72,6 +72,7 @@ __all__ = [
     "owner_rank",
     "local_slot",
     "local_store_slots",
+    "owned_local_slots",
     "local_num_slots",
     "local_block_table",
     "check_block_table_layout",
@@ -194,6 +195,29 @@ def local_store_slots(slots: torch.Tensor, world_size: int, rank: int, out: torc
     if out is None:
         return result
     return out.copy_(result)
+
+
+def owned_local_slots(slots: torch.Tensor, world_size: int, rank: int) -> torch.Tensor:
+    """Local slots of the global ``slots`` that rank ``rank`` owns, in order (a host sync: boolean selection).
+
+    For whole-page runs (SGLang's retract / offload indices) this equals
+    SGLang's ``maybe_dcp_kernel_indices``: ``slots[rank::W] // W``.
+
+    Args:
+        slots: int32/int64 ``[N]`` global slots (negative entries are dropped).
+        world_size, rank: DCP width and this rank.
+
+    Returns:
+        Tensor of ``slots``'s dtype, ``[M]`` with ``M`` the owned count.
+
+    Raises:
+        TypeError, ValueError: bad tensor, ``world_size`` or ``rank``.
+    """
+    check_world(world_size, rank)
+    _check_int_tensor("slots", slots)
+    flat = slots.reshape(-1)
+    owned = (flat >= 0) & (torch.remainder(flat, world_size) == rank)
+    return torch.div(flat[owned], world_size, rounding_mode="floor")
 
 
 def local_num_slots(global_slots: int, world_size: int, rank: int = 0) -> int:

@@ -13,11 +13,16 @@ these hold: a DeepSeek Sparse Attention model (SGLang's ``is_deepseek_dsa``),
 (``ops.paged_logits.SUPPORTED_HEADS``), a 64-token index page, ``index_kpool
 == 1``, a CUDA GPU with FP8 MMA (compute capability >= 8.9: Ada, Hopper,
 Blackwell), and none of the parallel or cache features the FP4 layout does not
-handle yet (decode context parallelism, prefill context parallelism, KV
-sharding, hierarchical cache, HiSparse, PD disaggregation, hybrid KV pools,
+handle yet (prefill context parallelism, KV sharding, hierarchical cache, HiSparse, PD disaggregation, hybrid KV pools,
 unified memory pools, external KV stores). Every refusal names all the reasons that apply and the
 fix; SGLang then keeps its FP8 indexer. ``report`` logs one line per process
 (rank 0 only): the active line, or one warning.
+
+Decode context parallelism (``--dcp-size W > 1``) is served in one of two
+modes (``Decision.dcp_mode``, ``sglang_fp4_indexer.dcp``): ``"replicated"``
+(every rank keeps the whole FP4 index, SGLang's layout; the default) or, with
+``--fp4-indexer-dcp-shard``, ``"sharded"`` (each rank keeps the keys of the
+slots it owns; decode exchanges top-k candidates, prefill stages keys).
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class ServerFacts:
         page_size: tokens per KV page, or None when left to SGLang (which sets
             64 for DSA models); the index page is ``page_size // index_kpool``.
         dcp_size: decode context parallel width (``--dcp-size``).
+        dcp_shard: ``--fp4-indexer-dcp-shard``: under DCP, shard the FP4 index
+            over the DCP ranks instead of replicating it (no effect without DCP).
         attn_cp_size: attention context parallel width (``--attn-cp-size``).
         enable_prefill_cp: prefill context parallelism (``--enable-prefill-cp``).
         kv_shard: logical-page KV sharding (SGLang's page-interleave pool).
@@ -93,6 +100,7 @@ class ServerFacts:
     requested: bool
     page_size: int | None = None
     dcp_size: int = 1
+    dcp_shard: bool = False
     attn_cp_size: int = 1
     enable_prefill_cp: bool = False
     kv_shard: bool = False
@@ -129,12 +137,16 @@ class Decision:
         fix: what the user can do about it (empty when enabled or not requested).
         codes: short machine-readable tags of the refusal reasons, in check order
             (``"off"`` when not requested, empty when enabled).
+        dcp_mode: under decode context parallelism, how the FP4 index is held:
+            ``"replicated"`` or ``"sharded"`` (``dcp.MODES``); empty without DCP
+            or when not enabled.
     """
 
     enabled: bool
     reason: str
     fix: str = ""
     codes: tuple[str, ...] = field(default=())
+    dcp_mode: str = ""
 
 
 def supported_heads() -> tuple[int, ...]:
@@ -239,8 +251,6 @@ def decide(model: ModelFacts, server: ServerFacts, device: DeviceFacts) -> Decis
 
     feature_fix = "turn that feature off, or drop --enable-fp4-indexer to keep SGLang's FP8 indexer"
     features = (
-        ("dcp", server.dcp_size > 1,
-         f"decode context parallelism (--dcp-size {server.dcp_size}) is not supported by the FP4 index cache yet"),
         ("prefill_cp", server.attn_cp_size > 1 or server.enable_prefill_cp,
          "context parallelism (--attn-cp-size / --enable-prefill-cp) shards the indexer in ways the FP4 path does not handle yet"),
         ("kv_shard", server.kv_shard,
@@ -264,10 +274,17 @@ def decide(model: ModelFacts, server: ServerFacts, device: DeviceFacts) -> Decis
             reasons.append((code, reason, feature_fix))
 
     if not reasons:
+        dcp_mode = ""
+        dcp_text = ""
+        if server.dcp_size > 1:
+            dcp_mode = "sharded" if server.dcp_shard else "replicated"
+            per_rank = 68 / server.dcp_size if server.dcp_shard else 68
+            dcp_text = f", DCP {server.dcp_size}: {dcp_mode} index ({per_rank:g} B per token per layer on each rank)"
         return Decision(
             True,
             f"{arch}: {model.index_n_heads} index heads x {model.index_head_dim}, "
-            f"{FP4_INDEX_PAGE_SIZE}-token pages, CUDA {'%d.%d' % tuple(device.capability)}",
+            f"{FP4_INDEX_PAGE_SIZE}-token pages, CUDA {'%d.%d' % tuple(device.capability)}{dcp_text}",
+            dcp_mode=dcp_mode,
         )
     fixes: list[str] = []
     for _, _, fix in reasons:

@@ -91,7 +91,6 @@ GOOD = ModelFacts("DeepseekV32ForCausalLM", True, False, 128, 64, 1)
         (GOOD, ON, DeviceFacts("cuda", None), "device"),
         (GOOD, ON, DeviceFacts("rocm"), "device"),
         (GOOD, ON, DeviceFacts("cpu"), "device"),
-        (GOOD, ServerFacts(True, 64, dcp_size=2), H200, "dcp"),
         (GOOD, ServerFacts(True, 64, attn_cp_size=2), H200, "prefill_cp"),
         (GOOD, ServerFacts(True, 64, enable_prefill_cp=True), H200, "prefill_cp"),
         (GOOD, ServerFacts(True, 64, kv_shard=True), H200, "kv_shard"),
@@ -127,8 +126,8 @@ def test_all_reasons_listed_in_order_and_deterministic():
     d1 = decide(model, server, DeviceFacts("cuda", (8, 0)))
     d2 = decide(model, server, DeviceFacts("cuda", (8, 0)))
     assert d1 == d2
-    assert d1.codes == ("index_heads", "device", "dcp", "hicache")
-    assert "--dcp-size 4" in d1.reason and "48" in d1.reason
+    assert d1.codes == ("index_heads", "device", "hicache")
+    assert "hierarchical cache" in d1.reason and "48" in d1.reason
 
 
 def test_bad_arguments():

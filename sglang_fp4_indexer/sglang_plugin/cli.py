@@ -9,7 +9,8 @@ Seams (SGLang 0.5.23, see docs/sglang-seams.md):
   ``enable-fp4-indexer: true`` in a ``--config`` YAML works too.
 - ``ServerArgs.from_cli_args`` (classmethod; copies only declared fields off
   the argparse namespace): an AFTER hook records the flag on the record as the
-  underscore attribute ``_enable_fp4_indexer``. ``ServerArgs.__reduce__``
+  underscore attribute ``_enable_fp4_indexer`` (and ``--fp4-indexer-dcp-shard``
+  as ``_fp4_indexer_dcp_shard``). ``ServerArgs.__reduce__``
   carries underscore bookkeeping to the scheduler processes.
 - ``Engine.server_args_class`` (what ``Engine(**kwargs)`` constructs): replaced
   by a factory that takes ``enable_fp4_indexer=`` off the keyword arguments.
@@ -20,6 +21,11 @@ Seams (SGLang 0.5.23, see docs/sglang-seams.md):
 
 The environment variable ``SGLANG_ENABLE_FP4_INDEXER=1`` asks for the FP4
 indexer too (``facts.requested``).
+
+``--fp4-indexer-dcp-shard`` (``SGLANG_FP4_INDEXER_DCP_SHARD=1``, Engine keyword
+``fp4_indexer_dcp_shard=``) travels the same way: under decode context
+parallelism it shards the FP4 index over the DCP ranks instead of replicating
+it (``sglang_fp4_indexer.dcp``; no effect without ``--dcp-size > 1``).
 """
 
 from __future__ import annotations
@@ -27,9 +33,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .facts import mark_requested
+from .facts import mark_dcp_shard, mark_requested
 
-__all__ = ["FLAG", "HELP", "add_flag", "carry_flag", "install_engine_kwarg"]
+__all__ = ["FLAG", "HELP", "DCP_SHARD_FLAG", "DCP_SHARD_HELP", "add_flag", "carry_flag", "install_engine_kwarg"]
 
 FLAG = "--enable-fp4-indexer"
 HELP = (
@@ -38,16 +44,24 @@ HELP = (
     "Attention models only (DeepSeek-V3.2, GLM-5.x); on anything the FP4 path does "
     "not serve, one warning names the reason and SGLang keeps its FP8 indexer."
 )
+DCP_SHARD_FLAG = "--fp4-indexer-dcp-shard"
+DCP_SHARD_HELP = (
+    "With --enable-fp4-indexer and --dcp-size W > 1: keep on each DCP rank only the FP4 index keys "
+    "of the tokens it owns (68/W B/token/layer instead of 68); decode exchanges top-k candidates "
+    "between the ranks and prefill stages the keys it needs. Without it the FP4 index is replicated."
+)
 _ENGINE_MODULE = "sglang.srt.entrypoints.engine"
 
 
 def add_flag(result, parser: argparse.ArgumentParser):
-    """AFTER hook of ``ServerArgs.add_cli_args(parser)``: add ``--enable-fp4-indexer``.
+    """AFTER hook of ``ServerArgs.add_cli_args(parser)``: add ``--enable-fp4-indexer`` and ``--fp4-indexer-dcp-shard``.
 
     Idempotent per parser. Returns ``result`` unchanged (``None``).
     """
     if FLAG not in parser._option_string_actions:
         parser.add_argument(FLAG, action="store_true", default=False, help=HELP)
+    if DCP_SHARD_FLAG not in parser._option_string_actions:
+        parser.add_argument(DCP_SHARD_FLAG, action="store_true", default=False, help=DCP_SHARD_HELP)
     return result
 
 
@@ -56,18 +70,27 @@ def carry_flag(result, cls, args: argparse.Namespace):
     value = getattr(args, "enable_fp4_indexer", None)
     if value is not None:
         mark_requested(result, bool(value))
+    shard = getattr(args, "fp4_indexer_dcp_shard", None)
+    if shard is not None:
+        mark_dcp_shard(result, bool(shard))
     return result
 
 
 def _factory(base):
     def build(**kwargs):
         flag = kwargs.pop("enable_fp4_indexer", None)
+        shard = kwargs.pop("fp4_indexer_dcp_shard", None)
         server_args = base(**kwargs)
         if flag is not None:
             mark_requested(server_args, bool(flag))
+        if shard is not None:
+            mark_dcp_shard(server_args, bool(shard))
         return server_args
 
-    build.__doc__ = f"Build {getattr(base, '__name__', base)} from keyword arguments; accepts enable_fp4_indexer=bool."
+    build.__doc__ = (
+        f"Build {getattr(base, '__name__', base)} from keyword arguments; accepts enable_fp4_indexer=bool "
+        "and fp4_indexer_dcp_shard=bool."
+    )
     build._fp4_base = base
     return build
 

@@ -19,8 +19,12 @@ from ..gate import Decision, DeviceFacts, ModelFacts, ServerFacts, decide, repor
 __all__ = [
     "ENV_VAR",
     "ATTR",
+    "DCP_SHARD_ENV_VAR",
+    "DCP_SHARD_ATTR",
     "requested",
     "mark_requested",
+    "dcp_shard_requested",
+    "mark_dcp_shard",
     "model_facts",
     "server_facts",
     "device_facts",
@@ -34,6 +38,10 @@ __all__ = [
 ENV_VAR = "SGLANG_ENABLE_FP4_INDEXER"
 #: Underscore attribute carried on ``ServerArgs`` (kept by ``ServerArgs.__reduce__``).
 ATTR = "_enable_fp4_indexer"
+#: Environment variable that also asks for the sharded FP4 index under DCP (``--fp4-indexer-dcp-shard``).
+DCP_SHARD_ENV_VAR = "SGLANG_FP4_INDEXER_DCP_SHARD"
+#: Underscore attribute carrying ``--fp4-indexer-dcp-shard`` on ``ServerArgs``.
+DCP_SHARD_ATTR = "_fp4_indexer_dcp_shard"
 
 
 def _truthy(value: str | None) -> bool:
@@ -51,7 +59,12 @@ def requested(server_args) -> bool:
         server_args: a ``ServerArgs`` record (or None: the published record and
             the environment count).
     """
-    if getattr(server_args, ATTR, False) or _truthy(os.environ.get(ENV_VAR)):
+    return _flag(server_args, ATTR, ENV_VAR)
+
+
+def _flag(server_args, attr: str, env_var: str) -> bool:
+    """A plugin flag: on the record, on the record SGLang published in this process, or in the environment."""
+    if getattr(server_args, attr, False) or _truthy(os.environ.get(env_var)):
         return True
     try:
         from sglang.srt.runtime_context import get_server_args
@@ -59,7 +72,27 @@ def requested(server_args) -> bool:
         published = get_server_args()
     except Exception:  # nothing published in this process
         return False
-    return published is not server_args and bool(getattr(published, ATTR, False))
+    return published is not server_args and bool(getattr(published, attr, False))
+
+
+def dcp_shard_requested(server_args) -> bool:
+    """Whether ``--fp4-indexer-dcp-shard`` was given (the record, the published record, or ``$SGLANG_FP4_INDEXER_DCP_SHARD``).
+
+    Args:
+        server_args: a ``ServerArgs`` record (or None).
+    """
+    return _flag(server_args, DCP_SHARD_ATTR, DCP_SHARD_ENV_VAR)
+
+
+def mark_dcp_shard(server_args, value: bool = True) -> None:
+    """Record ``--fp4-indexer-dcp-shard`` on a ``ServerArgs`` record (underscore attribute, as ``mark_requested``).
+
+    Raises:
+        TypeError: ``value`` is not a bool.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"value: expected a bool, got {type(value).__name__}")
+    setattr(server_args, DCP_SHARD_ATTR, value)
 
 
 def mark_requested(server_args, value: bool = True) -> None:
@@ -159,6 +192,7 @@ def server_facts(
         requested=requested(server_args),
         page_size=None if page_size is None else int(page_size),
         dcp_size=dcp,
+        dcp_shard=dcp_shard_requested(server_args),
         attn_cp_size=cp,
         enable_prefill_cp=bool(_field(server_args, "enable_prefill_cp", False)),
         kv_shard=kv_shard,
@@ -260,6 +294,7 @@ def server_args_from_flags(model_path: str, flags: list[str], *, requested: bool
         raise ValueError(f"server flags: SGLang does not know {unknown}")
     record = ServerArgs.from_cli_args(ns)
     mark_requested(record, bool(ns.enable_fp4_indexer) if requested is None else requested)
+    mark_dcp_shard(record, bool(getattr(ns, "fp4_indexer_dcp_shard", False)))
     return record
 
 

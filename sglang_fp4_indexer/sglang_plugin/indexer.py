@@ -19,6 +19,12 @@ Seams (docs/sglang-seams.md), all on
 - ``_get_topk_ragged`` (prefill / extend): ``ops.gather.gather_index_k`` of the
   batch's keys, ``ops.ragged_logits.ragged_logits`` per row-chunk (SGLang's own
   logits byte budget decides the chunks), SGLang's masking and top-k transform.
+
+Under decode context parallelism with the sharded FP4 index
+(``--fp4-indexer-dcp-shard``, ``sglang_plugin/dcp.py``) the store writes only
+this rank's slots, the paged path's logits come from the sharded decode top-k
+(local scores, one all-gather of candidates, exact merge) and the ragged path
+stages the batch's keys from every rank instead of gathering them locally.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from ..ops.paged_logits import DEFAULT_BLOCK_KV
+from . import dcp as plugin_dcp
 from .pool import is_fp4_pool
 
 __all__ = [
@@ -71,6 +78,9 @@ def store_index_k_cache(original, self, forward_batch, layer_id, key, *, act_qua
     if hasattr(pool, "_is_layer_owned") and not pool._is_layer_owned(layer_id):
         return None
     cache = pool.get_index_k_with_scale_buffer(layer_id=layer_id)
+    if plugin_dcp.is_sharded(pool):  # DCP-sharded index: this rank writes the slots it owns
+        plugin_dcp.store(pool.index_key_cache, key, cache, out_cache_loc.contiguous(), pool.index_page_size)
+        return None
     store_index_k(key, cache, out_cache_loc.contiguous(), page_size=pool.index_page_size, check_slots=False)
     return None
 
@@ -172,18 +182,24 @@ def get_topk_paged(original, self, forward_batch, layer_id, q_fp8, weights, meta
         # Rows per request one tile takes (1 if the op does not say: the per-row form is always valid).
         max_next_n = getattr(paged, "MAX_NEXT_N", getattr(paged, "_MAX_NEXT_N", 1))
         table, lens, schedule = paged_scorer_inputs(block_tables, seqlens_2d, schedule, rows, max_next_n)
-        logits = paged.paged_logits(
-            q_fp8[:rows],
-            weights.reshape(weights.shape[0], -1)[:rows].float(),
-            cache,
-            table,
-            lens,
-            width=width,
-            schedule=schedule,
-            block_kv=SCHEDULE_BLOCK_KV,
-            page_size=page_size,
-            check=False,
-        )
+        if plugin_dcp.is_sharded(pool):  # DCP-sharded index: local scores, candidate exchange, merged top-k
+            logits = plugin_dcp.paged_logits(
+                pool.index_key_cache, q_fp8[:rows], weights.reshape(weights.shape[0], -1)[:rows].float(), cache,
+                table, lens, width=width, topk=self.index_topk, page_size=page_size, block_kv=SCHEDULE_BLOCK_KV,
+            )
+        else:
+            logits = paged.paged_logits(
+                q_fp8[:rows],
+                weights.reshape(weights.shape[0], -1)[:rows].float(),
+                cache,
+                table,
+                lens,
+                width=width,
+                schedule=schedule,
+                block_kv=SCHEDULE_BLOCK_KV,
+                page_size=page_size,
+                check=False,
+            )
     self._mask_init_and_local_tokens(logits, seqlens_32)
     topk_result = metadata.topk_transform(logits, self.index_topk)
     if rows < q_fp8.shape[0]:
@@ -241,15 +257,22 @@ def get_topk_ragged(
     lens_cpu = metadata.get_indexer_seq_len_cpu()
     total = int(torch.sum(lens_cpu).item())
     longest = int(torch.max(lens_cpu).item())
-    payload, scales = gather_index_k(
-        self._get_index_k_read_buffer(pool, layer_id),
-        block_tables.to(torch.int32).contiguous(),
-        metadata.get_indexer_seq_len().contiguous(),
-        total,
-        longest,
-        page_size=pool.index_page_size,
-        check=False,
-    )
+    if plugin_dcp.is_sharded(pool):  # DCP-sharded index: stage the batch's keys from every rank
+        payload, scales = plugin_dcp.gather(
+            pool.index_key_cache, self._get_index_k_read_buffer(pool, layer_id),
+            block_tables.to(torch.int32).contiguous(), metadata.get_indexer_seq_len().contiguous(), lens_cpu,
+            page_size=pool.index_page_size,
+        )
+    else:
+        payload, scales = gather_index_k(
+            self._get_index_k_read_buffer(pool, layer_id),
+            block_tables.to(torch.int32).contiguous(),
+            metadata.get_indexer_seq_len().contiguous(),
+            total,
+            longest,
+            page_size=pool.index_page_size,
+            check=False,
+        )
     seq_lens_expanded = metadata.get_seqlens_expanded()
     rows = ks.shape[0]
     ks32, ke32 = ks.to(torch.int32).contiguous(), ke.to(torch.int32).contiguous()

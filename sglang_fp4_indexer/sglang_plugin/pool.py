@@ -160,7 +160,9 @@ def build_dsa_kv_pool(original, self, *, max_total_num_tokens, max_running_reque
         pool = original(self, **kwargs)
         _state["fp8_pools"] += 1
         return pool
-    with _scope():
+    from . import dcp as plugin_dcp
+
+    with _scope(), plugin_dcp.scope(plugin_dcp.pool_mode(self, decision)):
         pool = original(self, **kwargs)
     if not is_fp4_pool(pool):
         raise RuntimeError(
@@ -180,7 +182,9 @@ def create_index_key_cache(original, self):
             f"sglang-fp4-indexer: FP4 pool asked with index_kpool={self.index_kpool}, "
             f"index_head_dim={self.index_head_dim}; the gate should have refused it"
         )
-    return Fp4IndexKeyCache(self, self.index_buf_size)
+    from .dcp import create_index_key_cache as create_for_dcp_mode
+
+    return create_for_dcp_mode(self)  # Fp4IndexKeyCache, or its DCP-sharded form (sglang_plugin/dcp.py)
 
 
 def compute_dsa_indexer_cell_size(original, self, *, kvc, num_layers, allocate_all_layers=False):
@@ -196,7 +200,8 @@ def compute_dsa_indexer_cell_size(original, self, *, kvc, num_layers, allocate_a
             (the formula changed upstream; the plugin must be updated).
     """
     result = original(self, kvc=kvc, num_layers=num_layers, allocate_all_layers=allocate_all_layers)
-    if not pool_decision(kvc).enabled:
+    decision = pool_decision(kvc)
+    if not decision.enabled:
         return result
     fp8 = fp4_pool.FP8_INDEX_BYTES_PER_TOKEN
     if result % fp8:
@@ -204,4 +209,7 @@ def compute_dsa_indexer_cell_size(original, self, *, kvc, num_layers, allocate_a
             f"sglang-fp4-indexer: SGLang's DSA indexer cell size {result} is not a multiple of {fp8} bytes; "
             "its sizing formula changed and the plugin does not know how to rescale it"
         )
-    return result // fp8 * fp4_pool.FP4_INDEX_BYTES_PER_TOKEN
+    from .dcp import indexer_cell_size  # the DCP-sharded target pool is charged 1/W of it
+
+    fp4 = result // fp8 * fp4_pool.FP4_INDEX_BYTES_PER_TOKEN
+    return indexer_cell_size(fp4, kvc, decision, allocate_all_layers=allocate_all_layers)

@@ -1,0 +1,236 @@
+"""The FP4 index under SGLang 0.5.23's decode context parallelism (sglang_plugin/dcp.py).
+
+Real SGLang objects where they construct on the CPU: the parser
+(``prepare_server_args``, ``--config``), ``ServerArgs`` pickling, SGLang's
+published runtime context with ``dcp_size`` W (``published_topology``: it
+sets ``attn_dcp_size`` / ``attn_dcp_rank``), SGLang's own sizing methods
+(``_compute_dsa_indexer_cell_size``, ``_compute_cell_size``), the real
+``DSATokenToKVPool`` built through the hooked ``_build_dsa_kv_pool``, and the
+real ``Indexer`` hooks. The multi-process test (gloo, W = 2,
+``tests/dcp_plugin_workers.py``) drives the hooked store, decode / verify and
+prefill methods on each rank's sharded pool and checks them against the
+unsharded core oracles.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import dcp_plugin_workers
+from plugin_support import DSV32, H200, published, stand_in_kvc
+from test_plugin_pool import _build, plugin  # noqa: F401 (``plugin``: hooks applied, H200 gate, state reset)
+from sglang_fp4_indexer import dcp
+from sglang_fp4_indexer.format import quantize_index_k
+from sglang_fp4_indexer.gate import DeviceFacts, ModelFacts, ServerFacts, decide
+
+pytestmark = pytest.mark.sglang
+
+GOOD = ModelFacts("DeepseekV32ForCausalLM", True, False, 128, 64)
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _no_shard_env(monkeypatch):
+    monkeypatch.delenv("SGLANG_FP4_INDEXER_DCP_SHARD", raising=False)
+
+
+def _server_args(*flags):
+    from sglang.srt.server_args import prepare_server_args
+
+    return prepare_server_args(["--model-path", "dummy", *flags])
+
+
+# ---------------------------------------------------------------------------
+# Gate
+# ---------------------------------------------------------------------------
+
+
+def test_gate_enables_dcp_replicated_by_default_sharded_on_request():
+    rep = decide(GOOD, ServerFacts(True, 64, dcp_size=8), H200)
+    shard = decide(GOOD, ServerFacts(True, 64, dcp_size=8, dcp_shard=True), H200)
+    plain = decide(GOOD, ServerFacts(True, 64, dcp_shard=True), H200)
+    assert rep.enabled and rep.dcp_mode == dcp.REPLICATED and "DCP 8: replicated index (68 B" in rep.reason
+    assert shard.enabled and shard.dcp_mode == dcp.SHARDED and "DCP 8: sharded index (8.5 B" in shard.reason
+    assert plain.enabled and plain.dcp_mode == "" and "DCP" not in plain.reason  # no DCP: the flag does nothing
+    # DCP no longer refuses, other refusals still apply and carry no mode.
+    refused = decide(GOOD, ServerFacts(True, 64, dcp_size=2, hicache=True), DeviceFacts("cuda", (9, 0)))
+    assert not refused.enabled and refused.codes == ("hicache",) and refused.dcp_mode == ""
+
+
+# ---------------------------------------------------------------------------
+# Flag: CLI, --config, environment, Engine keyword, pickled record
+# ---------------------------------------------------------------------------
+
+
+def test_shard_flag_on_every_entry(plugin, tmp_path, monkeypatch, capsys):
+    from sglang.srt.entrypoints import engine as engine_module
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_fp4_indexer.sglang_plugin.cli import install_engine_kwarg
+    from sglang_fp4_indexer.sglang_plugin.facts import dcp_shard_requested, server_facts
+
+    on = _server_args("--enable-fp4-indexer", "--fp4-indexer-dcp-shard")
+    off = _server_args("--enable-fp4-indexer")
+    assert on._fp4_indexer_dcp_shard is True and dcp_shard_requested(on)
+    assert off._fp4_indexer_dcp_shard is False and not dcp_shard_requested(off)
+    assert pickle.loads(pickle.dumps(on))._fp4_indexer_dcp_shard is True  # reaches the scheduler processes
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model-path: dummy\nenable-fp4-indexer: true\nfp4-indexer-dcp-shard: true\n")
+    assert _server_args_from(["--config", str(cfg)])._fp4_indexer_dcp_shard is True
+    monkeypatch.setenv("SGLANG_FP4_INDEXER_DCP_SHARD", "1")
+    assert dcp_shard_requested(off)
+    monkeypatch.delenv("SGLANG_FP4_INDEXER_DCP_SHARD")
+    Engine = engine_module.Engine
+    monkeypatch.setattr(Engine, "server_args_class", ServerArgs)
+    install_engine_kwarg(Engine)
+    rec = Engine.server_args_class(model_path="dummy", enable_fp4_indexer=True, fp4_indexer_dcp_shard=True)
+    assert rec._fp4_indexer_dcp_shard is True
+    with published(page_size=64, dcp_size=4, tp_size=4):
+        facts = server_facts(on)
+    assert facts.dcp_size == 4 and facts.dcp_shard
+    with pytest.raises(SystemExit):
+        _server_args("--help")
+    assert "--fp4-indexer-dcp-shard" in capsys.readouterr().out
+
+
+def _server_args_from(argv):
+    from sglang.srt.server_args import prepare_server_args
+
+    return prepare_server_args(argv)
+
+
+def test_check_command_reports_the_dcp_mode(tmp_path, capsys):
+    import json
+
+    from sglang_fp4_indexer.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(DSV32))
+    assert main(["check", str(path), "--capability", "9.0", "--sglang-args=--dcp-size 8 --tp-size 8"]) == 0
+    assert "DCP 8: replicated index" in capsys.readouterr().out
+    assert main(["check", str(path), "--capability", "9.0",
+                 "--sglang-args=--dcp-size 8 --tp-size 8 --fp4-indexer-dcp-shard"]) == 0
+    assert "DCP 8: sharded index (8.5 B" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------
+# Pool accounting: SGLang's own sizing under DCP
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_sizing_under_dcp(plugin, world):
+    """SGLang multiplies the target's index cell by W; replicated FP4 is charged 68 B per global token on each
+    rank, sharded 68 / W (rounded up to whole bytes over the layers), FP8 132: the per-rank bytes per token of
+    dcp.bytes_per_token (W = 8 with FP8 MLA KV: 214 -> 150 -> 90.5)."""
+    from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
+
+    layers = DSV32["num_hidden_layers"]
+    conf = object.__new__(DefaultPoolConfigurator)
+    with published(page_size=64, dcp_size=world, tp_size=world):
+        fp8 = stand_in_kvc(DSV32, _server_args())
+        rep = stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer"))
+        shard = stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer", "--fp4-indexer-dcp-shard"))
+        draft = stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer", "--fp4-indexer-dcp-shard"),
+                             is_draft_worker=True)
+        idx = {name: conf._compute_dsa_indexer_cell_size(kvc=k, num_layers=layers)
+               for name, k in (("fp8", fp8), ("rep", rep), ("shard", shard), ("draft", draft))}
+        cells = {name: conf._compute_cell_size(k, layers) for name, k in (("fp8", fp8), ("rep", rep), ("shard", shard))}
+        # The EAGLE/MTP draft's share in the target's sizing stays replicated.
+        assert conf._compute_dsa_indexer_cell_size(kvc=shard, num_layers=1, allocate_all_layers=True) == 68
+    assert idx == {"fp8": layers * 132, "rep": layers * 68, "shard": -(-layers * 68 // world), "draft": layers * 68}
+    kv = (cells["fp8"] - world * layers * 132) // layers  # stand-in kvc: bf16 MLA KV (576 * 2 B per local token)
+    assert kv == (512 + 64) * 2
+    # One local token of a rank stands for W global tokens: per-rank bytes per global token = cell / W.
+    for name, index, mode in (("fp8", "fp8", "replicated"), ("rep", "fp4", "replicated"), ("shard", "fp4", "sharded")):
+        exact = layers * dcp.bytes_per_token(world, index=index, mode=mode, kv_bytes=kv)
+        assert 0 <= Fraction(cells[name], world) - exact < 1, name  # sharded: rounded up by < W bytes per local token
+    # With FP8 MLA KV (656 B per token) the same index cells give the issue's figures at W = 8.
+    if world == 8:
+        per = {m: Fraction(layers * 656 + world * idx[m], world * layers) for m in ("fp8", "rep", "shard")}
+        assert per["fp8"] == 214 and per["rep"] == 150
+        assert 0 <= per["shard"] - Fraction(181, 2) < Fraction(1, layers)
+
+
+def test_build_pools_replicated_and_sharded(plugin):
+    """The replicated pool keeps SGLang's widened index (68-byte cells); the sharded one 1/W of its pages, per rank."""
+    from sglang_fp4_indexer.sglang_plugin import dcp as plugin_dcp
+
+    world = 2
+    shapes = {}
+    for rank in range(world):
+        with published(page_size=64, dcp_size=world, tp_size=world, ranks={"world_rank": rank}):
+            rep = _build(stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer"), num_layers=2))
+            shard = _build(stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer", "--fp4-indexer-dcp-shard"),
+                                        num_layers=2))
+            draft = _build(stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer", "--fp4-indexer-dcp-shard"),
+                                        num_layers=2, is_draft_worker=True))
+        assert plugin.is_fp4_pool(rep) and not plugin_dcp.is_sharded(rep)
+        assert plugin.is_fp4_pool(shard) and plugin_dcp.is_sharded(shard)
+        assert not plugin_dcp.is_sharded(draft)
+        cache = shard.index_key_cache
+        assert (cache.dcp_size, cache.dcp_rank, cache.global_buf_size) == (world, rank, rep.index_buf_size)
+        shapes[rank] = ([tuple(b.shape) for b in rep.index_key_cache.buffer], [tuple(b.shape) for b in cache.buffer])
+    # SGLang's widened index: (256 + 64) * 2 - 64 slots -> (576 + 65) // 64 = 10 pages; sharded: 10 / 2 per rank.
+    assert rep.index_buf_size == (256 + 64) * world - 64
+    assert shapes[0] == shapes[1] == ([(10, 64 * 68)] * 2, [(5, 64 * 68)] * 2)
+
+
+def test_hooked_store_writes_owned_slots_and_move_cpu_copy(plugin, monkeypatch):
+    """The hooked _store_index_k_cache on a sharded pool writes exactly the owned keys (at s // W, scales through
+    pool.scale_row); move and cpu_copy act on the owned local slots; a move across owners is refused."""
+    from test_plugin_indexer import _batch, _forward, _indexer
+
+    from sglang_fp4_indexer import pool as fp4_pool
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)  # SGLang's cpu_copy syncs; no CUDA here
+    world = 2
+    g = torch.Generator().manual_seed(0)
+    slots = torch.arange(128, 128 + 200)  # global slots of one request, as SGLang's allocator hands them out
+    keys = torch.randn(200, 128, generator=g).to(torch.bfloat16)
+    for rank in range(world):
+        with published(page_size=64, dcp_size=world, tp_size=world, ranks={"world_rank": rank}):
+            pool = _build(stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer", "--fp4-indexer-dcp-shard"),
+                                       num_layers=1))
+        cache = pool.index_key_cache.buffer[0]
+        with _forward(pool):
+            _indexer(64)._store_index_k_cache(_batch("EXTEND", out_cache_loc=slots), 0, keys, out_cache_loc=slots)
+        owned = slots % world == rank
+        local = slots[owned] // world
+        want = quantize_index_k(keys[owned])
+        got = fp4_pool.read_index_k(cache, local)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        # Nothing else was written: every other local slot still holds zero bytes.
+        written = torch.zeros(cache.shape[0] * 64, dtype=torch.bool)
+        written[local] = True
+        other = torch.nonzero(~written).flatten()
+        assert int(fp4_pool.read_index_k(cache, other)[1].abs().sum()) == 0
+        # Move: global slot pairs with one owner each; this rank copies its own.
+        pool.index_key_cache.move(torch.tensor([600, 601]), torch.tensor([130, 131]))
+        mine = 600 + rank
+        assert torch.equal(fp4_pool.read_index_k(cache, torch.tensor([mine // world]))[1],
+                           quantize_index_k(keys[[130 + rank - 128]])[1])
+        with pytest.raises(RuntimeError, match="different DCP ranks"):
+            pool.index_key_cache.move(torch.tensor([600]), torch.tensor([131]))
+        # cpu_copy of the request's pages (global slots 128..255) is this rank's local page 1.
+        copy = pool.index_key_cache.cpu_copy(torch.arange(128, 256))
+        assert torch.equal(copy[0][0], cache[1:2])
+        cache[1].zero_()
+        pool.index_key_cache.load_cpu_copy(copy, torch.arange(128, 256))
+        assert torch.equal(cache[1:2], copy[0][0])
+
+
+# ---------------------------------------------------------------------------
+# Multi-process: the hooked Indexer on W = 2 sharded pools (gloo)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not INTERPRET, reason="CPU ranks run the Triton kernels under TRITON_INTERPRET=1")
+def test_sharded_hooks_equal_unsharded(tmp_path):
+    mp.spawn(dcp_plugin_workers.run, args=(2, str(tmp_path / "store")), nprocs=2, join=True)
