@@ -107,10 +107,10 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     l2 = 60e6
     if args.quick:
-        space = [("scaled", 128, 4, 1), ("scaled", 256, 4, 1)] + list(
-            itertools.product(["folded"], [64, 128, 256], [4, 8], [1, 2]))
+        space = [(i, b, w, st, r) for i in ("scaled", "folded") for (b, w) in ((128, 4), (256, 4), (128, 8), (256, 8))
+                 for st in (1, 2) for r in (None, 128, 168)]
     else:
-        space = list(itertools.product(["group", "scaled", "folded"], [64, 128, 256], [4, 8], [1, 2, 3]))
+        space = list(itertools.product(["group", "scaled", "folded"], [64, 128, 256], [4, 8], [1, 2, 3], [None]))
     impls = sorted({v[0] for v in space})
     results = []
     for shape in args.shapes.split(","):
@@ -120,14 +120,14 @@ def main():
         caches, bt, lens, q, w, outs = build(batch, ctx, heads, next_n, copies)
         floor = floor_bytes / bw
         ref = None
-        for impl, bkv, nw, ns in space:
+        for impl, bkv, nw, ns, mr in space:
             for ctas in [int(c * sms) for c in args.ctas_per_sm.split(',') for c in [float(c)]]:
                 sched = plan_paged_schedule(lens, bkv, ctas)
                 try:
-                    def fn(i, impl=impl, bkv=bkv, nw=nw, ns=ns, sched=sched):
+                    def fn(i, impl=impl, bkv=bkv, nw=nw, ns=ns, sched=sched, mr=mr):
                         j = i % copies
                         paged_logits(q, w, caches[j], bt, lens, schedule=sched, block_kv=bkv, out=outs[j],
-                                     check=False, impl=impl, num_warps=nw, num_stages=ns)
+                                     check=False, impl=impl, num_warps=nw, num_stages=ns, maxnreg=mr)
                     t = graph_time(fn)
                     out = outs[0].clone()
                     fn(0)
@@ -135,10 +135,10 @@ def main():
                     if ref is None:  # the reference variant: the first in the space
                         ref = outs[0].clone()
                     err = ((outs[0] - ref).abs() / (ref.abs() + 1e-3)).max().item()
-                    res = dict(shape=shape, impl=impl, block_kv=bkv, warps=nw, stages=ns, ctas=ctas, us=t * 1e6,
+                    res = dict(shape=shape, impl=impl, block_kv=bkv, warps=nw, stages=ns, maxnreg=mr, ctas=ctas, us=t * 1e6,
                                floor_us=floor * 1e6, pct_floor=100 * floor / t, max_rel_vs_first=err)
                 except Exception as exc:  # a variant that does not compile is reported, not fatal
-                    res = dict(shape=shape, impl=impl, block_kv=bkv, warps=nw, stages=ns, ctas=ctas, error=repr(exc)[:200])
+                    res = dict(shape=shape, impl=impl, block_kv=bkv, warps=nw, stages=ns, maxnreg=mr, ctas=ctas, error=repr(exc)[:300])
                 results.append(res)
                 print(json.dumps(res), flush=True)
         del caches, outs
@@ -146,14 +146,14 @@ def main():
     with open(args.json, "w") as f:
         json.dump(dict(copy_bw=bw, results=results), f, indent=1)
     print("\nbest per shape:")
-    print(f"{'shape':>18} {'impl':>6} {'bkv':>4} {'w':>2} {'st':>2} {'ctas':>4} {'us':>9} {'floor':>8} {'%floor':>7}")
+    print(f"{'shape':>18} {'impl':>6} {'bkv':>4} {'w':>2} {'st':>2} {'reg':>4} {'ctas':>4} {'us':>9} {'floor':>8} {'%floor':>7}")
     for shape in args.shapes.split(","):
         ok = [r for r in results if r["shape"] == shape and "us" in r]
         for impl in impls:
             rs = [r for r in ok if r["impl"] == impl]
             if rs:
                 r = min(rs, key=lambda r: r["us"])
-                print(f"{shape:>18} {impl:>6} {r['block_kv']:>4} {r['warps']:>2} {r['stages']:>2} {r['ctas']:>4} "
+                print(f"{shape:>18} {impl:>6} {r['block_kv']:>4} {r['warps']:>2} {r['stages']:>2} {str(r.get('maxnreg')):>4} {r['ctas']:>4} "
                       f"{r['us']:9.1f} {r['floor_us']:8.1f} {r['pct_floor']:6.1f}%")
 
 

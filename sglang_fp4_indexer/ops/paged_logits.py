@@ -86,23 +86,56 @@ def _group_partial(cache_ptr, payload_base, scale_base, ok, q_g, G: tl.constexpr
 # largest group (A < 1) is flushed to zero: its terms are below 2**-11 of the
 # key's largest and below FP4's own rounding error of that largest group.
 _FOLD_BIAS = 12
+# Elementwise on bytes (4 packed per 32-bit register, any layout): from a payload
+# byte (two E2M1 codes) and its group's A (0 = flushed) make the two e4m3 bytes
+# LUT_A[code] | sign, with SWAR integer ops on all four bytes at once.
 _FOLD_ASM = tl.constexpr("""
 {
-.reg .b32 sel, sgn, t, one;
-mov.b32 one, 0x8000;
-and.b32 sel, $2, 0x7777;
-prmt.b32 $0, $3, $7, sel;
-shr.b32 t, $2, 3;
-and.b32 t, t, 0x1111;
-prmt.b32 sgn, one, 0, t;
-or.b32 $0, $0, sgn;
-shr.b32 t, $2, 16;
-and.b32 sel, t, 0x7777;
-prmt.b32 $1, $3, $7, sel;
-shr.b32 t, $2, 19;
-and.b32 t, t, 0x1111;
-prmt.b32 sgn, one, 0, t;
-or.b32 $1, $1, sgn;
+.reg .b32 a8, m, y, c, nz, la, t, s;
+shl.b32 a8, $3, 3;
+shr.b32 la, $3, 1;
+or.b32 la, la, $3;
+shr.b32 y, la, 2;
+or.b32 la, la, y;
+and.b32 la, la, 0x01010101;
+and.b32 m, $2, 0x07070707;
+shr.b32 y, m, 1;
+shr.b32 c, m, 2;
+or.b32 y, y, c;
+not.b32 c, y;
+and.b32 c, c, m;
+and.b32 c, c, 0x01010101;
+or.b32 nz, m, y;
+and.b32 nz, nz, la;
+and.b32 nz, nz, 0x01010101;
+mul.lo.u32 nz, nz, 255;
+shl.b32 t, m, 2;
+add.u32 t, t, a8;
+shl.b32 c, c, 2;
+xor.b32 t, t, c;
+and.b32 s, $2, 0x08080808;
+shl.b32 s, s, 4;
+or.b32 t, t, s;
+and.b32 $0, t, nz;
+shr.b32 m, $2, 4;
+and.b32 m, m, 0x07070707;
+shr.b32 y, m, 1;
+shr.b32 c, m, 2;
+or.b32 y, y, c;
+not.b32 c, y;
+and.b32 c, c, m;
+and.b32 c, c, 0x01010101;
+or.b32 nz, m, y;
+and.b32 nz, nz, la;
+and.b32 nz, nz, 0x01010101;
+mul.lo.u32 nz, nz, 255;
+shl.b32 t, m, 2;
+add.u32 t, t, a8;
+shl.b32 c, c, 2;
+xor.b32 t, t, c;
+and.b32 s, $2, 0x80808080;
+or.b32 t, t, s;
+and.b32 $1, t, nz;
 }
 """)
 
@@ -111,9 +144,10 @@ or.b32 $1, $1, sgn;
 def _folded_keys(cache_ptr, payload_base, scale_base, ok, BLOCK_KV: tl.constexpr, ASM: tl.constexpr):
     """Decode BLOCK_KV keys to e4m3 [BLOCK_KV, 128] with group scales folded in; also 2**(s_max - 127) per key.
 
-    With ASM the columns come in the order of ``_folded_q_perm`` (PTX ``prmt``
-    on 4 packed bytes: elements 8m..8m+3 then 8m+4..8m+7); without it (the
-    portable integer path the CPU interpreter runs) in element order.
+    Columns in element order. With ASM (NVIDIA) the bytes are made by inline
+    PTX on four packed bytes at a time, elementwise so that it is correct for
+    any register layout; without it (the portable path the CPU interpreter
+    runs) by the same arithmetic in Triton integer ops.
     """
     offs_g = tl.arange(0, 4)
     codes = tl.load(cache_ptr + scale_base[:, None] + offs_g[None, :], mask=ok[:, None], other=127).to(tl.int32)
@@ -126,16 +160,11 @@ def _folded_keys(cache_ptr, payload_base, scale_base, ok, BLOCK_KV: tl.constexpr
         mask=ok[:, None, None], other=0,
     )  # [BLOCK_KV, 4, 16] uint8
     if ASM:
-        step = (a << 3)[:, :, None]
-        lut_lo = tl.where(live[:, :, None], 0x0C080000 + step * 0x01010100, 0)
-        lut_hi = tl.where(live[:, :, None], 0x1C181410 + step * 0x01010101, 0)
-        lut_lo = tl.broadcast_to(lut_lo, (BLOCK_KV, 4, 16))
-        lut_hi = tl.broadcast_to(lut_hi, (BLOCK_KV, 4, 16))
-        first, second = tl.inline_asm_elementwise(
-            _FOLD_ASM, "=r,=r,r,r,r,r,r,r,r,r,r", [packed, lut_lo, lut_hi],
-            dtype=(tl.uint8, tl.uint8), is_pure=True, pack=4,
+        a_bytes = tl.broadcast_to(tl.where(live, a, 0).to(tl.uint8)[:, :, None], (BLOCK_KV, 4, 16))
+        e_lo, e_hi = tl.inline_asm_elementwise(
+            _FOLD_ASM, "=r,=r,r,r", [packed, a_bytes], dtype=(tl.uint8, tl.uint8), is_pure=True, pack=4,
         )
-        k_bits = tl.reshape(tl.join(first, second), (BLOCK_KV, 128))
+        k_bits = tl.reshape(tl.join(e_lo, e_hi), (BLOCK_KV, 128))
     else:
         step = (a << 3).to(tl.uint8)[:, :, None]
         keep = live[:, :, None]
@@ -150,18 +179,6 @@ def _folded_keys(cache_ptr, payload_base, scale_base, ok, BLOCK_KV: tl.constexpr
         k_bits = tl.reshape(tl.join(e_lo, e_hi), (BLOCK_KV, 128))
     factor = (s_max << 23).to(tl.float32, bitcast=True)  # 2 ** (s_max - 127), exact
     return k_bits.to(tl.float8e4nv, bitcast=True), factor
-
-
-@triton.jit
-def _folded_q_perm(ASM: tl.constexpr):
-    """Element index of each column of ``_folded_keys``'s output."""
-    col = tl.arange(0, 128)
-    if ASM:
-        c = col // 2
-        t = col % 2
-        return (c // 4) * 8 + t * 4 + c % 4
-    else:
-        return col
 
 
 @triton.jit
@@ -246,7 +263,7 @@ def _paged_logits_kernel(
         if IMPL == 1:
             q_t = tl.load(q_base[None, :] + offs_d[:, None], mask=n_ok[None, :], other=0.0)
         elif IMPL == 2:
-            q_t = tl.load(q_base[None, :] + _folded_q_perm(ASM)[:, None], mask=n_ok[None, :], other=0.0)
+            q_t = tl.load(q_base[None, :] + offs_d[:, None], mask=n_ok[None, :], other=0.0)
         else:
             q_0 = tl.load(q_base[None, :] + offs_k[:, None], mask=n_ok[None, :], other=0.0)
             q_1 = tl.load(q_base[None, :] + 32 + offs_k[:, None], mask=n_ok[None, :], other=0.0)
@@ -371,6 +388,7 @@ def paged_logits(
     impl: str = "scaled",
     num_warps: int = 4,
     num_stages: int = 1,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:
     """Score index queries against the paged FP4 index-key cache (decode / target verify).
 
@@ -411,11 +429,12 @@ def paged_logits(
             ``"scaled"``: Triton's ``tl.dot_scaled`` reading the E2M1 codes and
             UE8M0 scales natively (on Hopper Triton upcasts them to bf16);
             ``"folded"``: group scales folded into the e4m3 bytes relative to
-            the key's largest group (PTX ``prmt`` lookup on NVIDIA, integer ops
+            the key's largest group (SWAR PTX on NVIDIA, integer ops
             elsewhere), one K = 128 FP8 MMA per tile; exact while a key's group
             scales lie within 2**11 of its largest, smaller groups flushed to 0.
-        num_warps, num_stages: Triton launch parameters (tuned on H200, see
-            docs/perf-notes.md).
+        num_warps, num_stages, maxnreg: Triton launch parameters (tuned on
+            H200, see docs/perf-notes.md; ``maxnreg`` caps registers per thread
+            on NVIDIA, ``None`` leaves the choice to the compiler).
 
     Returns:
         ``[rows, width]`` of ``logits_dtype``: the logits; ``-inf`` at columns ``>= len(r)``.
@@ -505,5 +524,6 @@ def paged_logits(
         ASM=use_asm,
         num_warps=num_warps,
         num_stages=num_stages,
+        **({"maxnreg": maxnreg} if maxnreg is not None and q.device.type == "cuda" else {}),
     )
     return out
