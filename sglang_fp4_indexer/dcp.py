@@ -1027,9 +1027,8 @@ def stage_index_k(
     share_starts = torch.cumsum(share_dev, 0) - share_dev
     j = torch.arange(total, device=device, dtype=torch.int64) - starts[req]
     src = (j % world_size) * segment + share_starts[req] + torch.div(j, world_size, rounding_mode="floor")
-    rows = gathered.index_select(0, src)
-    payload_out.copy_(rows[:, :PAYLOAD_BYTES])
-    scales_out.copy_(rows[:, PAYLOAD_BYTES:])
+    torch.index_select(gathered[:, :PAYLOAD_BYTES], 0, src, out=payload_out)
+    torch.index_select(gathered[:, PAYLOAD_BYTES:], 0, src, out=scales_out)
     return payload_out, scales_out
 
 
