@@ -215,3 +215,18 @@ def test_staging_reads_and_writes_scales_through_scale_row(tmp_path):
     """With pool.scale_row a non-identity permutation, the sharded store and the staging still agree with
     the single-process gather under that layout; a plain-row access on either side would fail."""
     _spawn(2, "patched", tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_dcp_gpu_script_full_size(monkeypatch, tmp_path):
+    """scripts/dcp_gpu.py on 2 GPUs (NCCL): full-size checks must pass (it also prints the timing table)."""
+    import importlib
+    from pathlib import Path
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))  # spawned ranks import it too
+    module = importlib.import_module("dcp_gpu")
+    assert module.main(["--world-size", "2"]) == 0
+    assert (tmp_path / "dcp_gpu.json").exists()
