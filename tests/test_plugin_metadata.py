@@ -89,7 +89,7 @@ def test_every_draft_step_replans_from_its_own_lengths(fp4):
     ptrs = [s.forward_metadata.paged_mqa_schedule_metadata.data_ptr() for s in steps]
     # A replay: every step gets new decode lengths (as the fused copy writes them), schedules are stale.
     for i, s in enumerate(steps):
-        s.forward_metadata.cache_seqlens_int32.copy_(torch.tensor([900 + 70 * i, 2, 64 * (i + 1)], dtype=torch.int32))
+        s.forward_metadata.cache_seqlens_int32.copy_(torch.tensor([900 + 300 * i, 2, 64 * (i + 1)], dtype=torch.int32))
     batch = types.SimpleNamespace(batch_size=3)  # stands for the draft ForwardBatch
     before = [s.forward_metadata.paged_mqa_schedule_metadata.clone() for s in steps]
     hooks.multi_step_init_forward_metadata_out_graph(None, multi, batch, in_capture=True)

@@ -28,14 +28,15 @@ import triton.language as tl
 from ..format import INDEX_HEAD_DIM
 from ..pool import PAGE_SIZE, check_cache
 
-__all__ = ["DEFAULT_BLOCK_KV", "SUPPORTED_HEADS", "paged_logits", "fp8_mma_available"]
+__all__ = ["DEFAULT_BLOCK_KV", "MAX_NEXT_N", "SUPPORTED_HEADS", "paged_logits", "fp8_mma_available"]
 
-#: Keys per tile (two pages). The CTA schedule must be planned with the same value.
-#: 128 and 256 measured best on H200 (docs/perf-notes.md, run 1); 128 splits short contexts finer.
-DEFAULT_BLOCK_KV = 128
+#: Keys per tile (four pages). The CTA schedule must be planned with the same value.
+#: Measured best for the default (folded) scorer on H200 (docs/perf-notes.md, runs 5-6).
+DEFAULT_BLOCK_KV = 256
 #: Index head counts the scorer supports (powers of two; 32 and 64 are the DSA models').
 SUPPORTED_HEADS = (16, 32, 64, 128)
-_MAX_NEXT_N = 8
+#: Most query rows per request one call takes (target verify with up to 7 draft tokens).
+MAX_NEXT_N = 8
 
 
 def fp8_mma_available(device: torch.device) -> bool:
@@ -358,8 +359,8 @@ def _check_inputs(q, weights, cache, block_table, context_lens, page_size):
     if batch == 0 or rows % batch:
         raise ValueError(f"q: rows ({rows}) must be a positive multiple of the block_table batch ({batch})")
     next_n = rows // batch
-    if next_n > _MAX_NEXT_N:
-        raise ValueError(f"q: next_n = {next_n} rows per request; at most {_MAX_NEXT_N} supported")
+    if next_n > MAX_NEXT_N:
+        raise ValueError(f"q: next_n = {next_n} rows per request; at most {MAX_NEXT_N} supported")
     if context_lens.dtype != torch.int32 or not context_lens.is_contiguous():
         raise ValueError(f"context_lens: expected contiguous int32, got {context_lens.dtype}")
     if tuple(context_lens.shape) not in ((batch,), (batch, next_n)):
@@ -385,10 +386,11 @@ def paged_logits(
     logits_dtype: torch.dtype = torch.float32,
     check: bool = True,
     mma: str = "auto",
-    impl: str = "scaled",
-    num_warps: int = 4,
-    num_stages: int = 1,
+    impl: str = "auto",
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     maxnreg: int | None = None,
+    use_ptx: bool = True,
 ) -> torch.Tensor:
     """Score index queries against the paged FP4 index-key cache (decode / target verify).
 
@@ -424,7 +426,8 @@ def paged_logits(
             in fp16); for bf16 q ``"bf16"`` on a GPU and ``"fp32"`` under the CPU
             interpreter (whose bf16 dot is unreliable in triton 3.8). Every mode
             multiplies exactly and accumulates in fp32.
-        impl: ``"group"``: one MMA per 32-element group on e4m3 bytes decoded
+        impl: ``"auto"`` (default): ``"folded"`` where FP8 MMA runs (e4m3 q),
+            else ``"scaled"``. ``"group"``: one MMA per 32-element group on e4m3 bytes decoded
             with integer ops, each partial product scaled by its UE8M0 factor;
             ``"scaled"``: Triton's ``tl.dot_scaled`` reading the E2M1 codes and
             UE8M0 scales natively (on Hopper Triton upcasts them to bf16);
@@ -432,9 +435,13 @@ def paged_logits(
             the key's largest group (SWAR PTX on NVIDIA, integer ops
             elsewhere), one K = 128 FP8 MMA per tile; exact while a key's group
             scales lie within 2**11 of its largest, smaller groups flushed to 0.
-        num_warps, num_stages, maxnreg: Triton launch parameters (tuned on
-            H200, see docs/perf-notes.md; ``maxnreg`` caps registers per thread
-            on NVIDIA, ``None`` leaves the choice to the compiler).
+        num_warps, num_stages, maxnreg: Triton launch parameters; ``None``
+            picks the H200-tuned values (docs/perf-notes.md): 4 warps and 1
+            stage when a tile has at most 64 (row, head) columns, else 8 warps
+            and 2 stages. ``maxnreg`` caps registers per thread on NVIDIA.
+        use_ptx: with ``impl="folded"`` on NVIDIA, decode with the inline PTX
+            (default) or, if False, with the portable Triton integer ops (for
+            measurement; both give identical bytes).
 
     Returns:
         ``[rows, width]`` of ``logits_dtype``: the logits; ``-inf`` at columns ``>= len(r)``.
@@ -453,11 +460,13 @@ def paged_logits(
     if not isinstance(block_kv, int) or block_kv < 16 or block_kv & (block_kv - 1):
         raise ValueError(f"block_kv: expected a power of two >= 16, got {block_kv!r}")
     dot_mode = _dot_mode(mma, q)
+    if impl == "auto":
+        impl = "folded" if dot_mode == 0 else "scaled"
     if impl not in _IMPLS:
         raise ValueError(f"impl: expected one of {tuple(_IMPLS)}, got {impl!r}")
     if impl == "folded" and dot_mode != 0:
         raise ValueError("impl: 'folded' needs e4m3 queries and FP8 MMA (mma 'fp8' or 'auto' on such a device)")
-    use_asm = impl == "folded" and q.device.type == "cuda" and torch.version.hip is None
+    use_asm = use_ptx and impl == "folded" and q.device.type == "cuda" and torch.version.hip is None
     if check:
         from ..reference import expand_context_lens
 
@@ -496,6 +505,11 @@ def paged_logits(
             f"got {out.dtype} {list(out.shape)} on {out.device}"
         )
     next_n_pad = triton.next_power_of_2(next_n)
+    wide = next_n_pad * heads > 64
+    if num_warps is None:
+        num_warps = 8 if wide else 4
+    if num_stages is None:
+        num_stages = 2 if wide else 1
     num_ctas = schedule.shape[0] - 1
     _paged_logits_kernel[(num_ctas,)](
         q,

@@ -180,7 +180,7 @@ def get_topk_paged(original, self, forward_batch, layer_id, q_fp8, weights, meta
         if seqlens_2d is None:
             seqlens_2d, schedule = seqlens_32.reshape(-1, 1), None
         # Rows per request one tile takes (1 if the op does not say: the per-row form is always valid).
-        max_next_n = getattr(paged, "MAX_NEXT_N", getattr(paged, "_MAX_NEXT_N", 1))
+        max_next_n = paged.MAX_NEXT_N
         table, lens, schedule = paged_scorer_inputs(block_tables, seqlens_2d, schedule, rows, max_next_n)
         if plugin_dcp.is_sharded(pool):  # DCP-sharded index: local scores, candidate exchange, merged top-k
             logits = plugin_dcp.paged_logits(
