@@ -235,7 +235,10 @@ def _check_demo_result(res, w: Workload, k: int, memory_gib: float, device: str 
     # Scorer vs oracle: fp32 accumulation order only (products are exact), so a
     # few ulps of the row's largest |partial sum|; 1e-5 of the row max is generous.
     scale = exact.abs().amax(dim=1, keepdim=True)
-    assert bool(((res.fp4.logits.double() - fp4.double()).abs() <= 1e-5 * scale).all())
+    # On a GPU the scorer uses FP8 MMA, whose internal accumulation is narrower than
+    # fp32 on Hopper (measured 2.5e-5 of the row max on H200, 2026-11-30): 2e-4 there.
+    rel = 1e-5 if device == "cpu" else 2e-4
+    assert bool(((res.fp4.logits.double() - fp4.double()).abs() <= rel * scale).all())
     assert bool(((res.fp8.logits.double() - fp8).abs() <= 1e-5 * scale).all())  # torch fp32 vs fp64
     # both fp64, different summation order: ~1e-16 of the row's scale
     assert bool(((res.exact.logits - exact).abs() <= 1e-12 * scale).all())
