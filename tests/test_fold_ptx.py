@@ -37,6 +37,9 @@ def run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
         if op == "not.b32":
             regs[d] = ~val(a[1]) & MASK
             continue
+        if op == "mov.b32":
+            regs[d] = val(a[1]) & MASK
+            continue
         x, y = val(a[1]), val(a[2])
         r = {
             "shl.b32": lambda: x << y, "shr.b32": lambda: x >> y, "and.b32": lambda: x & y,

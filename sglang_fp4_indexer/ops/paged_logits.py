@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ..format import INDEX_HEAD_DIM
 from ..pool import PAGE_SIZE, check_cache
+from ._common import MMA_DTYPES, fp8_mma_available, scale_row_jit, select_mma
 
 __all__ = ["DEFAULT_BLOCK_KV", "MAX_NEXT_N", "SUPPORTED_HEADS", "paged_logits", "fp8_mma_available"]
 
@@ -37,19 +38,6 @@ DEFAULT_BLOCK_KV = 256
 SUPPORTED_HEADS = (16, 32, 64, 128)
 #: Most query rows per request one call takes (target verify with up to 7 draft tokens).
 MAX_NEXT_N = 8
-
-
-def fp8_mma_available(device: torch.device) -> bool:
-    """Whether the scorer uses FP8 MMA on ``device``.
-
-    True on CUDA devices of compute capability 8.9 or newer (Ada, Hopper,
-    Blackwell) and on the CPU under ``TRITON_INTERPRET=1`` (the interpreter
-    emulates fp8 dots, so CPU tests exercise the same code path). False
-    elsewhere (the bf16-MMA path is used; it is exact in the same way).
-    """
-    if device.type == "cuda":
-        return torch.cuda.get_device_capability(device) >= (8, 9)
-    return device.type == "cpu"
 
 
 @triton.jit
@@ -90,35 +78,9 @@ _FOLD_BIAS = 12
 # Elementwise on bytes (4 packed per 32-bit register, any layout): from a payload
 # byte (two E2M1 codes) and its group's A (0 = flushed) make the two e4m3 bytes
 # LUT_A[code] | sign, with SWAR integer ops on all four bytes at once.
-_FOLD_ASM = tl.constexpr("""
-{
-.reg .b32 a8, m, y, c, nz, la, t, s;
-shl.b32 a8, $3, 3;
-shr.b32 la, $3, 1;
-or.b32 la, la, $3;
-shr.b32 y, la, 2;
-or.b32 la, la, y;
-and.b32 la, la, 0x01010101;
-and.b32 m, $2, 0x07070707;
-shr.b32 y, m, 1;
-shr.b32 c, m, 2;
-or.b32 y, y, c;
-not.b32 c, y;
-and.b32 c, c, m;
-and.b32 c, c, 0x01010101;
-or.b32 nz, m, y;
-and.b32 nz, nz, la;
-and.b32 nz, nz, 0x01010101;
-mul.lo.u32 nz, nz, 255;
-shl.b32 t, m, 2;
-add.u32 t, t, a8;
-shl.b32 c, c, 2;
-xor.b32 t, t, c;
-and.b32 s, $2, 0x08080808;
-shl.b32 s, s, 4;
-or.b32 t, t, s;
-and.b32 $0, t, nz;
-shr.b32 m, $2, 4;
+def _fold_ptx_half(codes: str, sign: str, out: str) -> str:
+    """PTX for one nibble of each of four packed bytes: ``m`` = its 3-bit magnitudes."""
+    return f"""{codes}
 and.b32 m, m, 0x07070707;
 shr.b32 y, m, 1;
 shr.b32 c, m, 2;
@@ -134,11 +96,24 @@ shl.b32 t, m, 2;
 add.u32 t, t, a8;
 shl.b32 c, c, 2;
 xor.b32 t, t, c;
-and.b32 s, $2, 0x80808080;
+{sign}
 or.b32 t, t, s;
-and.b32 $1, t, nz;
-}
-""")
+and.b32 {out}, t, nz;
+"""
+
+
+# $2: four payload bytes; $3: their groups' A (0 = flushed). For each byte and
+# nibble: t = (m << 2) + (A << 3), bit 2 cleared where m == 1 (x = 1 is 0.5: mantissa
+# 0 one binade down), zeroed where m == 0 or A == 0, sign to bit 7. $0: low nibbles
+# (even elements), $1: high nibbles (odd elements).
+_FOLD_ASM = tl.constexpr(
+    "{\n.reg .b32 a8, m, y, c, nz, la, t, s;\n"
+    "shl.b32 a8, $3, 3;\nshr.b32 la, $3, 1;\nor.b32 la, la, $3;\nshr.b32 y, la, 2;\n"
+    "or.b32 la, la, y;\nand.b32 la, la, 0x01010101;\n"
+    + _fold_ptx_half("mov.b32 m, $2;", "and.b32 s, $2, 0x08080808;\nshl.b32 s, s, 4;", "$0")
+    + _fold_ptx_half("shr.b32 m, $2, 4;", "and.b32 s, $2, 0x80808080;", "$1")
+    + "}\n"
+)
 
 
 @triton.jit
@@ -279,8 +254,7 @@ def _paged_logits_kernel(
             prow = kv % PAGE
             page_base = page.to(tl.int64) * PAGE_BYTES
             payload_base = page_base + prow * 64
-            # Scale plane row of a token: pool.scale_row(row) -- the identity in this layout.
-            scale_base = page_base + PAGE * 64 + prow * 4
+            scale_base = page_base + PAGE * 64 + scale_row_jit(prow, PAGE) * 4  # DESIGN section 3
             if IMPL == 2:
                 k_f8, key_factor = _folded_keys(cache_ptr, payload_base, scale_base, ok, BLOCK_KV, ASM)
                 acc = tl.dot(k_f8, q_t)
@@ -317,22 +291,8 @@ def _paged_logits_kernel(
 
 
 _IMPLS = {"group": 0, "scaled": 1, "folded": 2}
-_DOT_MODES = {"fp8": 0, "fp16": 1, "bf16": 2, "fp32": 3}
-
-
-def _dot_mode(mma: str, q: torch.Tensor) -> int:
-    """Pick the MMA input type. Every mode multiplies exactly and accumulates in fp32."""
-    if mma not in ("auto",) + tuple(_DOT_MODES):
-        raise ValueError(f"mma: expected 'auto', 'fp8', 'fp16', 'bf16' or 'fp32', got {mma!r}")
-    is_fp8 = q.dtype == torch.float8_e4m3fn
-    if mma in ("fp8", "fp16") and not is_fp8:
-        raise ValueError(f"mma: {mma!r} needs q in float8_e4m3fn (bf16 queries are not exact in it)")
-    if mma == "auto":
-        if is_fp8:
-            mma = "fp8" if fp8_mma_available(q.device) else "fp16"
-        else:
-            mma = "fp32" if q.device.type == "cpu" else "bf16"
-    return _DOT_MODES[mma]
+#: MMA input type -> the kernel's DOT_MODE.
+_DOT_MODES = {name: i for i, name in enumerate(MMA_DTYPES)}  # fp8 0, fp16 1, bf16 2, fp32 3
 
 
 def _check_inputs(q, weights, cache, block_table, context_lens, page_size):
@@ -459,7 +419,7 @@ def paged_logits(
         raise ValueError(f"width: expected a positive int, got {width!r}")
     if not isinstance(block_kv, int) or block_kv < 16 or block_kv & (block_kv - 1):
         raise ValueError(f"block_kv: expected a power of two >= 16, got {block_kv!r}")
-    dot_mode = _dot_mode(mma, q)
+    dot_mode = _DOT_MODES[select_mma(mma, q)]
     if impl == "auto":
         impl = "folded" if dot_mode == 0 else "scaled"
     if impl not in _IMPLS:
