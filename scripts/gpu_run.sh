@@ -23,8 +23,11 @@ case "$MODE" in
   quick) BENCH_ARGS=(--quick "$@"); RUN_TESTS=1; : "${BENCH_LIMIT:=270}" ;;
   full)  BENCH_ARGS=(); RUN_TESTS=0; : "${BENCH_LIMIT:=540}" ;;
   bench) BENCH_ARGS=("$@"); RUN_TESTS=0; : "${BENCH_LIMIT:=540}" ;;
-  *) echo "usage: bash scripts/gpu_run.sh [quick|full|bench ARGS...]" >&2; exit 2 ;;
+  prefill) BENCH_ARGS=(--prefill "$@"); RUN_TESTS=0; PLOT=0; : "${BENCH_LIMIT:=240}" ;;
+  *) echo "usage: bash scripts/gpu_run.sh [quick|full|bench|prefill ARGS...]" >&2; exit 2 ;;
 esac
+PLOT_ARGS=(--plot "$OUTDIR/bench.png")
+[ "${PLOT:-1}" = 0 ] && PLOT_ARGS=()
 : "${TEST_LIMIT:=210}"
 
 # 1. Carried wheels (SGLang's scorer and what its import chain needs) -> /tmp/site.
@@ -52,7 +55,7 @@ fi
 # 3. The benchmark (its JSON is rewritten after every shape, so a time-out still leaves numbers).
 rm -f "$OUTDIR/bench.json"
 timeout -k 10 "$BENCH_LIMIT" "$PY" -m sglang_fp4_indexer.cli bench --device cuda "${BENCH_ARGS[@]}" \
-  --json "$OUTDIR/bench.json" --plot "$OUTDIR/bench.png" >"$OUTDIR/bench.log" 2>&1
+  --json "$OUTDIR/bench.json" ${PLOT_ARGS[@]+"${PLOT_ARGS[@]}"} >"$OUTDIR/bench.log" 2>&1
 BENCH_RC=$?
 
 # 4. Summary, last.

@@ -8,6 +8,10 @@ failing, while the real ops pass with rows actually compared; the SGLang
 layout mapping and the FP8 copy against the reference's own slot and decode
 functions; the command line end to end (JSON and plot); and that SGLang's
 scorer module loads without SGLang's package ``__init__`` side effects.
+Prefill rows (``bench --prefill``, issue 4): FLOP counting against hand-computed
+pair counts and the reference's own causal windows, the chunked scoring loop
+and the gather checked for real (broken scorers and a corrupting gather are
+reported as failing), and the command line.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import pytest
 import torch
 
 from sglang_fp4_indexer.bench import floor as fl
+from sglang_fp4_indexer.bench import prefill as pf
 from sglang_fp4_indexer.bench.checks import OURS_REL
 from sglang_fp4_indexer.bench.inputs import SCALE_CODES, random_index_k_cache
 from sglang_fp4_indexer.bench.report import render_summary, write_json, load_json
@@ -38,7 +43,7 @@ from sglang_fp4_indexer.bench.shapes import QUICK_SHAPES, ScorerShape, full_grid
 from sglang_fp4_indexer.bench.timing import CPU_TIMING_NOTE, rotation_sets
 from sglang_fp4_indexer.format import dequantize_index_k
 from sglang_fp4_indexer.pool import read_index_k, scale_plane
-from sglang_fp4_indexer.reference import fp8_dequantize_rows, paged_slots
+from sglang_fp4_indexer.reference import fp8_dequantize_rows, paged_slots, ragged_logits_reference
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -323,6 +328,158 @@ def test_sglang_scorer_module_loads_without_package_init():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+# ---------------------------------------------------------------- prefill rows (issue 4)
+
+
+def test_prefill_flops_by_hand():
+    # 3 new tokens on a 2-token prefix: windows of 3, 4 and 5 keys = 12 pairs; 2 * 64 * 128 FLOP per pair.
+    assert pf.visible_pairs(3, 2) == 12
+    assert pf.prefill_flops(pf.PrefillShape(64, 3, 2)) == 2 * 64 * 128 * 12 == 196_608
+    assert pf.visible_pairs(4, 0) == 1 + 2 + 3 + 4
+    # Issue 4's largest row: 32K new on a 32K prefix = 2**30 + 32768 * 32769 / 2 pairs, 26.4 PFLOP at H 64.
+    assert pf.visible_pairs(32768, 32768) == 1_073_741_824 + 536_887_296 == 1_610_629_120
+    assert pf.prefill_flops(pf.PrefillShape(64, 32768, 32768)) == 16384 * 1_610_629_120 == 26_388_547_502_080
+    assert pf.gather_bytes(100) == 100 * 136
+    with pytest.raises(ValueError, match="new"):
+        pf.visible_pairs(-1, 0)
+
+
+def test_prefill_pairs_are_the_reference_visible_entries():
+    # The pair count equals the finite entries of the oracle's logits for causal windows [0, prefix + t + 1).
+    g = torch.Generator().manual_seed(9)
+    new, prefix = 5, 7
+    payload = torch.randint(0, 256, (new + prefix, 64), generator=g, dtype=torch.uint8)
+    scales = torch.randint(124, 132, (new + prefix, 4), generator=g, dtype=torch.uint8)
+    q = torch.randn(new, 2, 128, generator=g).to(torch.float8_e4m3fn)
+    w = torch.rand(new, 2, generator=g)
+    ks = torch.zeros(new, dtype=torch.int64)
+    ke = prefix + 1 + torch.arange(new)
+    ref = ragged_logits_reference(q, w, payload, scales, ks, ke)
+    assert int(torch.isfinite(ref).sum()) == pf.visible_pairs(new, prefix) == 5 * 7 + 15
+
+
+def test_prefill_shapes_and_checked_rows():
+    assert [s.spec for s in pf.GPU_PREFILL_SHAPES] == ["64x4Kx0", "64x4Kx32K", "64x16Kx0", "64x16Kx32K",
+                                                       "64x32Kx0", "64x32Kx32K"]
+    got = pf.parse_prefill_shapes("64x16Kx32K, 16x12x20,64x16384x32768")
+    assert got == [pf.PrefillShape(64, 16384, 32768), pf.PrefillShape(16, 12, 20)]
+    assert got[0].keys == 49152 and got[0].label == "H64 16K new + 32K prefix"
+    assert pf.parse_prefill_shapes("cpu") == list(pf.CPU_PREFILL_SHAPES)
+    for bad in ("64x4K", "64x0x0", "big", ""):
+        with pytest.raises(ValueError):
+            pf.parse_prefill_shapes(bad)
+    assert pf.checked_rows(12) == [0, 4, 7, 11] and pf.checked_rows(1) == [0] and pf.checked_rows(3) == [0, 1, 2]
+
+
+def _broken_prefill(name, bug=None, shrink=False):
+    """The first default scoring column with a planted bug applied to every chunk, or its windows one key short."""
+    ours = pf.default_variants(CPU)[0]
+
+    def chunks(q, w, payload, scales, ks, ke, **kw):
+        for start, end, chunk in ours.chunks(q, w, payload, scales, ks, ke - 1 if shrink else ke, **kw):
+            if bug is not None:
+                bug(chunk)
+            yield start, end, chunk
+
+    return pf.PrefillVariant(name, name, chunks)
+
+
+PREFILL_SHAPES = [pf.PrefillShape(16, 12, 20), pf.PrefillShape(32, 20, 0)]
+
+
+@pytest.fixture(scope="module")
+def prefill_report():
+    variants = pf.default_variants(CPU) + [
+        _broken_prefill("broken-scale", _off_by_one_percent),
+        _broken_prefill("broken-tail", _zero_tail),
+        _broken_prefill("broken-window", shrink=True),  # drops each row's last visible key
+    ]
+    config = pf.PrefillConfig(CPU, PREFILL_SHAPES, variants, budget_bytes=512, mma_size=64, seed=3, copy_bytes=4 * MiB)
+    return pf.bench_prefill(config)
+
+
+def test_prefill_cpu_run_counts_and_checks_for_real(prefill_report):
+    report = prefill_report
+    assert [v["name"] for v in report["variants"]][:2] == ["ours[folded]", "ours[grouped]"]  # FP8 MMA emulated
+    mma = report["mma"]
+    assert mma["status"] == "ok" and mma["flops"] == 2 * 64**3
+    assert mma["tflops"] == pytest.approx(mma["flops"] / mma["seconds"] / 1e12)
+    assert mma["seconds"] == min(v["seconds"] for v in mma["variants"].values())
+    # Hand-computed: 12 new on 20 prefix = 12 * 20 + 78 = 318 pairs; 20 new on 0 = 210 pairs.
+    assert [r["visible_pairs"] for r in report["prefill"]] == [318, 210]
+    assert [r["flops"] for r in report["prefill"]] == [2 * 16 * 128 * 318, 2 * 32 * 128 * 210] == [1_302_528, 1_720_320]
+    for shape, row in zip(PREFILL_SHAPES, report["prefill"]):
+        gather = row["gather"]
+        assert gather["status"] == "ok" and gather["bytes"] == shape.keys * 136
+        assert gather["check"]["rows_checked"] == shape.keys and "bit-exact" in gather["check"]["detail"]
+        for name in ("ours[folded]", "ours[grouped]"):
+            res = row["results"][name]
+            assert res["status"] == "ok", res
+            assert res["timing"]["method"] == "wall-clock"
+            assert res["tflops"] == pytest.approx(row["flops"] / res["seconds"] / 1e12)
+            assert res["pct_mma"] == pytest.approx(100 * res["tflops"] / mma["tflops"])
+            # 512 B budget at 4 B per logit over `keys` columns.
+            assert res["rows_per_chunk"] == 512 // (4 * shape.keys)
+            assert res["chunks"] == -(-shape.new // res["rows_per_chunk"]) >= 2
+            check = res["check"]
+            assert check["ok"] and check["rows_checked"] == len(pf.checked_rows(shape.new)) == 4
+            assert 0 < check["worst"] <= 1 and f"{pf.PREFILL_REL:g}" in check["detail"]
+        assert row["results"][pf.SGLANG_PEER]["status"] == "unavailable"
+    assert report["peers"][pf.SGLANG_PEER] == "unavailable: needs a CUDA device"
+
+
+def test_prefill_cpu_run_reports_broken_scorers(prefill_report):
+    for row in prefill_report["prefill"]:
+        res = row["results"]
+        assert res["broken-scale"]["status"] == "check failed" and res["broken-scale"]["check"]["worst"] > 1
+        assert res["broken-tail"]["status"] == "check failed" and "-inf" in res["broken-tail"]["check"]["detail"]
+        assert res["broken-window"]["status"] == "check failed"
+        assert "not finite" in res["broken-window"]["check"]["detail"]
+    assert prefill_report["failures"] == 3 * len(PREFILL_SHAPES)
+    summary = pf.render_prefill_summary(prefill_report)
+    assert "FAIL broken-scale" in summary and "needs a CUDA device" in summary and "512 B budget" in summary
+
+
+def test_prefill_gather_check_catches_a_corrupting_gather(monkeypatch):
+    import sglang_fp4_indexer.ops.gather as gather_ops
+
+    real = gather_ops.gather_index_k
+
+    def corrupt(*args, **kw):
+        payload, scales = real(*args, **kw)
+        scales[-1, 0] ^= 1  # one scale code of the last key wrong
+        return payload, scales
+
+    monkeypatch.setattr(gather_ops, "gather_index_k", corrupt)
+    report = pf.bench_prefill(pf.PrefillConfig(CPU, [pf.PrefillShape(16, 4, 60)], pf.default_variants(CPU)[:1],
+                                               budget_bytes=1 << 20, mma_size=0, copy_bytes=MiB))
+    row = report["prefill"][0]
+    assert row["gather"]["status"] == "check failed" and "differ" in row["gather"]["check"]["detail"]
+    assert row["results"]["ours[folded]"]["status"] == "ok"  # the scorer reads the oracle's planes
+    assert report["failures"] == 1 and report["mma"] == {}
+
+
+def test_cli_bench_prefill_cpu_end_to_end(tmp_path):
+    out_json = tmp_path / "prefill.json"
+    cmd = [sys.executable, "-m", "sglang_fp4_indexer.cli", "bench", "--device", "cpu", "--prefill",
+           "--prefill-shapes", "16x8x8", "--mma-size", "32", "--copy-mib", "4", "--json", str(out_json)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env(), cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out_json.read_text())
+    row = report["prefill"][0]
+    assert row["flops"] == 2 * 16 * 128 * (8 * 8 + 36) and row["results"]["ours[folded]"]["check"]["ok"]
+    assert report["meta"]["budget_bytes"] == pf.CPU_BUDGET_BYTES and report["failures"] == 0
+    assert "2048 B budget" in proc.stdout and "sglang-triton-fp4: unavailable: needs a CUDA device" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "failures: 0"
+    summary = subprocess.run([sys.executable, "-m", "sglang_fp4_indexer.bench.report", str(out_json)],
+                             capture_output=True, text=True, env=_clean_env(), timeout=300)
+    assert summary.returncode == 0 and summary.stdout.startswith("== prefill summary")
+    for args in (["--quick"], ["--prefill-shapes", "64x8"], ["--prefill-budget-mib", "0"]):
+        bad = subprocess.run([sys.executable, "-m", "sglang_fp4_indexer.cli", "bench", "--device", "cpu", "--prefill",
+                              *args], capture_output=True, text=True, env=_clean_env(), timeout=300)
+        assert bad.returncode == 2 and "error:" in bad.stderr, bad.stdout + bad.stderr
+
+
 # ---------------------------------------------------------------- GPU (device machine)
 
 
@@ -343,3 +500,20 @@ def test_gpu_bench_small_shapes_all_scorers_checked():
         for peer in ("sglang-triton-fp4", "deepgemm-fp8"):
             assert row["results"][peer]["status"] in ("ok", "unavailable"), row["results"][peer]
     assert report["store"]["status"] == "ok" and report["planner"]["status"] == "ok"
+
+
+@pytest.mark.gpu
+def test_gpu_bench_prefill_small_shape_checked():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    report = pf.bench_prefill(pf.PrefillConfig(dev, [pf.PrefillShape(64, 4096, 4096)], mma_size=4096,
+                                               copy_bytes=256 * MiB))
+    assert report["mma"]["status"] == "ok" and report["mma"]["tflops"] > 100
+    row = report["prefill"][0]
+    assert row["gather"]["status"] == "ok", row["gather"]
+    for name in ("ours[folded]", "ours[grouped]"):
+        res = row["results"][name]
+        assert res["status"] == "ok", res
+        assert res["timing"]["method"] == "cuda-graph" and res["check"]["rows_checked"] == 4
+    assert report["failures"] == 0

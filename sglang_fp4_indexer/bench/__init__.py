@@ -11,7 +11,9 @@ Modules: ``shapes`` (the grid), ``floor`` (byte counts and floors), ``timing``
 (CUDA graphs, copy bandwidth, L2 rotation), ``inputs`` (random caches on the
 device), ``checks`` (the oracle comparisons), ``scorers`` (ours and the peers),
 ``peers`` (loading SGLang's kernel module and DeepGEMM), ``runner`` (one run),
-``report`` (table, summary, JSON, plot).
+``report`` (table, summary, JSON, plot), ``prefill`` (the ``--prefill`` rows of
+issue 4: gather and ragged scoring, TFLOP/s against the FP8 MMA rate measured
+in the same run).
 
 This package module imports nothing heavy: ``cli.py`` builds its parser
 before deciding whether Triton must run in interpreter mode. SGLang is loaded
@@ -48,6 +50,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="batch of the planner row (default 64; 0 skips it)")
     parser.add_argument("--copy-mib", type=int, default=None, metavar="MIB",
                         help="size of the bandwidth-measuring copy (default 1024 on a GPU, 64 on the CPU)")
+    parser.add_argument("--prefill", action="store_true",
+                        help="run only the prefill rows (issue 4): gather and ragged scoring of 4K/16K/32K new tokens "
+                             "with 0 and 32K prefix, H 64, TFLOP/s against the FP8 MMA rate measured in the same run")
+    parser.add_argument("--prefill-shapes", default=None, metavar="LIST",
+                        help="with --prefill: comma-separated HxNEWxPREFIX shapes (K = 1024, e.g. 64x16Kx32K) "
+                             "and/or gpu, cpu (default: gpu on a GPU, cpu on the CPU)")
+    parser.add_argument("--prefill-budget-mib", type=float, default=None, metavar="MIB",
+                        help="with --prefill: logits byte budget of the chunked scoring loop "
+                             "(default 2048 on a GPU, 2 KiB on the CPU)")
+    parser.add_argument("--mma-size", type=int, default=None, metavar="N",
+                        help="with --prefill: side of the e4m3 torch._scaled_mm measuring the FP8 MMA rate "
+                             "(default 8192 on a GPU, 64 on the CPU; 0 skips it)")
     parser.add_argument("--seed", type=int, default=0, help="input seed")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the full report as JSON")
     parser.add_argument("--plot", default=None, metavar="PATH",
@@ -107,6 +121,8 @@ def main(args: argparse.Namespace, console=None) -> int:
         if not console.is_terminal:  # a log file: do not wrap the tables at 80 columns
             console = Console(width=200)
     cpu = device.type == "cpu"
+    if getattr(args, "prefill", False):
+        return _main_prefill(args, device, console)
     spec = args.shapes or ("quick" if args.quick else "cpu" if cpu else "full")
     shapes = parse_shapes(spec)
     scorers = make_scorers([s.strip() for s in args.scorers.split(",") if s.strip()],
@@ -138,4 +154,43 @@ def main(args: argparse.Namespace, console=None) -> int:
     if args.plot:
         console.print(f"plot: {write_plot(report, args.plot)}")
     console.print(render_summary(report), highlight=False, markup=False, soft_wrap=True)
+    return 0 if report["failures"] == 0 else 1
+
+
+def _main_prefill(args: argparse.Namespace, device, console) -> int:
+    """``bench --prefill``: the prefill rows only (``prefill.bench_prefill``)."""
+    from .prefill import (
+        CPU_BUDGET_BYTES, CPU_MMA_SIZE, GPU_BUDGET_BYTES, GPU_MMA_SIZE, PrefillConfig, bench_prefill,
+        parse_prefill_shapes, render_prefill_summary, render_prefill_table,
+    )
+    from .report import write_json
+
+    if args.quick or args.shapes or args.plot:
+        raise ValueError("--prefill runs only the prefill rows: use --prefill-shapes, not --quick/--shapes/--plot")
+    cpu = device.type == "cpu"
+    shapes = parse_prefill_shapes(args.prefill_shapes or ("cpu" if cpu else "gpu"))
+    if args.prefill_budget_mib is None:
+        budget = CPU_BUDGET_BYTES if cpu else GPU_BUDGET_BYTES
+    elif not args.prefill_budget_mib > 0:
+        raise ValueError(f"--prefill-budget-mib: expected > 0, got {args.prefill_budget_mib}")
+    else:
+        budget = max(1, int(args.prefill_budget_mib * (1 << 20)))
+    if args.mma_size is not None and args.mma_size < 0:
+        raise ValueError(f"--mma-size: expected >= 0, got {args.mma_size}")
+    mma_size = (CPU_MMA_SIZE if cpu else GPU_MMA_SIZE) if args.mma_size is None else args.mma_size
+    copy_mib = _positive_or_none(args.copy_mib, "--copy-mib", None)
+    config = PrefillConfig(
+        device=device, shapes=shapes, budget_bytes=budget, mma_size=mma_size, seed=args.seed,
+        copy_bytes=copy_mib * (1 << 20) if copy_mib else None,
+        command=shlex.join(["sglang-fp4-indexer", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else "",
+    )
+    console.print(f"bench --prefill on {device}: {len(shapes)} shape(s), logits budget {budget} bytes "
+                  "(the chunked scoring loop is timed whole)", markup=False)
+    progress = (lambda partial: write_json(partial, args.json)) if args.json else None
+    report = bench_prefill(config, log=lambda line: console.print(line, markup=False, highlight=False),
+                           on_progress=progress)
+    console.print(render_prefill_table(report))
+    if args.json:
+        console.print(f"report: {write_json(report, args.json)}")
+    console.print(render_prefill_summary(report), highlight=False, markup=False, soft_wrap=True)
     return 0 if report["failures"] == 0 else 1

@@ -1,7 +1,7 @@
 """Rendering a benchmark report: the rich table, a plain-text summary, JSON and the plot.
 
 ``python -m sglang_fp4_indexer.bench.report REPORT.json`` prints the plain
-summary of a saved report (scripts/gpu_run.sh ends with it).
+summary of a saved report, decode or ``--prefill`` (scripts/gpu_run.sh ends with it).
 """
 
 from __future__ import annotations
@@ -235,7 +235,13 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m sglang_fp4_indexer.bench.report REPORT.json [...]", file=sys.stderr)
         return 2
     for path in argv:
-        print(render_summary(load_json(path)))
+        report = load_json(path)
+        if "prefill" in report:  # a ``bench --prefill`` report
+            from .prefill import render_prefill_summary
+
+            print(render_prefill_summary(report))
+        else:
+            print(render_summary(report))
     return 0
 
 
