@@ -9,7 +9,8 @@ subcommand whose ``device`` option is ``cpu`` gets ``TRITON_INTERPRET=1`` set
 before its module -- and so Triton and the kernels -- is imported, because
 Triton reads that variable when a kernel is defined.
 
-Subcommands now: ``demo`` (``demo.py``), ``check`` (``check.py``), ``bench`` (``bench/``).
+Subcommands now: ``demo`` (``demo.py``), ``check`` (``check.py``), ``bench`` (``bench/``),
+``accuracy`` (``accuracy.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ SUBCOMMANDS: tuple[_Subcommand, ...] = (
     _Subcommand("bench", ".bench",
                 "benchmark: the paged scorer vs SGLang's Triton FP4 and DeepGEMM FP8 vs the HBM floor, "
                 "the store op and the planner (docs/benchmarks.md)"),
+    _Subcommand("accuracy", ".accuracy",
+                "accuracy study: FP4 vs FP8 top-k recall, rank correlation and logit error against exact scoring "
+                "over workloads, contexts and H (docs/accuracy.md)"),
 )
 
 

@@ -64,6 +64,7 @@ from .reference import (
     paged_slots,
     topk_reference,
 )
+from .metrics import relative_logit_error, topk_recall  # re-exported: the demo's recall and error measures
 from .workload import DEFAULT_HEADS, WORKLOAD_KINDS, Workload, build_workload
 
 __all__ = [
@@ -213,45 +214,6 @@ def dense_logits(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> 
     dtype = torch.float32
     scores = torch.bmm(keys.to(dtype), q.to(dtype).transpose(1, 2))  # [B, C, H]
     return torch.bmm(torch.relu(scores), weights.to(dtype).unsqueeze(-1)).squeeze(-1)
-
-
-def topk_recall(topk: torch.Tensor, exact_topk: torch.Tensor) -> float:
-    """Mean over rows of ``|set(topk[r]) & set(exact_topk[r])| / |set(exact_topk[r])|`` (``-1`` ignored).
-
-    Args:
-        topk, exact_topk: int ``[rows, k]`` positions (``-1`` = no candidate).
-
-    Raises:
-        ValueError: shapes differ.
-    """
-    if topk.shape != exact_topk.shape:
-        raise ValueError(f"topk, exact_topk: shapes differ ({list(topk.shape)} vs {list(exact_topk.shape)})")
-    recalls = []
-    for got, want in zip(topk.tolist(), exact_topk.tolist()):
-        want_set = {p for p in want if p >= 0}
-        if want_set:
-            recalls.append(len(want_set.intersection(p for p in got if p >= 0)) / len(want_set))
-    return sum(recalls) / len(recalls) if recalls else 1.0
-
-
-def relative_logit_error(logits: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
-    """Max and mean of ``|logits - exact| / max_j |exact[r, j]|`` (per-row normalisation), in fp64.
-
-    Normalising by the row's largest exact logit rather than element-wise keeps
-    the measure finite where a logit is near zero (relu and signed head weights
-    make that common) and matches what top-k sees: an error is large when it is
-    large next to the row's leading scores.
-
-    Args:
-        logits, exact: ``[rows, width]`` finite logits.
-
-    Returns:
-        ``(max, mean)`` as Python floats.
-    """
-    ref = exact.to(torch.float64)
-    denom = ref.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
-    err = (logits.to(torch.float64) - ref).abs() / denom
-    return float(err.max()), float(err.mean())
 
 
 def time_per_call_us(fn: Callable[[], object], device: torch.device, repeats: int = 20,

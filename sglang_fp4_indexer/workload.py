@@ -84,6 +84,8 @@ __all__ = [
     "hadamard_matrix",
     "rotate_activation",
     "apply_rope",
+    "key_norm",
+    "head_weights",
     "project_to_indexer",
     "stdlib_docstrings",
     "text_model_available",
@@ -304,6 +306,33 @@ def _layer_norm(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.layer_norm(x, (x.shape[-1],))
 
 
+def key_norm(x: torch.Tensor) -> torch.Tensor:
+    """The indexer's ``k_norm`` as the workloads model it: LayerNorm over the last dim, no affine parameters.
+
+    Args:
+        x: float ``[..., 128]`` pre-norm index keys.
+
+    Returns:
+        fp32 tensor shaped like ``x`` (each row: mean 0, variance 1).
+    """
+    return _layer_norm(x.to(torch.float32))
+
+
+def head_weights(weight_logits: torch.Tensor) -> torch.Tensor:
+    """Head weights from weight logits ``[rows, H]``: ``weight_logits * H ** -0.5 * 128 ** -0.5``, fp32.
+
+    The softmax scale ``128 ** -0.5`` and ``H ** -0.5`` folded in, as SGLang's
+    ``Indexer`` does before the query's FP8 scale is folded in too.
+
+    Raises:
+        ValueError: ``weight_logits`` is not 2-D.
+    """
+    if weight_logits.dim() != 2:
+        raise ValueError(f"weight_logits: expected [rows, H], got {list(weight_logits.shape)}")
+    heads = weight_logits.shape[1]
+    return (weight_logits * (heads ** -0.5) * (INDEX_HEAD_DIM ** -0.5)).to(torch.float32)
+
+
 def _finish(kind: str, key_pre: torch.Tensor, query_pre: torch.Tensor, weight_logits: torch.Tensor,
             batch: int, context: int, heads: int, seed: int, source: str) -> Workload:
     """k_norm, RoPE, Hadamard and weight scaling, shared by every workload kind.
@@ -312,9 +341,9 @@ def _finish(kind: str, key_pre: torch.Tensor, query_pre: torch.Tensor, weight_lo
     """
     key_pos = torch.arange(context, dtype=torch.int64).repeat(batch)
     query_pos = torch.full((batch,), context - 1, dtype=torch.int64)
-    keys = rotate_activation(apply_rope(_layer_norm(key_pre), key_pos)).to(torch.bfloat16)
+    keys = rotate_activation(apply_rope(key_norm(key_pre), key_pos)).to(torch.bfloat16)
     queries = rotate_activation(apply_rope(query_pre, query_pos)).to(torch.bfloat16)
-    weights = (weight_logits * (heads ** -0.5) * (INDEX_HEAD_DIM ** -0.5)).to(torch.float32)
+    weights = head_weights(weight_logits)
     return Workload(kind, keys.contiguous(), queries.contiguous(), weights.contiguous(),
                     batch, context, heads, seed, source)
 

@@ -159,6 +159,31 @@ def test_bf16_queries():
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", ["folded", "grouped"])
+def test_low_precision_logits_are_the_fp32_logits_rounded_once(dtype, mode):
+    # Same fp32 sum, one round-to-nearest-even on store: equal to the fp32 logits cast
+    # (torch's cast rounds to nearest even; -inf outside the windows survives the cast).
+    ks, ke, width = _causal_windows([(70, 5), (3, 4)])
+    ks, ke = _tensors(ks, ke)
+    payload, scales = _keys(width, seed=13)
+    q, w = _queries(len(ks), 32, seed=13)
+    full = _run(q, w, payload, scales, ks, ke, mode=mode, block_n=32)
+    low = _run(q, w, payload, scales, ks, ke, mode=mode, block_n=32, logits_dtype=dtype)
+    assert low.dtype == dtype
+    assert torch.equal(low.cpu(), full.cpu().to(dtype))
+    chunks = [c.clone() for _, _, c in iter_ragged_logits(
+        q.to(DEVICE), w.to(DEVICE), payload.to(DEVICE), scales.to(DEVICE), ks.to(DEVICE), ke.to(DEVICE),
+        budget_bytes=4 * width * 3, mode=mode, block_n=32, logits_dtype=dtype)]
+    assert torch.equal(torch.cat(chunks).cpu(), low.cpu())
+    with pytest.raises(ValueError, match="logits_dtype"):
+        _run(q, w, payload, scales, ks, ke, logits_dtype=torch.float64)
+    with pytest.raises(ValueError, match="out"):
+        _run(q, w, payload, scales, ks, ke, logits_dtype=dtype,
+             out=torch.empty(len(ks), width, dtype=torch.float32, device=DEVICE))
+
+
+@needs_kernel
 def test_clean_logits_false_leaves_untouched_tiles():
     width = 96
     # Block of 2 tokens with windows inside keys [0, 20); tiles [32, 96) touch no window.

@@ -51,6 +51,7 @@ import triton.language as tl
 
 from ..format import INDEX_HEAD_DIM, PAYLOAD_BYTES, SCALE_BYTES
 from ._common import MMA_DTYPES, fp8_mma_available, interpreting, select_mma
+from .paged_logits import _to_logits_dtype  # the paged scorer's fp32 -> logits-dtype store rounding
 
 __all__ = [
     "MODES",
@@ -338,7 +339,7 @@ def _ragged_logits_kernel(
                 logits = logits * 64.0
             inside = (cols[:, None] >= ks[None, :]) & (cols[:, None] < ke[None, :])
             logits = tl.where(inside, logits, neg_inf)
-            tl.store(out_rows[None, :] + cols[:, None], logits, mask=store_mask)
+            tl.store(out_rows[None, :] + cols[:, None], _to_logits_dtype(logits, out_ptr), mask=store_mask)
         else:
             if CLEAN:
                 tl.store(out_rows[None, :] + cols[:, None], neg_inf, mask=store_mask)
@@ -440,8 +441,13 @@ def _score(q, weights, keys: PreparedKeys, ks, ke, out, clean_logits, block_m, b
     return out
 
 
-def _setup(q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits):
+_LOGITS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _setup(q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits, logits_dtype):
     """Validate the arguments shared by ``ragged_logits`` and ``iter_ragged_logits``; resolve the options."""
+    if logits_dtype not in _LOGITS_DTYPES:
+        raise ValueError(f"logits_dtype: expected float32, bfloat16 or float16, got {logits_dtype}")
     _check_planes(payload, scales)
     tokens, heads = _check_queries(q, weights, ks, ke, payload.device)
     width = payload.shape[0]
@@ -474,6 +480,7 @@ def ragged_logits(
     block_m: int | None = None,
     block_n: int | None = None,
     num_splits: int | None = None,
+    logits_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Score each query token against its own window of the flat FP4 keys (prefill / extend).
 
@@ -494,7 +501,7 @@ def ragged_logits(
             With ``False`` (like SGLang's ``clean_logits=False``), key tiles
             outside every window of a query block are left untouched; columns
             outside a token's window inside a scored tile are still ``-inf``.
-        out: optional fp32 ``[T, S]`` output, columns contiguous (reused buffer).
+        out: optional ``[T, S]`` output of ``logits_dtype``, columns contiguous (reused buffer).
         mode: ``"auto"`` (``"folded"`` with FP8 MMA, else ``"grouped"``),
             ``"grouped"`` or ``"folded"``: see the module docstring.
         mma: ``"auto"``, ``"fp8"``, ``"fp16"``, ``"bf16"`` or ``"fp32"``
@@ -507,22 +514,26 @@ def ragged_logits(
             ``256 // H``, and 128 keys ``"folded"`` / 64 ``"grouped"``), for tuning.
         num_splits: programs per query block over the key range (default: enough
             to give every SM two programs).
+        logits_dtype: fp32 (default), bf16 or fp16 logits: the sum is formed in
+            fp32 and rounded once on store (round to nearest even), as in
+            ``ops.paged_logits.paged_logits``; bf16/fp16 halve the bytes written.
 
     Returns:
-        fp32 ``[T, S]`` (``out`` when given).
+        ``[T, S]`` of ``logits_dtype`` (``out`` when given).
 
     Raises:
         TypeError / ValueError: bad dtype, shape, device or contiguity of any
             argument, a bad option, or (``check=True``) a window outside ``[0, S]``.
     """
     tokens, width, mode, mma, block_m, block_n = _setup(
-        q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits
+        q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits, logits_dtype
     )
     if out is None:
-        out = torch.empty((tokens, width), dtype=torch.float32, device=q.device)
-    elif out.dtype != torch.float32 or tuple(out.shape) != (tokens, width) or out.stride(1) != 1:
+        out = torch.empty((tokens, width), dtype=logits_dtype, device=q.device)
+    elif out.dtype != logits_dtype or tuple(out.shape) != (tokens, width) or out.stride(1) != 1:
         raise ValueError(
-            f"out: expected float32 [{tokens}, {width}] with contiguous columns, got {out.dtype} {list(out.shape)}"
+            f"out: expected {logits_dtype} [{tokens}, {width}] with contiguous columns, got {out.dtype} "
+            f"{list(out.shape)}"
         )
     elif out.device != q.device:
         raise ValueError(f"out: on {out.device}, but q is on {q.device}")
@@ -564,11 +575,12 @@ def iter_ragged_logits(
     block_m: int | None = None,
     block_n: int | None = None,
     num_splits: int | None = None,
+    logits_dtype: torch.dtype = torch.float32,
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
     """``ragged_logits`` in row chunks whose logits fit a byte budget.
 
-    Decodes the keys once, allocates one fp32 ``[rows_per_chunk, S]`` buffer
-    (``rows_per_chunk(T, S, budget_bytes)``) and yields ``(start, end, logits)``
+    Decodes the keys once, allocates one ``[rows_per_chunk, S]`` buffer of
+    ``logits_dtype`` (``rows_per_chunk(T, S, budget_bytes)``, which budgets 4 bytes per logit) and yields ``(start, end, logits)``
     for consecutive query rows ``[start, end)``; ``logits`` is a view of that
     buffer, ``[end - start, S]``, valid until the next iteration (consume it,
     e.g. take the top-k, before advancing). Arguments as ``ragged_logits``.
@@ -577,11 +589,11 @@ def iter_ragged_logits(
         As ``ragged_logits`` and ``rows_per_chunk`` (raised at the first ``next``).
     """
     tokens, width, mode, mma, block_m, block_n = _setup(
-        q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits
+        q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits, logits_dtype
     )
     rows = rows_per_chunk(tokens, width, budget_bytes)
     keys = prepare_keys(payload, scales, mode=mode, mma=mma)
-    buf = torch.empty((rows, width), dtype=torch.float32, device=q.device)
+    buf = torch.empty((rows, width), dtype=logits_dtype, device=q.device)
     for start in range(0, tokens, rows):
         end = min(start + rows, tokens)
         chunk = buf[: end - start]
