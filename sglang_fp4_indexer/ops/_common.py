@@ -13,9 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..format import INDEX_HEAD_DIM
 from ..pool import scale_row
 
-__all__ = ["interpreting", "scale_row_jit", "fp8_mma_available", "select_mma", "MMA_DTYPES"]
+__all__ = ["interpreting", "scale_row_jit", "fp8_mma_available", "select_mma", "MMA_DTYPES", "check_index_queries"]
 
 
 def interpreting() -> bool:
@@ -77,3 +78,38 @@ def select_mma(mma: str, q: torch.Tensor) -> str:
     if is_fp8:
         return "fp8" if fp8_mma_available(q.device) else "fp16"
     return "fp32" if q.device.type == "cpu" else "bf16"
+
+
+def check_index_queries(q, weights, rows_name: str = "rows", heads_ok=None, heads_expected: str = "") -> tuple[int, int]:
+    """Validate index queries and head weights shared by the scorers.
+
+    Args:
+        q: ``[rows, H, 128]`` float8_e4m3fn or bf16, last dim contiguous.
+        weights: fp32 ``[rows, H]``, head dim contiguous.
+        rows_name: how the error messages name the row dimension.
+        heads_ok: optional predicate on the head count, checked before ``weights``;
+            ``heads_expected`` says what it accepts.
+
+    Returns:
+        ``(rows, H)``.
+
+    Raises:
+        ValueError: a wrong type, dtype, shape or stride, naming the argument.
+    """
+    if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[2] != INDEX_HEAD_DIM:
+        raise ValueError(f"q: expected [{rows_name}, H, {INDEX_HEAD_DIM}], got {getattr(q, 'shape', type(q).__name__)}")
+    if q.dtype not in (torch.float8_e4m3fn, torch.bfloat16):
+        raise ValueError(f"q: expected float8_e4m3fn or bfloat16, got {q.dtype}")
+    if q.stride(2) != 1:
+        raise ValueError("q: the last (128-element) dimension must be contiguous")
+    rows, heads = q.shape[0], q.shape[1]
+    if heads_ok is not None and not heads_ok(heads):
+        raise ValueError(f"q: {heads} index heads; expected {heads_expected}")
+    if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32 or tuple(weights.shape) != (rows, heads):
+        raise ValueError(
+            f"weights: expected float32 [{rows}, {heads}], got {getattr(weights, 'dtype', None)} "
+            f"{list(getattr(weights, 'shape', []))}"
+        )
+    if weights.stride(1) != 1:
+        raise ValueError("weights: the head dimension must be contiguous")
+    return rows, heads

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ..format import INDEX_HEAD_DIM
 from ..pool import PAGE_SIZE, check_cache
-from ._common import MMA_DTYPES, fp8_mma_available, scale_row_jit, select_mma
+from ._common import MMA_DTYPES, check_index_queries, fp8_mma_available, scale_row_jit, select_mma
 
 __all__ = ["DEFAULT_BLOCK_KV", "MAX_NEXT_N", "SUPPORTED_HEADS", "paged_logits", "fp8_mma_available"]
 
@@ -298,19 +298,9 @@ _DOT_MODES = {name: i for i, name in enumerate(MMA_DTYPES)}  # fp8 0, fp16 1, bf
 def _check_inputs(q, weights, cache, block_table, context_lens, page_size):
     check_cache(cache, page_size)
     dev = cache.device
-    if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[2] != INDEX_HEAD_DIM:
-        raise ValueError(f"q: expected [rows, H, {INDEX_HEAD_DIM}], got {getattr(q, 'shape', q)}")
-    if q.dtype not in (torch.float8_e4m3fn, torch.bfloat16):
-        raise ValueError(f"q: expected float8_e4m3fn or bfloat16, got {q.dtype}")
-    if q.stride(2) != 1:
-        raise ValueError("q: the last (128-element) dimension must be contiguous")
-    rows, heads = q.shape[0], q.shape[1]
-    if heads not in SUPPORTED_HEADS:
-        raise ValueError(f"q: {heads} index heads; supported: {SUPPORTED_HEADS}")
-    if weights.dtype != torch.float32 or tuple(weights.shape) != (rows, heads):
-        raise ValueError(f"weights: expected float32 [{rows}, {heads}], got {weights.dtype} {list(weights.shape)}")
-    if weights.stride(1) != 1:
-        raise ValueError("weights: the head dimension must be contiguous")
+    rows, heads = check_index_queries(
+        q, weights, heads_ok=SUPPORTED_HEADS.__contains__, heads_expected=f"one of {SUPPORTED_HEADS}"
+    )
     if block_table.dtype != torch.int32 or block_table.dim() != 2 or not block_table.is_contiguous():
         raise ValueError(
             f"block_table: expected contiguous int32 [B, max_pages], got {block_table.dtype} {list(block_table.shape)}"

@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from ..format import INDEX_HEAD_DIM, PAYLOAD_BYTES, SCALE_BYTES
-from ._common import MMA_DTYPES, fp8_mma_available, interpreting, select_mma
+from ._common import MMA_DTYPES, check_index_queries, fp8_mma_available, interpreting, select_mma
 from .paged_logits import _to_logits_dtype  # the paged scorer's fp32 -> logits-dtype store rounding
 
 __all__ = [
@@ -358,22 +358,9 @@ def _ragged_logits_kernel(
 
 
 def _check_queries(q, weights, ks, ke, device):
-    if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[2] != INDEX_HEAD_DIM:
-        raise ValueError(f"q: expected [T, H, {INDEX_HEAD_DIM}], got {getattr(q, 'shape', type(q).__name__)}")
-    if q.dtype not in (torch.float8_e4m3fn, torch.bfloat16):
-        raise ValueError(f"q: expected float8_e4m3fn or bfloat16, got {q.dtype}")
-    if q.stride(2) != 1:
-        raise ValueError("q: the last (128-element) dimension must be contiguous")
-    tokens, heads = q.shape[0], q.shape[1]
-    if heads < 1 or heads & (heads - 1):
-        raise ValueError(f"q: the head count must be a power of two, got {heads}")
-    if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32 or tuple(weights.shape) != (tokens, heads):
-        raise ValueError(
-            f"weights: expected float32 [{tokens}, {heads}], got {getattr(weights, 'dtype', None)} "
-            f"{list(getattr(weights, 'shape', []))}"
-        )
-    if weights.stride(1) != 1:
-        raise ValueError("weights: the head dimension must be contiguous")
+    tokens, heads = check_index_queries(
+        q, weights, "T", heads_ok=lambda h: h >= 1 and not h & (h - 1), heads_expected="a power of two"
+    )
     for name, t in (("ks", ks), ("ke", ke)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != (tokens,):
             raise ValueError(
