@@ -14,7 +14,7 @@ import pytest
 import torch
 from cases import make_paged_case, term_bound
 
-from sglang_fp4_indexer.ops.paged_logits import paged_logits
+from sglang_fp4_indexer.ops.paged_logits import DEFAULT_BLOCK_KV, paged_logits
 from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
 from sglang_fp4_indexer.reference import paged_logits_reference, topk_reference
 
@@ -189,7 +189,7 @@ def test_folded_flushes_groups_more_than_2_11_below_the_largest():
     payload_plane(case.cache)[page] = p
     scale_plane(case.cache)[page] = s
     got = paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, impl="folded",
-                       schedule=plan_paged_schedule(case.context_lens, 128, 2))
+                       schedule=plan_paged_schedule(case.context_lens, DEFAULT_BLOCK_KV, 2))
     flushed = keys.clone()
     flushed[:, 32:64] = 0
     p2, s2 = quantize_index_k(flushed)
@@ -205,7 +205,7 @@ def test_folded_flushes_groups_more_than_2_11_below_the_largest():
 def test_low_precision_logits_are_the_fp32_logits_rounded_once(dtype):
     case = make_paged_case([70, 129], heads=32, seed=41)
     args = (case.q, case.weights, case.cache, case.block_table, case.context_lens)
-    sched = plan_paged_schedule(case.context_lens, 128, 3)
+    sched = plan_paged_schedule(case.context_lens, DEFAULT_BLOCK_KV, 3)
     full = paged_logits(*args, schedule=sched)
     low = paged_logits(*args, schedule=sched, logits_dtype=dtype)
     assert low.dtype == dtype
@@ -213,3 +213,48 @@ def test_low_precision_logits_are_the_fp32_logits_rounded_once(dtype):
     assert torch.equal(low, full.to(dtype))
     with pytest.raises(ValueError, match="logits_dtype"):
         paged_logits(*args, logits_dtype=torch.float64)
+
+
+def test_stale_schedule_or_other_block_kv_is_refused_when_checked():
+    case = make_paged_case([300, 10], heads=32, seed=43)
+    args = (case.q, case.weights, case.cache, case.block_table, case.context_lens)
+    stale = plan_paged_schedule(torch.tensor([10, 10], dtype=torch.int32), 64, 3)
+    with pytest.raises(ValueError, match="schedule: does not match"):
+        paged_logits(*args, schedule=stale, block_kv=64)
+    other_bkv = plan_paged_schedule(case.context_lens, DEFAULT_BLOCK_KV, 3)
+    with pytest.raises(ValueError, match="schedule: does not match"):
+        paged_logits(*args, schedule=other_bkv, block_kv=64)
+    with pytest.raises(ValueError, match="schedule: does not match"):
+        paged_logits(*args, schedule=torch.zeros(4, 2, dtype=torch.int32), block_kv=64)
+
+
+def test_nan_queries_or_weights_are_refused_when_checked():
+    case = make_paged_case([70], heads=32, seed=44, q_dtype=torch.bfloat16)
+    q = case.q.clone()
+    q[0, 3, 7] = float("nan")
+    with pytest.raises(ValueError, match="q: holds NaN"):
+        paged_logits(q, case.weights, case.cache, case.block_table, case.context_lens)
+    w = case.weights.clone()
+    w[0, 1] = float("inf")
+    with pytest.raises(ValueError, match="weights: holds NaN"):
+        paged_logits(case.q, w, case.cache, case.block_table, case.context_lens)
+
+
+def test_non_tensor_arguments_raise_type_error_naming_them():
+    case = make_paged_case([70], heads=32, seed=45)
+    with pytest.raises(TypeError, match="block_table"):
+        paged_logits(case.q, case.weights, case.cache, case.block_table.tolist(), case.context_lens)
+    with pytest.raises(TypeError, match="context_lens"):
+        paged_logits(case.q, case.weights, case.cache, case.block_table, [70])
+    with pytest.raises(ValueError, match="weights"):
+        paged_logits(case.q, case.weights.tolist(), case.cache, case.block_table, case.context_lens)
+    with pytest.raises(TypeError, match="schedule"):
+        paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, schedule=[[0, 0]])
+
+
+def test_empty_batch_returns_an_empty_result():
+    case = make_paged_case([70], heads=32, seed=46)
+    out = paged_logits(case.q[:0], case.weights[:0], case.cache, case.block_table[:0], case.context_lens[:0], width=64)
+    assert out.shape == (0, 64) and out.dtype == torch.float32
+    with pytest.raises(ValueError, match="rows"):
+        paged_logits(case.q[:0], case.weights[:0], case.cache, case.block_table, case.context_lens)

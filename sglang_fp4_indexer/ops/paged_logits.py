@@ -301,14 +301,17 @@ def _check_inputs(q, weights, cache, block_table, context_lens, page_size):
     rows, heads = check_index_queries(
         q, weights, heads_ok=SUPPORTED_HEADS.__contains__, heads_expected=f"one of {SUPPORTED_HEADS}"
     )
+    for name, t in (("block_table", block_table), ("context_lens", context_lens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if block_table.dtype != torch.int32 or block_table.dim() != 2 or not block_table.is_contiguous():
         raise ValueError(
             f"block_table: expected contiguous int32 [B, max_pages], got {block_table.dtype} {list(block_table.shape)}"
         )
     batch = block_table.shape[0]
-    if batch == 0 or rows % batch:
-        raise ValueError(f"q: rows ({rows}) must be a positive multiple of the block_table batch ({batch})")
-    next_n = rows // batch
+    if (batch == 0) != (rows == 0) or (batch and rows % batch):
+        raise ValueError(f"q: rows ({rows}) must be a multiple of the block_table batch ({batch}), both 0 or both positive")
+    next_n = rows // batch if batch else 1
     if next_n > MAX_NEXT_N:
         raise ValueError(f"q: next_n = {next_n} rows per request; at most {MAX_NEXT_N} supported")
     if context_lens.dtype != torch.int32 or not context_lens.is_contiguous():
@@ -367,10 +370,14 @@ def paged_logits(
         logits_dtype: fp32 (default), bf16 or fp16 logits. The sum is formed in
             fp32 and rounded once on store; bf16/fp16 halve the bytes written
             (the accuracy cost is measured by ``sglang-fp4-indexer accuracy``).
-        check: validate lengths and page indices against the cache (reads them on
-            the host: a sync). With ``check=False`` (the serving path, CUDA graphs)
-            keys on out-of-range pages are masked by the kernel, never read out
-            of bounds, and their columns are written ``-inf``.
+        check: validate lengths and page indices against the cache, q and
+            weights for NaN/Inf, and a given schedule against the lengths and
+            ``block_kv`` (reads them on the host: a sync). With ``check=False``
+            (the serving path, CUDA graphs) keys on out-of-range pages are
+            masked by the kernel, never read out of bounds, and their columns
+            are written ``-inf``; a stale schedule leaves columns unwritten (the
+            caller re-plans before each call, as the plugin does); a NaN in q
+            becomes a 0 term (relu drops it), a NaN in weights a NaN logit.
         mma: MMA input type. ``"auto"``: ``"fp8"`` when q is e4m3 and
             ``fp8_mma_available``, else ``"fp16"`` (both e4m3 operands are exact
             in fp16); for bf16 q ``"bf16"`` on a GPU and ``"fp32"`` under the CPU
@@ -397,9 +404,11 @@ def paged_logits(
         ``[rows, width]`` of ``logits_dtype``: the logits; ``-inf`` at columns ``>= len(r)``.
 
     Raises:
+        TypeError: an argument is not a tensor.
         ValueError: wrong dtype, shape, device or contiguity of any argument; with
-            ``check=True`` also a row length over ``width`` or the block table, or
-            a page index outside the cache.
+            ``check=True`` also a row length over ``width`` or the block table, a
+            page index outside the cache, NaN/Inf in q or weights, or a
+            schedule that does not match ``context_lens`` and ``block_kv``.
     """
     rows, heads, batch, next_n = _check_inputs(q, weights, cache, block_table, context_lens, page_size)
     max_pages = block_table.shape[1]
@@ -436,6 +445,21 @@ def paged_logits(
             pages = block_table[used]
             if int(pages.min()) < 0 or int(pages.max()) >= cache.shape[0]:
                 raise ValueError(f"block_table: a page index in use lies outside the cache's {cache.shape[0]} pages")
+    if check and rows:
+        for name, t in (("q", q), ("weights", weights)):
+            if not bool(torch.isfinite(t.float()).all()):
+                raise ValueError(f"{name}: holds NaN or Inf (with check=False such a row's relu drops NaN terms)")
+    if schedule is not None and not isinstance(schedule, torch.Tensor):
+        raise TypeError(f"schedule: expected a torch.Tensor, got {type(schedule).__name__}")
+    if schedule is not None and check and schedule.dtype == torch.int32 and schedule.dim() == 2 and schedule.shape[0] >= 2:
+        from ..reference import paged_schedule_reference
+
+        want = paged_schedule_reference(context_lens.cpu(), block_kv, schedule.shape[0] - 1)
+        if not torch.equal(schedule.cpu(), want):
+            raise ValueError(
+                "schedule: does not match context_lens and block_kv (stale, or planned with another block_kv); "
+                "re-plan it with ops.schedule.plan_paged_schedule_into(context_lens, block_kv, schedule)"
+            )
     if schedule is None:
         from .schedule import plan_paged_schedule
         from ..schedule import default_num_ctas
@@ -449,6 +473,8 @@ def paged_logits(
         raise ValueError(f"logits_dtype: expected float32, bfloat16 or float16, got {logits_dtype}")
     if out is None:
         out = torch.empty((rows, width), dtype=logits_dtype, device=q.device)
+    if rows == 0:
+        return out
     elif out.dtype != logits_dtype or tuple(out.shape) != (rows, width) or out.stride(1) != 1 or out.device != q.device:
         raise ValueError(
             f"out: expected {logits_dtype} [{rows}, {width}] with contiguous columns on {q.device}, "
