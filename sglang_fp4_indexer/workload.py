@@ -63,6 +63,7 @@ from __future__ import annotations
 import ast
 import math
 import os
+import pickle
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,8 @@ __all__ = [
     "gaussian_workload",
     "text_workload",
     "build_workload",
+    "load_saved_file",
+    "check_output_path",
 ]
 
 #: Dims of an index key/query that carry RoPE: the first 64 of 128 (DeepSeek-V3.2 ``qk_rope_head_dim``).
@@ -194,11 +197,11 @@ class Workload:
         """Read a workload written by ``save`` (``torch.load(weights_only=True)``, tensors on the CPU).
 
         Raises:
-            FileNotFoundError: no such file.
-            ValueError: the file is not a workload of this format, or its tensors
-                do not match its geometry.
+            ValueError: no such file, a directory, a file ``torch.load`` cannot
+                read (``load_saved_file``), a file that is not a workload of this
+                format, or tensors that do not match its geometry; the message names ``path``.
         """
-        data = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+        data = load_saved_file(path)
         if not isinstance(data, dict) or data.get("format") != _WORKLOAD_FORMAT:
             raise ValueError(f"{path}: not a workload file (expected format {_WORKLOAD_FORMAT!r})")
         try:
@@ -209,6 +212,53 @@ class Workload:
             )
         except KeyError as exc:
             raise ValueError(f"{path}: workload file lacks the field {exc}") from None
+
+
+def load_saved_file(path: str | os.PathLike) -> object:
+    """``torch.load(path, map_location="cpu", weights_only=True)`` with the file's problems as one ValueError.
+
+    For the ``.pt`` files this package writes (``Workload.save``,
+    ``accuracy.save_inputs``), so that a command line gets one line naming the
+    file instead of a traceback.
+
+    Raises:
+        ValueError: ``path`` does not exist, is a directory, cannot be read, or
+            is not a file ``torch.load`` reads with ``weights_only=True``
+            (truncated, not a torch file, or holding objects other than tensors
+            and plain values); the message starts with ``path``.
+    """
+    name = os.fspath(path)
+    if not os.path.exists(name):
+        raise ValueError(f"{name}: no such file")
+    if os.path.isdir(name):
+        raise ValueError(f"{name}: is a directory, expected a .pt file")
+    try:
+        return torch.load(name, map_location="cpu", weights_only=True)
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot be read ({exc.strerror or exc})") from None
+    except pickle.UnpicklingError:
+        raise ValueError(f"{name}: not a .pt file this package wrote (torch.load with weights_only=True "
+                         f"cannot unpickle it)") from None
+    except (RuntimeError, EOFError, ValueError, AttributeError, ImportError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise ValueError(f"{name}: not a .pt file this package wrote ({type(exc).__name__}: {first})") from None
+
+
+def check_output_path(path: str | os.PathLike) -> None:
+    """Check that a file can be created at ``path`` before slow work whose result goes there.
+
+    Raises:
+        ValueError: ``path`` is a directory, or its parent directory does not
+            exist, is not a directory, or is not writable; the message starts with ``path``.
+    """
+    name = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(name))
+    if os.path.isdir(name):
+        raise ValueError(f"{name}: is a directory, expected a file path")
+    if not os.path.isdir(parent):
+        raise ValueError(f"{name}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}: the directory {parent} is not writable")
 
 
 def _check_geometry(batch: int, context: int, heads: int) -> None:

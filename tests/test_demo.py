@@ -13,6 +13,7 @@ interpreter); the ``gpu`` test runs the demo on CUDA.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -328,3 +329,78 @@ def test_demo_on_gpu_times_and_matches_oracles():
     _check_demo_result(res, w, 512, 100, device="cuda")
     for col in res.columns:
         assert col.time_us is not None and col.time_us > 0
+
+
+def test_cli_demo_file_and_option_errors_are_one_line_naming_the_flag(capsys, tmp_path):
+    from sglang_fp4_indexer.cli import main
+
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a torch file\n")
+    h48 = tmp_path / "h48.pt"
+    gaussian_workload(1, 8, 48, 0).save(h48)  # a geometry the workload allows but the scorer does not
+    small = ["--workload", "gaussian", "--context", "64", "--batch", "1", "--heads", "16"]
+    for argv, flag, detail in (
+        (["--load-workload", str(tmp_path / "nope.pt")], "--load-workload", "no such file"),
+        (["--load-workload", str(tmp_path)], "--load-workload", "is a directory"),
+        (["--load-workload", str(garbage)], "--load-workload", "not a .pt file"),
+        (["--load-workload", str(h48)], "--load-workload", "H = 48"),
+        (small + ["--save-workload", str(tmp_path / "no" / "dir" / "w.pt")], "--save-workload", "does not exist"),
+        (small + ["--save-workload", str(tmp_path)], "--save-workload", "is a directory"),
+        (["--context", "0"], "--context", ">= 1"),
+        (["--batch", "-1"], "--batch", ">= 1"),
+        (["--heads", "48"], "--heads", "(16, 32, 64, 128)"),
+        (["--topk", "0"], "--topk", ">= 1"),
+        (["--memory-gib", "0"], "--memory-gib", "> 0"),
+        (["--memory-gib", "-3"], "--memory-gib", "> 0"),
+        (["--memory-gib", "inf"], "--memory-gib", "finite"),
+        (["--memory-gib", "nan"], "--memory-gib", "finite"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(["demo"] + argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2, argv
+        assert f"error: {flag}: " in err and detail in err, (argv, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        if "nope.pt" in " ".join(argv) or "garbage" in " ".join(argv):
+            assert str(tmp_path) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["garbage.pt", "h48.pt"]  # nothing was saved
+
+
+def test_cli_demo_without_the_text_model(capsys, tmp_path, monkeypatch):
+    from sglang_fp4_indexer.cli import main
+
+    monkeypatch.setattr(workload, "text_model_available", lambda: False)
+    assert main(["demo", "--context", "64", "--batch", "1", "--heads", "16", "--topk", "8"]) == 0
+    out = "".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "pipinstall'sglang-fp4-indexer[demo]'" in out  # the [demo] extra is not eaten as markup
+    assert "gaussian(textmodelmissing)workload" in out and "gaussianworkload,batch1" in out
+    path = tmp_path / "w.pt"
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--context", "64", "--batch", "1", "--heads", "16", "--save-workload", str(path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--save-workload" in err and "--workload gaussian" in err
+    assert "sglang-fp4-indexer[demo]" in err and not path.exists()
+
+
+def test_demo_help_and_caption_say_what_happens(capsys):
+    import dataclasses
+
+    from sglang_fp4_indexer.cli import build_parser
+    from sglang_fp4_indexer.demo import render_table, run_demo
+    from rich.console import Console
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "geometry wins" not in help_text
+    assert "--workload, --context, --batch, --heads and --seed must not be given" in help_text
+
+    def caption(result) -> str:
+        console = Console(width=400, record=True, file=open(os.devnull, "w"))
+        console.print(render_table(result))
+        return console.export_text()
+
+    res = run_demo(gaussian_workload(1, 40, 16, 0), topk=8)
+    assert "n/a (CPU)" in caption(res) and "CUDA-event" not in caption(res)
+    timed = dataclasses.replace(res, fp4=dataclasses.replace(res.fp4, time_us=12.5))
+    assert "12.5 µs" in caption(timed) and "Times: median of CUDA-event timings." in caption(timed)
