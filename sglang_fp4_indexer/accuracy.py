@@ -92,6 +92,7 @@ from typing import Callable, Sequence
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 
 from . import format as fmt
 from .demo import FP8_KEY_SCALE_FMT, _device, dense_logits, quantize_queries, request_slots, shuffled_block_table
@@ -100,9 +101,11 @@ from .pool import allocate_index_k_cache, read_index_k
 from .reference import fp8_dequantize_rows, fp8_quantize_rows, logits_from_keys, topk_reference
 from .workload import (
     apply_rope,
+    check_output_path,
     gaussian_workload,
     head_weights,
     key_norm,
+    load_saved_file,
     project_to_indexer,
     rotate_activation,
     text_hidden_states,
@@ -321,13 +324,16 @@ def load_inputs(path: str | os.PathLike) -> list[StudyInput]:
     """Read study inputs written by ``save_inputs`` (``torch.load(weights_only=True)``, CPU tensors).
 
     Raises:
-        FileNotFoundError: no such file.
-        ValueError: not a study-input file, or its tensors are inconsistent.
+        ValueError: no such file, a directory or an unreadable file
+            (``workload.load_saved_file``), not a study-input file, or its
+            tensors are inconsistent; the message names ``path``.
     """
-    data = torch.load(os.fspath(path), map_location="cpu", weights_only=True)
+    data = load_saved_file(path)
     if not isinstance(data, dict) or data.get("format") != _INPUT_FORMAT:
         raise ValueError(f"{path}: not an accuracy-study input file (expected format {_INPUT_FORMAT}; "
                          f"write one with 'sglang-fp4-indexer accuracy --save-workload')")
+    if not isinstance(data.get("inputs"), list):
+        raise ValueError(f"{path}: study input file lacks its list of inputs")
     out = []
     for d in data["inputs"]:
         try:
@@ -1202,10 +1208,21 @@ def load_result(path: str | os.PathLike) -> tuple[StudyResult, str | None]:
     Lets a GPU run's numbers be re-rendered (tables, plot) on another machine.
 
     Raises:
-        FileNotFoundError: no such file.
-        ValueError: the file is not an accuracy result.
+        ValueError: no such file, a directory, an unreadable file, not JSON, or
+            JSON that is not an accuracy result; the message names ``path``.
     """
-    data = json.loads(Path(path).read_text())
+    name = os.fspath(path)
+    try:
+        data = json.loads(Path(name).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{name}: is a directory, expected an accuracy.json") from None
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot be read ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{name}: not JSON ({exc}); expected an accuracy.json written by "
+                         f"'sglang-fp4-indexer accuracy'") from None
     try:
         command = data.pop("command", None)
         cases = [CaseResult(**{**c, "formats": {n: FormatMetrics(**f) for n, f in c["formats"].items()},
@@ -1302,11 +1319,19 @@ def main(args: argparse.Namespace, console: Console | None = None) -> int:
     console = console or Console()
     started = time.perf_counter()
     if args.from_json is not None:
-        result, command = load_result(args.from_json)
+        try:
+            result, command = load_result(args.from_json)
+        except ValueError as exc:
+            raise ValueError(f"--from-json: {exc}") from None
         return _report(result, args.out_dir, command, console)
     dev = _device(args.device)  # fail before the (slow) input build
     if args.save_only and not args.save_workload:
         raise ValueError("--save-only: needs --save-workload PATH")
+    if args.save_workload is not None:
+        try:
+            check_output_path(args.save_workload)  # before the (slow) build
+        except ValueError as exc:
+            raise ValueError(f"--save-workload: {exc}") from None
     for name in ("rows", "topk"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -1324,9 +1349,13 @@ def main(args: argparse.Namespace, console: Console | None = None) -> int:
 
     loaded: dict[str, StudyInput] = {}
     if args.load_workload is not None:
-        for inp in load_inputs(args.load_workload):
+        try:
+            file_inputs = load_inputs(args.load_workload)
+        except ValueError as exc:
+            raise ValueError(f"--load-workload: {exc}") from None
+        for inp in file_inputs:
             loaded[inp.kind] = inp
-        log(f"loaded {', '.join(loaded)} from {args.load_workload}")
+        log(f"loaded {', '.join(loaded)} from {escape(args.load_workload)}")
     rows = args.rows
     if loaded:
         file_rows = {spec.rows for inp in loaded.values() for spec in inp.rows.values()}
@@ -1344,10 +1373,10 @@ def main(args: argparse.Namespace, console: Console | None = None) -> int:
         inputs.append(build_study_input(kind, cases, rows, args.seed, needle_margin=args.needle_margin, device=dev))
     for inp in inputs:
         for note in inp.notes:
-            console.print(note, style="yellow")
+            console.print(escape(note), style="yellow")
     if args.save_workload is not None:
         save_inputs(inputs, args.save_workload)
-        log(f"saved {', '.join(i.kind for i in inputs)} to {args.save_workload}")
+        log(f"saved {', '.join(i.kind for i in inputs)} to {escape(args.save_workload)}")
         if args.save_only:
             return 0
     result = run_accuracy(inputs, cases, topk=args.topk, device=dev, triton_max_context=args.triton_max_context,

@@ -425,3 +425,33 @@ def test_gpu_study_matches_the_torch_path():
             assert abs(a.formats[name].recall_mean - b.formats[name].recall_mean) <= 2e-3
         assert a.formats["FP4"].spearman_mean == pytest.approx(b.formats["FP4"].spearman_mean, abs=1e-6)
         assert a.formats["FP8"].recall_rows == b.formats["FP8"].recall_rows
+
+
+def test_cli_file_errors_are_one_line_naming_the_flag_and_the_file(tmp_path, capsys):
+    from sglang_fp4_indexer.cli import main
+
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a torch file\n")
+    not_json = tmp_path / "not.json"
+    not_json.write_text("{ this is not json")
+    wrong_json = tmp_path / "wrong.json"
+    wrong_json.write_text(json.dumps({"cases": 3}))
+    base = ["accuracy", "--workloads", "gaussian", "--contexts", "64", "--heads", "32", "--out-dir", str(tmp_path / "o")]
+    for argv, flag, path, detail in (
+        (["--load-workload", str(tmp_path / "nope.pt")], "--load-workload", tmp_path / "nope.pt", "no such file"),
+        (["--load-workload", str(tmp_path)], "--load-workload", tmp_path, "is a directory"),
+        (["--load-workload", str(garbage)], "--load-workload", garbage, "not a .pt file"),
+        (["--save-workload", str(tmp_path / "no" / "w.pt")], "--save-workload", tmp_path / "no" / "w.pt",
+         "does not exist"),
+        (["--from-json", str(tmp_path / "nope.json")], "--from-json", tmp_path / "nope.json", "no such file"),
+        (["--from-json", str(tmp_path)], "--from-json", tmp_path, "is a directory"),
+        (["--from-json", str(not_json)], "--from-json", not_json, "not JSON"),
+        (["--from-json", str(wrong_json)], "--from-json", wrong_json, "not an accuracy.json"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(base + argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2, argv
+        assert f"error: {flag}: {path}: " in err and detail in err, (argv, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
