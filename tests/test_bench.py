@@ -309,6 +309,28 @@ def test_cli_bench_bad_options():
         assert "error:" in proc.stderr
 
 
+def test_cli_bench_refuses_gpu_sets_on_the_cpu_and_unrunnable_shapes_up_front(monkeypatch, capsys):
+    from sglang_fp4_indexer.cli import main
+    from sglang_fp4_indexer.ops.paged_logits import MAX_NEXT_N, SUPPORTED_HEADS
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # what the command sets for --device cpu; restored afterwards
+    assert 48 not in SUPPORTED_HEADS and MAX_NEXT_N < 9
+    for args, flag, detail in (
+        (["--quick"], "--quick", "--shapes cpu"),
+        (["--shapes", "quick"], "--shapes", "'quick'"),
+        (["--shapes", "cpu,FULL"], "--shapes", "'full'"),
+        (["--shapes", "48x1x128x1"], "--shapes", "48x1x128x1"),
+        (["--shapes", "32x1x128x1,64x1x128x9"], "--shapes", "64x1x128x9"),
+        (["--shapes", "32x1x64x1", "--impl", "scaled,bogus"], "--impl", "'bogus'"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", "--device", "cpu", *args])
+        captured = capsys.readouterr()
+        assert exc.value.code == 2, args
+        assert f"error: {flag}: " in captured.err and detail in captured.err, (args, captured.err)
+        assert "copy bandwidth" not in captured.out  # refused before anything ran
+
+
 @pytest.mark.sglang
 def test_sglang_scorer_module_loads_without_package_init():
     code = textwrap.dedent(

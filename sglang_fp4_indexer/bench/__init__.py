@@ -36,10 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where to run: cuda (CUDA graphs), cpu (Triton interpreter, tiny shapes, "
                              "not a speed figure) or auto (cuda when available)")
     parser.add_argument("--quick", action="store_true",
-                        help="a first look: issue 3's target shapes only (default on a GPU: the full grid)")
+                        help="a first look: issue 3's target shapes only (default on a GPU: the full grid); "
+                             "GPU-sized, so refused with --device cpu")
     parser.add_argument("--shapes", default=None, metavar="LIST",
                         help="comma-separated HxBATCHxCONTEXTxNEXT_N shapes (K = 1024, e.g. 64x8x128Kx1) "
-                             "and/or set names quick, full, cpu (default: full on a GPU, cpu on the CPU)")
+                             "and/or set names quick, full, cpu (default: full on a GPU, cpu on the CPU; "
+                             "quick and full are refused on the CPU)")
     parser.add_argument("--scorers", default="ours,sglang,deepgemm", metavar="LIST",
                         help="scorers to time: ours, sglang (SGLang's Triton FP4), deepgemm (DeepGEMM FP8)")
     parser.add_argument("--impl", default=None, metavar="LIST",
@@ -99,6 +101,51 @@ def _positive_or_none(value, name: str, default):
     return value or None
 
 
+#: Shape sets sized for a GPU: in the Triton interpreter they run for hours.
+GPU_SHAPE_SETS = ("quick", "full")
+
+
+def _check_cpu_shapes(args: argparse.Namespace) -> None:
+    """On the CPU, refuse the GPU shape sets (``--quick``, ``--shapes quick|full``) instead of running them.
+
+    Raises:
+        ValueError: naming the option and what to pass instead.
+    """
+    fix = ("on the CPU give --shapes cpu (the default) or small HxBATCHxCONTEXTxNEXT_N shapes, e.g. "
+           "--shapes 32x1x256x1, or run on a GPU with --device cuda")
+    if args.quick and not args.shapes:
+        raise ValueError(f"--quick: its shapes (up to 32 x 128K keys) are GPU-sized and would run for hours in "
+                         f"the Triton interpreter; {fix}")
+    names = [item.strip().lower() for item in (args.shapes or "").split(",")]
+    big = [name for name in GPU_SHAPE_SETS if name in names]
+    if big:
+        raise ValueError(f"--shapes: the set {big[0]!r} is GPU-sized and would run for hours in the Triton "
+                         f"interpreter; {fix}")
+
+
+def _check_scorer_options(shapes, impls: list[str] | None) -> None:
+    """Shapes whose H the paged scorer cannot run and unknown ``--impl`` names, before anything is timed.
+
+    Raises:
+        ValueError: an H outside ``ops.paged_logits.SUPPORTED_HEADS`` or a
+            ``next_n`` above ``MAX_NEXT_N`` (``--shapes``), or an ``--impl``
+            name ``paged_logits`` does not know.
+    """
+    from ..ops.paged_logits import _IMPLS, MAX_NEXT_N, SUPPORTED_HEADS  # _IMPLS: the op's impl names
+
+    bad = [s.spec for s in shapes if s.heads not in SUPPORTED_HEADS]
+    if bad:
+        raise ValueError(f"--shapes: H of {', '.join(bad)} not supported by the paged scorer "
+                         f"(supported H: {SUPPORTED_HEADS})")
+    bad = [s.spec for s in shapes if s.next_n > MAX_NEXT_N]
+    if bad:
+        raise ValueError(f"--shapes: next_n of {', '.join(bad)} above the paged scorer's MAX_NEXT_N = {MAX_NEXT_N}")
+    known = ("auto", *_IMPLS)
+    unknown = [i for i in impls or () if i not in known]
+    if unknown:
+        raise ValueError(f"--impl: unknown {', '.join(map(repr, unknown))}; expected names from {known}")
+
+
 def main(args: argparse.Namespace, console=None) -> int:
     """Run the benchmark with parsed ``args``; print the table, then a short summary last.
 
@@ -106,7 +153,10 @@ def main(args: argparse.Namespace, console=None) -> int:
         0 when every timed output passed its check, 1 otherwise.
 
     Raises:
-        ValueError: bad options (the CLI turns it into a usage error).
+        ValueError: bad options (the CLI turns it into a usage error): among
+            them, on the CPU, the GPU shape sets (``--quick``, ``--shapes
+            quick|full``; ``_check_cpu_shapes``), and shapes or ``--impl`` names
+            the paged scorer cannot run (``_check_scorer_options``).
     """
     from rich.console import Console
 
@@ -123,10 +173,13 @@ def main(args: argparse.Namespace, console=None) -> int:
     cpu = device.type == "cpu"
     if getattr(args, "prefill", False):
         return _main_prefill(args, device, console)
+    if cpu:
+        _check_cpu_shapes(args)
     spec = args.shapes or ("quick" if args.quick else "cpu" if cpu else "full")
     shapes = parse_shapes(spec)
-    scorers = make_scorers([s.strip() for s in args.scorers.split(",") if s.strip()],
-                           [i.strip() for i in args.impl.split(",") if i.strip()] if args.impl else None)
+    impls = [i.strip() for i in args.impl.split(",") if i.strip()] if args.impl else None
+    _check_scorer_options(shapes, impls)
+    scorers = make_scorers([s.strip() for s in args.scorers.split(",") if s.strip()], impls)
     if not scorers:
         raise ValueError("--scorers: expected at least one scorer")
     copy_bytes = None if args.copy_mib is None else _positive_or_none(args.copy_mib, "--copy-mib", None)
