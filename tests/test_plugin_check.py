@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
+import os
+import subprocess
 import sys
+from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -27,18 +32,19 @@ def _write(tmp_path, cfg, as_dir=True):
 
 def _run(capsys, *argv):
     code = main(["check", *argv])
-    return code, " ".join(capsys.readouterr().out.split())  # rich wraps lines: compare whitespace-normalised
+    # rich wraps lines and draws cell borders: compare whitespace-normalised, without the borders
+    return code, " ".join(capsys.readouterr().out.replace("│", " ").replace("┃", " ").split())
 
 
 @pytest.mark.parametrize("cfg, layers", [(DSV32, 61), (GLM5, 78)], ids=["deepseek-v3.2", "glm-5"])
 def test_enabled_with_memory_effect(tmp_path, capsys, cfg, layers):
-    code, out = _run(capsys, _write(tmp_path, cfg), "--memory-gib", "80", "--capability", "9.0")
+    code, out = _run(capsys, _write(tmp_path, cfg), "--memory-gib", "80", "--capability", "9.0", "--kv-cache-dtype", "fp8")
     assert code == 0
     assert "FP4 indexer: ENABLED" in out and "classified by sglang" in out
     kv = 512 + (512 // 128) * 4 + 64 * 2  # FlashMLA FP8: 512 e4m3, one fp32 scale per 128, 64 bf16 RoPE dims
     assert kv == 656
     fp8, fp4 = layers * (kv + 132), layers * (kv + 68)
-    assert str(fp8) in out and str(fp4) in out
+    assert f"{kv + 132} {fp8}" in out and f"{kv + 68} {fp4}" in out and "(fp8: --kv-cache-dtype of check)" in out
     assert str(80 * GIB // fp8) in out and str(80 * GIB // fp4) in out
     assert f"{layers} with an index cache" in out
 
@@ -64,6 +70,108 @@ def test_refusals_name_reason_and_exit_1(tmp_path, capsys):
     assert code == 1 and "not a DeepSeek Sparse Attention model" in out and "memory effect: none" in out
 
 
+def _tokens(memory, per_rank_bytes):
+    return math.floor(Fraction(memory) / per_rank_bytes)
+
+
+@pytest.mark.parametrize("w", [2, 8])
+@pytest.mark.parametrize("shard", [False, True], ids=["replicated", "sharded"])
+def test_dcp_rows_are_per_rank(tmp_path, capsys, w, shard):
+    flags = f"--tp-size 8 --dcp-size {w}" + (" --fp4-indexer-dcp-shard" if shard else "")
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--memory-gib", "80", "--capability", "9.0",
+                     "--kv-cache-dtype", "fp8", f"--sglang-args={flags}")
+    assert code == 0 and f"DCP {w}: {'sharded' if shard else 'replicated'} index" in out
+    assert f"per rank, DCP {w}" in out
+    # Per rank and layer: MLA KV 656 / W always sharded; index 132 or 68 replicated, 68 / W sharded.
+    fp8, rep, sh = Fraction(656, w) + 132, Fraction(656, w) + 68, Fraction(656 + 68, w)
+    if w == 8:
+        assert (fp8, rep, sh) == (214, 150, Fraction(181, 2))  # the DCP section of docs/user-guide.md
+    t8, tr, ts = (_tokens(80 * GIB, 61 * b) for b in (fp8, rep, sh))
+    show = lambda x: str(x.numerator) if x.denominator == 1 else f"{float(x):g}"  # noqa: E731
+    assert f"FP8 (SGLang) 132 {show(fp8)} {show(61 * fp8)} {t8}" in out
+    assert f"FP4 replicated{'' if shard else ' *'} 68 {show(rep)} {show(61 * rep)} {tr}" in out
+    assert f"FP4 sharded{' *' if shard else ''} {show(Fraction(68, w))} {show(sh)} {show(61 * sh)} {ts}" in out
+    tokens = ts if shard else tr
+    gain = f"+{(tokens / t8 - 1) * 100:.1f} %"
+    expected = {(2, False): "+16.2 %", (2, True): "+27.1 %", (8, False): "+42.7 %", (8, True): "+136.5 %"}
+    assert gain == expected[w, shard]
+    assert f"extra KV tokens with FP4 ({'sharded' if shard else 'replicated'}): {tokens - t8} ({gain})" in out
+
+
+def _kv_line(out):
+    return out[out.index("MLA KV"):]
+
+
+def test_kv_cache_dtype_follows_sglang(tmp_path, capsys):
+    path = _write(tmp_path, GLM5)
+    # SGLang 0.5.23 (_dsa_kv_cache_dtype_default): auto -> bfloat16 below SM100, fp8_e4m3 from SM100.
+    code, out = _run(capsys, path, "--capability", "9.0")
+    bf16 = (512 + 64) * 2
+    assert code == 0 and f"MLA KV {bf16} B/token/layer (bf16: SGLang's default for DSA models on CUDA 9.0" in out
+    t8, t4 = 100 * GIB // (78 * (bf16 + 132)), 100 * GIB // (78 * (bf16 + 68))
+    assert f"+{(t4 / t8 - 1) * 100:.1f} %" == "+5.2 %" and f"{t4 - t8} (+5.2 %)" in out
+    code, out = _run(capsys, path, "--capability", "10.0")
+    assert "MLA KV 656 B/token/layer (fp8: SGLang's default for DSA models on CUDA 10.0" in out
+    code, out = _run(capsys, path, "--capability", "10.0", "--sglang-args=--kv-cache-dtype bf16")
+    assert f"MLA KV {bf16} B/token/layer (bf16: --kv-cache-dtype bf16 in --sglang-args)" in out
+    code, out = _run(capsys, path, "--capability", "9.0", "--kv-cache-dtype", "fp8", "--sglang-args=--kv-cache-dtype=fp8_e4m3")
+    assert "MLA KV 656 B/token/layer (fp8: --kv-cache-dtype fp8_e4m3 in --sglang-args)" in out
+    (tmp_path / "sinks").mkdir()
+    sinks = _write(tmp_path / "sinks", {**GLM5, "learnable_sink": True})
+    code, out = _run(capsys, sinks, "--capability", "10.0")
+    assert f"MLA KV {bf16} B/token/layer (bf16: SGLang's default" in out and "learnable attention sinks" in out
+    for argv, text in (
+        (["--kv-cache-dtype", "bf16", "--sglang-args=--kv-cache-dtype=fp8_e4m3"], "conflicts with --kv-cache-dtype fp8_e4m3"),
+        (["--sglang-args=--kv-cache-dtype fp8_e5m2"], "bf16/bfloat16 or fp8_e4m3 only"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(["check", path, *argv])
+        assert exc.value.code == 2 and text in capsys.readouterr().err
+
+
+def test_sglang_kv_dtype_architectures_match_sglang():
+    from sglang.srt.arg_groups.overrides import _DEEPSEEK_FAMILY_ARCHS
+
+    from sglang_fp4_indexer.check import DSA_KV_DTYPE_ARCHS
+
+    # model_hook runs the DSA dtype default for its DeepSeek-family list, which lacks the Longcat draft.
+    assert DSA_KV_DTYPE_ARCHS == _DEEPSEEK_FAMILY_ARCHS - {"LongcatFlashForCausalLMNextN"}
+
+
+@pytest.mark.parametrize("argv, cfg, reason", [
+    (["--sglang-args=--page-size 32"], DSV32, "32 tokens"),
+    (["--sglang-args=--enable-hierarchical-cache"], DSV32, "hierarchical cache"),
+    (["--capability", "8.0"], DSV32, "no FP8 MMA"),
+    ([], {**DSV32, "index_n_heads": 48}, "index_n_heads is 48"),
+], ids=["page-size", "hicache", "sm80", "48-heads"])
+def test_refused_memory_rows_are_labelled_hypothetical(tmp_path, capsys, argv, cfg, reason):
+    code, out = _run(capsys, _write(tmp_path, cfg), "--kv-cache-dtype", "fp8", *argv)
+    assert code == 1 and "DISABLED" in out and reason in out
+    t8, t4 = 100 * GIB // (61 * 788), 100 * GIB // (61 * 724)
+    assert f"FP4 (refused) 68 724 {61 * 724} {t4}" in out and "what FP4 would give if the refusal were lifted" in out
+    assert "extra KV tokens with FP4" not in out
+    assert f"if the refusal were lifted, FP4 would add {t4 - t8} KV tokens (+{(t4 / t8 - 1) * 100:.1f} %)" in out
+
+
+def test_config_reporting(tmp_path, capsys):
+    no_arch = {k: v for k, v in DSV32.items() if k != "architectures"}
+    code, out = _run(capsys, _write(tmp_path, no_arch, as_dir=False), "--capability", "9.0")
+    assert "model: no architectures in config, model_type 'deepseek_v32'" in out and "model: None" not in out
+    (tmp_path / "s.json").write_text(json.dumps({**DSV32, "index_n_heads": "32"}))
+    with pytest.raises(SystemExit) as exc:
+        main(["check", str(tmp_path / "s.json")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "index_n_heads must be an integer" in err and "'32' (str)" in err
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "deepseek-ai/DeepSeek-V3.2"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert exc.value.code == 2 and "huggingface-cli download deepseek-ai/DeepSeek-V3.2 config.json" in err
+    with pytest.raises(SystemExit) as exc:
+        main(["check", _write(tmp_path, DSV32), "--sglang-args=--model-path foo"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert exc.value.code == 2 and "--model-path foo is not used by check" in err
+
+
 def test_deepseek_v4_points_to_sglang_flag(tmp_path, capsys):
     cfg = {"architectures": ["DeepseekV4ForCausalLM"], "index_topk": 512, "index_head_dim": 128, "index_n_heads": 64}
     code, out = _run(capsys, _write(tmp_path, cfg), "--capability", "9.0")
@@ -71,15 +179,40 @@ def test_deepseek_v4_points_to_sglang_flag(tmp_path, capsys):
 
 
 def test_without_sglang_uses_config_keys(tmp_path, capsys, monkeypatch):
-    # Importing the plugin's facts module fails as it would without SGLang installed.
-    monkeypatch.setitem(sys.modules, "sglang_fp4_indexer.sglang_plugin.facts", None)
+    # Importing SGLang fails as it does where it is not installed.
+    monkeypatch.setitem(sys.modules, "sglang", None)
     path = _write(tmp_path, DSV32)
     code, out = _run(capsys, path, "--capability", "9.0")
-    assert code == 0 and "classified by config keys" in out and "ENABLED" in out
+    assert code == 0 and "classified by config keys (SGLang not importable" in out and "ENABLED" in out
+    assert "MLA KV 1152 B/token/layer (bf16: SGLang's default for DSA models on CUDA 9.0" in out
     with pytest.raises(SystemExit) as exc:
         main(["check", path, "--sglang-args=--dcp-size 2"])
     assert exc.value.code == 2
-    assert "SGLang is not installed" in capsys.readouterr().err
+    assert "SGLang is not importable here" in capsys.readouterr().err
+
+
+_BLOCKED = "import sys; sys.modules['sglang'] = None; from sglang_fp4_indexer.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def test_without_sglang_subprocess(tmp_path):
+    path = _write(tmp_path, GLM5)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    run = lambda *a: subprocess.run([sys.executable, "-c", _BLOCKED, "check", path, "--capability", "10.0", *a],  # noqa: E731
+                                    capture_output=True, text=True, env=env, timeout=300)
+    res = run()
+    assert res.returncode == 0 and "ENABLED" in res.stdout and "Traceback" not in res.stderr, res.stderr
+    assert "MLA KV 656 B/token/layer (fp8: SGLang's default" in " ".join(res.stdout.split())
+    res = run("--sglang-args=--dcp-size 2")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "SGLang is not importable here" in lines[0], res.stderr
+
+
+def test_no_sglang_import_warnings(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "sglang_fp4_indexer.cli", "check", _write(tmp_path, DSV32)],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert res.returncode == 0 and "classified by sglang" in res.stdout
+    assert "UserWarning" not in res.stderr and "AWQ" not in res.stderr, res.stderr
 
 
 def test_bad_input(tmp_path, capsys):

@@ -31,6 +31,7 @@ __all__ = [
     "global_rank",
     "decision_for_kvc",
     "server_args_from_flags",
+    "server_field",
     "index_layer_count",
 ]
 
@@ -152,6 +153,17 @@ def _field(server_args, name: str, default):
 
     value = resolution_result(server_args, name, default)
     return default if value is None else value
+
+
+def server_field(server_args, name: str, default):
+    """One ``ServerArgs`` field read through SGLang's ``resolution_result`` (``default`` when unset or None).
+
+    Args:
+        server_args: a ``ServerArgs`` record (raw or resolved).
+        name: the field name, e.g. ``"kv_cache_dtype"``.
+        default: returned when the record has no value.
+    """
+    return _field(server_args, name, default)
 
 
 def server_facts(
