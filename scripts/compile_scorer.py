@@ -9,7 +9,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sglang_fp4_indexer.ops.paged_logits import _IMPLS, _paged_logits_kernel
+from sglang_fp4_indexer.ops.paged_logits import IMPLS, _paged_logits_kernel
 
 print("triton", triton.__version__)
 names = ["q_ptr", "w_ptr", "cache_ptr", "bt_ptr", "lens_ptr", "sched_ptr", "out_ptr", "num_requests", "num_pages",
@@ -19,7 +19,7 @@ for impl in sys.argv[1:] or ["scaled", "folded"]:
     for bkv, nw in ((128, 4), (256, 4), (128, 8)):
         sig = dict(zip(names, types))
         cx = dict(LENS_PER_ROW=False, NEXT_N=1, NEXT_N_PAD=1, H=64, PAGE=64, BLOCK_KV=bkv, DOT_MODE=0,
-                  IMPL=_IMPLS[impl], ASM=impl == "folded")
+                  IMPL=IMPLS[impl], ASM=impl == "folded")
         for k in cx:
             sig[k] = "constexpr"
         src = ASTSource(fn=_paged_logits_kernel, signature=sig, constexprs=cx)

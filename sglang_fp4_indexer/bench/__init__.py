@@ -131,7 +131,7 @@ def _check_scorer_options(shapes, impls: list[str] | None) -> None:
             ``next_n`` above ``MAX_NEXT_N`` (``--shapes``), or an ``--impl``
             name ``paged_logits`` does not know.
     """
-    from ..ops.paged_logits import _IMPLS, MAX_NEXT_N, SUPPORTED_HEADS  # _IMPLS: the op's impl names
+    from ..ops.paged_logits import IMPLS, MAX_NEXT_N, SUPPORTED_HEADS
 
     bad = [s.spec for s in shapes if s.heads not in SUPPORTED_HEADS]
     if bad:
@@ -140,7 +140,7 @@ def _check_scorer_options(shapes, impls: list[str] | None) -> None:
     bad = [s.spec for s in shapes if s.next_n > MAX_NEXT_N]
     if bad:
         raise ValueError(f"--shapes: next_n of {', '.join(bad)} above the paged scorer's MAX_NEXT_N = {MAX_NEXT_N}")
-    known = ("auto", *_IMPLS)
+    known = ("auto", *IMPLS)
     unknown = [i for i in impls or () if i not in known]
     if unknown:
         raise ValueError(f"--impl: unknown {', '.join(map(repr, unknown))}; expected names from {known}")

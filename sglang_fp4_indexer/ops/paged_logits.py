@@ -29,7 +29,7 @@ from ..format import INDEX_HEAD_DIM
 from ..pool import PAGE_SIZE, check_cache
 from ._common import MMA_DTYPES, check_index_queries, fp8_mma_available, scale_row_jit, select_mma
 
-__all__ = ["DEFAULT_BLOCK_KV", "MAX_NEXT_N", "SUPPORTED_HEADS", "paged_logits", "fp8_mma_available"]
+__all__ = ["DEFAULT_BLOCK_KV", "IMPLS", "MAX_NEXT_N", "SUPPORTED_HEADS", "paged_logits", "fp8_mma_available"]
 
 #: Keys per tile (four pages). The CTA schedule must be planned with the same value.
 #: Measured best for the default (folded) scorer on H200 (docs/perf-notes.md, runs 5-6).
@@ -290,7 +290,8 @@ def _paged_logits_kernel(
                 tl.store(out_ptr + out_rows[None, :] + cols[:, None], _to_logits_dtype(neg_inf, out_ptr), mask=row_ok & (cols[:, None] < width))
 
 
-_IMPLS = {"group": 0, "scaled": 1, "folded": 2}
+#: Scorer formulations (``impl``), besides ``"auto"``; values are the kernel's IMPL.
+IMPLS = {"group": 0, "scaled": 1, "folded": 2}
 #: MMA input type -> the kernel's DOT_MODE.
 _DOT_MODES = {name: i for i, name in enumerate(MMA_DTYPES)}  # fp8 0, fp16 1, bf16 2, fp32 3
 
@@ -421,8 +422,8 @@ def paged_logits(
     dot_mode = _DOT_MODES[select_mma(mma, q)]
     if impl == "auto":
         impl = "folded" if dot_mode == 0 else "scaled"
-    if impl not in _IMPLS:
-        raise ValueError(f"impl: expected one of {tuple(_IMPLS)}, got {impl!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {tuple(IMPLS)}, got {impl!r}")
     if impl == "folded" and dot_mode != 0:
         raise ValueError("impl: 'folded' needs e4m3 queries and FP8 MMA (mma 'fp8' or 'auto' on such a device)")
     use_asm = use_ptx and impl == "folded" and q.device.type == "cuda" and torch.version.hip is None
@@ -510,7 +511,7 @@ def paged_logits(
         PAGE=page_size,
         BLOCK_KV=block_kv,
         DOT_MODE=dot_mode,
-        IMPL=_IMPLS[impl],
+        IMPL=IMPLS[impl],
         ASM=use_asm,
         num_warps=num_warps,
         num_stages=num_stages,
