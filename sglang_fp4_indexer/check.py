@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import warnings
 from fractions import Fraction
 from pathlib import Path
 
@@ -183,13 +182,11 @@ def _with_sglang(cfg: dict, model_path: str, flags: list[str]):
     Returns ``(None, why)`` when SGLang cannot be imported. SGLang's import-time
     UserWarnings (AWQ, GGUF on a machine without a GPU) are suppressed.
     """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            import sglang.srt.configs.model_config  # noqa: F401
-            import sglang.srt.server_args  # noqa: F401
-    except ImportError as exc:
-        return None, str(exc)
+    from .sglang_plugin.facts import sglang_import_error
+
+    why = sglang_import_error()
+    if why is not None:
+        return None, why
     from .sglang_plugin.facts import (
         index_layer_count,
         model_facts,

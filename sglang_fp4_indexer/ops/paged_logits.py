@@ -25,7 +25,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..format import INDEX_HEAD_DIM
 from ..pool import PAGE_SIZE, check_cache
 from ._common import MMA_DTYPES, check_index_queries, fp8_mma_available, scale_row_jit, select_mma
 

@@ -14,6 +14,8 @@ import os
 
 import torch
 
+import warnings
+
 from ..gate import Decision, DeviceFacts, ModelFacts, ServerFacts, decide, report
 
 __all__ = [
@@ -323,3 +325,19 @@ def index_layer_count(hf_config, num_layers: int) -> int:
     if not is_deepseek_dsa(cfg):
         return num_layers
     return sum(not dsa_layer_skips_topk(cfg, layer) for layer in range(num_layers))
+
+
+def sglang_import_error() -> str | None:
+    """Import the SGLang modules ``check`` reads; ``None`` when they import, else the reason.
+
+    SGLang's import-time UserWarnings (AWQ, GGUF on a machine without a GPU)
+    are suppressed.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            import sglang.srt.configs.model_config  # noqa: F401
+            import sglang.srt.server_args  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return None
