@@ -16,7 +16,7 @@ import triton.language as tl
 from ..format import INDEX_HEAD_DIM
 from ..pool import scale_row
 
-__all__ = ["interpreting", "scale_row_jit", "fp8_mma_available", "select_mma", "MMA_DTYPES", "check_index_queries"]
+__all__ = ["interpreting", "scale_row_jit", "fp8_mma_available", "select_mma", "MMA_DTYPES", "check_index_queries", "to_logits_dtype"]
 
 
 def interpreting() -> bool:
@@ -113,3 +113,15 @@ def check_index_queries(q, weights, rows_name: str = "rows", heads_ok=None, head
     if weights.stride(1) != 1:
         raise ValueError("weights: the head dimension must be contiguous")
     return rows, heads
+
+
+@triton.jit
+def to_logits_dtype(x, out_ptr):
+    """fp32 -> the output's dtype, round to nearest even. bf16 is rounded on the
+    bits (the CPU interpreter's bf16 cast truncates); -inf and finite values only."""
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(out_ptr.dtype.element_ty)

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..pool import PAGE_SIZE, check_cache
-from ._common import MMA_DTYPES, check_index_queries, fp8_mma_available, scale_row_jit, select_mma
+from ._common import MMA_DTYPES, check_index_queries, fp8_mma_available, scale_row_jit, select_mma, to_logits_dtype
 
 __all__ = ["DEFAULT_BLOCK_KV", "IMPLS", "MAX_NEXT_N", "SUPPORTED_HEADS", "paged_logits", "fp8_mma_available"]
 
@@ -157,18 +157,6 @@ def _folded_keys(cache_ptr, payload_base, scale_base, ok, BLOCK_KV: tl.constexpr
 
 
 @triton.jit
-def _to_logits_dtype(x, out_ptr):
-    """fp32 -> the output's dtype, round to nearest even. bf16 is rounded on the
-    bits (the CPU interpreter's bf16 cast truncates); -inf and finite values only."""
-    if out_ptr.dtype.element_ty == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    else:
-        return x.to(out_ptr.dtype.element_ty)
-
-
-@triton.jit
 def _paged_logits_kernel(
     q_ptr,
     w_ptr,
@@ -280,13 +268,13 @@ def _paged_logits_kernel(
             visible = (kv[:, None] < lens[None, :]) & ok[:, None]
             logits = tl.where(visible, logits, neg_inf)
             store_mask = row_ok & (kv[:, None] < width)
-            tl.store(out_ptr + out_rows[None, :] + kv[:, None], _to_logits_dtype(logits, out_ptr), mask=store_mask)
+            tl.store(out_ptr + out_rows[None, :] + kv[:, None], to_logits_dtype(logits, out_ptr), mask=store_mask)
 
         # The request's last tile also writes -inf over the rest of the row.
         if (blk_stop == nblocks) & (blk_start < blk_stop):
             for c0 in range(nblocks * BLOCK_KV, width, BLOCK_KV):
                 cols = c0 + offs_kv
-                tl.store(out_ptr + out_rows[None, :] + cols[:, None], _to_logits_dtype(neg_inf, out_ptr), mask=row_ok & (cols[:, None] < width))
+                tl.store(out_ptr + out_rows[None, :] + cols[:, None], to_logits_dtype(neg_inf, out_ptr), mask=row_ok & (cols[:, None] < width))
 
 
 #: Scorer formulations (``impl``), besides ``"auto"``; values are the kernel's IMPL.
@@ -452,10 +440,10 @@ def paged_logits(
     if schedule is not None and not isinstance(schedule, torch.Tensor):
         raise TypeError(f"schedule: expected a torch.Tensor, got {type(schedule).__name__}")
     if schedule is not None and check and schedule.dtype == torch.int32 and schedule.dim() == 2 and schedule.shape[0] >= 2:
-        from ..reference import paged_schedule_reference
+        from .schedule import plan_paged_schedule
 
-        want = paged_schedule_reference(context_lens.cpu(), block_kv, schedule.shape[0] - 1)
-        if not torch.equal(schedule.cpu(), want):
+        want = plan_paged_schedule(context_lens, block_kv, schedule.shape[0] - 1)
+        if not torch.equal(schedule.to(want.device), want):
             raise ValueError(
                 "schedule: does not match context_lens and block_kv (stale, or planned with another block_kv); "
                 "re-plan it with ops.schedule.plan_paged_schedule_into(context_lens, block_kv, schedule)"

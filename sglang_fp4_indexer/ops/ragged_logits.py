@@ -50,8 +50,7 @@ import triton
 import triton.language as tl
 
 from ..format import INDEX_HEAD_DIM, PAYLOAD_BYTES, SCALE_BYTES
-from ._common import MMA_DTYPES, check_index_queries, fp8_mma_available, interpreting, select_mma
-from .paged_logits import _to_logits_dtype  # the paged scorer's fp32 -> logits-dtype store rounding
+from ._common import MMA_DTYPES, check_index_queries, fp8_mma_available, interpreting, select_mma, to_logits_dtype
 
 __all__ = [
     "MODES",
@@ -339,7 +338,7 @@ def _ragged_logits_kernel(
                 logits = logits * 64.0
             inside = (cols[:, None] >= ks[None, :]) & (cols[:, None] < ke[None, :])
             logits = tl.where(inside, logits, neg_inf)
-            tl.store(out_rows[None, :] + cols[:, None], _to_logits_dtype(logits, out_ptr), mask=store_mask)
+            tl.store(out_rows[None, :] + cols[:, None], to_logits_dtype(logits, out_ptr), mask=store_mask)
         else:
             if CLEAN:
                 tl.store(out_rows[None, :] + cols[:, None], neg_inf, mask=store_mask)
