@@ -11,7 +11,7 @@ import torch
 
 from sglang_fp4_indexer.bench.timing import time_calls
 from sglang_fp4_indexer.format import quantize_index_k
-from sglang_fp4_indexer.ops.paged_logits import DEFAULT_BLOCK_KV, paged_logits
+from sglang_fp4_indexer.ops.paged_logits import default_block_kv, paged_logits
 from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
 from sglang_fp4_indexer.pool import allocate_index_k_cache, payload_plane, scale_plane
 from sglang_fp4_indexer.schedule import default_num_ctas
@@ -39,7 +39,7 @@ for batch, ctx, next_n in ((8, 131072, 1), (32, 32768, 1), (8, 131072, 4)):
     lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
     q = torch.randn(batch * next_n, 64, 128, device=dev).to(torch.float8_e4m3fn)
     w = torch.rand(batch * next_n, 64, device=dev) * 0.125
-    sched = plan_paged_schedule(lens, DEFAULT_BLOCK_KV, default_num_ctas(dev))
+    sched = plan_paged_schedule(lens, default_block_kv(dev), default_num_ctas(dev))
     full = paged_logits(q, w, caches[0], bt, lens, schedule=sched, check=False)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         outs = [torch.empty(batch * next_n, ctx, dtype=dtype, device=dev) for _ in range(sets)]

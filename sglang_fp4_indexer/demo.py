@@ -320,7 +320,7 @@ def run_demo(workload: Workload, *, device: str | torch.device = "cpu", topk: in
             ``device`` that is neither CPU nor an available CUDA device; the ops' own errors (e.g.
             a head count the scorer does not support).
     """
-    from .ops.paged_logits import DEFAULT_BLOCK_KV, paged_logits
+    from .ops.paged_logits import default_block_kv, paged_logits
     from .ops.quantize import store_index_k
 
     dev = _device(device)
@@ -383,12 +383,13 @@ def run_demo(workload: Workload, *, device: str | torch.device = "cpu", topk: in
         from .ops.schedule import plan_paged_schedule
         from .schedule import default_num_ctas
 
-        schedule = plan_paged_schedule(lens, DEFAULT_BLOCK_KV, default_num_ctas(dev))
+        block_kv = default_block_kv(dev)
+        schedule = plan_paged_schedule(lens, block_kv, default_num_ctas(dev))
         out = torch.empty((batch, context), dtype=torch.float32, device=dev)
         with stages.stage(f"timing: {repeats} calls per scorer", total=3) as advance:
             times["FP4"] = time_per_call_us(
                 lambda: paged_logits(q_fp8, w_eff, cache, block_table, lens, width=context, schedule=schedule,
-                                     block_kv=DEFAULT_BLOCK_KV, out=out, check=False), dev, repeats)
+                                     block_kv=block_kv, out=out, check=False), dev, repeats)
             advance(1, 3)
             times["FP8"] = time_per_call_us(fp8_scorer, dev, repeats)
             advance(2, 3)

@@ -27,14 +27,19 @@ __all__ = ["CPU_NUM_CTAS", "default_num_ctas", "ScheduleBuffer"]
 CPU_NUM_CTAS = 4
 
 
-#: Persistent-grid CTAs per SM for the paged scorer (measured on H200, docs/perf-notes.md).
+#: Persistent-grid CTAs per SM for the Triton paged scorers (measured on H200, docs/perf-notes.md).
 CTAS_PER_SM = 2
+#: CTAs per SM for the Hopper wgmma kernel (its register budget fits 4; docs/perf-notes.md, run 10).
+SM90_CTAS_PER_SM = 4
 
 
 def default_num_ctas(device: torch.device | str | None = None) -> int:
-    """CTAs of the persistent grid on ``device``: ``CTAS_PER_SM`` x its SM count on CUDA, ``CPU_NUM_CTAS`` otherwise.
+    """CTAs of the persistent grid on ``device``: CTAs per SM x its SM count on CUDA, ``CPU_NUM_CTAS`` otherwise.
 
-    Two CTAs per SM measured 1.6x faster than one on H200 (docs/perf-notes.md, run 1).
+    ``SM90_CTAS_PER_SM`` (4) where the Hopper wgmma kernel runs
+    (``ops.sm90.available``), else ``CTAS_PER_SM`` (2): two CTAs per SM
+    measured 1.6x faster than one for the Triton scorers on H200, and four
+    (all resident) fastest for the wgmma kernel (docs/perf-notes.md, runs 1, 10).
 
     Args:
         device: a torch device (``None``: the current CUDA device when CUDA is
@@ -47,7 +52,10 @@ def default_num_ctas(device: torch.device | str | None = None) -> int:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
     if device.type == "cuda":
-        return CTAS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+        from .ops import sm90
+
+        per_sm = SM90_CTAS_PER_SM if sm90.available(device) else CTAS_PER_SM
+        return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
     return CPU_NUM_CTAS
 
 

@@ -298,3 +298,40 @@ def test_gpu_full_size_bit_exact(dtype, check_slots):
     cache = _poisoned_cache(num_pages, seed=22, device="cuda")
     _store_and_check(k, cache, slots.cuda(), check_slots=check_slots)
     torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_gpu_cuda_kernel_on_every_cpu_case(dtype):
+    """On NVIDIA GPUs store_index_k runs the CUDA kernel: the CPU cases' oracles, on the device."""
+    from sglang_fp4_indexer.ops.quantize import _cuda_store
+
+    k = torch.zeros(4, 128, dtype=dtype, device="cuda")
+    assert _cuda_store(k, _poisoned_cache(1, device="cuda"), torch.zeros(4, dtype=torch.int64, device="cuda")) is not None
+    for slot_dtype in (torch.int32, torch.int64):
+        test_bit_exact_with_format_on_mixed_keys(dtype, slot_dtype)
+    test_nonfinite_input_stores_documented_codes(dtype)
+    for page_size, block_t in ((64, 32), (16, 8), (128, 64)):
+        test_page_sizes_and_block_sizes(page_size, block_t)
+    test_every_slot_of_a_page_and_last_slot()
+    test_row_strided_keys()
+    test_all_slots_negative_writes_nothing()
+    test_out_of_range_slots_without_check_are_skipped()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_cuda_and_triton_kernels_write_the_same_bytes(dtype):
+    n, num_pages = 65536, 1100
+    k = _mixed_keys(n, torch.float32 if dtype == torch.float16 else dtype, seed=30)
+    if dtype == torch.float16:
+        k = k.clamp(-60000, 60000).to(torch.float16)
+    k = k.cuda()
+    gen = torch.Generator().manual_seed(31)
+    slots = torch.randperm(num_pages * 64, generator=gen)[:n].cuda()
+    a, b = _poisoned_cache(num_pages, seed=32, device="cuda"), _poisoned_cache(num_pages, seed=32, device="cuda")
+    store_index_k(k, a, slots, check_slots=False)
+    store_index_k(k, b, slots, check_slots=False, use_cuda=False)
+    assert torch.equal(a, b)

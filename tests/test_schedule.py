@@ -282,3 +282,33 @@ def test_planner_captured_in_cuda_graph_follows_new_lengths():
         assert torch.equal(out.cpu(), want), name
         _assert_covers(out, lens, block_kv)
     assert sb.get("graph", batch).data_ptr() == out.data_ptr()
+
+
+def test_cuda_planner_builds_with_nvrtc():
+    from sglang_fp4_indexer.ops import nvrtc
+    from sglang_fp4_indexer.ops.schedule import _CUDA_PLANNER_SOURCE
+
+    if nvrtc.bindings_missing():
+        pytest.skip(nvrtc.bindings_missing())
+    for arch in ("sm_80", "sm_90a", "sm_100"):
+        cubin, log = nvrtc.compile_cubin(_CUDA_PLANNER_SOURCE.read_text(), "plan_schedule.cu", arch)
+        assert cubin[:4] == b"\x7fELF" and nvrtc.ptxas_registers(log)[1] == 0, log
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [0, 1, 7, 64, 1023, 1024, 1025, 3000, 6000, 6001, 7000])
+@pytest.mark.parametrize("next_n", [1, 3])
+def test_gpu_planner_matches_oracle(batch, next_n):
+    # On NVIDIA GPUs the CUDA planner runs up to CUDA_PLANNER_MAX_BATCH requests, Triton beyond.
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    g = torch.Generator().manual_seed(batch + next_n)
+    lens = torch.randint(-3, 140_000, (batch, next_n), generator=g)
+    lens[::5] = 0
+    lens_c = (lens[:, 0] if next_n == 1 else lens).to(torch.int32).cuda()
+    for block_kv in (64, 256):
+        for num_ctas in (1, 132, 528, 1000):
+            out = torch.full((num_ctas + 1, 2), -7, dtype=torch.int32, device="cuda")
+            plan_paged_schedule_into(lens_c, block_kv, out)
+            want = paged_schedule_reference(lens_c.cpu().clamp_min(0), block_kv, num_ctas)
+            assert torch.equal(out.cpu(), want), (batch, next_n, block_kv, num_ctas)

@@ -242,7 +242,7 @@ def bench_planner(device: torch.device, batch: int, seed: int = 0) -> dict:
     """
     row: dict = {"batch": batch, "target_s": PLANNER_TARGET_S, "status": "error"}
     try:
-        from ..ops.paged_logits import DEFAULT_BLOCK_KV
+        from ..ops.paged_logits import default_block_kv
         from ..ops.schedule import plan_paged_schedule_into
         from ..reference import paged_schedule_reference
         from ..schedule import default_num_ctas
@@ -250,16 +250,17 @@ def bench_planner(device: torch.device, batch: int, seed: int = 0) -> dict:
         g = torch.Generator(device=device).manual_seed(seed + 2)
         lens = torch.randint(1, PLANNER_MAX_CONTEXT + 1, (batch,), generator=g, device=device, dtype=torch.int32)
         num_ctas = default_num_ctas(device)
+        block_kv = default_block_kv(device)
         out = torch.full((num_ctas + 1, 2), -1, dtype=torch.int32, device=device)
-        row.update(block_kv=DEFAULT_BLOCK_KV, num_ctas=num_ctas)
+        row.update(block_kv=block_kv, num_ctas=num_ctas)
 
         def fn(s: int) -> torch.Tensor:
-            return plan_paged_schedule_into(lens, DEFAULT_BLOCK_KV, out)
+            return plan_paged_schedule_into(lens, block_kv, out)
 
         run = time_calls(fn, device, 1)
         _sync(device)
         row.update(seconds=run.timing.seconds, timing=run.timing.to_dict())
-        want = paged_schedule_reference(lens, DEFAULT_BLOCK_KV, num_ctas)
+        want = paged_schedule_reference(lens, block_kv, num_ctas)
         ok = torch.equal(out.cpu(), want.cpu())
         row["check"] = CheckResult(
             ok, "equal to reference.paged_schedule_reference" if ok else "schedule differs from reference.paged_schedule_reference",

@@ -28,11 +28,30 @@ import triton.language as tl
 from ..pool import PAGE_SIZE, check_cache
 from ._common import MMA_DTYPES, check_index_queries, fp8_mma_available, scale_row_jit, select_mma, to_logits_dtype
 
-__all__ = ["DEFAULT_BLOCK_KV", "IMPLS", "MAX_NEXT_N", "SUPPORTED_HEADS", "paged_logits", "fp8_mma_available"]
+__all__ = [
+    "DEFAULT_BLOCK_KV", "WGMMA_BLOCK_KV", "IMPLS", "MAX_NEXT_N", "SUPPORTED_HEADS", "default_block_kv", "paged_logits",
+    "fp8_mma_available",
+]
 
-#: Keys per tile (four pages). The CTA schedule must be planned with the same value.
-#: Measured best for the default (folded) scorer on H200 (docs/perf-notes.md, runs 5-6).
+#: Keys per tile of the Triton scorers (four pages), measured best for "folded" on H200
+#: (docs/perf-notes.md, runs 5-6). The CTA schedule must be planned with the value the call uses.
 DEFAULT_BLOCK_KV = 256
+#: Keys per tile of the Hopper wgmma kernel's schedule (one page): within 2-4 % of 256-key
+#: tiles on long rows and 1.7x faster at batch 1 x 4K (docs/perf-notes.md, run 10).
+WGMMA_BLOCK_KV = 64
+
+
+def default_block_kv(device: torch.device | str) -> int:
+    """Keys per schedule tile the scorer is tuned for on ``device``.
+
+    ``WGMMA_BLOCK_KV`` (64) where the Hopper kernel runs (``ops.sm90.available``),
+    else ``DEFAULT_BLOCK_KV`` (256). Plan the schedule and call
+    ``paged_logits`` with the same value (``paged_logits`` uses this one when
+    ``block_kv`` is not given).
+    """
+    from . import sm90
+
+    return WGMMA_BLOCK_KV if sm90.available(device) else DEFAULT_BLOCK_KV
 #: Index head counts the scorer supports (powers of two; 32 and 64 are the DSA models').
 SUPPORTED_HEADS = (16, 32, 64, 128)
 #: Most query rows per request one call takes (target verify with up to 7 draft tokens).
@@ -277,10 +296,22 @@ def _paged_logits_kernel(
                 tl.store(out_ptr + out_rows[None, :] + cols[:, None], to_logits_dtype(neg_inf, out_ptr), mask=row_ok & (cols[:, None] < width))
 
 
-#: Scorer formulations (``impl``), besides ``"auto"``; values are the kernel's IMPL.
-IMPLS = {"group": 0, "scaled": 1, "folded": 2}
+#: Scorer formulations (``impl``), besides ``"auto"``; values are the Triton kernel's IMPL
+#: ("wgmma" is the CUDA C++ Hopper kernel of ``ops/sm90.py``, not a Triton variant).
+IMPLS = {"group": 0, "scaled": 1, "folded": 2, "wgmma": 3}
 #: MMA input type -> the kernel's DOT_MODE.
 _DOT_MODES = {name: i for i, name in enumerate(MMA_DTYPES)}  # fp8 0, fp16 1, bf16 2, fp32 3
+
+
+def _wgmma_unavailable(q, cache, next_n, heads, block_kv, page_size, dot_mode) -> str | None:
+    """Why ``impl="wgmma"`` cannot take this call (``None``: it can)."""
+    from . import sm90
+
+    if dot_mode != 0:
+        return "it needs e4m3 index queries and FP8 MMA"
+    if page_size != PAGE_SIZE or block_kv % PAGE_SIZE:
+        return f"it needs {PAGE_SIZE}-token pages and block_kv a multiple of {PAGE_SIZE}"
+    return sm90.unavailable_reason(q.device) or sm90.supports(q, cache, next_n, heads)
 
 
 def _check_inputs(q, weights, cache, block_table, context_lens, page_size):
@@ -321,7 +352,7 @@ def paged_logits(
     *,
     width: int | None = None,
     schedule: torch.Tensor | None = None,
-    block_kv: int = DEFAULT_BLOCK_KV,
+    block_kv: int | None = None,
     page_size: int = PAGE_SIZE,
     out: torch.Tensor | None = None,
     logits_dtype: torch.dtype = torch.float32,
@@ -352,7 +383,8 @@ def paged_logits(
         schedule: int32 ``[num_ctas + 1, 2]`` CTA schedule from
             ``ops.schedule.plan_paged_schedule(context_lens, block_kv, num_ctas)``;
             planned here when ``None`` (one extra small launch).
-        block_kv: keys per tile; must equal the value the schedule was planned with.
+        block_kv: keys per tile; must equal the value the schedule was planned with
+            (default ``default_block_kv(q.device)``).
         out: optional ``[rows, width]`` output of ``logits_dtype`` (row stride free,
             columns contiguous).
         logits_dtype: fp32 (default), bf16 or fp16 logits. The sum is formed in
@@ -371,8 +403,15 @@ def paged_logits(
             in fp16); for bf16 q ``"bf16"`` on a GPU and ``"fp32"`` under the CPU
             interpreter (whose bf16 dot is unreliable in triton 3.8). Every mode
             multiplies exactly and accumulates in fp32.
-        impl: ``"auto"`` (default): ``"folded"`` where FP8 MMA runs (e4m3 q),
-            else ``"scaled"``. ``"group"``: one MMA per 32-element group on e4m3 bytes decoded
+        impl: ``"auto"`` (default): ``"wgmma"`` where it runs (below), else
+            ``"folded"`` where FP8 MMA runs (e4m3 q), else ``"scaled"``.
+            ``"wgmma"``: the CUDA C++ Hopper kernel (``ops/sm90.py``, built by
+            NVRTC at first use): the folded numerics below with the decoded
+            keys as wgmma's register operand, pages streamed by bulk copies;
+            needs compute capability 9.0, ``cuda-bindings``, e4m3 q with
+            ``next_n * H * 128 <= 32768`` bytes, 16-byte aligned q rows and
+            cache, 64-token pages and ``block_kv`` a multiple of 64 (the
+            Triton knobs below do not apply to it). ``"group"``: one MMA per 32-element group on e4m3 bytes decoded
             with integer ops, each partial product scaled by its UE8M0 factor;
             ``"scaled"``: Triton's ``tl.dot_scaled`` reading the E2M1 codes and
             UE8M0 scales natively (on Hopper Triton upcasts them to bf16);
@@ -404,13 +443,18 @@ def paged_logits(
         width = max_pages * page_size
     if not isinstance(width, int) or width < 1:
         raise ValueError(f"width: expected a positive int, got {width!r}")
+    if block_kv is None:
+        block_kv = default_block_kv(q.device)
     if not isinstance(block_kv, int) or block_kv < 16 or block_kv & (block_kv - 1):
         raise ValueError(f"block_kv: expected a power of two >= 16, got {block_kv!r}")
     dot_mode = _DOT_MODES[select_mma(mma, q)]
+    if impl != "auto" and impl not in IMPLS:
+        raise ValueError(f"impl: expected 'auto' or one of {tuple(IMPLS)}, got {impl!r}")
+    wgmma_why = _wgmma_unavailable(q, cache, next_n, heads, block_kv, page_size, dot_mode)
     if impl == "auto":
-        impl = "folded" if dot_mode == 0 else "scaled"
-    if impl not in IMPLS:
-        raise ValueError(f"impl: expected one of {tuple(IMPLS)}, got {impl!r}")
+        impl = "wgmma" if wgmma_why is None else "folded" if dot_mode == 0 else "scaled"
+    if impl == "wgmma" and wgmma_why is not None:
+        raise ValueError(f"impl: 'wgmma' cannot run here: {wgmma_why}")
     if impl == "folded" and dot_mode != 0:
         raise ValueError("impl: 'folded' needs e4m3 queries and FP8 MMA (mma 'fp8' or 'auto' on such a device)")
     use_asm = use_ptx and impl == "folded" and q.device.type == "cuda" and torch.version.hip is None
@@ -468,6 +512,12 @@ def paged_logits(
             f"out: expected {logits_dtype} [{rows}, {width}] with contiguous columns on {q.device}, "
             f"got {out.dtype} {list(out.shape)} on {out.device}"
         )
+    if impl == "wgmma":
+        from . import sm90
+
+        sm90.launch(q, weights, cache, block_table, context_lens, schedule, out, batch=batch, next_n=next_n,
+                    heads=heads, width=width, block_kv=block_kv)
+        return out
     next_n_pad = triton.next_power_of_2(next_n)
     wide = next_n_pad * heads > 64
     if num_warps is None:

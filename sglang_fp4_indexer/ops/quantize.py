@@ -1,7 +1,8 @@
 """Quantize index keys to MXFP4 and store them into a layer's paged FP4 cache.
 
-One Triton kernel, ``store_index_k``: each program takes ``BLOCK_T`` tokens x
-128 elements, computes the four UE8M0 group scales and the 128 E2M1 codes, and
+``store_index_k`` runs a CUDA kernel on NVIDIA GPUs (``cuda/store_index_k.cu``,
+built by NVRTC) and this Triton kernel elsewhere (the CPU interpreter, ROCm).
+The Triton kernel: each program takes ``BLOCK_T`` tokens x 128 elements, computes the four UE8M0 group scales and the 128 E2M1 codes, and
 writes the 64 payload bytes and 4 scale bytes of every token to its slot
 (DESIGN.md section 3). Bit-exact with ``format.quantize_index_k`` on finite
 input.
@@ -24,8 +25,11 @@ float scaling, so neither rounding nor denormal flushing can change a code):
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import types
+import warnings
+from pathlib import Path
 
 import torch
 import triton
@@ -166,6 +170,37 @@ def _store_index_k_kernel(
     )
 
 
+_CUDA_SOURCE = Path(__file__).with_name("cuda") / "store_index_k.cu"
+# The CUDA kernel writes the scale plane at row `row` (pool.scale_row is the identity in the
+# NVIDIA layout); a layout that maps rows elsewhere keeps the Triton kernel, which calls scale_row.
+_SCALE_ROW_IS_IDENTITY = all(scale_row(r, PAGE_SIZE) == r for r in range(PAGE_SIZE))
+_K_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+_cuda_store_failed: set = set()
+
+
+def _cuda_store(k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, page_size: int = PAGE_SIZE):
+    """The NVRTC-built store kernel for these inputs, or None where the Triton kernel must run."""
+    from . import nvrtc
+
+    if (not k.is_cuda or torch.version.hip is not None or not _SCALE_ROW_IS_IDENTITY or nvrtc.bindings_missing()
+            or k.data_ptr() % 16 or (k.stride(0) * k.element_size()) % 16 or cache.data_ptr() % 4):
+        return None
+    device = k.device if k.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    key = (device.index, k.dtype, slots.dtype, page_size)
+    if key in _cuda_store_failed:
+        return None
+    src = (f"#define K_KIND {_K_KINDS[k.dtype]}\n#define SLOT64 {int(slots.dtype == torch.int64)}\n"
+           f"#define PAGE_SIZE {page_size}\n" + _CUDA_SOURCE.read_text())
+    try:
+        cubin, _ = nvrtc.compile_cubin(src, "store_index_k.cu", nvrtc.cuda_arch(device))
+        return device, nvrtc.get_function(device, cubin, "store_index_k", 0)
+    except RuntimeError as e:  # keep storing, with the Triton kernel
+        _cuda_store_failed.add(key)
+        warnings.warn(f"sglang-fp4-indexer: the CUDA store kernel could not be built ({e}); storing with Triton",
+                      stacklevel=3)
+        return None
+
+
 def _interpreted() -> bool:
     return not isinstance(_store_index_k_kernel, triton.runtime.JITFunction)
 
@@ -224,6 +259,7 @@ def store_index_k(
     *,
     check_slots: bool = True,
     block_t: int = DEFAULT_BLOCK_T,
+    use_cuda: bool = True,
 ) -> None:
     """Quantize index keys to MXFP4 and write them into one layer's paged FP4 cache.
 
@@ -251,7 +287,11 @@ def store_index_k(
             on a slot past the cache. Pass False on the serving path (CUDA-graph
             capture forbids the host read): out-of-range slots are then skipped by
             the kernel's mask, so nothing is written out of bounds either way.
-        block_t: tokens per program (a power of two).
+        block_t: tokens per program of the Triton kernel (a power of two).
+        use_cuda: on NVIDIA GPUs run the CUDA kernel (``cuda/store_index_k.cu``,
+            built by NVRTC at first use; the same bytes; speed in docs/perf-notes.md);
+            False, or where it cannot run (ROCm, no ``cuda-bindings``, ``k`` rows or
+            ``cache`` not 16-/4-byte aligned), the Triton kernel.
 
     Returns:
         None; ``cache`` is written in place.
@@ -268,6 +308,16 @@ def store_index_k(
         raise ValueError(f"block_t: expected a power of two, got {block_t!r}")
     n = k.shape[0]
     if n == 0 or cache.shape[0] == 0:
+        return
+    cuda = _cuda_store(k, cache, slots, page_size) if use_cuda else None
+    if cuda is not None:
+        from . import nvrtc
+
+        device, fn = cuda
+        args = [ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(cache.data_ptr()), ctypes.c_void_p(slots.data_ptr()),
+                ctypes.c_longlong(n), ctypes.c_longlong(k.stride(0) * k.element_size()),
+                ctypes.c_longlong(cache.shape[0] * page_size)]
+        nvrtc.launch(fn, device, triton.cdiv(n, 16), 256, 0, args)
         return
     grid = (triton.cdiv(n, block_t),)
     _store_index_k_kernel[grid](

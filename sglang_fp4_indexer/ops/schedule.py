@@ -28,6 +28,8 @@ boundaries, so any ``B`` and any ``num_ctas`` work.
 from __future__ import annotations
 
 import contextlib
+import warnings
+from pathlib import Path
 
 import torch
 import triton
@@ -46,6 +48,28 @@ __all__ = [
 # Boundaries per program and requests per chunk of the scan.
 _BLOCK_C = 64
 _MAX_BLOCK_B = 128
+#: Most requests the CUDA planner takes (its inclusive prefix, 8 bytes each, and its static
+#: shared memory fit the 48 KB a launch gets without opting in).
+CUDA_PLANNER_MAX_BATCH = 6000
+_CUDA_PLANNER_SOURCE = Path(__file__).with_name("cuda") / "plan_schedule.cu"
+_cuda_planner_failed: set = set()
+
+
+def _cuda_planner(device: torch.device):
+    """The NVRTC-built planner kernel for ``device``, or None where it cannot run (then Triton plans)."""
+    from . import nvrtc
+
+    if torch.version.hip is not None or nvrtc.bindings_missing() or device.index in _cuda_planner_failed:
+        return None
+    try:
+        arch = nvrtc.cuda_arch(device)
+        cubin, _ = nvrtc.compile_cubin(_CUDA_PLANNER_SOURCE.read_text(), "plan_schedule.cu", arch)
+        return nvrtc.get_function(device, cubin, "plan_paged_schedule", 0)
+    except RuntimeError as e:  # keep planning, with the Triton kernel
+        _cuda_planner_failed.add(device.index)
+        warnings.warn(f"sglang-fp4-indexer: the CUDA planner could not be built ({e}); planning with Triton",
+                      stacklevel=3)
+        return None
 
 
 def num_key_blocks(max_len, block_kv: int):
@@ -184,7 +208,9 @@ def _plan_kernel(
 def plan_paged_schedule_into(context_lens: torch.Tensor, block_kv: int, out: torch.Tensor) -> torch.Tensor:
     """Write the CTA schedule of a paged scorer call into ``out``, in place.
 
-    One Triton launch on ``context_lens``'s device and current stream; no host
+    One launch on ``context_lens``'s device and current stream: on NVIDIA GPUs
+    the CUDA planner (``cuda/plan_schedule.cu``, built by NVRTC; int32 lengths,
+    up to ``CUDA_PLANNER_MAX_BATCH`` requests), else the Triton kernel; no host
     synchronisation, no allocation: capturable in a CUDA graph and safe to
     re-run before each replay (the schedule then follows the new lengths).
     Format: see the module docstring (``num_ctas = out.shape[0] - 1``).
@@ -214,6 +240,19 @@ def plan_paged_schedule_into(context_lens: torch.Tensor, block_kv: int, out: tor
         next_n, stride_b, stride_n = 1, context_lens.stride(0), 0
     else:
         next_n, stride_b, stride_n = context_lens.shape[1], context_lens.stride(0), context_lens.stride(1)
+    if context_lens.is_cuda and context_lens.dtype == torch.int32 and batch <= CUDA_PLANNER_MAX_BATCH:
+        device = context_lens.device if context_lens.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+        fn = _cuda_planner(device)
+        if fn is not None:
+            import ctypes
+
+            from . import nvrtc
+
+            args = [ctypes.c_void_p(context_lens.data_ptr()), ctypes.c_longlong(stride_b), ctypes.c_longlong(stride_n),
+                    ctypes.c_int(batch), ctypes.c_int(next_n), ctypes.c_int(block_kv), ctypes.c_void_p(out.data_ptr()),
+                    ctypes.c_int(num_ctas)]
+            nvrtc.launch(fn, device, 1, 1024, 8 * max(batch, 1), args)
+            return out
     block_b = min(_MAX_BLOCK_B, triton.next_power_of_2(max(batch, 1)))
     grid = (triton.cdiv(num_ctas + 1, _BLOCK_C),)
     device_ctx = torch.cuda.device(context_lens.device) if context_lens.is_cuda else contextlib.nullcontext()

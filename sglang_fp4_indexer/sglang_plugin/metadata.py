@@ -26,7 +26,7 @@ a draft model (e.g. Llama + EAGLE3) never reaches them.
 
 from __future__ import annotations
 
-from .indexer import SCHEDULE_BLOCK_KV
+from .indexer import schedule_block_kv
 from .pool import fp4_active
 
 __all__ = [
@@ -42,7 +42,7 @@ def plan_fp4_schedule(context_lens, block_kv, num_sms):
     """Drop-in for DeepGEMM's ``get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms)``.
 
     Plans the FP4 scorer's CTA schedule (``ops.schedule.plan_paged_schedule``)
-    with the scorer's own tile and grid: ``SCHEDULE_BLOCK_KV`` keys per tile
+    with the scorer's own tile and grid: ``schedule_block_kv(device)`` keys per tile
     (SGLang passes DeepGEMM's 64) and ``schedule.default_num_ctas`` CTAs (the
     scorer's measured grid; SGLang passes DeepGEMM's SM count). Every buffer
     that holds it is planned by this function or in place with the same shape,
@@ -54,7 +54,8 @@ def plan_fp4_schedule(context_lens, block_kv, num_sms):
     from ..ops.schedule import plan_paged_schedule
     from ..schedule import default_num_ctas
 
-    return plan_paged_schedule(context_lens.contiguous(), SCHEDULE_BLOCK_KV, default_num_ctas(context_lens.device))
+    dev = context_lens.device
+    return plan_paged_schedule(context_lens.contiguous(), schedule_block_kv(dev), default_num_ctas(dev))
 
 
 def resolve_paged_mqa_logits_metadata_fn(original):
@@ -74,7 +75,7 @@ def replan_in_place(context_lens, schedule) -> bool:
         return False
     from ..ops.schedule import plan_paged_schedule_into
 
-    plan_paged_schedule_into(context_lens.contiguous(), SCHEDULE_BLOCK_KV, schedule)
+    plan_paged_schedule_into(context_lens.contiguous(), schedule_block_kv(schedule.device), schedule)
     return True
 
 

@@ -1,0 +1,22 @@
+"""Launch the Hopper scorer (and its compute-only probe build) for `ncu` at 8 x 128K, H 64 (scripts/ncu_sm90.sh)."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from perf_probe import build  # noqa: E402
+
+from sglang_fp4_indexer.ops import sm90  # noqa: E402
+from sglang_fp4_indexer.ops.schedule import plan_paged_schedule  # noqa: E402
+
+batch, ctx, heads = 8, 131072, 64
+(cache,), bt, lens, q, w, (out,) = build(batch, ctx, heads, 1, 1)
+sms = torch.cuda.get_device_properties(0).multi_processor_count
+sched = plan_paged_schedule(lens, 256, 4 * sms)
+for probe in (0, 2):
+    for _ in range(2):
+        sm90.launch(q, w, cache, bt, lens, sched, out, batch=batch, next_n=1, heads=heads, width=ctx, block_kv=256,
+                    probe=probe)
+torch.cuda.synchronize()
+print("driver done")

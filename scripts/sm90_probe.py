@@ -1,0 +1,121 @@
+"""Sweep of the Hopper scorer's build and launch knobs (not product code: a measurement tool for docs/perf-notes.md).
+
+Times ``ops.sm90.launch`` (ring depth ``stages``, register budget
+``min_ctas``, CTAs per SM of the persistent grid, schedule ``block_kv``) with
+CUDA graphs on a few shapes, against the HBM floor measured in the same run
+and the Triton ``folded`` scorer, and checks each variant's output against
+the folded scorer's. Usage on the device::
+
+    PYTHONPATH=. python3 scripts/sm90_probe.py [--shapes 8x131072x64x1,...] [--stages 2,4] [--min-ctas 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from perf_probe import build, copy_bandwidth, graph_time  # noqa: E402
+
+from sglang_fp4_indexer.ops import sm90  # noqa: E402
+from sglang_fp4_indexer.ops.paged_logits import paged_logits  # noqa: E402
+from sglang_fp4_indexer.ops.schedule import plan_paged_schedule  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="8x131072x64x1,32x131072x64x1,32x32768x64x1,1x4096x64x1,8x131072x64x4,8x131072x32x1")
+    ap.add_argument("--stages", default="2,4,6")
+    ap.add_argument("--min-ctas", default="3")
+    ap.add_argument("--ctas-per-sm", default="2,3,4")
+    ap.add_argument("--block-kv", default="64,256")
+    ap.add_argument("--probe", default="0", help="comma list: 0 scorer, 1 loads only, 2 compute only")
+    ap.add_argument("--pipeline", default="0", help="comma list of the PIPELINE build option (0, 1)")
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "sm90_probe.json"))
+    args = ap.parse_args()
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    results = []
+    for shape in args.shapes.split(","):
+        batch, ctx, heads, next_n = map(int, shape.split("x"))
+        floor_bytes = batch * ctx * 68 + batch * next_n * ctx * 4
+        copies = max(1, min(8, int(4 * 60e6 // floor_bytes) + 1))
+        caches, bt, lens, q, w, outs = build(batch, ctx, heads, next_n, copies)
+        width = outs[0].shape[1]
+        floor = floor_bytes / bw
+        # Reference: the Triton folded scorer (same numerics), timed with its defaults.
+        sched = plan_paged_schedule(lens, 256, 2 * sms)
+
+        def folded(i, sched=sched):
+            j = i % copies
+            paged_logits(q, w, caches[j], bt, lens, schedule=sched, block_kv=256, out=outs[j], check=False, impl="folded")
+
+        t = graph_time(folded)
+        folded(0)
+        torch.cuda.synchronize()
+        ref = outs[0].clone()
+        fin = torch.isfinite(ref)
+        res = dict(shape=shape, variant="folded", us=t * 1e6, floor_us=floor * 1e6, pct_floor=100 * floor / t)
+        results.append(res)
+        print(json.dumps(res), flush=True)
+        for stages in map(int, args.stages.split(",")):
+          for probe, pipe in [(p, q) for p in map(int, args.probe.split(",")) for q in map(int, args.pipeline.split(","))]:
+            for min_ctas in map(int, args.min_ctas.split(",")):
+                for cps in map(float, args.ctas_per_sm.split(",")):
+                    for bkv in map(int, args.block_kv.split(",")):
+                        ctas = int(cps * sms)
+                        sched = plan_paged_schedule(lens, bkv, ctas)
+                        variant = f"wgmma st{stages} mc{min_ctas} ctas{ctas} bkv{bkv}" + (f" PROBE{probe}" if probe else "") + (" PIPE" if pipe else "")
+                        try:
+                            def fn(i, sched=sched, bkv=bkv, stages=stages, min_ctas=min_ctas, probe=probe, pipe=pipe):
+                                j = i % copies
+                                sm90.launch(q, w, caches[j], bt, lens, sched, outs[j], batch=batch, next_n=next_n,
+                                            heads=heads, width=width, block_kv=bkv, stages=stages, min_ctas=min_ctas,
+                                            probe=probe, pipeline=pipe)
+
+                            outs[0].fill_(float("nan"))
+                            fn(0)
+                            torch.cuda.synchronize()
+                            got = outs[0]
+                            if probe:
+                                err = float("nan")  # measurement build: output not meaningful
+                            elif not torch.equal(fin, torch.isfinite(got)):
+                                err = float("inf")
+                            else:
+                                err = ((got[fin] - ref[fin]).abs() / (ref[fin].abs() + 1e-3)).max().item()
+                            t = graph_time(fn)
+                            res = dict(shape=shape, variant=variant, us=t * 1e6, floor_us=floor * 1e6,
+                                       pct_floor=100 * floor / t, max_rel_vs_folded=err)
+                        except Exception as exc:  # a variant that does not build is reported, not fatal
+                            res = dict(shape=shape, variant=variant, error=repr(exc)[:400])
+                        results.append(res)
+                        print(json.dumps(res), flush=True)
+        caches.clear()
+        outs.clear()
+        torch.cuda.empty_cache()
+    with open(args.json, "w") as f:
+        json.dump(dict(copy_bw=bw, results=results), f, indent=1)
+    print("\nbest per shape (folded = the Triton scorer, for comparison):")
+    for shape in args.shapes.split(","):
+        ok = [r for r in results if r["shape"] == shape and "us" in r]
+        fold = [r for r in ok if r["variant"] == "folded"]
+        wg = [r for r in ok if r["variant"] != "folded" and r.get("max_rel_vs_folded", 1) < 1e-2]
+        bad = [r for r in ok if r["variant"] != "folded" and not r.get("max_rel_vs_folded", 1) < 1e-2]
+        line = f"{shape:>16} floor {ok[0]['floor_us']:7.1f} us" if ok else shape
+        if fold:
+            line += f" | folded {fold[0]['us']:7.1f}"
+        if wg:
+            r = min(wg, key=lambda r: r["us"])
+            line += f" | {r['variant']}: {r['us']:7.1f} us = {r['pct_floor']:5.1f}% of floor"
+        if bad:
+            line += f" | {len(bad)} wgmma variants WRONG (e.g. err {bad[0].get('max_rel_vs_folded')})"
+        print(line)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""The Hopper (sm_90a) paged scorer: CUDA C++ built at first use by NVRTC.
+
+``paged_logits(impl="wgmma")`` (the default on compute capability 9.0) runs
+``cuda/paged_logits_sm90.cu``: decoded FP4 index keys as the register A
+operand of FP8 ``wgmma``, the index queries as its shared-memory B operand,
+pages copied by the bulk-copy engine into an mbarrier ring by a producer warp.
+Why CUDA C++ and not Triton: docs/perf-notes.md (run 8 onwards).
+
+The kernel is compiled once per configuration (next_n, heads, logits dtype,
+lengths layout, pipeline depth) with NVRTC from ``cuda-bindings`` (an SGLang
+dependency; ``pip install 'sglang-fp4-indexer[cuda]'`` otherwise), loaded
+into the current device's context and launched on torch's current stream, so
+it is captured by CUDA graphs like any torch kernel. Nothing here imports
+SGLang.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from ..pool import PAGE_SIZE
+from . import nvrtc
+
+__all__ = ["available", "unavailable_reason", "build", "launch", "supports", "SOURCE", "DEFAULT_STAGES", "DEFAULT_MIN_CTAS",
+           "default_min_ctas", "smem_bytes", "HEADS", "MAX_Q_BYTES"]
+
+#: The kernel's CUDA C++ source.
+SOURCE = Path(__file__).with_name("cuda") / "paged_logits_sm90.cu"
+#: Pages in flight per CTA (the ring depth).
+DEFAULT_STAGES = 4
+#: CTAs per SM the register budget is set for (``__launch_bounds__``: 96 registers);
+#: H = 128 gets 2. Four resident CTAs measured fastest (docs/perf-notes.md, run 10).
+DEFAULT_MIN_CTAS = 4
+
+
+def default_min_ctas(heads: int) -> int:
+    """CTAs per SM the kernel for ``heads`` is built for (its accumulators grow with H)."""
+    return 2 if heads >= 128 else DEFAULT_MIN_CTAS
+
+
+#: Heads the kernel is built for (wgmma N = heads).
+HEADS = (16, 32, 64, 128)
+#: Largest next_n x heads x 128 bytes of index queries kept in shared memory.
+MAX_Q_BYTES = 32 * 1024
+_OUT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_THREADS = 160
+
+
+def _wgmma_wrapper(heads: int) -> str:
+    """C++ for ``wgmma_f8(acc, a, desc, accumulate)``: m64 n``heads`` k32, e4m3 x e4m3 -> fp32, A in registers."""
+    n_acc = heads // 2
+    d = ", ".join(f"%{i}" for i in range(n_acc))
+    a = ", ".join(f"%{n_acc + i}" for i in range(4))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n_acc))
+    return (
+        "__device__ __forceinline__ void wgmma_f8(float* d, const u32* a, u64 desc, bool accumulate) {\n"
+        '    asm volatile("{\\n.reg .pred p;\\n"\n'
+        f'        "setp.ne.b32 p, %{n_acc + 5}, 0;\\n"\n'
+        f'        "wgmma.mma_async.sync.aligned.m64n{heads}k32.f32.e4m3.e4m3 {{{d}}}, {{{a}}}, %{n_acc + 4}, p, 1, 1;\\n"\n'
+        '        "}\\n"\n'
+        f"        : {outs}\n"
+        '        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(static_cast<u32>(accumulate)));\n'
+        "}\n"
+    )
+
+
+def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, min_ctas: int, probe: int = 0,
+            pipeline: int = 0) -> str:
+    body = SOURCE.read_text()
+    marker = "extern \"C\" __global__"
+    head, tail = body.split(marker, 1)
+    defines = (
+        f"#define NEXT_N {next_n}\n#define HEADS {heads}\n#define OUT_KIND {out_kind}\n"
+        f"#define LENS_2D {int(lens_2d)}\n#define STAGES {stages}\n#define MIN_CTAS {min_ctas}\n#define PROBE {probe}\n#define PIPELINE {pipeline}\n"
+    )
+    return defines + head + _wgmma_wrapper(heads) + marker + tail
+
+
+@functools.lru_cache(maxsize=None)
+def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, stages: int = DEFAULT_STAGES,
+          min_ctas: int | None = None, arch: str = "sm_90a", probe: int = 0, pipeline: int = 0) -> tuple[bytes, str]:
+    """Compile the scorer for one configuration with NVRTC (``ops.nvrtc.compile_cubin``).
+
+    Works without a GPU (NVRTC is a library), which is how the CPU tests
+    check that the kernel builds, without spills.
+
+    Args:
+        next_n: query rows per request, 1 .. 8 (``next_n * heads * 128 <= MAX_Q_BYTES``).
+        heads: index heads, one of ``HEADS``.
+        out_kind: 0 fp32, 1 bf16, 2 fp16 logits.
+        lens_2d: ``context_lens`` given per row (``[B, next_n]``) rather than per request.
+        stages: pages in flight per CTA.
+        min_ctas: CTAs per SM the registers are budgeted for (``None``: ``default_min_ctas(heads)``).
+        arch: NVRTC target.
+        probe: measurement builds (scripts/sm90_probe.py): 1 loads only, 2 compute only; 0 the scorer.
+        pipeline: 1 decodes the next page while the current page's wgmma runs (measured slower; kept to measure).
+
+    Returns:
+        ``(cubin bytes, ptxas log)``.
+
+    Raises:
+        ValueError: an unsupported configuration.
+        RuntimeError: NVRTC is missing or the compile fails (its log in the message).
+    """
+    if heads not in HEADS:
+        raise ValueError(f"heads: expected one of {HEADS}, got {heads}")
+    if not 1 <= next_n or next_n * heads * 128 > MAX_Q_BYTES:
+        raise ValueError(f"next_n: {next_n} x {heads} heads of index queries exceed {MAX_Q_BYTES} bytes of shared memory")
+    if out_kind not in (0, 1, 2):
+        raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
+    if min_ctas is None:
+        min_ctas = default_min_ctas(heads)
+    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, pipeline)
+    return nvrtc.compile_cubin(src, "paged_logits_sm90.cu", arch)
+
+
+def unavailable_reason(device: torch.device | str) -> str | None:
+    """Why the sm90 scorer cannot run on ``device`` (``None`` when it can).
+
+    Reasons: not a CUDA device, a ROCm build, compute capability other than
+    9.0 (the kernel uses sm_90a's ``wgmma``), or ``cuda-bindings`` missing.
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or torch.version.hip is not None:
+        return "not an NVIDIA CUDA device"
+    cap = torch.cuda.get_device_capability(device)
+    if cap != (9, 0):
+        return f"compute capability {cap[0]}.{cap[1]}, the kernel is built for 9.0 (Hopper)"
+    return nvrtc.bindings_missing()
+
+
+def available(device: torch.device | str) -> bool:
+    """Whether the sm90 scorer can run on ``device`` (see ``unavailable_reason``)."""
+    return unavailable_reason(device) is None
+
+
+def supports(q: torch.Tensor, cache: torch.Tensor, next_n: int, heads: int) -> str | None:
+    """Why these inputs need the Triton scorer instead (``None``: the sm90 kernel takes them).
+
+    It takes e4m3 index queries with 16-byte aligned rows and heads, a
+    16-byte aligned cache (bulk copies), ``heads`` in ``HEADS`` and
+    ``next_n * heads * 128 <= MAX_Q_BYTES``.
+    """
+    if q.dtype != torch.float8_e4m3fn:
+        return "index queries are not float8_e4m3fn"
+    if heads not in HEADS:
+        return f"{heads} heads"
+    if next_n * heads * 128 > MAX_Q_BYTES:
+        return f"next_n {next_n} x {heads} heads of index queries exceed {MAX_Q_BYTES} bytes of shared memory"
+    if q.data_ptr() % 16 or q.stride(0) % 16 or q.stride(1) % 16:
+        return "index query rows are not 16-byte aligned"
+    if cache.data_ptr() % 16:
+        return "the cache is not 16-byte aligned"
+    return None
+
+
+def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES) -> int:
+    """Dynamic shared memory of one CTA: queries, page ring, weights, row lengths, page slots, mbarriers, 1 KB slack."""
+    ints = next_n + stages + ((next_n + stages) & 1)  # the mbarriers after them are 8-byte aligned
+    return next_n * heads * 128 + stages * PAGE_SIZE * 68 + next_n * heads * 4 + 4 * ints + 16 * stages + 1024
+
+
+def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch: int, next_n: int, heads: int,
+           width: int, block_kv: int, stages: int = DEFAULT_STAGES, min_ctas: int | None = None,
+           probe: int = 0, pipeline: int = 0) -> None:
+    """Launch the sm90 scorer on torch's current stream (arguments already validated by ``paged_logits``).
+
+    Shapes as ``ops.paged_logits.paged_logits``; ``block_kv`` a multiple of
+    the page size (the schedule's tile); one CTA of 160 threads per schedule
+    entry. Raises RuntimeError when the build or the launch fails.
+    """
+    device = q.device
+    out_kind = _OUT_KINDS[out.dtype]
+    if min_ctas is None:
+        min_ctas = default_min_ctas(heads)
+    cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, pipeline)
+    smem = smem_bytes(next_n, heads, stages)
+    fn = nvrtc.get_function(device, cubin, "fp4_paged_logits_sm90", smem)
+    args = [
+        ctypes.c_void_p(q.data_ptr()),
+        ctypes.c_void_p(weights.data_ptr()),
+        ctypes.c_void_p(cache.data_ptr()),
+        ctypes.c_void_p(block_table.data_ptr()),
+        ctypes.c_void_p(context_lens.data_ptr()),
+        ctypes.c_void_p(schedule.data_ptr()),
+        ctypes.c_void_p(out.data_ptr()),
+        ctypes.c_int(batch),
+        ctypes.c_int(cache.shape[0]),
+        ctypes.c_int(block_table.shape[1]),
+        ctypes.c_int(width),
+        ctypes.c_longlong(q.stride(0)),
+        ctypes.c_longlong(q.stride(1)),
+        ctypes.c_longlong(weights.stride(0)),
+        ctypes.c_longlong(block_table.stride(0)),
+        ctypes.c_longlong(out.stride(0)),
+        ctypes.c_int(block_kv),
+    ]
+    nvrtc.launch(fn, device, schedule.shape[0] - 1, _THREADS, smem, args)

@@ -1,0 +1,148 @@
+"""The Hopper scorer (``paged_logits(impl="wgmma")``) on the device, against the torch oracle.
+
+Same checks and tolerance as test_paged_logits.py (its ``_check``); the
+small cases mirror that file's CPU cases, then full-size rows, every logits
+dtype, out-of-range pages with check=False, and a CUDA graph of planner +
+scorer replayed with new lengths (bitwise equal to eager runs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cases import make_paged_case
+from test_paged_logits import _check
+
+from sglang_fp4_indexer.ops.paged_logits import paged_logits
+from sglang_fp4_indexer.ops.schedule import plan_paged_schedule, plan_paged_schedule_into
+from sglang_fp4_indexer.reference import paged_logits_reference
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _needs_hopper():
+    from sglang_fp4_indexer.ops import sm90
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    why = sm90.unavailable_reason("cuda")
+    if why:
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("heads", [64, 32])
+@pytest.mark.parametrize("lens", [[1], [63], [64], [65], [1, 63, 64, 65, 130]])
+def test_decode_small(heads, lens):
+    _check(make_paged_case(lens, next_n=1, heads=heads, seed=len(lens) + heads, device="cuda"), impl="wgmma")
+
+
+@pytest.mark.parametrize("next_n", [2, 3, 4])
+@pytest.mark.parametrize("heads", [64, 32])
+def test_target_verify(heads, next_n):
+    _check(make_paged_case([4, 66, 129], next_n=next_n, heads=heads, seed=heads + next_n, device="cuda"), impl="wgmma")
+
+
+def test_per_row_lengths_zero_rows_and_width():
+    case = make_paged_case([[0, 5, 64], [70, 0, 1]], next_n=3, heads=32, per_row=True, seed=7, device="cuda")
+    _check(case, width=150, impl="wgmma")
+
+
+@pytest.mark.parametrize("num_ctas", [1, 3, 16, 400])
+@pytest.mark.parametrize("block_kv", [64, 256])
+def test_any_schedule(num_ctas, block_kv):
+    case = make_paged_case([200, 3, 700, 64], next_n=2, heads=64, seed=3, device="cuda")
+    _check(case, num_ctas=num_ctas, block_kv=block_kv, impl="wgmma")
+
+
+def test_all_zero_lengths_write_minus_inf():
+    case = make_paged_case([0, 0], heads=32, seed=2, extra_pages=1, device="cuda")
+    case.context_lens.zero_()
+    got, _ = _check(case, width=70, impl="wgmma")
+    assert torch.all(got == float("-inf"))
+
+
+@pytest.mark.parametrize("heads", [16, 128])
+def test_other_head_counts(heads):
+    _check(make_paged_case([65, 300], next_n=1, heads=heads, seed=heads, device="cuda"), impl="wgmma")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_logits_are_the_fp32_logits_rounded_once(dtype):
+    case = make_paged_case([70, 129, 1000], next_n=2, heads=64, seed=41, device="cuda")
+    args = (case.q, case.weights, case.cache, case.block_table, case.context_lens)
+    sched = plan_paged_schedule(case.context_lens, 64, 7)
+    full = paged_logits(*args, schedule=sched, block_kv=64, impl="wgmma")
+    low = paged_logits(*args, schedule=sched, block_kv=64, impl="wgmma", logits_dtype=dtype)
+    assert torch.equal(low, full.to(dtype))
+
+
+def test_unchecked_out_of_range_pages_are_masked_not_read():
+    case = make_paged_case([300], heads=64, seed=4, device="cuda")
+    good = make_paged_case([300], heads=64, seed=4, device="cuda")
+    case.block_table[0, 1] = 10_000  # past the cache
+    case.block_table[0, 3] = -5
+    out = paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, check=False,
+                       schedule=plan_paged_schedule(case.context_lens, 64, 3), block_kv=64, impl="wgmma")
+    ref = paged_logits_reference(good.q, good.weights, good.cache, good.block_table, good.context_lens)
+    bad = torch.zeros(out.shape[1], dtype=torch.bool, device="cuda")
+    bad[64:128] = True
+    bad[192:256] = True
+    bad[300:] = True
+    assert torch.all(out[0, bad] == float("-inf"))
+    assert torch.allclose(out[0, ~bad], ref[0, ~bad], rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("next_n", [1, 4])
+def test_full_size_h64_batch8_32k(next_n):
+    lens = [32768 - 97 * i for i in range(8)]
+    case = make_paged_case(lens, next_n=next_n, heads=64, seed=99, device="cuda")
+    ctas = 3 * torch.cuda.get_device_properties(0).multi_processor_count
+    # FP8 MMA on Hopper adds products in a narrower internal accumulator than
+    # fp32 (DeepGEMM's notes): the same bound as test_paged_logits' GPU test.
+    _check(case, num_ctas=ctas, rel=1e-3, impl="wgmma", block_kv=64)
+    _check(case, num_ctas=ctas, rel=1e-3, impl="wgmma", block_kv=256)
+
+
+def test_cuda_graph_of_planner_and_scorer_follows_new_lengths():
+    batch, next_n, heads, block_kv = 6, 2, 64, 64
+    # [B, next_n] lengths, so rows of zero keys are valid lengths too.
+    case = make_paged_case([[4000] * next_n] * batch, next_n=next_n, heads=heads, seed=8, device="cuda", per_row=True)
+    lens = case.context_lens.clone()
+    num_ctas = 3 * torch.cuda.get_device_properties(0).multi_processor_count
+    sched = torch.empty((num_ctas + 1, 2), dtype=torch.int32, device="cuda")
+    width = case.block_table.shape[1] * 64
+    out = torch.empty((batch * next_n, width), device="cuda")
+
+    def step():
+        plan_paged_schedule_into(lens, block_kv, sched)
+        paged_logits(case.q, case.weights, case.cache, case.block_table, lens, schedule=sched, out=out,
+                     block_kv=block_kv, check=False, impl="wgmma")
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # builds and loads the kernel outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    g = torch.Generator().manual_seed(2)
+    for name, new in {
+        "grow": torch.randint(2000, 4000, (batch, next_n), generator=g),
+        "shrink": torch.randint(0, 300, (batch, next_n), generator=g),
+        "zeros": torch.zeros((batch, next_n), dtype=torch.int64),
+        "max": torch.full((batch, next_n), 4000),
+    }.items():
+        lens.copy_(new.to(torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = out.clone()
+        eager = paged_logits(case.q, case.weights, case.cache, case.block_table, lens, width=width, block_kv=block_kv,
+                             schedule=plan_paged_schedule(lens, block_kv, num_ctas), impl="wgmma")
+        assert torch.equal(replayed, eager), name
+        ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, lens, width=width)
+        fin = torch.isfinite(ref)
+        assert torch.equal(fin, torch.isfinite(replayed)), name
+        assert torch.allclose(replayed[fin], ref[fin].float(), rtol=1e-3, atol=1e-3), name
