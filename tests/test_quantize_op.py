@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -335,3 +336,35 @@ def test_gpu_cuda_and_triton_kernels_write_the_same_bytes(dtype):
     store_index_k(k, a, slots, check_slots=False)
     store_index_k(k, b, slots, check_slots=False, use_cuda=False)
     assert torch.equal(a, b)
+
+
+def _cuda_store_replay(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """numpy float32 replay of cuda/store_index_k.cu's arithmetic on finite fp32 keys [N, 128].
+
+    Returns (E2M1 codes with sign [N, 128], UE8M0 codes [N, 4]). The kernel's fmaf(|x|, 2**m, 2**23)
+    equals this product-then-add: the product is exact except below 2**-126, where both round to 0.
+    """
+    bits = x.astype(np.float32).view(np.uint32).reshape(-1, 4, 32)
+    a = bits & np.uint32(0x7FFFFFFF)
+    amax = a.max(axis=2).astype(np.int64)
+    code = np.clip((amax >> 23) - 2 + ((amax & 0x7FFFFF) > 0x400000), 1, 254)[:, :, None]
+    kb = np.clip((a >> 23).astype(np.int64) - code, 0, 2)
+    mexp = 255 - code - kb
+    assert mexp.min() >= 1 and mexp.max() <= 254  # the multiplier is a normal power of two
+    z = a.view(np.float32) * (mexp.astype(np.uint32) << 23).view(np.float32)
+    q = ((z + np.float32(2.0**23)).astype(np.float32).view(np.uint32) & 7).astype(np.int64) + 2 * kb
+    t0 = np.float32(0.25) * (code.astype(np.uint32) << 23).view(np.float32)
+    q = q + np.where((bits >> 31).astype(bool) & (a.view(np.float32) > t0), 8, 0)
+    return q.reshape(-1, 128), code[:, :, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_store_arithmetic_replayed_in_numpy_is_bit_exact(dtype):
+    k = _mixed_keys(4000, dtype, seed=40).float()
+    k[1, :] = torch.tensor([3.4028e38, -3.4e38, 2.0**127] + [1.0] * 125)  # the largest finite magnitudes
+    payload, scales = fmt.quantize_index_k(k)
+    q, code = _cuda_store_replay(k.numpy())
+    p = payload.numpy()
+    want = np.stack([p & 15, p >> 4], axis=2).reshape(-1, 128)
+    assert (code == scales.numpy()).all()
+    assert (q == want).all(), f"{int((q != want).sum())} codes differ"

@@ -178,7 +178,14 @@ _K_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 _cuda_store_failed: set = set()
 
 
-def _cuda_store(k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, page_size: int = PAGE_SIZE):
+#: Resident 256-thread blocks per SM the CUDA store kernel's registers are budgeted for,
+#: and tokens per 8-lane group (loaded together): docs/perf-notes.md, run 11.
+CUDA_STORE_MIN_BLOCKS = 1
+CUDA_STORE_TOKENS_PER_GROUP = 2
+
+
+def _cuda_store(k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, page_size: int = PAGE_SIZE,
+                min_blocks: int | None = None, tokens_per_group: int | None = None):
     """The NVRTC-built store kernel for these inputs, or None where the Triton kernel must run."""
     from . import nvrtc
 
@@ -186,11 +193,14 @@ def _cuda_store(k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, page_
             or k.data_ptr() % 16 or (k.stride(0) * k.element_size()) % 16 or cache.data_ptr() % 4):
         return None
     device = k.device if k.device.index is not None else torch.device("cuda", torch.cuda.current_device())
-    key = (device.index, k.dtype, slots.dtype, page_size)
+    min_blocks = CUDA_STORE_MIN_BLOCKS if min_blocks is None else min_blocks
+    tokens_per_group = CUDA_STORE_TOKENS_PER_GROUP if tokens_per_group is None else tokens_per_group
+    key = (device.index, k.dtype, slots.dtype, page_size, min_blocks, tokens_per_group)
     if key in _cuda_store_failed:
         return None
     src = (f"#define K_KIND {_K_KINDS[k.dtype]}\n#define SLOT64 {int(slots.dtype == torch.int64)}\n"
-           f"#define PAGE_SIZE {page_size}\n" + _CUDA_SOURCE.read_text())
+           f"#define PAGE_SIZE {page_size}\n#define MIN_BLOCKS {min_blocks}\n#define TOKENS_PER_GROUP {tokens_per_group}\n"
+           + _CUDA_SOURCE.read_text())
     try:
         cubin, _ = nvrtc.compile_cubin(src, "store_index_k.cu", nvrtc.cuda_arch(device))
         return device, nvrtc.get_function(device, cubin, "store_index_k", 0)
@@ -317,7 +327,7 @@ def store_index_k(
         args = [ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(cache.data_ptr()), ctypes.c_void_p(slots.data_ptr()),
                 ctypes.c_longlong(n), ctypes.c_longlong(k.stride(0) * k.element_size()),
                 ctypes.c_longlong(cache.shape[0] * page_size)]
-        nvrtc.launch(fn, device, triton.cdiv(n, 16), 256, 0, args)
+        nvrtc.launch(fn, device, triton.cdiv(n, 32 * CUDA_STORE_TOKENS_PER_GROUP), 256, 0, args)
         return
     grid = (triton.cdiv(n, block_t),)
     _store_index_k_kernel[grid](
