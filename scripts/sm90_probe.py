@@ -35,6 +35,7 @@ def main():
     ap.add_argument("--block-kv", default="64,256")
     ap.add_argument("--probe", default="0", help="comma list: 0 scorer, 1 loads only, 2 compute only")
     ap.add_argument("--pipeline", default="0", help="comma list of the PIPELINE build option (0, 1)")
+    ap.add_argument("--split-sign", default="0", help="comma list of the SPLIT_SIGN build option (0, 1, 2)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "sm90_probe.json"))
     args = ap.parse_args()
     bw = copy_bandwidth()
@@ -64,19 +65,20 @@ def main():
         results.append(res)
         print(json.dumps(res), flush=True)
         for stages in map(int, args.stages.split(",")):
-          for probe, pipe in [(p, q) for p in map(int, args.probe.split(",")) for q in map(int, args.pipeline.split(","))]:
+          for probe, pipe, ss in [(p, q, r) for p in map(int, args.probe.split(",")) for q in map(int, args.pipeline.split(","))
+                                  for r in map(int, args.split_sign.split(","))]:
             for min_ctas in map(int, args.min_ctas.split(",")):
                 for cps in map(float, args.ctas_per_sm.split(",")):
                     for bkv in map(int, args.block_kv.split(",")):
                         ctas = int(cps * sms)
                         sched = plan_paged_schedule(lens, bkv, ctas)
-                        variant = f"wgmma st{stages} mc{min_ctas} ctas{ctas} bkv{bkv}" + (f" PROBE{probe}" if probe else "") + (" PIPE" if pipe else "")
+                        variant = f"wgmma st{stages} mc{min_ctas} ctas{ctas} bkv{bkv}" + (f" PROBE{probe}" if probe else "") + (" PIPE" if pipe else "") + (f" SS{ss}" if ss else "")
                         try:
-                            def fn(i, sched=sched, bkv=bkv, stages=stages, min_ctas=min_ctas, probe=probe, pipe=pipe):
+                            def fn(i, sched=sched, bkv=bkv, stages=stages, min_ctas=min_ctas, probe=probe, pipe=pipe, ss=ss):
                                 j = i % copies
                                 sm90.launch(q, w, caches[j], bt, lens, sched, outs[j], batch=batch, next_n=next_n,
                                             heads=heads, width=width, block_kv=bkv, stages=stages, min_ctas=min_ctas,
-                                            probe=probe, pipeline=pipe)
+                                            probe=probe, pipeline=pipe, split_sign=ss)
 
                             outs[0].fill_(float("nan"))
                             fn(0)

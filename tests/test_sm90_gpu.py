@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cases import make_paged_case
+from cases import make_paged_case, term_bound
 from test_paged_logits import _check
 
 from sglang_fp4_indexer.ops.paged_logits import paged_logits
@@ -102,6 +102,26 @@ def test_full_size_h64_batch8_32k(next_n):
     # fp32 (DeepGEMM's notes): the same bound as test_paged_logits' GPU test.
     _check(case, num_ctas=ctas, rel=1e-3, impl="wgmma", block_kv=64)
     _check(case, num_ctas=ctas, rel=1e-3, impl="wgmma", block_kv=256)
+
+
+@pytest.mark.parametrize("split_sign", [1, 2])
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_sign_split_decode_build_option(split_sign, next_n):
+    # Build option SPLIT_SIGN (not the default; docs/perf-notes.md run 12): same results.
+    from sglang_fp4_indexer.ops import sm90
+
+    case = make_paged_case([65, 300, 1000], next_n=next_n, heads=64, seed=50 + split_sign, device="cuda")
+    width = case.block_table.shape[1] * 64
+    sched = plan_paged_schedule(case.context_lens, 64, 7)
+    out = torch.full((case.q.shape[0], width), float("nan"), device="cuda")
+    sm90.launch(case.q, case.weights, case.cache, case.block_table, case.context_lens, sched, out,
+                batch=case.block_table.shape[0], next_n=next_n, heads=64, width=width, block_kv=64,
+                split_sign=split_sign)
+    ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width)
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(out))
+    bound = term_bound(case, width).to(out.device)  # the same tolerance as test_paged_logits' GPU tests
+    assert torch.all((out.double() - ref.double()).abs()[fin] <= 1e-3 * bound[fin] + 1e-30)
 
 
 def test_cuda_graph_of_planner_and_scorer_follows_new_lengths():

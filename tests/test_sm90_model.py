@@ -23,13 +23,15 @@ from sglang_fp4_indexer.ops import nvrtc, sm90
 
 
 def _prmt(a: np.ndarray, b: np.ndarray, sel: np.ndarray) -> np.ndarray:
-    """PTX prmt.b32 default mode, selector bit 3 clear (the kernel never sets it)."""
+    """PTX prmt.b32 default mode: selector nibble i picks byte (nibble & 7) of {b, a}; with bit 3
+    set, that byte's msb replicated (0x00 or 0xFF) instead."""
     src = (b.astype(np.uint64) << np.uint64(32)) | a.astype(np.uint64)
     out = np.zeros_like(a, dtype=np.uint32)
     for i in range(4):
         idx = (sel >> np.uint32(4 * i)) & np.uint32(7)
-        assert not np.any((sel >> np.uint32(4 * i + 3)) & 1), "selector sign mode is never used"
         byte = (src >> (idx.astype(np.uint64) * np.uint64(8))) & np.uint64(0xFF)
+        sign_mode = ((sel >> np.uint32(4 * i + 3)) & 1).astype(bool)
+        byte = np.where(sign_mode, np.where(byte >= 0x80, 0xFF, 0x00), byte)
         out |= byte.astype(np.uint32) << np.uint32(8 * i)
     return out
 
@@ -42,6 +44,14 @@ def _decode_word(w, lut_lo, lut_hi):
     sel = (w >> u(1)) & u(0x44444444)
     zero, eighty = np.zeros_like(w), np.full_like(w, 0x80)
     return mag0 | _prmt(zero, eighty, sel), mag1 | _prmt(zero, eighty, sel >> u(16))
+
+
+def _decode_word_split(w, lut_lo, lut_hi):
+    """Mirror of decode_word_split() (build option SPLIT_SIGN): (pos0, pos1, neg0, neg1)."""
+    u = np.uint32
+    wn = w ^ u(0x88888888)
+    return (_prmt(lut_lo, lut_hi, w), _prmt(lut_lo, lut_hi, w >> u(16)),
+            _prmt(lut_lo, lut_hi, wn), _prmt(lut_lo, lut_hi, wn >> u(16)))
 
 
 def _group_lut(scales_word, group, s_max):
@@ -83,8 +93,9 @@ def _b_operand(smem: np.ndarray, heads: int, step: int) -> np.ndarray:
     return out
 
 
+@pytest.mark.parametrize("split_sign", [False, True])
 @pytest.mark.parametrize("heads", [64, 32])
-def test_fragment_replay_gives_the_exact_dot_products(heads):
+def test_fragment_replay_gives_the_exact_dot_products(heads, split_sign):
     g = torch.Generator().manual_seed(heads)
     keys = torch.randn(64, 128, generator=g) * torch.exp2(torch.randint(-5, 6, (64, 4), generator=g).double()).repeat_interleave(32, 1).float()
     # group scales within 2**10 of each other: the folded form is exact there
@@ -104,21 +115,31 @@ def test_fragment_replay_gives_the_exact_dot_products(heads):
         for lane in range(32):
             c, r0 = lane & 3, 16 * warp + (lane >> 2)
             rows = (r0, r0 + 8)
-            regs = {}
+            regs, negs = {}, {}
             for j, r in enumerate(rows):
                 words = pay[r, 16 * c:16 * c + 16].view("<u4").astype(np.uint32)
                 s_max = np.array(max(scales[r].tolist()), dtype=np.uint32)
                 lo, hi = _group_lut(np.array(sc_words[r], dtype=np.uint32), c, s_max)
                 for s in range(4):
-                    out0, out1 = _decode_word(np.array(words[s], dtype=np.uint32), lo, hi)
-                    regs[(s, j)] = int(out0)  # reg j: rows r0 / r0 + 8, k 4c .. 4c + 3
-                    regs[(s, 2 + j)] = int(out1)  # reg 2 + j: same rows, k 16 + 4c ..
+                    w = np.array(words[s], dtype=np.uint32)
+                    if split_sign:  # the magnitudes of the non-negative and of the negative elements
+                        pos0, pos1, neg0, neg1 = _decode_word_split(w, lo, hi)
+                        regs[(s, j)], regs[(s, 2 + j)] = int(pos0), int(pos1)
+                        negs[(s, j)], negs[(s, 2 + j)] = int(neg0), int(neg1)
+                    else:
+                        out0, out1 = _decode_word(w, lo, hi)
+                        regs[(s, j)] = int(out0)  # reg j: rows r0 / r0 + 8, k 4c .. 4c + 3
+                        regs[(s, 2 + j)] = int(out1)  # reg 2 + j: same rows, k 16 + 4c ..
             for s in range(4):
                 for reg in range(4):
                     row = rows[reg & 1]
                     k0 = 4 * c + 16 * (reg >> 1)
                     vals = _e4m3(np.frombuffer(np.uint32(regs[(s, reg)]).tobytes(), dtype=np.uint8))
                     acc[row] += vals @ b_ops[s][:, k0:k0 + 4].T
+                    if split_sign:  # the negated wgmma (imm-scale-a = -1)
+                        vals = _e4m3(np.frombuffer(np.uint32(negs[(s, reg)]).tobytes(), dtype=np.uint8))
+                        assert (vals >= 0).all()
+                        acc[row] -= vals @ b_ops[s][:, k0:k0 + 4].T
     s_max = scales.max(dim=1).values.double()
     got = acc * 2.0**-6 * torch.exp2(s_max - 127).numpy()[:, None]
     want = dequantize_index_k(payload, scales).double().numpy() @ q.double().numpy().T

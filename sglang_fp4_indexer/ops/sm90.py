@@ -42,6 +42,9 @@ def default_min_ctas(heads: int) -> int:
     return 2 if heads >= 128 else DEFAULT_MIN_CTAS
 
 
+#: Sign handling of the decode (build option SPLIT_SIGN; docs/perf-notes.md, run 12).
+DEFAULT_SPLIT_SIGN = 0
+
 #: Heads the kernel is built for (wgmma N = heads).
 HEADS = (16, 32, 64, 128)
 #: Largest next_n x heads x 128 bytes of index queries kept in shared memory.
@@ -51,11 +54,13 @@ _THREADS = 160
 
 
 def _wgmma_wrapper(heads: int) -> str:
-    """C++ for ``wgmma_f8(acc, a, desc, accumulate)``: m64 n``heads`` k32, e4m3 x e4m3 -> fp32, A in registers."""
+    """C++ for ``wgmma_f8(acc, a, desc, accumulate)`` (``acc (+)= A B``) and ``wgmma_f8_neg(acc, a, desc)``
+    (``acc -= A B``, imm-scale-a = -1): m64 n``heads`` k32, e4m3 x e4m3 -> fp32, A in registers."""
     n_acc = heads // 2
     d = ", ".join(f"%{i}" for i in range(n_acc))
     a = ", ".join(f"%{n_acc + i}" for i in range(4))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(n_acc))
+    ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)'
     return (
         "__device__ __forceinline__ void wgmma_f8(float* d, const u32* a, u64 desc, bool accumulate) {\n"
         '    asm volatile("{\\n.reg .pred p;\\n"\n'
@@ -63,26 +68,33 @@ def _wgmma_wrapper(heads: int) -> str:
         f'        "wgmma.mma_async.sync.aligned.m64n{heads}k32.f32.e4m3.e4m3 {{{d}}}, {{{a}}}, %{n_acc + 4}, p, 1, 1;\\n"\n'
         '        "}\\n"\n'
         f"        : {outs}\n"
-        '        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(static_cast<u32>(accumulate)));\n'
+        f'        : {ins}, "r"(static_cast<u32>(accumulate)));\n'
+        "}\n"
+        "__device__ __forceinline__ void wgmma_f8_neg(float* d, const u32* a, u64 desc) {\n"
+        f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{heads}k32.f32.e4m3.e4m3 {{{d}}}, {{{a}}}, %{n_acc + 4}, 1, -1, 1;\\n"\n'
+        f"        : {outs}\n"
+        f"        : {ins});\n"
         "}\n"
     )
 
 
 def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, min_ctas: int, probe: int = 0,
-            pipeline: int = 0) -> str:
+            pipeline: int = 0, split_sign: int = 1) -> str:
     body = SOURCE.read_text()
     marker = "extern \"C\" __global__"
     head, tail = body.split(marker, 1)
     defines = (
         f"#define NEXT_N {next_n}\n#define HEADS {heads}\n#define OUT_KIND {out_kind}\n"
         f"#define LENS_2D {int(lens_2d)}\n#define STAGES {stages}\n#define MIN_CTAS {min_ctas}\n#define PROBE {probe}\n#define PIPELINE {pipeline}\n"
+        f"#define SPLIT_SIGN {split_sign}\n"
     )
     return defines + head + _wgmma_wrapper(heads) + marker + tail
 
 
 @functools.lru_cache(maxsize=None)
 def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, stages: int = DEFAULT_STAGES,
-          min_ctas: int | None = None, arch: str = "sm_90a", probe: int = 0, pipeline: int = 0) -> tuple[bytes, str]:
+          min_ctas: int | None = None, arch: str = "sm_90a", probe: int = 0, pipeline: int = 0,
+          split_sign: int | None = None) -> tuple[bytes, str]:
     """Compile the scorer for one configuration with NVRTC (``ops.nvrtc.compile_cubin``).
 
     Works without a GPU (NVRTC is a library), which is how the CPU tests
@@ -98,6 +110,8 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         arch: NVRTC target.
         probe: measurement builds (scripts/sm90_probe.py): 1 loads only, 2 compute only; 0 the scorer.
         pipeline: 1 decodes the next page while the current page's wgmma runs (measured slower; kept to measure).
+        split_sign: sign handling (``None``: ``DEFAULT_SPLIT_SIGN``): 0 PRMT magnitudes + PRMT signs; 1, 2
+            sign-split PRMTs and a negated wgmma (2: in two halves, fewer registers). See the .cu file.
 
     Returns:
         ``(cubin bytes, ptxas log)``.
@@ -114,7 +128,9 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
     if min_ctas is None:
         min_ctas = default_min_ctas(heads)
-    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, pipeline)
+    if split_sign is None:
+        split_sign = DEFAULT_SPLIT_SIGN
+    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, pipeline, split_sign)
     return nvrtc.compile_cubin(src, "paged_logits_sm90.cu", arch)
 
 
@@ -166,7 +182,7 @@ def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES) -> int:
 
 def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch: int, next_n: int, heads: int,
            width: int, block_kv: int, stages: int = DEFAULT_STAGES, min_ctas: int | None = None,
-           probe: int = 0, pipeline: int = 0) -> None:
+           probe: int = 0, pipeline: int = 0, split_sign: int | None = None) -> None:
     """Launch the sm90 scorer on torch's current stream (arguments already validated by ``paged_logits``).
 
     Shapes as ``ops.paged_logits.paged_logits``; ``block_kv`` a multiple of
@@ -177,7 +193,8 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
     out_kind = _OUT_KINDS[out.dtype]
     if min_ctas is None:
         min_ctas = default_min_ctas(heads)
-    cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, pipeline)
+    cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, pipeline,
+                     split_sign)
     smem = smem_bytes(next_n, heads, stages)
     fn = nvrtc.get_function(device, cubin, "fp4_paged_logits_sm90", smem)
     args = [

@@ -34,6 +34,10 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 
+#ifndef SPLIT_SIGN
+#define SPLIT_SIGN 1  // 1, 2: signs by two sign-split PRMT decodes and a negated wgmma (7 ALU ops per word,
+                      // not 12); 2 decodes in two halves of two k steps (16 A registers live, two waits)
+#endif
 #ifndef PIPELINE
 #define PIPELINE 0  // 1: decode page n + 1 while page n's wgmma runs (measured slower on H200: perf-notes run 10)
 #endif
@@ -102,6 +106,20 @@ __device__ __forceinline__ void decode_word(u32 w, u32 lut_lo, u32 lut_hi, u32& 
     const u32 sgn1 = prmt(0u, 0x80u, sel >> 16);
     out0 = mag0 + sgn0;  // disjoint bits: + lets ptxas pick IMAD (FMA pipe) over LOP3 (ALU pipe)
     out1 = mag1 + sgn1;
+}
+
+// Sign-split decode: PRMT with a nibble's bit 3 set returns the selected LUT byte's msb
+// replicated, 0x00 (no LUT byte has its msb set). So the raw nibbles select the magnitudes of
+// the non-negative elements (negatives -> 0), and the nibbles with bit 3 flipped select the
+// magnitudes of the negative ones (non-negatives -> 0); the MMA adds the first and subtracts
+// the second (imm-scale-a = -1).
+__device__ __forceinline__ void decode_word_split(u32 w, u32 lut_lo, u32 lut_hi, u32& pos0, u32& pos1, u32& neg0,
+                                                  u32& neg1) {
+    const u32 wn = w ^ 0x88888888u;
+    pos0 = prmt(lut_lo, lut_hi, w);
+    pos1 = prmt(lut_lo, lut_hi, w >> 16);
+    neg0 = prmt(lut_lo, lut_hi, wn);
+    neg1 = prmt(lut_lo, lut_hi, wn >> 16);
 }
 
 // The LUT of one (key, group): bytes LUT_A[0..3] and LUT_A[4..7]; zero when flushed.
@@ -209,7 +227,15 @@ struct Jobs {
 
 // One job's decoded keys (wgmma A fragments for the four k steps) and what its epilogue needs.
 struct Tile {
-    u32 a[4][4];
+#if SPLIT_SIGN == 2
+    u32 w0[4], w1[4];              // payload words of rows r0 and r1 (group c)
+    u32 lo0, hi0, lo1, hi1;        // their LUTs
+#else
+    u32 a[4][4];  // A fragments per k step (SPLIT_SIGN: the non-negative elements' magnitudes)
+#endif
+#if SPLIT_SIGN == 1
+    u32 an[4][4];  // SPLIT_SIGN: the negative elements' magnitudes
+#endif
     float f0, f1;  // 2**-6 * 2**(s_max - 127) of rows r0 and r1
     int b, pg, page, npages;  // request, page within it (-1: none), cache page (-1: invalid)
     bool last;                // the request's last job
@@ -320,14 +346,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits
         u32 lo0, hi0, lo1, hi1;
         group_lut(sc0, c, smax0, lo0, hi0);
         group_lut(sc1, c, smax1, lo1, hi1);
-        decode_word(p0.x, lo0, hi0, t.a[0][0], t.a[0][2]);
-        decode_word(p1.x, lo1, hi1, t.a[0][1], t.a[0][3]);
-        decode_word(p0.y, lo0, hi0, t.a[1][0], t.a[1][2]);
-        decode_word(p1.y, lo1, hi1, t.a[1][1], t.a[1][3]);
-        decode_word(p0.z, lo0, hi0, t.a[2][0], t.a[2][2]);
-        decode_word(p1.z, lo1, hi1, t.a[2][1], t.a[2][3]);
-        decode_word(p0.w, lo0, hi0, t.a[3][0], t.a[3][2]);
-        decode_word(p1.w, lo1, hi1, t.a[3][1], t.a[3][3]);
+#if SPLIT_SIGN == 2
+        t.w0[0] = p0.x; t.w0[1] = p0.y; t.w0[2] = p0.z; t.w0[3] = p0.w;
+        t.w1[0] = p1.x; t.w1[1] = p1.y; t.w1[2] = p1.z; t.w1[3] = p1.w;
+        t.lo0 = lo0; t.hi0 = hi0; t.lo1 = lo1; t.hi1 = hi1;
+#else
+        const u32 w0[4] = {p0.x, p0.y, p0.z, p0.w}, w1[4] = {p1.x, p1.y, p1.z, p1.w};
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+#if SPLIT_SIGN
+            decode_word_split(w0[s], lo0, hi0, t.a[s][0], t.a[s][2], t.an[s][0], t.an[s][2]);
+            decode_word_split(w1[s], lo1, hi1, t.a[s][1], t.a[s][3], t.an[s][1], t.an[s][3]);
+#else
+            decode_word(w0[s], lo0, hi0, t.a[s][0], t.a[s][2]);
+            decode_word(w1[s], lo1, hi1, t.a[s][1], t.a[s][3]);
+#endif
+        }
+#endif
         t.f0 = __int_as_float(static_cast<int>(smax0 << 23)) * 0.015625f;
         t.f1 = __int_as_float(static_cast<int>(smax1 << 23)) * 0.015625f;
     };
@@ -383,10 +418,36 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits
             for (int i = 0; i < NEXT_N; ++i) {
                 float acc[HEADS / 2];
                 const u32 qa = smem_u32(q_smem + i * Q_BYTES);
+#if SPLIT_SIGN == 2
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    u32 pa[2][4], na[2][4];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int s = 2 * half + h;
+                        decode_word_split(cur.w0[s], cur.lo0, cur.hi0, pa[h][0], pa[h][2], na[h][0], na[h][2]);
+                        decode_word_split(cur.w1[s], cur.lo1, cur.hi1, pa[h][1], pa[h][3], na[h][1], na[h][3]);
+                    }
+                    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int s = 2 * half + h;
+                        wgmma_f8(acc, pa[h], q_desc(qa + 32 * s), s > 0);
+                        wgmma_f8_neg(acc, na[h], q_desc(qa + 32 * s));
+                    }
+                    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+                    if (half == 0) asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+                }
+#else
                 asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
                 for (int s = 0; s < 4; ++s) wgmma_f8(acc, cur.a[s], q_desc(qa + 32 * s), s > 0);
+#if SPLIT_SIGN
+#pragma unroll
+                for (int s = 0; s < 4; ++s) wgmma_f8_neg(acc, cur.an[s], q_desc(qa + 32 * s));
+#endif
                 asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
                 if (i == 0 && more) {
                     fetch(nxt);
                     jobs.next();
