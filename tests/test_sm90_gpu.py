@@ -55,6 +55,13 @@ def test_any_schedule(num_ctas, block_kv):
     _check(case, num_ctas=num_ctas, block_kv=block_kv, impl="wgmma")
 
 
+@pytest.mark.parametrize("lens, num_ctas", [([0, 4096], 1), ([4096, 0, 4096], 1), ([0] * 9 + [5000], 2)])
+def test_requests_without_keys_followed_by_many_pages(lens, num_ctas):
+    # A request with no visible key takes a ring slot; more than STAGES jobs after it must not hang.
+    _check(make_paged_case(lens, next_n=1, heads=64, seed=len(lens), device="cuda"), num_ctas=num_ctas,
+           block_kv=64, impl="wgmma")
+
+
 def test_all_zero_lengths_write_minus_inf():
     case = make_paged_case([0, 0], heads=32, seed=2, extra_pages=1, device="cuda")
     case.context_lens.zero_()

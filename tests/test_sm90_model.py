@@ -1,6 +1,6 @@
 """The Hopper scorer (ops/sm90.py, ops/cuda/paged_logits_sm90.cu) on the CPU.
 
-The kernel itself needs an H100/H200 (its GPU tests are in test_paged_logits.py).
+The kernel itself needs an H100/H200 (its GPU tests are in test_sm90_gpu.py).
 Here: (1) NVRTC builds every configuration the op dispatches to, with no
 register spills and within the register budget of its CTAs per SM; (2) a
 numpy replay of the kernel's per-thread data flow -- the PRMT/LUT decode of
@@ -166,3 +166,109 @@ def test_unsupported_configurations_are_refused():
     with pytest.raises(ValueError, match="next_n"):
         sm90.build(8, 64)
     assert sm90.unavailable_reason("cpu") == "not an NVIDIA CUDA device"
+
+
+class _Jobs:
+    """Mirror of struct Jobs in paged_logits_sm90.cu: the CTA's (request, page) jobs."""
+
+    def __init__(self, sched, lens, cta, block_kv):
+        self.lens, self.batch, self.block_kv, self.ppb = lens, len(lens), block_kv, block_kv // 64
+        (self.b, self.blk), (self.b_end, self.blk_end) = sched[cta], sched[cta + 1]
+        if self.valid():
+            self.open_request()
+            self.open_tile()
+
+    def open_request(self):
+        length = max([0, *self.lens[self.b]]) if isinstance(self.lens[self.b], list) else max(self.lens[self.b], 0)
+        self.nblocks, self.npages = max(1, -(-length // self.block_kv)), -(-length // 64)
+
+    def open_tile(self):
+        self.p = self.blk * self.ppb
+        self.p_hi = self.p + 1 if self.npages == 0 else min(self.p + self.ppb, self.npages)
+
+    def valid(self):
+        return self.b < self.batch and (self.b < self.b_end or (self.b == self.b_end and self.blk < self.blk_end))
+
+    def next(self):
+        self.p += 1
+        if self.p < self.p_hi:
+            return
+        self.blk += 1
+        if self.blk >= self.nblocks:
+            self.b, self.blk = self.b + 1, 0
+            if not self.valid():
+                return
+            self.open_request()
+        elif not self.valid():
+            return
+        self.open_tile()
+
+
+class _Barrier:
+    """An mbarrier: phase completes when `count` arrivals are in; try_wait(parity) succeeds once the
+    phase with that parity has completed (a fresh barrier counts phase 'parity 1' as completed)."""
+
+    def __init__(self, count):
+        self.count, self.pending, self.phase = count, count, 0
+
+    def arrive(self, k=1):
+        self.pending -= k
+        if self.pending == 0:
+            self.phase, self.pending = self.phase + 1, self.count
+
+    def done(self, parity):
+        return (self.phase & 1) != parity
+
+
+def _run_cta(sched, lens, cta, block_kv, stages=4):
+    """Interleave the producer warp and the math warpgroup of one CTA; None, or where it deadlocks."""
+    full, empty = [_Barrier(1) for _ in range(stages)], [_Barrier(128) for _ in range(stages)]
+
+    def producer():  # every job takes a ring slot: a copy, or a plain arrive when there is no page
+        jobs, n = _Jobs(sched, lens, cta, block_kv), 0
+        while jobs.valid():
+            while not empty[n % stages].done(((n // stages) & 1) ^ 1):
+                yield ("producer waits empty", n)
+            full[n % stages].arrive()
+            jobs.next()
+            n += 1
+
+    def consumer():  # fetch(): waits on full and releases the slot for every job, page or not
+        jobs, n = _Jobs(sched, lens, cta, block_kv), 0
+        while jobs.valid():
+            while not full[n % stages].done((n // stages) & 1):
+                yield ("math waits full", n)
+            empty[n % stages].arrive(128)
+            jobs.next()
+            n += 1
+
+    actors, last = [producer(), consumer()], [None, None]
+    while actors:
+        moved = False
+        for i, actor in list(enumerate(actors)):
+            try:
+                state = next(actor)
+                moved |= state != last[i]
+                last[i] = state
+            except StopIteration:
+                actors[i] = None
+                moved = True
+        actors = [a for a in actors if a is not None]
+        last = last[: len(actors)] if len(actors) < 2 else last
+        if actors and not moved:
+            return f"CTA {cta} deadlocks: {last}"
+    return None
+
+
+@pytest.mark.parametrize(
+    "lens, block_kv, num_ctas",
+    [([0, 4096], 64, 1), ([4096, 0, 4096], 64, 1), ([0, 200], 64, 1), ([0, 256], 256, 1),
+     ([[0, 0], [70, 300]], 64, 1), ([32768] * 10 + [0] + [32768] * 53, 64, 528), ([0] * 9 + [5000], 256, 2)],
+)
+def test_ring_protocol_of_the_kernel_never_deadlocks(lens, block_kv, num_ctas):
+    # Requests with no visible key still take a ring slot on both sides (a fixed deadlock).
+    from sglang_fp4_indexer.reference import paged_schedule_reference
+
+    sched = paged_schedule_reference(torch.tensor(lens, dtype=torch.int32), block_kv, num_ctas).tolist()
+    for cta in range(num_ctas):
+        assert _run_cta(sched, lens, cta, block_kv) is None

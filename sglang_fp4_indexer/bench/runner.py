@@ -152,6 +152,8 @@ def _run_scorer(scorer: Scorer, inputs, expected, l2, bandwidth: float, device) 
     run = None
     try:
         prepared = scorer.prepare(inputs, l2)
+        if getattr(scorer, "ran", None):
+            result["impl"] = scorer.ran  # the formulation that ran (ours: "auto" resolved)
         result["sets"] = prepared.sets
         result["case_bytes"] = prepared.case_bytes
         run = time_calls(prepared.fn, device, prepared.sets)
@@ -213,6 +215,10 @@ def bench_store(device: torch.device, tokens: int, l2: int | None, bandwidth: fl
             store_index_k(ks[s], caches[s], slots, PAGE_SIZE, check_slots=False)
             return caches[s]
 
+        from ..ops.quantize import _cuda_store
+
+        row["kernel"] = "cuda" if _cuda_store(k, caches[0], slots) is not None else "triton"
+
         run = time_calls(fn, device, sets)
         _sync(device)
         row.update(seconds=run.timing.seconds, timing=run.timing.to_dict(), sets=sets)
@@ -253,6 +259,9 @@ def bench_planner(device: torch.device, batch: int, seed: int = 0) -> dict:
         block_kv = default_block_kv(device)
         out = torch.full((num_ctas + 1, 2), -1, dtype=torch.int32, device=device)
         row.update(block_kv=block_kv, num_ctas=num_ctas)
+        from ..ops.schedule import _cuda_planner_for
+
+        row["kernel"] = "cuda" if _cuda_planner_for(lens)[1] is not None else "triton"
 
         def fn(s: int) -> torch.Tensor:
             return plan_paged_schedule_into(lens, block_kv, out)

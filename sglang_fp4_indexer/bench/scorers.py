@@ -137,6 +137,8 @@ class OursScorer(Scorer):
         sets = min(len(inputs.caches), rotation_sets(case, l2_bytes))
         outs = [torch.full((shape.rows, inputs.width), float("nan"), device=dev) for _ in range(sets)]
         extra = {} if self.impl is None else {"impl": self.impl}
+        # Which formulation runs (recorded in the report: "auto" is resolved per device and shape).
+        self.ran = pl.resolved_impl(inputs.q, inputs.caches[0], shape.next_n, block_kv, self.impl or "auto")
         q, w, bt, lens, caches, width = (
             inputs.q, inputs.weights, inputs.block_table, inputs.context_lens, inputs.caches, inputs.width,
         )

@@ -16,7 +16,10 @@ import triton.language as tl
 from ..format import INDEX_HEAD_DIM
 from ..pool import scale_row
 
-__all__ = ["interpreting", "scale_row_jit", "fp8_mma_available", "select_mma", "MMA_DTYPES", "check_index_queries", "to_logits_dtype"]
+__all__ = [
+    "interpreting", "scale_row_jit", "scale_row_is_identity", "fp8_mma_available", "select_mma", "MMA_DTYPES",
+    "check_index_queries", "to_logits_dtype",
+]
 
 
 def interpreting() -> bool:
@@ -32,6 +35,16 @@ def interpreting() -> bool:
 scale_row_jit = triton.jit(
     types.FunctionType(scale_row.__code__, {**scale_row.__globals__, "tl": tl}, "scale_row", scale_row.__defaults__)
 )
+
+
+def scale_row_is_identity(page_size: int) -> bool:
+    """Whether ``pool.scale_row`` maps every row of a ``page_size`` page to itself (the NVIDIA layout).
+
+    The CUDA kernels address the scale plane at the token's own row; where this
+    is False (a layout with another row mapping) their callers run the Triton
+    kernels, which call ``scale_row`` (DESIGN section 3).
+    """
+    return all(scale_row(r, page_size) == r for r in range(page_size))
 
 
 def fp8_mma_available(device: torch.device) -> bool:

@@ -30,14 +30,14 @@ from ._common import MMA_DTYPES, check_index_queries, fp8_mma_available, scale_r
 
 __all__ = [
     "DEFAULT_BLOCK_KV", "WGMMA_BLOCK_KV", "IMPLS", "MAX_NEXT_N", "SUPPORTED_HEADS", "default_block_kv", "paged_logits",
-    "fp8_mma_available",
+    "fp8_mma_available", "resolved_impl",
 ]
 
 #: Keys per tile of the Triton scorers (four pages), measured best for "folded" on H200
 #: (docs/perf-notes.md, runs 5-6). The CTA schedule must be planned with the value the call uses.
 DEFAULT_BLOCK_KV = 256
-#: Keys per tile of the Hopper wgmma kernel's schedule (one page): within 2-4 % of 256-key
-#: tiles on long rows and 1.7x faster at batch 1 x 4K (docs/perf-notes.md, run 10).
+#: Keys per tile of the Hopper wgmma kernel's schedule (one page): 1-3 % slower than 256-key
+#: tiles on long rows where measured side by side, 1.6x faster at batch 1 x 4K (docs/perf-notes.md, run 10).
 WGMMA_BLOCK_KV = 64
 
 
@@ -47,7 +47,9 @@ def default_block_kv(device: torch.device | str) -> int:
     ``WGMMA_BLOCK_KV`` (64) where the Hopper kernel runs (``ops.sm90.available``),
     else ``DEFAULT_BLOCK_KV`` (256). Plan the schedule and call
     ``paged_logits`` with the same value (``paged_logits`` uses this one when
-    ``block_kv`` is not given).
+    ``block_kv`` is not given). Per device, not per call: a call the Hopper
+    kernel declines (bf16 queries, ``next_n * H * 128`` over 32 KB) runs the
+    Triton scorer on 64-key tiles, correct but slower than on its tuned 256.
     """
     from . import sm90
 
@@ -301,6 +303,23 @@ def _paged_logits_kernel(
 IMPLS = {"group": 0, "scaled": 1, "folded": 2, "wgmma": 3}
 #: MMA input type -> the kernel's DOT_MODE.
 _DOT_MODES = {name: i for i, name in enumerate(MMA_DTYPES)}  # fp8 0, fp16 1, bf16 2, fp32 3
+
+
+def resolved_impl(q: torch.Tensor, cache: torch.Tensor, next_n: int, block_kv: int | None = None,
+                  impl: str = "auto", mma: str = "auto", page_size: int = PAGE_SIZE) -> str:
+    """The formulation ``paged_logits`` runs for a call (``impl="auto"`` resolved), one of ``IMPLS``.
+
+    Args as ``paged_logits`` (``q`` ``[B * next_n, H, 128]``, ``next_n`` its rows per request).
+
+    Raises:
+        ValueError: an ``mma`` that does not fit ``q`` (``select_mma``).
+    """
+    dot_mode = _DOT_MODES[select_mma(mma, q)]
+    if impl != "auto":
+        return impl
+    block_kv = default_block_kv(q.device) if block_kv is None else block_kv
+    why = _wgmma_unavailable(q, cache, next_n, q.shape[1], block_kv, page_size, dot_mode)
+    return "wgmma" if why is None else "folded" if dot_mode == 0 else "scaled"
 
 
 def _wgmma_unavailable(q, cache, next_n, heads, block_kv, page_size, dot_mode) -> str | None:

@@ -37,6 +37,7 @@ import triton.language as tl
 
 from .. import format as fmt
 from ..pool import PAGE_SIZE, check_cache, page_bytes, scale_row
+from ._common import scale_row_is_identity
 
 __all__ = ["store_index_k", "DEFAULT_BLOCK_T", "INF_SATURATES_TO"]
 
@@ -171,11 +172,9 @@ def _store_index_k_kernel(
 
 
 _CUDA_SOURCE = Path(__file__).with_name("cuda") / "store_index_k.cu"
-# The CUDA kernel writes the scale plane at row `row` (pool.scale_row is the identity in the
-# NVIDIA layout); a layout that maps rows elsewhere keeps the Triton kernel, which calls scale_row.
-_SCALE_ROW_IS_IDENTITY = all(scale_row(r, PAGE_SIZE) == r for r in range(PAGE_SIZE))
 _K_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
-_cuda_store_failed: set = set()
+# (device, dtype, slot dtype, page size, budget, tokens per group) -> (device, kernel), or None after a failed build.
+_cuda_store_kernels: dict = {}
 
 
 #: Resident 256-thread blocks per SM the CUDA store kernel's registers are budgeted for,
@@ -186,29 +185,38 @@ CUDA_STORE_TOKENS_PER_GROUP = 2
 
 def _cuda_store(k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, page_size: int = PAGE_SIZE,
                 min_blocks: int | None = None, tokens_per_group: int | None = None):
-    """The NVRTC-built store kernel for these inputs, or None where the Triton kernel must run."""
-    from . import nvrtc
+    """The NVRTC-built store kernel for these inputs, or None where the Triton kernel must run.
 
-    if (not k.is_cuda or torch.version.hip is not None or not _SCALE_ROW_IS_IDENTITY or nvrtc.bindings_missing()
-            or k.data_ptr() % 16 or (k.stride(0) * k.element_size()) % 16 or cache.data_ptr() % 4):
+    It needs an NVIDIA device, ``cuda-bindings``, the NVIDIA scale-plane layout
+    (``pool.scale_row`` the identity), 16-byte aligned key rows, an 8-byte
+    aligned cache and an even ``page_size`` (its payload stores are 8 bytes).
+    Built once per configuration and device; a failed build is warned about
+    once and remembered (then the Triton kernel runs).
+    """
+    if (not k.is_cuda or torch.version.hip is not None or page_size % 2 or k.data_ptr() % 16
+            or (k.stride(0) * k.element_size()) % 16 or cache.data_ptr() % 8):
         return None
-    device = k.device if k.device.index is not None else torch.device("cuda", torch.cuda.current_device())
     min_blocks = CUDA_STORE_MIN_BLOCKS if min_blocks is None else min_blocks
     tokens_per_group = CUDA_STORE_TOKENS_PER_GROUP if tokens_per_group is None else tokens_per_group
-    key = (device.index, k.dtype, slots.dtype, page_size, min_blocks, tokens_per_group)
-    if key in _cuda_store_failed:
-        return None
-    src = (f"#define K_KIND {_K_KINDS[k.dtype]}\n#define SLOT64 {int(slots.dtype == torch.int64)}\n"
-           f"#define PAGE_SIZE {page_size}\n#define MIN_BLOCKS {min_blocks}\n#define TOKENS_PER_GROUP {tokens_per_group}\n"
-           + _CUDA_SOURCE.read_text())
-    try:
-        cubin, _ = nvrtc.compile_cubin(src, "store_index_k.cu", nvrtc.cuda_arch(device))
-        return device, nvrtc.get_function(device, cubin, "store_index_k", 0)
-    except RuntimeError as e:  # keep storing, with the Triton kernel
-        _cuda_store_failed.add(key)
-        warnings.warn(f"sglang-fp4-indexer: the CUDA store kernel could not be built ({e}); storing with Triton",
-                      stacklevel=3)
-        return None
+    key = (k.device.index, k.dtype, slots.dtype, page_size, min_blocks, tokens_per_group)
+    if key in _cuda_store_kernels:
+        return _cuda_store_kernels[key]
+    from . import nvrtc
+
+    kernel = None
+    if not nvrtc.bindings_missing() and scale_row_is_identity(page_size):
+        device = k.device if k.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+        src = (f"#define K_KIND {_K_KINDS[k.dtype]}\n#define SLOT64 {int(slots.dtype == torch.int64)}\n"
+               f"#define PAGE_SIZE {page_size}\n#define MIN_BLOCKS {min_blocks}\n"
+               f"#define TOKENS_PER_GROUP {tokens_per_group}\n" + _CUDA_SOURCE.read_text())
+        try:
+            cubin, _ = nvrtc.compile_cubin(src, "store_index_k.cu", nvrtc.cuda_arch(device))
+            kernel = device, nvrtc.get_function(device, cubin, "store_index_k", 0)
+        except RuntimeError as e:  # keep storing, with the Triton kernel
+            warnings.warn(f"sglang-fp4-indexer: the CUDA store kernel could not be built ({e}); storing with Triton",
+                          stacklevel=3)
+    _cuda_store_kernels[key] = kernel
+    return kernel
 
 
 def _interpreted() -> bool:
@@ -300,8 +308,8 @@ def store_index_k(
         block_t: tokens per program of the Triton kernel (a power of two).
         use_cuda: on NVIDIA GPUs run the CUDA kernel (``cuda/store_index_k.cu``,
             built by NVRTC at first use; the same bytes; speed in docs/perf-notes.md);
-            False, or where it cannot run (ROCm, no ``cuda-bindings``, ``k`` rows or
-            ``cache`` not 16-/4-byte aligned), the Triton kernel.
+            False, or where it cannot run (ROCm, no ``cuda-bindings``, ``k`` rows not
+            16-byte or ``cache`` not 8-byte aligned, an odd ``page_size``), the Triton kernel.
 
     Returns:
         None; ``cache`` is written in place.

@@ -52,24 +52,41 @@ _MAX_BLOCK_B = 128
 #: shared memory fit the 48 KB a launch gets without opting in).
 CUDA_PLANNER_MAX_BATCH = 6000
 _CUDA_PLANNER_SOURCE = Path(__file__).with_name("cuda") / "plan_schedule.cu"
-_cuda_planner_failed: set = set()
+_cuda_planners: dict = {}  # device index -> loaded kernel, or None after a failed build
+
+
+def _cuda_planner_for(context_lens: torch.Tensor):
+    """``(device, kernel)`` when the CUDA planner plans these lengths, else ``(None, None)`` (Triton plans):
+    NVIDIA device, int32 lengths, at most ``CUDA_PLANNER_MAX_BATCH`` requests, a successful build."""
+    if not context_lens.is_cuda or context_lens.dtype != torch.int32 or context_lens.shape[0] > CUDA_PLANNER_MAX_BATCH:
+        return None, None
+    device = context_lens.device
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    fn = _cuda_planner(device)
+    return (device, fn) if fn is not None else (None, None)
 
 
 def _cuda_planner(device: torch.device):
-    """The NVRTC-built planner kernel for ``device``, or None where it cannot run (then Triton plans)."""
+    """The NVRTC-built planner kernel for ``device``, or None where it cannot run (then Triton plans).
+
+    Built once per device; a failed build is warned about once and remembered.
+    """
+    if device.index in _cuda_planners:
+        return _cuda_planners[device.index]
     from . import nvrtc
 
-    if torch.version.hip is not None or nvrtc.bindings_missing() or device.index in _cuda_planner_failed:
-        return None
-    try:
-        arch = nvrtc.cuda_arch(device)
-        cubin, _ = nvrtc.compile_cubin(_CUDA_PLANNER_SOURCE.read_text(), "plan_schedule.cu", arch)
-        return nvrtc.get_function(device, cubin, "plan_paged_schedule", 0)
-    except RuntimeError as e:  # keep planning, with the Triton kernel
-        _cuda_planner_failed.add(device.index)
-        warnings.warn(f"sglang-fp4-indexer: the CUDA planner could not be built ({e}); planning with Triton",
-                      stacklevel=3)
-        return None
+    fn = None
+    if torch.version.hip is None and not nvrtc.bindings_missing():
+        try:
+            arch = nvrtc.cuda_arch(device)
+            cubin, _ = nvrtc.compile_cubin(_CUDA_PLANNER_SOURCE.read_text(), "plan_schedule.cu", arch)
+            fn = nvrtc.get_function(device, cubin, "plan_paged_schedule", 0)
+        except RuntimeError as e:  # keep planning, with the Triton kernel
+            warnings.warn(f"sglang-fp4-indexer: the CUDA planner could not be built ({e}); planning with Triton",
+                          stacklevel=3)
+    _cuda_planners[device.index] = fn
+    return fn
 
 
 def num_key_blocks(max_len, block_kv: int):
@@ -240,19 +257,17 @@ def plan_paged_schedule_into(context_lens: torch.Tensor, block_kv: int, out: tor
         next_n, stride_b, stride_n = 1, context_lens.stride(0), 0
     else:
         next_n, stride_b, stride_n = context_lens.shape[1], context_lens.stride(0), context_lens.stride(1)
-    if context_lens.is_cuda and context_lens.dtype == torch.int32 and batch <= CUDA_PLANNER_MAX_BATCH:
-        device = context_lens.device if context_lens.device.index is not None else torch.device("cuda", torch.cuda.current_device())
-        fn = _cuda_planner(device)
-        if fn is not None:
-            import ctypes
+    device, fn = _cuda_planner_for(context_lens)
+    if fn is not None:
+        import ctypes
 
-            from . import nvrtc
+        from . import nvrtc
 
-            args = [ctypes.c_void_p(context_lens.data_ptr()), ctypes.c_longlong(stride_b), ctypes.c_longlong(stride_n),
-                    ctypes.c_int(batch), ctypes.c_int(next_n), ctypes.c_int(block_kv), ctypes.c_void_p(out.data_ptr()),
-                    ctypes.c_int(num_ctas)]
-            nvrtc.launch(fn, device, 1, 1024, 8 * max(batch, 1), args)
-            return out
+        args = [ctypes.c_void_p(context_lens.data_ptr()), ctypes.c_longlong(stride_b), ctypes.c_longlong(stride_n),
+                ctypes.c_int(batch), ctypes.c_int(next_n), ctypes.c_int(block_kv), ctypes.c_void_p(out.data_ptr()),
+                ctypes.c_int(num_ctas)]
+        nvrtc.launch(fn, device, 1, 1024, 8 * max(batch, 1), args)
+        return out
     block_b = min(_MAX_BLOCK_B, triton.next_power_of_2(max(batch, 1)))
     grid = (triton.cdiv(num_ctas + 1, _BLOCK_C),)
     device_ctx = torch.cuda.device(context_lens.device) if context_lens.is_cuda else contextlib.nullcontext()

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import warnings
 from pathlib import Path
 
 import torch
 
 from ..pool import PAGE_SIZE
 from . import nvrtc
+from ._common import scale_row_is_identity
 
 __all__ = ["available", "unavailable_reason", "build", "launch", "supports", "SOURCE", "DEFAULT_STAGES", "DEFAULT_MIN_CTAS",
            "default_min_ctas", "smem_bytes", "HEADS", "MAX_Q_BYTES"]
@@ -49,6 +51,8 @@ DEFAULT_SPLIT_SIGN = 0
 HEADS = (16, 32, 64, 128)
 #: Largest next_n x heads x 128 bytes of index queries kept in shared memory.
 MAX_Q_BYTES = 32 * 1024
+#: Dynamic shared memory one CTA may use on Hopper (227 KB).
+MAX_SMEM_BYTES = 227 * 1024
 _OUT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _THREADS = 160
 
@@ -101,11 +105,11 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
     check that the kernel builds, without spills.
 
     Args:
-        next_n: query rows per request, 1 .. 8 (``next_n * heads * 128 <= MAX_Q_BYTES``).
+        next_n: query rows per request, >= 1 with ``next_n * heads * 128 <= MAX_Q_BYTES``.
         heads: index heads, one of ``HEADS``.
         out_kind: 0 fp32, 1 bf16, 2 fp16 logits.
         lens_2d: ``context_lens`` given per row (``[B, next_n]``) rather than per request.
-        stages: pages in flight per CTA.
+        stages: pages in flight per CTA, >= 1, within the 227 KB of shared memory a CTA may use.
         min_ctas: CTAs per SM the registers are budgeted for (``None``: ``default_min_ctas(heads)``).
         arch: NVRTC target.
         probe: measurement builds (scripts/sm90_probe.py): 1 loads only, 2 compute only; 0 the scorer.
@@ -117,15 +121,25 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         ``(cubin bytes, ptxas log)``.
 
     Raises:
-        ValueError: an unsupported configuration.
+        ValueError: an unsupported configuration, naming the argument.
         RuntimeError: NVRTC is missing or the compile fails (its log in the message).
     """
     if heads not in HEADS:
         raise ValueError(f"heads: expected one of {HEADS}, got {heads}")
-    if not 1 <= next_n or next_n * heads * 128 > MAX_Q_BYTES:
+    if not isinstance(next_n, int) or next_n < 1:
+        raise ValueError(f"next_n: expected an int >= 1, got {next_n!r}")
+    if next_n * heads * 128 > MAX_Q_BYTES:
         raise ValueError(f"next_n: {next_n} x {heads} heads of index queries exceed {MAX_Q_BYTES} bytes of shared memory")
     if out_kind not in (0, 1, 2):
         raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
+    if not isinstance(stages, int) or stages < 1 or smem_bytes(next_n, heads, stages) > MAX_SMEM_BYTES:
+        raise ValueError(f"stages: expected an int >= 1 whose ring fits {MAX_SMEM_BYTES} bytes of shared memory, got {stages!r}")
+    for name, value, allowed in (("probe", probe, (0, 1, 2)), ("pipeline", pipeline, (0, 1)),
+                                 ("split_sign", split_sign, (None, 0, 1, 2))):
+        if value not in allowed:
+            raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+    if min_ctas is not None and (not isinstance(min_ctas, int) or min_ctas < 1):
+        raise ValueError(f"min_ctas: expected an int >= 1, got {min_ctas!r}")
     if min_ctas is None:
         min_ctas = default_min_ctas(heads)
     if split_sign is None:
@@ -134,11 +148,19 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
     return nvrtc.compile_cubin(src, "paged_logits_sm90.cu", arch)
 
 
+_PROBED: dict[int, str | None] = {}
+
+
 def unavailable_reason(device: torch.device | str) -> str | None:
     """Why the sm90 scorer cannot run on ``device`` (``None`` when it can).
 
     Reasons: not a CUDA device, a ROCm build, compute capability other than
-    9.0 (the kernel uses sm_90a's ``wgmma``), or ``cuda-bindings`` missing.
+    9.0 (the kernel uses sm_90a's ``wgmma``), ``cuda-bindings`` missing, or
+    the first build and load on this device failing (no ``libnvrtc``, a driver
+    too old for the NVRTC version, ...): that is tried once per device and
+    process, warned about once, and remembered, so ``paged_logits``'s default,
+    ``default_block_kv`` and ``default_num_ctas`` all fall back to the Triton
+    scorer together.
     """
     device = torch.device(device)
     if device.type != "cuda" or torch.version.hip is not None:
@@ -146,7 +168,19 @@ def unavailable_reason(device: torch.device | str) -> str | None:
     cap = torch.cuda.get_device_capability(device)
     if cap != (9, 0):
         return f"compute capability {cap[0]}.{cap[1]}, the kernel is built for 9.0 (Hopper)"
-    return nvrtc.bindings_missing()
+    why = nvrtc.bindings_missing()
+    if why:
+        return why
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _PROBED:
+        try:
+            cubin, _ = build(1, 64)
+            nvrtc.get_function(torch.device("cuda", index), cubin, "fp4_paged_logits_sm90", smem_bytes(1, 64))
+            _PROBED[index] = None
+        except RuntimeError as e:
+            _PROBED[index] = f"the kernel could not be built or loaded ({e})"
+            warnings.warn(f"sglang-fp4-indexer: {_PROBED[index]}; scoring with the Triton kernels", stacklevel=2)
+    return _PROBED[index]
 
 
 def available(device: torch.device | str) -> bool:
@@ -158,9 +192,12 @@ def supports(q: torch.Tensor, cache: torch.Tensor, next_n: int, heads: int) -> s
     """Why these inputs need the Triton scorer instead (``None``: the sm90 kernel takes them).
 
     It takes e4m3 index queries with 16-byte aligned rows and heads, a
-    16-byte aligned cache (bulk copies), ``heads`` in ``HEADS`` and
-    ``next_n * heads * 128 <= MAX_Q_BYTES``.
+    16-byte aligned cache (bulk copies), ``heads`` in ``HEADS``,
+    ``next_n * heads * 128 <= MAX_Q_BYTES``, and the NVIDIA scale-plane layout
+    (``pool.scale_row`` the identity: the kernel reads a token's scales at its row).
     """
+    if not scale_row_is_identity(PAGE_SIZE):
+        return "pool.scale_row is not the identity (the kernel reads scales at the token's row)"
     if q.dtype != torch.float8_e4m3fn:
         return "index queries are not float8_e4m3fn"
     if heads not in HEADS:
@@ -187,7 +224,11 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
 
     Shapes as ``ops.paged_logits.paged_logits``; ``block_kv`` a multiple of
     the page size (the schedule's tile); one CTA of 160 threads per schedule
-    entry. Raises RuntimeError when the build or the launch fails.
+    entry.
+
+    Raises:
+        ValueError: an unsupported build configuration (``build``).
+        RuntimeError: the build, the load or the launch fails.
     """
     device = q.device
     out_kind = _OUT_KINDS[out.dtype]

@@ -323,9 +323,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits
         t.last = jobs.last_of_request();
         t.npages = jobs.npages;
         t.page = -1;
-        if (t.pg < 0) return;
         const int stage = n % STAGES;
         mbar_wait(full0 + 8 * stage, (n / STAGES) & 1);
+        if (t.pg < 0) {
+            // A request with no visible key: the producer used this ring slot too (it arrived
+            // without a copy), so the slot is released here to keep both sides' phases in step.
+            mbar_arrive(empty0 + 8 * stage);
+            return;
+        }
         t.page = info[stage];
         uint4 p0 = make_uint4(0, 0, 0, 0), p1 = p0;
         u32 sc0 = 0x7F7F7F7Fu, sc1 = sc0;

@@ -26,7 +26,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) plan_paged_schedule(
         if (b < batch) {
             int m = 0;
             for (int i = 0; i < next_n; ++i) m = max(m, __ldg(lens + b * stride_b + i * stride_n));
-            v = max(1, (m + block_kv - 1) / block_kv);
+            v = max(static_cast<i64>(1), (static_cast<i64>(m) + block_kv - 1) / block_kv);
         }
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
