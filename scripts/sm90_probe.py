@@ -12,6 +12,7 @@ the folded scorer's. Usage on the device::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -34,7 +35,6 @@ def main():
     ap.add_argument("--ctas-per-sm", default="2,3,4")
     ap.add_argument("--block-kv", default="64,256")
     ap.add_argument("--probe", default="0", help="comma list: 0 scorer, 1 loads only, 2 compute only")
-    ap.add_argument("--pipeline", default="0", help="comma list of the PIPELINE build option (0, 1)")
     ap.add_argument("--split-sign", default="0", help="comma list of the SPLIT_SIGN build option (0, 1, 2)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "sm90_probe.json"))
     args = ap.parse_args()
@@ -64,39 +64,37 @@ def main():
         res = dict(shape=shape, variant="folded", us=t * 1e6, floor_us=floor * 1e6, pct_floor=100 * floor / t)
         results.append(res)
         print(json.dumps(res), flush=True)
-        for stages in map(int, args.stages.split(",")):
-          for probe, pipe, ss in [(p, q, r) for p in map(int, args.probe.split(",")) for q in map(int, args.pipeline.split(","))
-                                  for r in map(int, args.split_sign.split(","))]:
-            for min_ctas in map(int, args.min_ctas.split(",")):
-                for cps in map(float, args.ctas_per_sm.split(",")):
-                    for bkv in map(int, args.block_kv.split(",")):
-                        ctas = int(cps * sms)
-                        sched = plan_paged_schedule(lens, bkv, ctas)
-                        variant = f"wgmma st{stages} mc{min_ctas} ctas{ctas} bkv{bkv}" + (f" PROBE{probe}" if probe else "") + (" PIPE" if pipe else "") + (f" SS{ss}" if ss else "")
-                        try:
-                            def fn(i, sched=sched, bkv=bkv, stages=stages, min_ctas=min_ctas, probe=probe, pipe=pipe, ss=ss):
-                                j = i % copies
-                                sm90.launch(q, w, caches[j], bt, lens, sched, outs[j], batch=batch, next_n=next_n,
-                                            heads=heads, width=width, block_kv=bkv, stages=stages, min_ctas=min_ctas,
-                                            probe=probe, pipeline=pipe, split_sign=ss)
+        ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+        for stages, probe, ss, min_ctas, cps, bkv in itertools.product(
+                ints(args.stages), ints(args.probe), ints(args.split_sign), ints(args.min_ctas),
+                [float(x) for x in args.ctas_per_sm.split(",")], ints(args.block_kv)):
+            ctas = int(cps * sms)
+            sched = plan_paged_schedule(lens, bkv, ctas)
+            variant = (f"wgmma st{stages} mc{min_ctas} ctas{ctas} bkv{bkv}" + (f" PROBE{probe}" if probe else "")
+                       + (f" SS{ss}" if ss else ""))
+            try:
+                def fn(i, sched=sched, bkv=bkv, stages=stages, min_ctas=min_ctas, probe=probe, ss=ss):
+                    j = i % copies
+                    sm90.launch(q, w, caches[j], bt, lens, sched, outs[j], batch=batch, next_n=next_n, heads=heads,
+                                width=width, block_kv=bkv, stages=stages, min_ctas=min_ctas, probe=probe, split_sign=ss)
 
-                            outs[0].fill_(float("nan"))
-                            fn(0)
-                            torch.cuda.synchronize()
-                            got = outs[0]
-                            if probe:
-                                err = float("nan")  # measurement build: output not meaningful
-                            elif not torch.equal(fin, torch.isfinite(got)):
-                                err = float("inf")
-                            else:
-                                err = ((got[fin] - ref[fin]).abs() / (ref[fin].abs() + 1e-3)).max().item()
-                            t = graph_time(fn)
-                            res = dict(shape=shape, variant=variant, us=t * 1e6, floor_us=floor * 1e6,
-                                       pct_floor=100 * floor / t, max_rel_vs_folded=err)
-                        except Exception as exc:  # a variant that does not build is reported, not fatal
-                            res = dict(shape=shape, variant=variant, error=repr(exc)[:400])
-                        results.append(res)
-                        print(json.dumps(res), flush=True)
+                outs[0].fill_(float("nan"))
+                fn(0)
+                torch.cuda.synchronize()
+                got = outs[0]
+                if probe:
+                    err = float("nan")  # measurement build: output not meaningful
+                elif not torch.equal(fin, torch.isfinite(got)):
+                    err = float("inf")
+                else:
+                    err = ((got[fin] - ref[fin]).abs() / (ref[fin].abs() + 1e-3)).max().item()
+                t = graph_time(fn)
+                res = dict(shape=shape, variant=variant, us=t * 1e6, floor_us=floor * 1e6,
+                           pct_floor=100 * floor / t, max_rel_vs_folded=err)
+            except Exception as exc:  # a variant that does not build is reported, not fatal
+                res = dict(shape=shape, variant=variant, error=repr(exc)[:400])
+            results.append(res)
+            print(json.dumps(res), flush=True)
         caches.clear()
         outs.clear()
         torch.cuda.empty_cache()

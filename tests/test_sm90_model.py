@@ -242,21 +242,20 @@ def _run_cta(sched, lens, cta, block_kv, stages=4):
             jobs.next()
             n += 1
 
-    actors, last = [producer(), consumer()], [None, None]
-    while actors:
+    last = {producer(): None, consumer(): None}  # each live side -> the wait it reported last
+    while last:
         moved = False
-        for i, actor in list(enumerate(actors)):
+        for actor in list(last):
             try:
                 state = next(actor)
-                moved |= state != last[i]
-                last[i] = state
             except StopIteration:
-                actors[i] = None
+                del last[actor]
                 moved = True
-        actors = [a for a in actors if a is not None]
-        last = last[: len(actors)] if len(actors) < 2 else last
-        if actors and not moved:
-            return f"CTA {cta} deadlocks: {last}"
+                continue
+            moved |= state != last[actor]
+            last[actor] = state
+        if last and not moved:
+            return f"CTA {cta} deadlocks: {list(last.values())}"
     return None
 
 

@@ -6,6 +6,7 @@ Nothing here is public API; the ops re-export what they document.
 
 from __future__ import annotations
 
+import functools
 import os
 import types
 
@@ -37,6 +38,7 @@ scale_row_jit = triton.jit(
 )
 
 
+@functools.lru_cache(maxsize=None)
 def scale_row_is_identity(page_size: int) -> bool:
     """Whether ``pool.scale_row`` maps every row of a ``page_size`` page to itself (the NVIDIA layout).
 

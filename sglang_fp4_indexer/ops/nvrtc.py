@@ -19,8 +19,9 @@ import torch
 __all__ = ["bindings_missing", "compile_cubin", "cuda_arch", "get_function", "launch", "ptxas_registers"]
 
 
+@functools.lru_cache(maxsize=None)
 def bindings_missing() -> str | None:
-    """Why NVRTC kernels cannot be built here (``None`` when ``cuda-bindings`` is importable)."""
+    """Why NVRTC kernels cannot be built here (``None`` when ``cuda-bindings`` is importable; checked once)."""
     try:
         found = importlib.util.find_spec("cuda.bindings.driver") and importlib.util.find_spec("cuda.bindings.nvrtc")
     except ImportError:

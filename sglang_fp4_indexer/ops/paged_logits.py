@@ -314,12 +314,19 @@ def resolved_impl(q: torch.Tensor, cache: torch.Tensor, next_n: int, block_kv: i
     Raises:
         ValueError: an ``mma`` that does not fit ``q`` (``select_mma``).
     """
-    dot_mode = _DOT_MODES[select_mma(mma, q)]
-    if impl != "auto":
-        return impl
     block_kv = default_block_kv(q.device) if block_kv is None else block_kv
-    why = _wgmma_unavailable(q, cache, next_n, q.shape[1], block_kv, page_size, dot_mode)
-    return "wgmma" if why is None else "folded" if dot_mode == 0 else "scaled"
+    return _resolve_impl(impl, q, cache, next_n, block_kv, page_size, _DOT_MODES[select_mma(mma, q)])
+
+
+def _resolve_impl(impl, q, cache, next_n, block_kv, page_size, dot_mode) -> str:
+    """``impl`` with ``"auto"`` resolved; raises ValueError when ``"wgmma"`` is asked for and cannot run."""
+    if impl in ("auto", "wgmma"):
+        why = _wgmma_unavailable(q, cache, next_n, q.shape[1], block_kv, page_size, dot_mode)
+        if impl == "wgmma" and why is not None:
+            raise ValueError(f"impl: 'wgmma' cannot run here: {why}")
+        if impl == "auto":
+            return "wgmma" if why is None else "folded" if dot_mode == 0 else "scaled"
+    return impl
 
 
 def _wgmma_unavailable(q, cache, next_n, heads, block_kv, page_size, dot_mode) -> str | None:
@@ -469,11 +476,7 @@ def paged_logits(
     dot_mode = _DOT_MODES[select_mma(mma, q)]
     if impl != "auto" and impl not in IMPLS:
         raise ValueError(f"impl: expected 'auto' or one of {tuple(IMPLS)}, got {impl!r}")
-    wgmma_why = _wgmma_unavailable(q, cache, next_n, heads, block_kv, page_size, dot_mode)
-    if impl == "auto":
-        impl = "wgmma" if wgmma_why is None else "folded" if dot_mode == 0 else "scaled"
-    if impl == "wgmma" and wgmma_why is not None:
-        raise ValueError(f"impl: 'wgmma' cannot run here: {wgmma_why}")
+    impl = _resolve_impl(impl, q, cache, next_n, block_kv, page_size, dot_mode)
     if impl == "folded" and dot_mode != 0:
         raise ValueError("impl: 'folded' needs e4m3 queries and FP8 MMA (mma 'fp8' or 'auto' on such a device)")
     use_asm = use_ptx and impl == "folded" and q.device.type == "cuda" and torch.version.hip is None

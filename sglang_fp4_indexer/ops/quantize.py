@@ -177,14 +177,12 @@ _K_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 _cuda_store_kernels: dict = {}
 
 
-#: Resident 256-thread blocks per SM the CUDA store kernel's registers are budgeted for,
-#: and tokens per 8-lane group (loaded together): docs/perf-notes.md, run 11.
-CUDA_STORE_MIN_BLOCKS = 1
+#: Tokens per 8-lane group of the CUDA store kernel, loaded together: docs/perf-notes.md, run 11.
 CUDA_STORE_TOKENS_PER_GROUP = 2
 
 
 def _cuda_store(k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, page_size: int = PAGE_SIZE,
-                min_blocks: int | None = None, tokens_per_group: int | None = None):
+                tokens_per_group: int | None = None):
     """The NVRTC-built store kernel for these inputs, or None where the Triton kernel must run.
 
     It needs an NVIDIA device, ``cuda-bindings``, the NVIDIA scale-plane layout
@@ -196,9 +194,8 @@ def _cuda_store(k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, page_
     if (not k.is_cuda or torch.version.hip is not None or page_size % 2 or k.data_ptr() % 16
             or (k.stride(0) * k.element_size()) % 16 or cache.data_ptr() % 8):
         return None
-    min_blocks = CUDA_STORE_MIN_BLOCKS if min_blocks is None else min_blocks
     tokens_per_group = CUDA_STORE_TOKENS_PER_GROUP if tokens_per_group is None else tokens_per_group
-    key = (k.device.index, k.dtype, slots.dtype, page_size, min_blocks, tokens_per_group)
+    key = (k.device.index, k.dtype, slots.dtype, page_size, tokens_per_group)
     if key in _cuda_store_kernels:
         return _cuda_store_kernels[key]
     from . import nvrtc
@@ -207,7 +204,7 @@ def _cuda_store(k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, page_
     if not nvrtc.bindings_missing() and scale_row_is_identity(page_size):
         device = k.device if k.device.index is not None else torch.device("cuda", torch.cuda.current_device())
         src = (f"#define K_KIND {_K_KINDS[k.dtype]}\n#define SLOT64 {int(slots.dtype == torch.int64)}\n"
-               f"#define PAGE_SIZE {page_size}\n#define MIN_BLOCKS {min_blocks}\n"
+               f"#define PAGE_SIZE {page_size}\n"
                f"#define TOKENS_PER_GROUP {tokens_per_group}\n" + _CUDA_SOURCE.read_text())
         try:
             cubin, _ = nvrtc.compile_cubin(src, "store_index_k.cu", nvrtc.cuda_arch(device))

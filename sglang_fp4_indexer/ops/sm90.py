@@ -82,14 +82,14 @@ def _wgmma_wrapper(heads: int) -> str:
     )
 
 
-def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, min_ctas: int, probe: int = 0,
-            pipeline: int = 0, split_sign: int = 1) -> str:
+def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, min_ctas: int, probe: int,
+            split_sign: int) -> str:
     body = SOURCE.read_text()
     marker = "extern \"C\" __global__"
     head, tail = body.split(marker, 1)
     defines = (
         f"#define NEXT_N {next_n}\n#define HEADS {heads}\n#define OUT_KIND {out_kind}\n"
-        f"#define LENS_2D {int(lens_2d)}\n#define STAGES {stages}\n#define MIN_CTAS {min_ctas}\n#define PROBE {probe}\n#define PIPELINE {pipeline}\n"
+        f"#define LENS_2D {int(lens_2d)}\n#define STAGES {stages}\n#define MIN_CTAS {min_ctas}\n#define PROBE {probe}\n"
         f"#define SPLIT_SIGN {split_sign}\n"
     )
     return defines + head + _wgmma_wrapper(heads) + marker + tail
@@ -97,7 +97,7 @@ def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, 
 
 @functools.lru_cache(maxsize=None)
 def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, stages: int = DEFAULT_STAGES,
-          min_ctas: int | None = None, arch: str = "sm_90a", probe: int = 0, pipeline: int = 0,
+          min_ctas: int | None = None, arch: str = "sm_90a", probe: int = 0,
           split_sign: int | None = None) -> tuple[bytes, str]:
     """Compile the scorer for one configuration with NVRTC (``ops.nvrtc.compile_cubin``).
 
@@ -113,7 +113,6 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         min_ctas: CTAs per SM the registers are budgeted for (``None``: ``default_min_ctas(heads)``).
         arch: NVRTC target.
         probe: measurement builds (scripts/sm90_probe.py): 1 loads only, 2 compute only; 0 the scorer.
-        pipeline: 1 decodes the next page while the current page's wgmma runs (measured slower; kept to measure).
         split_sign: sign handling (``None``: ``DEFAULT_SPLIT_SIGN``): 0 PRMT magnitudes + PRMT signs; 1, 2
             sign-split PRMTs and a negated wgmma (2: in two halves, fewer registers). See the .cu file.
 
@@ -134,8 +133,7 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
     if not isinstance(stages, int) or stages < 1 or smem_bytes(next_n, heads, stages) > MAX_SMEM_BYTES:
         raise ValueError(f"stages: expected an int >= 1 whose ring fits {MAX_SMEM_BYTES} bytes of shared memory, got {stages!r}")
-    for name, value, allowed in (("probe", probe, (0, 1, 2)), ("pipeline", pipeline, (0, 1)),
-                                 ("split_sign", split_sign, (None, 0, 1, 2))):
+    for name, value, allowed in (("probe", probe, (0, 1, 2)), ("split_sign", split_sign, (None, 0, 1, 2))):
         if value not in allowed:
             raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
     if min_ctas is not None and (not isinstance(min_ctas, int) or min_ctas < 1):
@@ -144,7 +142,7 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         min_ctas = default_min_ctas(heads)
     if split_sign is None:
         split_sign = DEFAULT_SPLIT_SIGN
-    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, pipeline, split_sign)
+    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, split_sign)
     return nvrtc.compile_cubin(src, "paged_logits_sm90.cu", arch)
 
 
@@ -219,7 +217,7 @@ def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES) -> int:
 
 def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch: int, next_n: int, heads: int,
            width: int, block_kv: int, stages: int = DEFAULT_STAGES, min_ctas: int | None = None,
-           probe: int = 0, pipeline: int = 0, split_sign: int | None = None) -> None:
+           probe: int = 0, split_sign: int | None = None) -> None:
     """Launch the sm90 scorer on torch's current stream (arguments already validated by ``paged_logits``).
 
     Shapes as ``ops.paged_logits.paged_logits``; ``block_kv`` a multiple of
@@ -232,10 +230,7 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
     """
     device = q.device
     out_kind = _OUT_KINDS[out.dtype]
-    if min_ctas is None:
-        min_ctas = default_min_ctas(heads)
-    cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, pipeline,
-                     split_sign)
+    cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, split_sign)
     smem = smem_bytes(next_n, heads, stages)
     fn = nvrtc.get_function(device, cubin, "fp4_paged_logits_sm90", smem)
     args = [

@@ -38,9 +38,6 @@ typedef long long i64;
 #define SPLIT_SIGN 1  // 1, 2: signs by two sign-split PRMT decodes and a negated wgmma (7 ALU ops per word,
                       // not 12); 2 decodes in two halves of two k steps (16 A registers live, two waits)
 #endif
-#ifndef PIPELINE
-#define PIPELINE 0  // 1: decode page n + 1 while page n's wgmma runs (measured slower on H200: perf-notes run 10)
-#endif
 #ifndef PROBE
 #define PROBE 0  // measurement builds only: 1 = loads only (no compute), 2 = compute only (no page copies)
 #endif
@@ -305,8 +302,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits
     }
 
     // Math warpgroup. Thread: rows r0 = 16 * warp + lane / 4 and r0 + 8 of the
-    // page, group c = lane % 4 of each (payload bytes 16c .. 16c + 15). Software
-    // pipeline: page n's wgmma runs while page n + 1 is loaded and decoded.
+    // page, group c = lane % 4 of each (payload bytes 16c .. 16c + 15).
     const int c = lane & 3;
     const int r0 = 16 * warp + (lane >> 2);
     const int r1 = r0 + 8;
@@ -409,14 +405,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits
 #endif
     };
 
-    // Score job `cur`; with PIPELINE, fetch the next job into `nxt` while its first wgmma runs.
-    // Returns whether a job is left.
-    auto step = [&](Tile& cur, Tile& nxt) -> bool {
+    // Score one fetched job: every next_n row against its page, then the request's -inf tail.
+    auto score = [&](const Tile& cur) {
         if (cur.b != cur_b) {
             cur_b = cur.b;
             load_request(cur.b);
         }
-        const bool more = PIPELINE && jobs.valid();
         if (cur.pg >= 0) {
             const int col0 = cur.pg * PAGE + r0, col1 = cur.pg * PAGE + r1;
 #pragma unroll
@@ -453,11 +447,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits
 #endif
                 asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 #endif
-                if (i == 0 && more) {
-                    fetch(nxt);
-                    jobs.next();
-                    ++n;
-                }
                 asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
                 for (int j = 0; j < HEADS / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
@@ -489,10 +478,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits
                 v = visible ? v : -__int_as_float(0x7f800000);
                 if (c < 2 && col < width) store_logit(out + static_cast<i64>(cur.b * NEXT_N + i) * stride_out + col, v);
             }
-        } else if (more) {
-            fetch(nxt);
-            jobs.next();
-            ++n;
         }
         if (cur.last) {
             // The request's last job writes -inf over the rest of its rows.
@@ -503,23 +488,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits
                 for (int col = start + threadIdx.x; col < width; col += MATH_THREADS) store_logit(row + col, ninf);
             }
         }
-        return more;
     };
 
-    Tile t0;
-#if PIPELINE
-    Tile t1;
-    if (!jobs.valid()) return;
-    fetch(t0);
-    jobs.next();
-    ++n;
-    while (step(t0, t1) && step(t1, t0)) {
-    }
-#else
+    Tile t;
     for (; jobs.valid(); ++n) {
-        fetch(t0);
+        fetch(t);
         jobs.next();
-        step(t0, t0);
+        score(t);
     }
-#endif
 }

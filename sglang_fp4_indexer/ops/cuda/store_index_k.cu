@@ -23,9 +23,6 @@
 typedef unsigned int u32;
 typedef long long i64;
 
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1  // resident 256-thread blocks per SM the registers are budgeted for
-#endif
 #ifndef TOKENS_PER_GROUP
 #define TOKENS_PER_GROUP 2  // tokens per 8 lanes, all loaded before any is quantized
 #endif
@@ -95,7 +92,7 @@ __device__ __forceinline__ void quantize_store(const u32 (&bits)[16], i64 slot, 
 
 // Block: 256 threads = 32 groups of 8 lanes; group g stores tokens
 // block * TOKENS_PER_BLOCK + g + 32 u for u < TOKENS_PER_GROUP, loading all of them first.
-extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) store_index_k(
+extern "C" __global__ void __launch_bounds__(256) store_index_k(
     const unsigned char* __restrict__ k, unsigned char* __restrict__ cache, const void* __restrict__ slots_ptr,
     long long n_tokens, long long stride_k_bytes, long long num_slots) {
     const int lane8 = threadIdx.x & (LANES - 1);
