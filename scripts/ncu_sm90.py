@@ -14,7 +14,7 @@ batch, ctx, heads = 8, 131072, 64
 (cache,), bt, lens, q, w, (out,) = build(batch, ctx, heads, 1, 1)
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 sched = plan_paged_schedule(lens, 256, 4 * sms)
-for probe in (0, 2):
+for probe in ((0, 2) if len(sys.argv) < 2 else tuple(int(p) for p in sys.argv[1].split(","))):
     for _ in range(2):
         sm90.launch(q, w, cache, bt, lens, sched, out, batch=batch, next_n=1, heads=heads, width=ctx, block_kv=256,
                     probe=probe)

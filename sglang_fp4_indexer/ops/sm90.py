@@ -44,8 +44,12 @@ def default_min_ctas(heads: int) -> int:
     return 2 if heads >= 128 else DEFAULT_MIN_CTAS
 
 
-#: Sign handling of the decode (build option SPLIT_SIGN; docs/perf-notes.md, run 12).
+#: Sign handling of the decode (build option SPLIT_SIGN; docs/perf-notes.md, runs 12 and 14).
 DEFAULT_SPLIT_SIGN = 0
+#: Head sum of the epilogue (build option HEADSUM): 0 fp32 FFMA, 1 tf32 wgmma (docs/perf-notes.md, run 14).
+DEFAULT_HEADSUM = 0
+#: Software pipeline of the math loop (build option PIPELINE; docs/perf-notes.md, run 14).
+DEFAULT_PIPELINE = 0
 
 #: Heads the kernel is built for (wgmma N = heads).
 HEADS = (16, 32, 64, 128)
@@ -79,18 +83,26 @@ def _wgmma_wrapper(heads: int) -> str:
         f"        : {outs}\n"
         f"        : {ins});\n"
         "}\n"
+        "__device__ __forceinline__ void wgmma_tf32(float* d, const u32* a, u64 desc, bool accumulate) {\n"
+        '    asm volatile("{\\n.reg .pred p;\\n"\n'
+        '        "setp.ne.b32 p, %9, 0;\\n"\n'
+        '        "wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\\n"\n'
+        '        "}\\n"\n'
+        '        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])\n'
+        '        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(static_cast<u32>(accumulate)));\n'
+        "}\n"
     )
 
 
 def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, min_ctas: int, probe: int,
-            split_sign: int) -> str:
+            split_sign: int, headsum: int, pipeline: int) -> str:
     body = SOURCE.read_text()
     marker = "extern \"C\" __global__"
     head, tail = body.split(marker, 1)
     defines = (
         f"#define NEXT_N {next_n}\n#define HEADS {heads}\n#define OUT_KIND {out_kind}\n"
         f"#define LENS_2D {int(lens_2d)}\n#define STAGES {stages}\n#define MIN_CTAS {min_ctas}\n#define PROBE {probe}\n"
-        f"#define SPLIT_SIGN {split_sign}\n"
+        f"#define SPLIT_SIGN {split_sign}\n#define HEADSUM {headsum}\n#define PIPELINE {pipeline}\n"
     )
     return defines + head + _wgmma_wrapper(heads) + marker + tail
 
@@ -98,7 +110,8 @@ def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, 
 @functools.lru_cache(maxsize=None)
 def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, stages: int = DEFAULT_STAGES,
           min_ctas: int | None = None, arch: str = "sm_90a", probe: int = 0,
-          split_sign: int | None = None) -> tuple[bytes, str]:
+          split_sign: int | None = None, headsum: int | None = None,
+          pipeline: int | None = None) -> tuple[bytes, str]:
     """Compile the scorer for one configuration with NVRTC (``ops.nvrtc.compile_cubin``).
 
     Works without a GPU (NVRTC is a library), which is how the CPU tests
@@ -112,9 +125,13 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         stages: pages in flight per CTA, >= 1, within the 227 KB of shared memory a CTA may use.
         min_ctas: CTAs per SM the registers are budgeted for (``None``: ``default_min_ctas(heads)``).
         arch: NVRTC target.
-        probe: measurement builds (scripts/sm90_probe.py): 1 loads only, 2 compute only; 0 the scorer.
-        split_sign: sign handling (``None``: ``DEFAULT_SPLIT_SIGN``): 0 PRMT magnitudes + PRMT signs; 1, 2
-            sign-split PRMTs and a negated wgmma (2: in two halves, fewer registers). See the .cu file.
+        probe: measurement builds (scripts/sm90_probe.py), bit flags: 1 loads only, 2 no page copies, 4 no wgmma,
+            8 no decode; 0 the scorer.
+        split_sign: sign handling (``None``: ``DEFAULT_SPLIT_SIGN``): 0 PRMT magnitudes + PRMT signs; 1
+            sign-split PRMTs and a negated wgmma. See the .cu file.
+        headsum: epilogue head sum (``None``: ``DEFAULT_HEADSUM``): 0 fp32 FFMA; 1 a tf32 wgmma of relu(S)
+            by the weights (relative error per term below 2**-10 + 2**-11). See the .cu file.
+        pipeline: (``None``: ``DEFAULT_PIPELINE``) 1 reads the next job's page while this job's wgmma runs.
 
     Returns:
         ``(cubin bytes, ptxas log)``.
@@ -131,18 +148,23 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"next_n: {next_n} x {heads} heads of index queries exceed {MAX_Q_BYTES} bytes of shared memory")
     if out_kind not in (0, 1, 2):
         raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
-    if not isinstance(stages, int) or stages < 1 or smem_bytes(next_n, heads, stages) > MAX_SMEM_BYTES:
-        raise ValueError(f"stages: expected an int >= 1 whose ring fits {MAX_SMEM_BYTES} bytes of shared memory, got {stages!r}")
-    for name, value, allowed in (("probe", probe, (0, 1, 2)), ("split_sign", split_sign, (None, 0, 1, 2))):
+    for name, value, allowed in (("probe", probe, tuple(range(16))), ("split_sign", split_sign, (None, 0, 1)),
+                                 ("headsum", headsum, (None, 0, 1)), ("pipeline", pipeline, (None, 0, 1))):
         if value not in allowed:
             raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+    if split_sign is None:
+        split_sign = DEFAULT_SPLIT_SIGN
+    if headsum is None:
+        headsum = DEFAULT_HEADSUM
+    if pipeline is None:
+        pipeline = DEFAULT_PIPELINE
+    if not isinstance(stages, int) or stages < 1 or smem_bytes(next_n, heads, stages, headsum) > MAX_SMEM_BYTES:
+        raise ValueError(f"stages: expected an int >= 1 whose ring fits {MAX_SMEM_BYTES} bytes of shared memory, got {stages!r}")
     if min_ctas is not None and (not isinstance(min_ctas, int) or min_ctas < 1):
         raise ValueError(f"min_ctas: expected an int >= 1, got {min_ctas!r}")
     if min_ctas is None:
         min_ctas = default_min_ctas(heads)
-    if split_sign is None:
-        split_sign = DEFAULT_SPLIT_SIGN
-    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, split_sign)
+    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, split_sign, headsum, pipeline)
     return nvrtc.compile_cubin(src, "paged_logits_sm90.cu", arch)
 
 
@@ -209,15 +231,18 @@ def supports(q: torch.Tensor, cache: torch.Tensor, next_n: int, heads: int) -> s
     return None
 
 
-def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES) -> int:
-    """Dynamic shared memory of one CTA: queries, page ring, weights, row lengths, page slots, mbarriers, 1 KB slack."""
-    ints = next_n + stages + ((next_n + stages) & 1)  # the mbarriers after them are 8-byte aligned
-    return next_n * heads * 128 + stages * PAGE_SIZE * 68 + next_n * heads * 4 + 4 * ints + 16 * stages + 1024
+def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: int | None = None) -> int:
+    """Dynamic shared memory of one CTA: queries, tf32 head-sum tiles (``headsum`` 1), page ring,
+    permuted weights, job slots, mbarriers, 1 KB slack (``None``: ``DEFAULT_HEADSUM``)."""
+    headsum = DEFAULT_HEADSUM if headsum is None else headsum
+    return (next_n * heads * 128 + headsum * next_n * heads * 32 + stages * PAGE_SIZE * 68
+            + next_n * 4 * (heads // 4 + 4) * 4 + 16 * stages + 16 * stages + 1024)
 
 
 def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch: int, next_n: int, heads: int,
            width: int, block_kv: int, stages: int = DEFAULT_STAGES, min_ctas: int | None = None,
-           probe: int = 0, split_sign: int | None = None) -> None:
+           probe: int = 0, split_sign: int | None = None, headsum: int | None = None,
+           pipeline: int | None = None) -> None:
     """Launch the sm90 scorer on torch's current stream (arguments already validated by ``paged_logits``).
 
     Shapes as ``ops.paged_logits.paged_logits``; ``block_kv`` a multiple of
@@ -230,8 +255,9 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
     """
     device = q.device
     out_kind = _OUT_KINDS[out.dtype]
-    cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, split_sign)
-    smem = smem_bytes(next_n, heads, stages)
+    cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, split_sign,
+                     headsum, pipeline)
+    smem = smem_bytes(next_n, heads, stages, headsum)
     fn = nvrtc.get_function(device, cubin, "fp4_paged_logits_sm90", smem)
     args = [
         ctypes.c_void_p(q.data_ptr()),

@@ -2,9 +2,10 @@
 // the register A operand and the index queries as the shared-memory B operand.
 //
 // Compiled at first use by NVRTC (ops/sm90.py), which prepends the compile-time
-// configuration (#define NEXT_N, HEADS, STAGES, OUT_KIND, LENS_2D, MIN_CTAS) and
-// the wgmma wrapper for N = HEADS. Semantics are those of ops.paged_logits
-// (DESIGN section 5); the numerics are the "folded" form of that module:
+// configuration (#define NEXT_N, HEADS, STAGES, OUT_KIND, LENS_2D, MIN_CTAS,
+// PROBE, SPLIT_SIGN, HEADSUM) and the wgmma wrappers for N = HEADS. Semantics
+// are those of ops.paged_logits (DESIGN section 5); the numerics are the
+// "folded" form of that module:
 //
 // * Each key's group scales are folded into the e4m3 bytes relative to its
 //   largest group scale s_max: for a group with A = s_g - s_max + 12 >= 1 the
@@ -12,12 +13,21 @@
 //   (LUT_A[0] = 0, LUT_A[1] = A << 3, LUT_A[x >= 2] = (x << 2) + (A << 3), all
 //   exact); groups with A < 1 (more than 2**11 below the largest) are flushed
 //   to zero. The LUT's eight bytes sit in two registers and one PRMT turns four
-//   nibbles into four e4m3 bytes; a second PRMT places the four signs.
+//   nibbles into four e4m3 bytes. Signs: SPLIT_SIGN 0 places them with a second
+//   PRMT (11 ALU ops per payload word); SPLIT_SIGN 1 decodes the non-negative
+//   and the negative elements' magnitudes separately (PRMT with a nibble's bit 3
+//   set returns 0x00: no LUT byte has its msb set) and the negative ones go
+//   through a second wgmma with imm-scale-a = -1 (7 ALU ops per word).
 // * One K = 128 FP8 wgmma per 64-key page and next_n row (four k32 steps) with
 //   fp32 accumulation: products of e4m3 values are exact.
-// * Epilogue: relu, times the head weight, summed over heads in registers and
-//   across the lane quad, times 2**-6 and 2**(s_max - 127) per key (relu(c x) =
-//   c relu(x) for c > 0), -inf where the key is not visible.
+// * Epilogue: relu, times the head weight, summed over heads, times 2**-6 and
+//   2**(s_max - 127) per key (relu(c x) = c relu(x) for c > 0), -inf where the
+//   key is not visible. HEADSUM 0: fp32 FFMA in registers and across the lane
+//   quad. HEADSUM 1: on the tensor cores, relu(S) (the fp32 accumulator
+//   fragment is the tf32 A fragment of m64n8k8 up to a k permutation) times the
+//   weights as B (tf32, columns 0 and 2, K-major, no swizzle): tf32 drops the
+//   low 13 bits of relu(S) and the weights are rounded to tf32, so each term
+//   carries a relative error below 2**-10 + 2**-11.
 //
 // Which key element feeds which k slot is free as long as the index query's
 // element sits in the same slot: thread (lane % 4 = c) holds group c of its two
@@ -25,21 +35,33 @@
 // payload word s of that group. The queries are permuted to match when they
 // are written to shared memory (with the 128-byte swizzle wgmma reads).
 //
-// Threads: warps 0-3 are one math warpgroup; warp 4 is the producer, which walks
-// the same job list and copies each page (4352 bytes: payload plane then scale
-// plane) into a STAGES-deep ring with one bulk copy (cp.async.bulk) that
-// completes on the stage's mbarrier. Several CTAs share an SM (MIN_CTAS).
+// Threads: warps 0-3 are one math warpgroup; warp 4 is the producer. The
+// producer walks the CTA's jobs (the (request, key block) tiles of the CTA
+// schedule, each split into its pages; a request with no visible key is one
+// job without a page), and for each job fills one slot of a STAGES-deep ring:
+// the job's description (cache page, request, page within the request, tail)
+// and, when there is a page, the page itself (4352 bytes: payload plane then
+// scale plane) by one bulk copy (cp.async.bulk) that completes on the slot's
+// mbarrier. After the last job it fills one slot with an end marker. The math
+// warpgroup only reads slots: it keeps no job walker of its own. Several CTAs
+// share an SM (MIN_CTAS).
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 
 #ifndef SPLIT_SIGN
-#define SPLIT_SIGN 1  // 1, 2: signs by two sign-split PRMT decodes and a negated wgmma (7 ALU ops per word,
-                      // not 12); 2 decodes in two halves of two k steps (16 A registers live, two waits)
+#define SPLIT_SIGN 0
+#endif
+#ifndef HEADSUM
+#define HEADSUM 0
+#endif
+#ifndef PIPELINE
+#define PIPELINE 0  // 1: the next job's slot is read while this job's last wgmma runs
 #endif
 #ifndef PROBE
-#define PROBE 0  // measurement builds only: 1 = loads only (no compute), 2 = compute only (no page copies)
+#define PROBE 0  // measurement builds only, bit flags: 1 loads only (no compute), 2 no page copies,
+                 // 4 no wgmma (accumulators made from the A fragments), 8 no decode (A = raw payload words)
 #endif
 
 #define PAGE 64
@@ -48,6 +70,9 @@ typedef long long i64;
 #define MATH_THREADS 128
 #define THREADS (MATH_THREADS + 32)
 #define Q_BYTES (HEADS * 128)
+#define HS_BYTES (HEADS * 32)            // tf32 head-sum B operand per next_n row: HEADS / 8 tiles of 256 bytes
+#define W_STRIDE (HEADS / 4 + 4)          // floats per (row, lane % 4) of the permuted weights (padded)
+#define W_REGS (NEXT_N == 1 && HEADS <= 32 && HEADSUM == 0)
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     return static_cast<u32>(__cvta_generic_to_shared(p));
@@ -91,12 +116,30 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     return r;
 }
 
+__device__ __forceinline__ uint4 lds128(u32 addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+
+__device__ __forceinline__ u32 lds32(u32 addr) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+    return v;
+}
+
+__device__ __forceinline__ int4 lds128_i(u32 addr) {
+    int4 v;
+    asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+
 // Eight E2M1 codes (one payload word, element order: low nibble first) -> two
 // registers of four e4m3 bytes each, in element order, through the group's LUT.
 __device__ __forceinline__ void decode_word(u32 w, u32 lut_lo, u32 lut_hi, u32& out0, u32& out1) {
-    const u32 w_hi = w >> 16;
-    const u32 mag0 = prmt(lut_lo, lut_hi, w & 0x7777u);
-    const u32 mag1 = prmt(lut_lo, lut_hi, w_hi & 0x7777u);
+    const u32 m = w & 0x77777777u;
+    const u32 mag0 = prmt(lut_lo, lut_hi, m);
+    const u32 mag1 = prmt(lut_lo, lut_hi, m >> 16);
     // Sign bit 3 of nibble i -> selector 4 (byte 0x80 of the second source) or 0 (zero).
     const u32 sel = (w >> 1) & 0x44444444u;
     const u32 sgn0 = prmt(0u, 0x80u, sel);
@@ -105,11 +148,8 @@ __device__ __forceinline__ void decode_word(u32 w, u32 lut_lo, u32 lut_hi, u32& 
     out1 = mag1 + sgn1;
 }
 
-// Sign-split decode: PRMT with a nibble's bit 3 set returns the selected LUT byte's msb
-// replicated, 0x00 (no LUT byte has its msb set). So the raw nibbles select the magnitudes of
-// the non-negative elements (negatives -> 0), and the nibbles with bit 3 flipped select the
-// magnitudes of the negative ones (non-negatives -> 0); the MMA adds the first and subtracts
-// the second (imm-scale-a = -1).
+// Sign-split decode: the magnitudes of the non-negative elements (negatives -> 0) and those of
+// the negative elements (non-negatives -> 0); the MMA adds the first and subtracts the second.
 __device__ __forceinline__ void decode_word_split(u32 w, u32 lut_lo, u32 lut_hi, u32& pos0, u32& pos1, u32& neg0,
                                                   u32& neg1) {
     const u32 wn = w ^ 0x88888888u;
@@ -119,24 +159,32 @@ __device__ __forceinline__ void decode_word_split(u32 w, u32 lut_lo, u32 lut_hi,
     neg1 = prmt(lut_lo, lut_hi, wn >> 16);
 }
 
-// The LUT of one (key, group): bytes LUT_A[0..3] and LUT_A[4..7]; zero when flushed.
-__device__ __forceinline__ void group_lut(u32 scales, u32 group, u32 s_max, u32& lut_lo, u32& lut_hi) {
-    const int a = static_cast<int>((scales >> (8 * group)) & 0xFFu) - static_cast<int>(s_max) + 12;
-    const u32 a8 = static_cast<u32>(a) << 3;
-    lut_lo = a >= 1 ? a8 * 0x01010100u + 0x0C080000u : 0u;
-    lut_hi = a >= 1 ? a8 * 0x01010101u + 0x1C181410u : 0u;
+// Largest of the four UE8M0 codes of one key (byte extracts by PRMT with a zero source).
+__device__ __forceinline__ u32 max_byte(u32 w) {
+    const u32 b1 = prmt(w, 0u, 0x4441u), b2 = prmt(w, 0u, 0x4442u);
+    return max(max(w & 0xFFu, b1), max(b2, w >> 24));
 }
 
-__device__ __forceinline__ u32 max_byte(u32 w) {
-    const u32 m01 = max(w & 0xFFu, (w >> 8) & 0xFFu);
-    const u32 m23 = max((w >> 16) & 0xFFu, w >> 24);
-    return max(m01, m23);
+// The LUT of one (key, group) from the group's code and the key's largest: bytes LUT_A[0..3] and
+// LUT_A[4..7]; zero when flushed.
+__device__ __forceinline__ void group_lut(u32 code, u32 s_max, u32& lut_lo, u32& lut_hi) {
+    const int a = static_cast<int>(code) - static_cast<int>(s_max) + 12;
+    const u32 ua = static_cast<u32>(a);
+    lut_lo = a >= 1 ? ua * 0x08080800u + 0x0C080000u : 0u;
+    lut_hi = a >= 1 ? ua * 0x08080808u + 0x1C181410u : 0u;
 }
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart.
 __device__ __forceinline__ u64 q_desc(u32 addr) {
     return static_cast<u64>((addr & 0x3FFFFu) >> 4) | (static_cast<u64>(1) << 16) |
            (static_cast<u64>(1024 >> 4) << 32) | (static_cast<u64>(1) << 62);
+}
+
+// Shared-memory matrix descriptor of one 8 x 8 tf32 head-sum tile: K-major, no swizzle, two
+// 8 x 16-byte core matrices 128 bytes apart along K (both offsets 128: N = 8 has one along N).
+__device__ __forceinline__ u64 hs_desc(u32 addr) {
+    return static_cast<u64>((addr & 0x3FFFFu) >> 4) | (static_cast<u64>(128 >> 4) << 16) |
+           (static_cast<u64>(128 >> 4) << 32);
 }
 
 __device__ __forceinline__ void store_logit(float* p, float v) { *p = v; }
@@ -168,9 +216,9 @@ __device__ __forceinline__ int request_len(const int* lens, int b) {
 #endif
 }
 
-// The CTA's jobs: the (request, key block) tiles from schedule[cta] up to
-// schedule[cta + 1], each split into its pages; a request with no visible key
-// is one job with no page (it only writes the row's -inf fill).
+// The CTA's jobs (walked by the producer warp only): the (request, key block)
+// tiles from schedule[cta] up to schedule[cta + 1], each split into its pages;
+// a request with no visible key is one job with no page.
 struct Jobs {
     int b, blk, b_end, blk_end, batch, block_kv, pages_per_block;
     int len, nblocks, npages, p, p_hi;
@@ -222,22 +270,6 @@ struct Jobs {
     }
 };
 
-// One job's decoded keys (wgmma A fragments for the four k steps) and what its epilogue needs.
-struct Tile {
-#if SPLIT_SIGN == 2
-    u32 w0[4], w1[4];              // payload words of rows r0 and r1 (group c)
-    u32 lo0, hi0, lo1, hi1;        // their LUTs
-#else
-    u32 a[4][4];  // A fragments per k step (SPLIT_SIGN: the non-negative elements' magnitudes)
-#endif
-#if SPLIT_SIGN == 1
-    u32 an[4][4];  // SPLIT_SIGN: the negative elements' magnitudes
-#endif
-    float f0, f1;  // 2**-6 * 2**(s_max - 127) of rows r0 and r1
-    int b, pg, page, npages;  // request, page within it (-1: none), cache page (-1: invalid)
-    bool last;                // the request's last job
-};
-
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits_sm90(
     const unsigned char* __restrict__ q, const float* __restrict__ weights, const unsigned char* __restrict__ cache,
     const int* __restrict__ block_table, const int* __restrict__ lens, const int* __restrict__ schedule,
@@ -247,11 +279,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits
     // Align the dynamic window to the 1024-byte swizzle atom (the launch asks for 1 KB extra).
     unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     unsigned char* q_smem = smem;                                 // NEXT_N x [HEADS, 128] e4m3, swizzled
-    unsigned char* stage_smem = q_smem + NEXT_N * Q_BYTES;        // STAGES x PAGE_BYTES
-    float* w_smem = reinterpret_cast<float*>(stage_smem + STAGES * PAGE_BYTES);  // NEXT_N x HEADS
-    int* len_smem = reinterpret_cast<int*>(w_smem + NEXT_N * HEADS);  // NEXT_N visible keys per row
-    int* info = len_smem + NEXT_N;                                    // STAGES page indices
-    u64* bars = reinterpret_cast<u64*>(info + STAGES + ((NEXT_N + STAGES) & 1));  // full[STAGES], empty[STAGES]
+    unsigned char* hs_smem = q_smem + NEXT_N * Q_BYTES;           // NEXT_N x HS_BYTES tf32 (HEADSUM 1)
+    unsigned char* stage_smem = hs_smem + (HEADSUM ? NEXT_N * HS_BYTES : 0);  // STAGES x PAGE_BYTES
+    float* w_smem = reinterpret_cast<float*>(stage_smem + STAGES * PAGE_BYTES);  // NEXT_N x 4 x W_STRIDE
+    int* info = reinterpret_cast<int*>(w_smem + NEXT_N * 4 * W_STRIDE);       // STAGES x int4 job slots
+    u64* bars = reinterpret_cast<u64*>(info + 4 * STAGES);                    // full[STAGES], empty[STAGES]
     const u32 full0 = smem_u32(bars), empty0 = smem_u32(bars + STAGES);
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -264,12 +296,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits
     }
     __syncthreads();
 
-    Jobs jobs;
-    jobs.init(schedule, lens, blockIdx.x, batch, block_kv);
-
     if (warp == 4) {
-        // Producer: one bulk copy per page into the ring; block-table entries
-        // are read 32 at a time across the warp.
+        // Producer: one slot per job (its description, and its page by one bulk copy), then
+        // the end marker. Block-table entries are read 32 at a time across the warp.
+        Jobs jobs;
+        jobs.init(schedule, lens, blockIdx.x, batch, block_kv);
         int n = 0, cached_b = -1, cached_p0 = 0, cached = 0;
         for (; jobs.valid(); jobs.next(), ++n) {
             const int stage = n % STAGES;
@@ -287,8 +318,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits
             }
             if (lane == 0) {
                 mbar_wait(empty0 + 8 * stage, ((n / STAGES) & 1) ^ 1);
-                info[stage] = page;
-                if (page >= 0 && PROBE != 2) {
+                *reinterpret_cast<int4*>(info + 4 * stage) =
+                    make_int4(page, jobs.b, pg, jobs.last_of_request() ? jobs.npages * PAGE : -1);
+                if (page >= 0 && !(PROBE & 2)) {
                     mbar_arrive_tx(full0 + 8 * stage, PAGE_BYTES);
                     bulk_copy(smem_u32(stage_smem + stage * PAGE_BYTES), cache + static_cast<i64>(page) * PAGE_BYTES,
                               PAGE_BYTES, full0 + 8 * stage);
@@ -298,77 +330,37 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits
             }
             __syncwarp();
         }
+        if (lane == 0) {
+            const int stage = n % STAGES;
+            mbar_wait(empty0 + 8 * stage, ((n / STAGES) & 1) ^ 1);
+            *reinterpret_cast<int4*>(info + 4 * stage) = make_int4(-1, -1, -1, -1);
+            mbar_arrive(full0 + 8 * stage);
+        }
         return;
     }
 
-    // Math warpgroup. Thread: rows r0 = 16 * warp + lane / 4 and r0 + 8 of the
-    // page, group c = lane % 4 of each (payload bytes 16c .. 16c + 15).
+    // Math warpgroup. Thread: rows r0 = 16 * warp + lane / 4 and r1 = r0 + 8 of
+    // the page, group c = lane % 4 of each (payload bytes 16c .. 16c + 15).
     const int c = lane & 3;
     const int r0 = 16 * warp + (lane >> 2);
-    const int r1 = r0 + 8;
+    const u32 ring = smem_u32(stage_smem);
+    const u32 pay_off = r0 * 64 + 16 * c;            // + 512: row r1
+    const u32 sc_off = PAYLOAD_BYTES + 4 * r0;       // + 32: row r1
+    const u32 code_sel = 0x4440u + c;                // PRMT selector: byte c, zero-extended
+    // The queries' wgmma descriptor; row i, k step s add (i * Q_BYTES + 32 s) / 16 to its address field
+    // (which cannot carry out: shared memory addresses stay below 2**18).
+    const u64 q_desc0 = q_desc(smem_u32(q_smem));
+    const float* w_mine = w_smem + c * W_STRIDE;  // this lane's permuted weights (row i: + 4 i W_STRIDE)
+    const bool mine1 = c == 1;                       // lane c = 0 stores row r0, c = 1 row r1
+    const int my_row = mine1 ? r0 + 8 : r0;
     int cur_b = -1;
-#if NEXT_N == 1 && HEADS <= 32
-    float2 wreg[HEADS / 8];
+    int row_len[NEXT_N];
+    out_t* row_out = out;
+#if W_REGS
+    float4 wreg[HEADS / 16];
 #endif
-    int n = 0;  // jobs fetched so far (ring position)
 
-    // Wait for job n's page, read this thread's bytes, release the stage, decode.
-    auto fetch = [&](Tile& t) {
-        t.b = jobs.b;
-        t.pg = jobs.page();
-        t.last = jobs.last_of_request();
-        t.npages = jobs.npages;
-        t.page = -1;
-        const int stage = n % STAGES;
-        mbar_wait(full0 + 8 * stage, (n / STAGES) & 1);
-        if (t.pg < 0) {
-            // A request with no visible key: the producer used this ring slot too (it arrived
-            // without a copy), so the slot is released here to keep both sides' phases in step.
-            mbar_arrive(empty0 + 8 * stage);
-            return;
-        }
-        t.page = info[stage];
-        uint4 p0 = make_uint4(0, 0, 0, 0), p1 = p0;
-        u32 sc0 = 0x7F7F7F7Fu, sc1 = sc0;
-        if (t.page >= 0) {
-            const unsigned char* st = stage_smem + stage * PAGE_BYTES;
-            p0 = *reinterpret_cast<const uint4*>(st + r0 * 64 + 16 * c);
-            p1 = *reinterpret_cast<const uint4*>(st + r1 * 64 + 16 * c);
-            sc0 = *reinterpret_cast<const u32*>(st + PAYLOAD_BYTES + 4 * r0);
-            sc1 = *reinterpret_cast<const u32*>(st + PAYLOAD_BYTES + 4 * r1);
-        }
-        mbar_arrive(empty0 + 8 * stage);
-#if PROBE == 1
-        if ((p0.x ^ p1.y ^ sc0 ^ sc1) == 0x12345678u) out[0] = 0;  // keep the loads
-        t.pg = -1;
-        return;
-#endif
-        const u32 smax0 = max_byte(sc0), smax1 = max_byte(sc1);
-        u32 lo0, hi0, lo1, hi1;
-        group_lut(sc0, c, smax0, lo0, hi0);
-        group_lut(sc1, c, smax1, lo1, hi1);
-#if SPLIT_SIGN == 2
-        t.w0[0] = p0.x; t.w0[1] = p0.y; t.w0[2] = p0.z; t.w0[3] = p0.w;
-        t.w1[0] = p1.x; t.w1[1] = p1.y; t.w1[2] = p1.z; t.w1[3] = p1.w;
-        t.lo0 = lo0; t.hi0 = hi0; t.lo1 = lo1; t.hi1 = hi1;
-#else
-        const u32 w0[4] = {p0.x, p0.y, p0.z, p0.w}, w1[4] = {p1.x, p1.y, p1.z, p1.w};
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-#if SPLIT_SIGN
-            decode_word_split(w0[s], lo0, hi0, t.a[s][0], t.a[s][2], t.an[s][0], t.an[s][2]);
-            decode_word_split(w1[s], lo1, hi1, t.a[s][1], t.a[s][3], t.an[s][1], t.an[s][3]);
-#else
-            decode_word(w0[s], lo0, hi0, t.a[s][0], t.a[s][2]);
-            decode_word(w1[s], lo1, hi1, t.a[s][1], t.a[s][3]);
-#endif
-        }
-#endif
-        t.f0 = __int_as_float(static_cast<int>(smax0 << 23)) * 0.015625f;
-        t.f1 = __int_as_float(static_cast<int>(smax1 << 23)) * 0.015625f;
-    };
-
-    // New request: its index queries (permuted, swizzled) and weights to shared memory.
+    // New request: its index queries (permuted, swizzled), weights and row lengths.
     auto load_request = [&](int b) {
         math_barrier();  // every wgmma reading the previous queries has completed
         for (int idx = threadIdx.x; idx < NEXT_N * HEADS * 8; idx += MATH_THREADS) {
@@ -388,112 +380,210 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits
         }
         for (int idx = threadIdx.x; idx < NEXT_N * HEADS; idx += MATH_THREADS) {
             const int i = idx / HEADS, h = idx % HEADS;
-            w_smem[idx] = weights[static_cast<i64>(b * NEXT_N + i) * stride_w_row + h];
-        }
-        if (threadIdx.x < NEXT_N) {
-#if LENS_2D
-            len_smem[threadIdx.x] = __ldg(lens + b * NEXT_N + threadIdx.x);
-#else
-            len_smem[threadIdx.x] = __ldg(lens + b) - NEXT_N + 1 + threadIdx.x;
+            const float wv = weights[static_cast<i64>(b * NEXT_N + i) * stride_w_row + h];
+            // fp32 epilogue: lane c reads (w[8j + 2c], w[8j + 2c + 1]) for j = 0 .. HEADS / 8 - 1.
+            const int j = h >> 3, cc = (h & 7) >> 1;
+            w_smem[(i * 4 + cc) * W_STRIDE + 2 * j + (h & 1)] = wv;
+#if HEADSUM
+            // tf32 head sum, tile j: B[n][k] = w[8j + 2k] (k < 4), w[8j + 2(k - 4) + 1] (k >= 4) for
+            // n = 0 and n = 2; core matrix k / 4 at byte 128 (k / 4) + 16 n + 4 (k % 4).
+            u32 t;
+            asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(t) : "f"(wv));
+            const int k = ((h & 7) >> 1) + 4 * (h & 1);
+            u32* tile = reinterpret_cast<u32*>(hs_smem + i * HS_BYTES + 256 * j);
+            tile[32 * (k >> 2) + 0 + (k & 3)] = t;
+            tile[32 * (k >> 2) + 8 + (k & 3)] = t;
 #endif
         }
+#if HEADSUM
+        // The other six columns of each tile are zero.
+        for (int idx = threadIdx.x; idx < NEXT_N * HS_BYTES / 16; idx += MATH_THREADS) {
+            const int n = idx & 7;
+            if (n != 0 && n != 2) reinterpret_cast<uint4*>(hs_smem)[idx] = make_uint4(0, 0, 0, 0);
+        }
+#endif
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         math_barrier();
-#if NEXT_N == 1 && HEADS <= 32
 #pragma unroll
-        for (int j = 0; j < HEADS / 8; ++j) wreg[j] = *reinterpret_cast<const float2*>(w_smem + 8 * j + 2 * c);
+        for (int i = 0; i < NEXT_N; ++i) {
+#if LENS_2D
+            row_len[i] = __ldg(lens + b * NEXT_N + i);
+#else
+            row_len[i] = __ldg(lens + b) - NEXT_N + 1 + i;
+#endif
+        }
+        row_out = out + static_cast<i64>(b) * NEXT_N * stride_out;
+#if W_REGS
+#pragma unroll
+        for (int j = 0; j < HEADS / 16; ++j) wreg[j] = *reinterpret_cast<const float4*>(w_smem + c * W_STRIDE + 4 * j);
 #endif
     };
 
-    // Score one fetched job: every next_n row against its page, then the request's -inf tail.
-    auto score = [&](const Tile& cur) {
-        if (cur.b != cur_b) {
-            cur_b = cur.b;
-            load_request(cur.b);
+    // One job's slot, read: its description and, with a page, this thread's payload words and scales.
+    struct Slot {
+        int4 job;  // cache page (-1: none/invalid), request (-1: end marker), page within it (-1: none), tail
+        uint4 p0, p1;
+        u32 sc0, sc1;
+    };
+    u32 stage = 0, phase = 0;
+    // Wait for the next slot, read it and release it (the page stays only in registers).
+    auto acquire = [&](Slot& sl) {
+        mbar_wait(full0 + 8 * stage, phase);
+        sl.job = lds128_i(smem_u32(info + 4 * stage));
+        sl.p0 = sl.p1 = make_uint4(0, 0, 0, 0);  // a job without a (valid) page scores zeros, masked below
+        sl.sc0 = sl.sc1 = 0x7F7F7F7Fu;
+        if (sl.job.z >= 0 && sl.job.x >= 0) {
+            const u32 slot = ring + stage * PAGE_BYTES;
+            sl.p0 = lds128(slot + pay_off);
+            sl.p1 = lds128(slot + pay_off + 512);
+            sl.sc0 = lds32(slot + sc_off);
+            sl.sc1 = lds32(slot + sc_off + 32);
         }
-        if (cur.pg >= 0) {
-            const int col0 = cur.pg * PAGE + r0, col1 = cur.pg * PAGE + r1;
+        if (sl.job.y >= 0) mbar_arrive(empty0 + 8 * stage);  // the end marker's slot is not refilled
+        if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+        }
+    };
+
+    // Software pipeline: job n's (last) wgmma runs while job n + 1's slot is read. Every job goes
+    // through the same wgmma code, valid page or not (the stores are masked instead): a wgmma under a
+    // branch makes ptxas serialize all of them (its warning C7518).
+    Slot next;
+    acquire(next);
+    while (next.job.y >= 0) {
+        const int4 job = next.job;
+        if (job.y != cur_b) {
+            cur_b = job.y;
+            load_request(cur_b);  // no wgmma is in flight here
+        }
+        const bool mma = job.z >= 0 && job.x >= 0;
+        const int col = job.z * PAGE + my_row;
+        float acc[HEADS / 2];
+        float f = 0.f;
+        u32 a[4][4];  // A fragments per k step: reg 0/1 rows r0/r1 k 4c..4c+3, reg 2/3 the same at k + 16
+#if SPLIT_SIGN
+        u32 an[4][4];  // the negative elements' magnitudes
+#endif
+        // Epilogue of next_n row i (its wgmma issued and committed): relu, weights, head sum, store.
+        auto finish_row = [&](int i) {
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-            for (int i = 0; i < NEXT_N; ++i) {
-                float acc[HEADS / 2];
-                const u32 qa = smem_u32(q_smem + i * Q_BYTES);
-#if SPLIT_SIGN == 2
+            for (int j = 0; j < HEADS / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
+            // 2 relu(x) = x + |x| (exact; FMA pipe, not ALU); the 2 is taken out through f.
+#if HEADSUM
+            float hs[4];
+            u32 ra[HEADS / 2];
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    u32 pa[2][4], na[2][4];
+            for (int j = 0; j < HEADS / 2; ++j) ra[j] = __float_as_uint(acc[j] + fabsf(acc[j]));
+            const u32 hb = smem_u32(hs_smem) + i * HS_BYTES;
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int s = 2 * half + h;
-                        decode_word_split(cur.w0[s], cur.lo0, cur.hi0, pa[h][0], pa[h][2], na[h][0], na[h][2]);
-                        decode_word_split(cur.w1[s], cur.lo1, cur.hi1, pa[h][1], pa[h][3], na[h][1], na[h][3]);
-                    }
-                    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+            for (int j = 0; j < HEADS / 8; ++j) {
+                // tf32 A fragment: k = c is head 8j + 2c, k = c + 4 head 8j + 2c + 1.
+                const u32 fa[4] = {ra[4 * j + 0], ra[4 * j + 2], ra[4 * j + 1], ra[4 * j + 3]};
+                wgmma_tf32(hs, fa, hs_desc(hb + 256 * j), j > 0);
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int s = 2 * half + h;
-                        wgmma_f8(acc, pa[h], q_desc(qa + 32 * s), s > 0);
-                        wgmma_f8_neg(acc, na[h], q_desc(qa + 32 * s));
-                    }
-                    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-                    if (half == 0) asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-                }
+            for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[j])::"memory");
+            // Column 0 (lane c = 0) and column 2 (lane c = 1) hold the logits of rows r0, r1.
+            float v = mine1 ? hs[2] : hs[0];
 #else
-                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+            // relu, weight, head sum: four independent chains, then across the lane quad.
+            float s0a = 0.f, s0b = 0.f, s1a = 0.f, s1b = 0.f;
 #pragma unroll
-                for (int s = 0; s < 4; ++s) wgmma_f8(acc, cur.a[s], q_desc(qa + 32 * s), s > 0);
+            for (int j = 0; j < HEADS / 8; ++j) {
+#if W_REGS
+                const float4 w4 = wreg[j >> 1];
+#else
+                const float4 w4 = *reinterpret_cast<const float4*>(w_mine + i * 4 * W_STRIDE + 2 * (j & ~1));
+#endif
+                const float wx = (j & 1) ? w4.z : w4.x, wy = (j & 1) ? w4.w : w4.y;
+                s0a = fmaf(acc[4 * j + 0] + fabsf(acc[4 * j + 0]), wx, s0a);
+                s0b = fmaf(acc[4 * j + 1] + fabsf(acc[4 * j + 1]), wy, s0b);
+                s1a = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), wx, s1a);
+                s1b = fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), wy, s1b);
+            }
+            // Across the quad in two shuffles: even lanes gather row r0's partial sums, odd lanes
+            // row r1's (each sends the row it does not keep), then pairs two apart add up.
+            const bool odd = c & 1;
+            const float sum0 = s0a + s0b, sum1 = s1a + s1b;
+            float v = (odd ? sum1 : sum0) + __shfl_xor_sync(0xffffffffu, odd ? sum0 : sum1, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);  // lane c = 0: row r0, c = 1: row r1
+#endif
+            v = mma && col < row_len[i] ? v * f : -__int_as_float(0x7f800000);
+            if (job.z >= 0 && c < 2 && col < width) store_logit(row_out + i * stride_out + col, v);
+        };
+        auto issue_row = [&](int i) {
+#if PROBE & 4
+#pragma unroll
+            for (int j = 0; j < HEADS / 2; ++j)
+                acc[j] = __uint_as_float((a[j & 3][(j >> 2) & 3] & 0x3FFFFFFFu) ^ static_cast<u32>(q_desc0 + i));
+            return;
+#endif
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+            for (int s = 0; s < 4; ++s) wgmma_f8(acc, a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
 #if SPLIT_SIGN
 #pragma unroll
-                for (int s = 0; s < 4; ++s) wgmma_f8_neg(acc, cur.an[s], q_desc(qa + 32 * s));
+            for (int s = 0; s < 4; ++s) wgmma_f8_neg(acc, an[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16);
 #endif
-                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-#endif
-                asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-                for (int j = 0; j < HEADS / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
-
-                // relu, weight, head sum: four independent chains, then across the lane quad.
-                float s0a = 0.f, s0b = 0.f, s1a = 0.f, s1b = 0.f;
-#pragma unroll
-                for (int j = 0; j < HEADS / 8; ++j) {
-#if NEXT_N == 1 && HEADS <= 32
-                    const float2 wv = wreg[j];
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        };
+        {
+#if PROBE & 1
+            if ((next.p0.x ^ next.p1.y ^ next.sc0 ^ next.sc1) == 0x12345678u) out[0] = 0;  // keep the loads
 #else
-                    const float2 wv = *reinterpret_cast<const float2*>(w_smem + i * HEADS + 8 * j + 2 * c);
+            const u32 smax0 = max_byte(next.sc0), smax1 = max_byte(next.sc1);
+            u32 lo0, hi0, lo1, hi1;
+            group_lut(prmt(next.sc0, 0u, code_sel), smax0, lo0, hi0);
+            group_lut(prmt(next.sc1, 0u, code_sel), smax1, lo1, hi1);
+            const u32 w0[4] = {next.p0.x, next.p0.y, next.p0.z, next.p0.w};
+            const u32 w1[4] = {next.p1.x, next.p1.y, next.p1.z, next.p1.w};
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+#if PROBE & 8
+                a[s][0] = w0[s] ^ lo0; a[s][2] = w0[s] ^ hi0; a[s][1] = w1[s] ^ lo1; a[s][3] = w1[s] ^ hi1;
+#if SPLIT_SIGN
+                an[s][0] = a[s][0]; an[s][1] = a[s][1]; an[s][2] = a[s][2]; an[s][3] = a[s][3];
 #endif
-                    s0a = fmaf(fmaxf(acc[4 * j + 0], 0.f), wv.x, s0a);
-                    s0b = fmaf(fmaxf(acc[4 * j + 1], 0.f), wv.y, s0b);
-                    s1a = fmaf(fmaxf(acc[4 * j + 2], 0.f), wv.x, s1a);
-                    s1b = fmaf(fmaxf(acc[4 * j + 3], 0.f), wv.y, s1b);
-                }
-                float sum0 = s0a + s0b, sum1 = s1a + s1b;
-                sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
-                sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
-                sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
-                sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
-                // Lane c = 0 stores row r0, c = 1 row r1 (branch-free; one predicated store).
-                const bool mine1 = c == 1;
-                const int col = mine1 ? col1 : col0;
-                float v = mine1 ? sum1 * cur.f1 : sum0 * cur.f0;
-                const bool visible = cur.page >= 0 && col < len_smem[i];
-                v = visible ? v : -__int_as_float(0x7f800000);
-                if (c < 2 && col < width) store_logit(out + static_cast<i64>(cur.b * NEXT_N + i) * stride_out + col, v);
+#elif SPLIT_SIGN
+                decode_word_split(w0[s], lo0, hi0, a[s][0], a[s][2], an[s][0], an[s][2]);
+                decode_word_split(w1[s], lo1, hi1, a[s][1], a[s][3], an[s][1], an[s][3]);
+#else
+                decode_word(w0[s], lo0, hi0, a[s][0], a[s][2]);
+                decode_word(w1[s], lo1, hi1, a[s][1], a[s][3]);
+#endif
             }
+            // 2**-6 * 2**(s_max - 127) of the row this lane stores, and the 1/2 of x + |x|.
+            f = __int_as_float(static_cast<int>((mine1 ? smax1 : smax0) << 23)) * 0.0078125f;
+#pragma unroll
+            for (int i = 0; i + 1 < NEXT_N; ++i) {
+                issue_row(i);
+                finish_row(i);
+            }
+            issue_row(NEXT_N - 1);
+#endif
         }
-        if (cur.last) {
+#if PIPELINE
+        acquire(next);  // overlaps the wgmma
+#endif
+#if !(PROBE & 1)
+        // A page outside the cache or the block table (check=False) is written -inf: not visible.
+        finish_row(NEXT_N - 1);
+#endif
+#if !PIPELINE
+        acquire(next);
+#endif
+        if (job.w >= 0) {
             // The request's last job writes -inf over the rest of its rows.
-            const int start = cur.npages * PAGE;
             const float ninf = -__int_as_float(0x7f800000);
             for (int i = 0; i < NEXT_N; ++i) {
-                out_t* row = out + static_cast<i64>(cur.b * NEXT_N + i) * stride_out;
-                for (int col = start + threadIdx.x; col < width; col += MATH_THREADS) store_logit(row + col, ninf);
+                out_t* row = row_out + i * stride_out;
+                for (int cc = job.w + threadIdx.x; cc < width; cc += MATH_THREADS) store_logit(row + cc, ninf);
             }
         }
-    };
-
-    Tile t;
-    for (; jobs.valid(); ++n) {
-        fetch(t);
-        jobs.next();
-        score(t);
     }
 }
