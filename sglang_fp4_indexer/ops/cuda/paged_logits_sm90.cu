@@ -270,7 +270,14 @@ struct Jobs {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_CTAS) fp4_paged_logits_sm90(
+#if MIN_CTAS > 4
+// More than 4 CTAs per SM: an exact register cap (65536 / (MIN_CTAS x 160), rounded down to 8);
+// __launch_bounds__ lets ptxas go 8 registers lower than that at 5.
+#define KERNEL_BOUNDS __maxnreg__((65536 / (MIN_CTAS * THREADS)) / 8 * 8)
+#else
+#define KERNEL_BOUNDS __launch_bounds__(THREADS, MIN_CTAS)
+#endif
+extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     const unsigned char* __restrict__ q, const float* __restrict__ weights, const unsigned char* __restrict__ cache,
     const int* __restrict__ block_table, const int* __restrict__ lens, const int* __restrict__ schedule,
     out_t* __restrict__ out, int batch, int num_pages, int max_pages, int width, long long stride_q_row,
