@@ -3,7 +3,7 @@
 //
 // Compiled at first use by NVRTC (ops/sm90.py), which prepends the compile-time
 // configuration (#define NEXT_N, HEADS, STAGES, OUT_KIND, LENS_2D, MIN_CTAS,
-// PROBE, SPLIT_SIGN, HEADSUM) and the wgmma wrappers for N = HEADS. Semantics
+// PROBE, SPLIT_SIGN, HEADSUM, PIPELINE) and the wgmma wrappers for N = HEADS. Semantics
 // are those of ops.paged_logits (DESIGN section 5); the numerics are the
 // "folded" form of that module:
 //
