@@ -110,8 +110,8 @@ def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, 
 @functools.lru_cache(maxsize=None)
 def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, stages: int = DEFAULT_STAGES,
           min_ctas: int | None = None, arch: str = "sm_90a", probe: int = 0,
-          split_sign: int | None = None, headsum: int | None = None,
-          pipeline: int | None = None) -> tuple[bytes, str]:
+          split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
+          pipeline: int = DEFAULT_PIPELINE) -> tuple[bytes, str]:
     """Compile the scorer for one configuration with NVRTC (``ops.nvrtc.compile_cubin``).
 
     Works without a GPU (NVRTC is a library), which is how the CPU tests
@@ -127,11 +127,11 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         arch: NVRTC target.
         probe: measurement builds (scripts/sm90_probe.py), bit flags: 1 loads only, 2 no page copies, 4 no wgmma,
             8 no decode; 0 the scorer.
-        split_sign: sign handling (``None``: ``DEFAULT_SPLIT_SIGN``): 0 PRMT magnitudes + PRMT signs; 1
+        split_sign: sign handling: 0 PRMT magnitudes + PRMT signs; 1
             sign-split PRMTs and a negated wgmma. See the .cu file.
-        headsum: epilogue head sum (``None``: ``DEFAULT_HEADSUM``): 0 fp32 FFMA; 1 a tf32 wgmma of relu(S)
+        headsum: epilogue head sum: 0 fp32 FFMA; 1 a tf32 wgmma of relu(S)
             by the weights (relative error per term below 2**-10 + 2**-11). See the .cu file.
-        pipeline: (``None``: ``DEFAULT_PIPELINE``) 1 reads the next job's page while this job's wgmma runs.
+        pipeline: 1 reads the next job's page while this job's wgmma runs.
 
     Returns:
         ``(cubin bytes, ptxas log)``.
@@ -148,16 +148,10 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"next_n: {next_n} x {heads} heads of index queries exceed {MAX_Q_BYTES} bytes of shared memory")
     if out_kind not in (0, 1, 2):
         raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
-    for name, value, allowed in (("probe", probe, tuple(range(16))), ("split_sign", split_sign, (None, 0, 1)),
-                                 ("headsum", headsum, (None, 0, 1)), ("pipeline", pipeline, (None, 0, 1))):
+    for name, value, allowed in (("probe", probe, tuple(range(16))), ("split_sign", split_sign, (0, 1)),
+                                 ("headsum", headsum, (0, 1)), ("pipeline", pipeline, (0, 1))):
         if value not in allowed:
             raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
-    if split_sign is None:
-        split_sign = DEFAULT_SPLIT_SIGN
-    if headsum is None:
-        headsum = DEFAULT_HEADSUM
-    if pipeline is None:
-        pipeline = DEFAULT_PIPELINE
     if not isinstance(stages, int) or stages < 1 or smem_bytes(next_n, heads, stages, headsum) > MAX_SMEM_BYTES:
         raise ValueError(f"stages: expected an int >= 1 whose ring fits {MAX_SMEM_BYTES} bytes of shared memory, got {stages!r}")
     if min_ctas is not None and (not isinstance(min_ctas, int) or min_ctas < 1):
@@ -231,18 +225,18 @@ def supports(q: torch.Tensor, cache: torch.Tensor, next_n: int, heads: int) -> s
     return None
 
 
-def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: int | None = None) -> int:
+def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: int = DEFAULT_HEADSUM) -> int:
     """Dynamic shared memory of one CTA: queries, tf32 head-sum tiles (``headsum`` 1), page ring,
-    permuted weights, job slots, mbarriers, 1 KB slack (``None``: ``DEFAULT_HEADSUM``)."""
-    headsum = DEFAULT_HEADSUM if headsum is None else headsum
+    permuted weights (padded rows of ``heads / 4 + 4`` floats), per stage a 16-byte job slot and two
+    8-byte mbarriers, 1 KB alignment slack."""
     return (next_n * heads * 128 + headsum * next_n * heads * 32 + stages * PAGE_SIZE * 68
-            + next_n * 4 * (heads // 4 + 4) * 4 + 16 * stages + 16 * stages + 1024)
+            + next_n * 4 * (heads // 4 + 4) * 4 + 32 * stages + 1024)
 
 
 def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch: int, next_n: int, heads: int,
            width: int, block_kv: int, stages: int = DEFAULT_STAGES, min_ctas: int | None = None,
-           probe: int = 0, split_sign: int | None = None, headsum: int | None = None,
-           pipeline: int | None = None) -> None:
+           probe: int = 0, split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
+           pipeline: int = DEFAULT_PIPELINE) -> None:
     """Launch the sm90 scorer on torch's current stream (arguments already validated by ``paged_logits``).
 
     Shapes as ``ops.paged_logits.paged_logits``; ``block_kv`` a multiple of

@@ -402,13 +402,6 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             tile[32 * (k >> 2) + 8 + (k & 3)] = t;
 #endif
         }
-#if HEADSUM
-        // The other six columns of each tile are zero.
-        for (int idx = threadIdx.x; idx < NEXT_N * HS_BYTES / 16; idx += MATH_THREADS) {
-            const int n = idx & 7;
-            if (n != 0 && n != 2) reinterpret_cast<uint4*>(hs_smem)[idx] = make_uint4(0, 0, 0, 0);
-        }
-#endif
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         math_barrier();
 #pragma unroll
@@ -432,6 +425,14 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         uint4 p0, p1;
         u32 sc0, sc1;
     };
+#if HEADSUM
+    // The six columns of each head-sum tile other than 0 and 2 stay zero (written once; the
+    // first load_request's proxy fence and barrier publish them to wgmma).
+    for (int idx = threadIdx.x; idx < NEXT_N * HS_BYTES / 16; idx += MATH_THREADS) {
+        const int n = idx & 7;
+        if (n != 0 && n != 2) reinterpret_cast<uint4*>(hs_smem)[idx] = make_uint4(0, 0, 0, 0);
+    }
+#endif
     u32 stage = 0, phase = 0;
     // Wait for the next slot, read it and release it (the page stays only in registers).
     auto acquire = [&](Slot& sl) {
