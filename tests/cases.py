@@ -9,13 +9,27 @@ the magnitudes of every term of the logit. A float32 sum of n terms is within
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from sglang_fp4_indexer.format import dequantize_index_k, quantize_index_k
 from sglang_fp4_indexer.pool import PAGE_SIZE, allocate_index_k_cache, payload_plane, read_index_k, scale_plane
 from sglang_fp4_indexer.reference import expand_context_lens, paged_slots
+
+
+#: The Triton kernels run on the CPU interpreter (``make test`` sets TRITON_INTERPRET=1).
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+#: Where the kernel tests put their tensors: the GPU when there is one and the interpreter is off.
+DEVICE = "cuda" if (torch.cuda.is_available() and not INTERPRET) else "cpu"
+
+
+def kernel_marker(what: str = "needs"):
+    """Skip marker for tests that launch a Triton kernel: they need CUDA or TRITON_INTERPRET=1."""
+    return pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
+                              reason=f"{what} CUDA or TRITON_INTERPRET=1")
 
 
 @dataclass

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import numpy as np
 import pytest
 import torch
+from cases import INTERPRET
 
 from sglang_fp4_indexer import accuracy, metrics
 from sglang_fp4_indexer import format as fmt
@@ -40,7 +40,6 @@ from sglang_fp4_indexer.demo import quantize_queries
 from sglang_fp4_indexer.reference import fp8_quantize_rows, logits_from_keys, topk_reference
 from sglang_fp4_indexer.workload import rotate_activation, text_model_available
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 needs_kernel = pytest.mark.skipif(not INTERPRET, reason="the CPU smoke test runs the Triton kernels: TRITON_INTERPRET=1")
 
 

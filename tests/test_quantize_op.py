@@ -19,17 +19,13 @@ import sys
 import numpy as np
 import pytest
 import torch
+from cases import DEVICE, INTERPRET, kernel_marker
 
 from sglang_fp4_indexer import format as fmt
 from sglang_fp4_indexer import pool
 from sglang_fp4_indexer.ops.quantize import INF_SATURATES_TO, store_index_k
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-needs_kernel = pytest.mark.skipif(
-    not INTERPRET and not torch.cuda.is_available(),
-    reason="the store kernel needs CUDA or TRITON_INTERPRET=1",
-)
-DEVICE = "cuda" if (torch.cuda.is_available() and not INTERPRET) else "cpu"
+needs_kernel = kernel_marker("the store kernel needs")
 
 
 def _poisoned_cache(num_pages: int, page_size: int = 64, seed: int = 0, device=DEVICE) -> torch.Tensor:

@@ -15,10 +15,10 @@ with reduced-precision adders (about 14 bits kept: DeepSeek-V3 report, section
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
+from cases import DEVICE, INTERPRET, kernel_marker
 
 from sglang_fp4_indexer.format import dequantize_index_k, quantize_index_k, unpack_e2m1
 from sglang_fp4_indexer.ops.ragged_logits import (
@@ -30,11 +30,7 @@ from sglang_fp4_indexer.ops.ragged_logits import (
 )
 from sglang_fp4_indexer.reference import ragged_logits_reference
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-needs_kernel = pytest.mark.skipif(
-    not INTERPRET and not torch.cuda.is_available(), reason="needs CUDA or TRITON_INTERPRET=1"
-)
-DEVICE = "cuda" if (torch.cuda.is_available() and not INTERPRET) else "cpu"
+needs_kernel = kernel_marker("needs")
 CPU_RTOL = 2.0**-16
 GPU_RTOL = 2.0**-10
 

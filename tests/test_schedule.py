@@ -8,10 +8,10 @@ schedule, against tiles enumerated here from the contract.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
+from cases import DEVICE, INTERPRET, kernel_marker
 
 from sglang_fp4_indexer.ops.schedule import (
     check_block_kv,
@@ -22,12 +22,7 @@ from sglang_fp4_indexer.ops.schedule import (
 from sglang_fp4_indexer.reference import paged_schedule_reference
 from sglang_fp4_indexer.schedule import CPU_NUM_CTAS, ScheduleBuffer, default_num_ctas
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-needs_kernel = pytest.mark.skipif(
-    not INTERPRET and not torch.cuda.is_available(),
-    reason="the planner kernel needs CUDA or TRITON_INTERPRET=1",
-)
-DEVICE = "cuda" if (torch.cuda.is_available() and not INTERPRET) else "cpu"
+needs_kernel = kernel_marker("the planner kernel needs")
 
 
 def _expected_tiles(context_lens: torch.Tensor, block_kv: int) -> list[tuple[int, int]]:
