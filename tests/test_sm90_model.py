@@ -55,6 +55,19 @@ def _decode_word_split(w, lut_lo, lut_hi):
             _prmt(lut_lo, lut_hi, wn), _prmt(lut_lo, lut_hi, wn >> u(16)))
 
 
+def _decode_word_split2(w, lut_lo, lut_hi, rlut_lo, rlut_hi):
+    """Mirror of decode_word_split2() (SPLIT_SIGN 2): complemented nibbles (w * -1 - 1, the IMAD)
+    through the reversed LUT give the negative elements' magnitudes. (pos0, pos1, neg0, neg1)."""
+    u = np.uint32
+    wh = w >> u(16)
+    nw = (w.astype(np.uint64) * 0xFFFFFFFF + 0xFFFFFFFF).astype(np.uint64) & 0xFFFFFFFF
+    nwh = (wh.astype(np.uint64) * 0xFFFFFFFF + 0xFFFFFFFF).astype(np.uint64) & 0xFFFFFFFF
+    nw, nwh = nw.astype(np.uint32), nwh.astype(np.uint32)
+    assert np.array_equal(nw, ~w) and np.array_equal(nwh, ~wh)
+    return (_prmt(lut_lo, lut_hi, w), _prmt(lut_lo, lut_hi, wh),
+            _prmt(rlut_lo, rlut_hi, nw), _prmt(rlut_lo, rlut_hi, nwh))
+
+
 def _max_byte(w):
     """Mirror of max_byte() in the .cu file (byte extracts by PRMT with a zero source)."""
     u, zero = np.uint32, np.zeros_like(w)
@@ -62,15 +75,29 @@ def _max_byte(w):
     return np.maximum(np.maximum(w & u(0xFF), b1), np.maximum(b2, w >> u(24)))
 
 
-def _group_lut(scales_word, group, s_max):
-    """Mirror of group_lut(prmt(scales, 0, 0x4440 + group), s_max) in the .cu file."""
+def _lut_words(scales_word, group, s_max, consts):
+    """A = code - s_max + 12 of one (key, group) and, per (multiplier, addend) in ``consts``, the
+    LUT word A * multiplier + addend (mod 2**32), zero where A < 1 (the group is flushed)."""
     code = _prmt(scales_word, np.zeros_like(scales_word), np.full_like(scales_word, 0x4440 + group))
     a = code.astype(np.int64) - s_max.astype(np.int64) + 12
     ua = a.astype(np.uint64) & 0xFFFFFFFF
-    lo = ((ua * 0x08080800 + 0x0C080000) & 0xFFFFFFFF).astype(np.uint32)
-    hi = ((ua * 0x08080808 + 0x1C181410) & 0xFFFFFFFF).astype(np.uint32)
-    live = a >= 1
-    return np.where(live, lo, 0).astype(np.uint32), np.where(live, hi, 0).astype(np.uint32)
+    return tuple(np.where(a >= 1, ((ua * mul + add) & 0xFFFFFFFF).astype(np.uint32), 0).astype(np.uint32)
+                 for mul, add in consts)
+
+
+def _group_lut(scales_word, group, s_max):
+    """Mirror of group_lut(prmt(scales, 0, 0x4440 + group), s_max) in the .cu file."""
+    return _lut_words(scales_word, group, s_max, [(0x08080800, 0x0C080000), (0x08080808, 0x1C181410)])
+
+
+def _group_lut2(scales_word, group, s_max):
+    """Mirror of group_lut2(): group_lut and the reversed LUT (byte j = LUT[7 - j]) from two IMADs."""
+    lo, hi, rlo, rhi = _lut_words(scales_word, group, s_max, [(0x08080800, 0x0C080000), (0x08080808, 0x1C181410),
+                                                               (0x08080808, 0x1014181C), (0x00080808, 0x0000080C)])
+    lut = np.frombuffer(np.array([lo, hi], dtype="<u4").tobytes(), dtype=np.uint8)
+    rlut = np.frombuffer(np.array([rlo, rhi], dtype="<u4").tobytes(), dtype=np.uint8)
+    assert np.array_equal(rlut, lut[::-1])  # the reversed LUT, byte for byte
+    return lo, hi, rlo, rhi
 
 
 def _e4m3(bits: np.ndarray) -> np.ndarray:
@@ -102,7 +129,7 @@ def _b_operand(smem: np.ndarray, heads: int, step: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("split_sign", [False, True])
+@pytest.mark.parametrize("split_sign", [0, 1, 2])
 @pytest.mark.parametrize("heads", [64, 32])
 def test_fragment_replay_gives_the_exact_dot_products(heads, split_sign):
     g = torch.Generator().manual_seed(heads)
@@ -130,10 +157,13 @@ def test_fragment_replay_gives_the_exact_dot_products(heads, split_sign):
                 s_max = _max_byte(np.array(sc_words[r], dtype=np.uint32))
                 assert int(s_max) == max(scales[r].tolist())
                 lo, hi = _group_lut(np.array(sc_words[r], dtype=np.uint32), c, s_max)
+                if split_sign == 2:
+                    _, _, rlo, rhi = _group_lut2(np.array(sc_words[r], dtype=np.uint32), c, s_max)
                 for s in range(4):
                     w = np.array(words[s], dtype=np.uint32)
                     if split_sign:  # the magnitudes of the non-negative and of the negative elements
-                        pos0, pos1, neg0, neg1 = _decode_word_split(w, lo, hi)
+                        pos0, pos1, neg0, neg1 = (_decode_word_split(w, lo, hi) if split_sign == 1 else
+                                                  _decode_word_split2(w, lo, hi, rlo, rhi))
                         regs[(s, j)], regs[(s, 2 + j)] = int(pos0), int(pos1)
                         negs[(s, j)], negs[(s, 2 + j)] = int(neg0), int(neg1)
                     else:
@@ -160,23 +190,36 @@ def test_fragment_replay_gives_the_exact_dot_products(heads, split_sign):
     "next_n,heads,out_kind,lens_2d",
     [(1, 64, 0, False), (4, 64, 0, False), (2, 64, 1, True), (1, 32, 2, False), (8, 32, 0, True), (1, 128, 0, False), (1, 16, 0, False)],
 )
-def test_nvrtc_builds_within_the_register_budget(next_n, heads, out_kind, lens_2d):
-    cubin, log = sm90.build(next_n, heads, out_kind, lens_2d)
+@pytest.mark.parametrize("wgs", [1, 4])
+def test_nvrtc_builds_within_the_register_budget(next_n, heads, out_kind, lens_2d, wgs):
+    cubin, log = sm90.build(next_n, heads, out_kind, lens_2d, wgs=wgs)
     assert cubin[:4] == b"\x7fELF"
     regs, spilled = nvrtc.ptxas_registers(log)
-    # The CTAs per SM the grid is planned for must all be resident; next_n > 1 at H 64
-    # spills a few words at that budget (L1-resident; next_n 4 measured in docs/perf-notes.md).
-    assert regs * 160 * sm90.default_min_ctas(heads) <= 65536, log
-    assert spilled <= (0 if next_n == 1 else 32), log
+    if wgs == 1:
+        # The CTAs per SM the grid is planned for must all be resident; next_n > 1 at H 64
+        # spills a few words at that budget (L1-resident; next_n 4 measured in docs/perf-notes.md).
+        assert regs * sm90.threads(1) * sm90.default_min_ctas(heads) <= 65536, log
+        assert spilled <= (0 if next_n == 1 else 32), log
+    else:
+        # Warp-specialised: the CTA is launched with launch_regs per thread, and setmaxnreg can
+        # only move registers within that allocation -- a larger sum would make the math
+        # warpgroups' setmaxnreg.inc wait forever. ptxas must honour both setmaxnreg (it drops
+        # them with C7507/C7508 when a role's code needs more) and compile each role within them.
+        assert regs == sm90.launch_regs(wgs), log
+        assert 128 * sm90.PRODUCER_REGS + 128 * wgs * sm90.math_regs(wgs) <= sm90.threads(wgs) * regs
+        assert "C7507" not in log and "C7508" not in log, log
+        assert spilled == 0, log
     # A wgmma under a branch ptxas cannot prove warp-uniform serializes every wgmma (measured:
     # the software-pipelined loop of run 14 lost its overlap that way).
     assert "C7518" not in log, log
 
 
-@pytest.mark.parametrize("split_sign,headsum,pipeline", [(1, 0, 0), (0, 1, 0), (0, 0, 1)])
-def test_nvrtc_builds_the_measured_variants_without_serialized_wgmma(split_sign, headsum, pipeline):
-    _, log = sm90.build(1, 64, split_sign=split_sign, headsum=headsum, pipeline=pipeline)
-    assert "C7518" not in log, log
+@pytest.mark.parametrize("split_sign,headsum,pipeline,wgs", [
+    (1, 0, 0, 1), (0, 1, 0, 1), (0, 0, 1, 1), (2, 0, 1, 4), (0, 1, 1, 4), (2, 0, 0, 2), (0, 0, 0, 3)])
+def test_nvrtc_builds_the_measured_variants_without_serialized_wgmma(split_sign, headsum, pipeline, wgs):
+    _, log = sm90.build(1, 64, split_sign=split_sign, headsum=headsum, pipeline=pipeline, wgs=wgs)
+    assert "C7518" not in log and "C7511" not in log and "C7512" not in log, log
+    assert "C7507" not in log and "C7508" not in log, log
 
 
 def test_unsupported_configurations_are_refused():

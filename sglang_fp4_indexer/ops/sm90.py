@@ -28,7 +28,7 @@ from . import nvrtc
 from ._common import scale_row_is_identity
 
 __all__ = ["available", "unavailable_reason", "build", "launch", "supports", "SOURCE", "DEFAULT_STAGES", "DEFAULT_MIN_CTAS",
-           "default_min_ctas", "smem_bytes", "HEADS", "MAX_Q_BYTES"]
+           "default_min_ctas", "smem_bytes", "threads", "launch_regs", "math_regs", "HEADS", "MAX_Q_BYTES"]
 
 #: The kernel's CUDA C++ source.
 SOURCE = Path(__file__).with_name("cuda") / "paged_logits_sm90.cu"
@@ -50,6 +50,12 @@ DEFAULT_SPLIT_SIGN = 0
 DEFAULT_HEADSUM = 0
 #: Software pipeline of the math loop (build option PIPELINE; docs/perf-notes.md, run 14).
 DEFAULT_PIPELINE = 0
+#: Math warpgroups per CTA (build option WGS): 1 with one producer warp, several CTAs per SM;
+#: 2-4 warp-specialised with a producer warpgroup and setmaxnreg, one CTA per SM
+#: (docs/perf-notes.md, run 15).
+DEFAULT_WGS = 4
+#: Register budget of the producer warpgroup when WGS > 1 (setmaxnreg.dec; the smallest allowed).
+PRODUCER_REGS = 24
 
 #: Heads the kernel is built for (wgmma N = heads).
 HEADS = (16, 32, 64, 128)
@@ -58,7 +64,27 @@ MAX_Q_BYTES = 32 * 1024
 #: Dynamic shared memory one CTA may use on Hopper (227 KB).
 MAX_SMEM_BYTES = 227 * 1024
 _OUT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_THREADS = 160
+
+
+def threads(wgs: int) -> int:
+    """Threads of one CTA: ``wgs`` math warpgroups and a producer warp (``wgs`` 1) or warpgroup."""
+    return 128 * wgs + (32 if wgs == 1 else 128)
+
+
+def launch_regs(wgs: int) -> int:
+    """Registers per thread a CTA of ``threads(wgs)`` threads is launched with when ``wgs`` > 1
+    (``__launch_bounds__(threads, 1)``: 65536 / threads, rounded down to 8)."""
+    return 65536 // threads(wgs) // 8 * 8
+
+
+def math_regs(wgs: int) -> int:
+    """Registers per math thread after ``setmaxnreg.inc`` (``wgs`` > 1): what the producer warpgroup
+    gives up by ``setmaxnreg.dec`` to ``PRODUCER_REGS``, shared among the math warpgroups. setmaxnreg only
+    moves registers within the CTA's launch allocation, so
+    ``128 * PRODUCER_REGS + 128 * wgs * math_regs(wgs) <= threads(wgs) * launch_regs(wgs)`` (else the
+    increase never completes)."""
+    total = threads(wgs) * launch_regs(wgs)
+    return min(240, (total - 128 * PRODUCER_REGS) // (128 * wgs) // 8 * 8)
 
 
 def _wgmma_wrapper(heads: int) -> str:
@@ -95,14 +121,15 @@ def _wgmma_wrapper(heads: int) -> str:
 
 
 def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, min_ctas: int, probe: int,
-            split_sign: int, headsum: int, pipeline: int) -> str:
+            split_sign: int, headsum: int, pipeline: int, wgs: int) -> str:
     body = SOURCE.read_text()
     marker = "extern \"C\" __global__"
     head, tail = body.split(marker, 1)
     defines = (
         f"#define NEXT_N {next_n}\n#define HEADS {heads}\n#define OUT_KIND {out_kind}\n"
         f"#define LENS_2D {int(lens_2d)}\n#define STAGES {stages}\n#define MIN_CTAS {min_ctas}\n#define PROBE {probe}\n"
-        f"#define SPLIT_SIGN {split_sign}\n#define HEADSUM {headsum}\n#define PIPELINE {pipeline}\n"
+        f"#define SPLIT_SIGN {split_sign}\n#define HEADSUM {headsum}\n#define PIPELINE {pipeline}\n#define WGS {wgs}\n"
+        f"#define PRODUCER_REGS {PRODUCER_REGS}\n#define MATH_REGS {math_regs(wgs)}\n"
     )
     return defines + head + _wgmma_wrapper(heads) + marker + tail
 
@@ -111,7 +138,7 @@ def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, 
 def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, stages: int = DEFAULT_STAGES,
           min_ctas: int | None = None, arch: str = "sm_90a", probe: int = 0,
           split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
-          pipeline: int = DEFAULT_PIPELINE) -> tuple[bytes, str]:
+          pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS) -> tuple[bytes, str]:
     """Compile the scorer for one configuration with NVRTC (``ops.nvrtc.compile_cubin``).
 
     Works without a GPU (NVRTC is a library), which is how the CPU tests
@@ -128,10 +155,12 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         probe: measurement builds (scripts/sm90_probe.py), bit flags: 1 loads only, 2 no page copies, 4 no wgmma,
             8 no decode; 0 the scorer.
         split_sign: sign handling: 0 PRMT magnitudes + PRMT signs; 1
-            sign-split PRMTs and a negated wgmma. See the .cu file.
+            sign-split PRMTs and a negated wgmma; 2 the same split with the negative
+            elements read through a reversed LUT by complemented nibbles (IMAD). See the .cu file.
         headsum: epilogue head sum: 0 fp32 FFMA; 1 a tf32 wgmma of relu(S)
             by the weights (relative error per term below 2**-10 + 2**-11). See the .cu file.
         pipeline: 1 reads the next job's page while this job's wgmma runs.
+        wgs: math warpgroups per CTA, 1-4 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1).
 
     Returns:
         ``(cubin bytes, ptxas log)``.
@@ -148,17 +177,18 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"next_n: {next_n} x {heads} heads of index queries exceed {MAX_Q_BYTES} bytes of shared memory")
     if out_kind not in (0, 1, 2):
         raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
-    for name, value, allowed in (("probe", probe, tuple(range(16))), ("split_sign", split_sign, (0, 1)),
+    for name, value, allowed in (("probe", probe, tuple(range(16))), ("split_sign", split_sign, (0, 1, 2)),
+                                 ("wgs", wgs, (1, 2, 3, 4)),
                                  ("headsum", headsum, (0, 1)), ("pipeline", pipeline, (0, 1))):
         if value not in allowed:
             raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
-    if not isinstance(stages, int) or stages < 1 or smem_bytes(next_n, heads, stages, headsum) > MAX_SMEM_BYTES:
+    if not isinstance(stages, int) or stages < 1 or smem_bytes(next_n, heads, stages, headsum, wgs) > MAX_SMEM_BYTES:
         raise ValueError(f"stages: expected an int >= 1 whose ring fits {MAX_SMEM_BYTES} bytes of shared memory, got {stages!r}")
     if min_ctas is not None and (not isinstance(min_ctas, int) or min_ctas < 1):
         raise ValueError(f"min_ctas: expected an int >= 1, got {min_ctas!r}")
     if min_ctas is None:
-        min_ctas = default_min_ctas(heads)
-    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, split_sign, headsum, pipeline)
+        min_ctas = default_min_ctas(heads) if wgs == 1 else 1
+    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, split_sign, headsum, pipeline, wgs)
     return nvrtc.compile_cubin(src, "paged_logits_sm90.cu", arch)
 
 
@@ -225,23 +255,26 @@ def supports(q: torch.Tensor, cache: torch.Tensor, next_n: int, heads: int) -> s
     return None
 
 
-def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: int = DEFAULT_HEADSUM) -> int:
-    """Dynamic shared memory of one CTA: queries, tf32 head-sum tiles (``headsum`` 1), page ring,
-    permuted weights (padded rows of ``heads / 4 + 4`` floats), per stage a 16-byte job slot and two
-    8-byte mbarriers, 1 KB alignment slack."""
-    return (next_n * heads * 128 + headsum * next_n * heads * 32 + stages * PAGE_SIZE * 68
-            + next_n * 4 * (heads // 4 + 4) * 4 + 32 * stages + 1024)
+def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: int = DEFAULT_HEADSUM,
+               wgs: int = DEFAULT_WGS) -> int:
+    """Dynamic shared memory of one CTA, in bytes: per math warpgroup (``wgs`` of them) its queries,
+    tf32 head-sum tiles (``headsum`` 1), page ring, permuted weights (padded rows of ``heads / 4 + 4``
+    floats), per stage a 16-byte job slot and two 8-byte mbarriers, rounded up to 1 KB; plus 1 KB of
+    alignment slack (the kernel's WG_BYTES layout)."""
+    per_wg = (next_n * heads * 128 + headsum * next_n * heads * 32 + stages * PAGE_SIZE * 68
+              + next_n * 4 * (heads // 4 + 4) * 4 + 32 * stages)
+    return wgs * (-(-per_wg // 1024) * 1024) + 1024
 
 
 def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch: int, next_n: int, heads: int,
            width: int, block_kv: int, stages: int = DEFAULT_STAGES, min_ctas: int | None = None,
            probe: int = 0, split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
-           pipeline: int = DEFAULT_PIPELINE) -> None:
+           pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS) -> None:
     """Launch the sm90 scorer on torch's current stream (arguments already validated by ``paged_logits``).
 
     Shapes as ``ops.paged_logits.paged_logits``; ``block_kv`` a multiple of
-    the page size (the schedule's tile); one CTA of 160 threads per schedule
-    entry.
+    the page size (the schedule's tile); one math warpgroup per schedule
+    entry, ``wgs`` of them per CTA (``threads(wgs)`` threads).
 
     Raises:
         ValueError: an unsupported build configuration (``build``).
@@ -250,8 +283,8 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
     device = q.device
     out_kind = _OUT_KINDS[out.dtype]
     cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, split_sign,
-                     headsum, pipeline)
-    smem = smem_bytes(next_n, heads, stages, headsum)
+                     headsum, pipeline, wgs)
+    smem = smem_bytes(next_n, heads, stages, headsum, wgs)
     fn = nvrtc.get_function(device, cubin, "fp4_paged_logits_sm90", smem)
     args = [
         ctypes.c_void_p(q.data_ptr()),
@@ -271,5 +304,7 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
         ctypes.c_longlong(block_table.stride(0)),
         ctypes.c_longlong(out.stride(0)),
         ctypes.c_int(block_kv),
+        ctypes.c_int(schedule.shape[0] - 1),
     ]
-    nvrtc.launch(fn, device, schedule.shape[0] - 1, _THREADS, smem, args)
+    num_ctas = schedule.shape[0] - 1
+    nvrtc.launch(fn, device, -(-num_ctas // wgs), threads(wgs), smem, args)

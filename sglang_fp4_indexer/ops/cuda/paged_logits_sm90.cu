@@ -3,9 +3,9 @@
 //
 // Compiled at first use by NVRTC (ops/sm90.py), which prepends the compile-time
 // configuration (#define NEXT_N, HEADS, STAGES, OUT_KIND, LENS_2D, MIN_CTAS,
-// PROBE, SPLIT_SIGN, HEADSUM, PIPELINE) and the wgmma wrappers for N = HEADS. Semantics
-// are those of ops.paged_logits (DESIGN section 5); the numerics are the
-// "folded" form of that module:
+// PROBE, SPLIT_SIGN, HEADSUM, PIPELINE, WGS, PRODUCER_REGS, MATH_REGS) and the
+// wgmma wrappers for N = HEADS. Semantics are those of ops.paged_logits (DESIGN
+// section 5); the numerics are the "folded" form of that module:
 //
 // * Each key's group scales are folded into the e4m3 bytes relative to its
 //   largest group scale s_max: for a group with A = s_g - s_max + 12 >= 1 the
@@ -17,7 +17,9 @@
 //   PRMT (11 ALU ops per payload word); SPLIT_SIGN 1 decodes the non-negative
 //   and the negative elements' magnitudes separately (PRMT with a nibble's bit 3
 //   set returns 0x00: no LUT byte has its msb set) and the negative ones go
-//   through a second wgmma with imm-scale-a = -1 (7 ALU ops per word).
+//   through a second wgmma with imm-scale-a = -1 (7 ALU ops per word);
+//   SPLIT_SIGN 2 the same with the negative elements read through a reversed LUT
+//   by complemented nibbles (5 ALU ops and 2 IMADs per word).
 // * One K = 128 FP8 wgmma per 64-key page and next_n row (four k32 steps) with
 //   fp32 accumulation: products of e4m3 values are exact.
 // * Epilogue: relu, times the head weight, summed over heads, times 2**-6 and
@@ -35,16 +37,20 @@
 // payload word s of that group. The queries are permuted to match when they
 // are written to shared memory (with the 128-byte swizzle wgmma reads).
 //
-// Threads: warps 0-3 are one math warpgroup; warp 4 is the producer. The
-// producer walks the CTA's jobs (the (request, key block) tiles of the CTA
+// Threads: WGS math warpgroups (warps 4g .. 4g + 3), then the producers: one
+// warp (WGS 1) or one warpgroup (WGS > 1) whose warp g serves math warpgroup g.
+// With WGS > 1 the producer warpgroup gives its registers to the math
+// warpgroups (setmaxnreg) and one CTA fills an SM. Each math warpgroup has its
+// own entry of the CTA schedule (blockIdx.x * WGS + g), its own shared memory
+// (WG_BYTES) and named barrier. Its producer walks that entry's jobs (the (request, key block) tiles of the CTA
 // schedule, each split into its pages; a request with no visible key is one
 // job without a page), and for each job fills one slot of a STAGES-deep ring:
 // the job's description (cache page, request, page within the request, tail)
 // and, when there is a page, the page itself (4352 bytes: payload plane then
 // scale plane) by one bulk copy (cp.async.bulk) that completes on the slot's
 // mbarrier. After the last job it fills one slot with an end marker. The math
-// warpgroup only reads slots: it keeps no job walker of its own. Several CTAs
-// share an SM (MIN_CTAS).
+// warpgroup only reads slots: it keeps no job walker of its own. With WGS 1
+// several CTAs share an SM (MIN_CTAS).
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -59,6 +65,9 @@ typedef long long i64;
 #ifndef PIPELINE
 #define PIPELINE 0  // 1: the next job's slot is read while this job's last wgmma runs
 #endif
+#ifndef WGS
+#define WGS 1  // math warpgroups per CTA (2-4: warp-specialised, registers moved to them by setmaxnreg)
+#endif
 #ifndef PROBE
 #define PROBE 0  // measurement builds only, bit flags: 1 loads only (no compute), 2 no page copies,
                  // 4 no wgmma (accumulators made from the A fragments), 8 no decode (A = raw payload words)
@@ -68,11 +77,25 @@ typedef long long i64;
 #define PAGE_BYTES (PAGE * 68)
 #define PAYLOAD_BYTES (PAGE * 64)
 #define MATH_THREADS 128
-#define THREADS (MATH_THREADS + 32)
+// WGS 1: one math warpgroup and one producer warp. WGS > 1: WGS math warpgroups and one producer
+// warpgroup whose warp k serves math warpgroup k (setmaxnreg works on whole warpgroups).
+#define THREADS (MATH_THREADS * WGS + (WGS == 1 ? 32 : 128))
+// WGS > 1: ops/sm90.py defines PRODUCER_REGS and MATH_REGS, the setmaxnreg budgets. setmaxnreg
+// moves registers only within the CTA's allocation at launch (THREADS x 65536 / THREADS rounded
+// down to 8): what the math warpgroups gain the producer warpgroup must give up first, or
+// setmaxnreg.inc waits forever (sm90.math_regs).
 #define Q_BYTES (HEADS * 128)
 #define HS_BYTES (HEADS * 32)            // tf32 head-sum B operand per next_n row: HEADS / 8 tiles of 256 bytes
 #define W_STRIDE (HEADS / 4 + 4)          // floats per (row, lane % 4) of the permuted weights (padded)
-#define W_REGS (NEXT_N == 1 && HEADS <= 32 && HEADSUM == 0)
+// The weights in registers (one next_n row; H 64 only with the warp-specialised register budget).
+#define W_REGS (NEXT_N == 1 && HEADSUM == 0 && (HEADS <= 32 || (WGS > 1 && HEADS <= 64)))
+// One math warpgroup's shared memory (offsets in bytes), rounded up to the 1024-byte swizzle atom.
+#define HS_OFF (NEXT_N * Q_BYTES)
+#define RING_OFF (HS_OFF + (HEADSUM ? NEXT_N * HS_BYTES : 0))
+#define W_OFF (RING_OFF + STAGES * PAGE_BYTES)
+#define INFO_OFF (W_OFF + NEXT_N * 4 * W_STRIDE * 4)
+#define BAR_OFF (INFO_OFF + 16 * STAGES)
+#define WG_BYTES ((BAR_OFF + 16 * STAGES + 1023) / 1024 * 1024)
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     return static_cast<u32>(__cvta_generic_to_shared(p));
@@ -108,7 +131,8 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
         : "memory");
 }
 
-__device__ __forceinline__ void math_barrier() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
+// Barrier of one math warpgroup (named barrier 1 + its index).
+__device__ __forceinline__ void math_barrier(int wg) { asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory"); }
 
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 r;
@@ -159,6 +183,22 @@ __device__ __forceinline__ void decode_word_split(u32 w, u32 lut_lo, u32 lut_hi,
     neg1 = prmt(lut_lo, lut_hi, wn >> 16);
 }
 
+// Sign-split decode by complement (SPLIT_SIGN 2): the non-negative elements' magnitudes through
+// the LUT with the raw nibbles as selectors, the negative ones' through the reversed LUT
+// (byte j = LUT[7 - j]) with the complemented nibbles (~n: bit 3 flipped, magnitude 7 - m). The
+// complements are IMADs (-w - 1: the FMA pipe), leaving 5 ALU operations per word.
+__device__ __forceinline__ void decode_word_split2(u32 w, u32 lut_lo, u32 lut_hi, u32 rlut_lo, u32 rlut_hi,
+                                                   u32 minus1, u32& pos0, u32& pos1, u32& neg0, u32& neg1) {
+    const u32 wh = w >> 16;
+    u32 nw, nwh;
+    asm("mad.lo.u32 %0, %1, %2, %2;" : "=r"(nw) : "r"(w), "r"(minus1));
+    asm("mad.lo.u32 %0, %1, %2, %2;" : "=r"(nwh) : "r"(wh), "r"(minus1));
+    pos0 = prmt(lut_lo, lut_hi, w);
+    pos1 = prmt(lut_lo, lut_hi, wh);
+    neg0 = prmt(rlut_lo, rlut_hi, nw);
+    neg1 = prmt(rlut_lo, rlut_hi, nwh);
+}
+
 // Largest of the four UE8M0 codes of one key (byte extracts by PRMT with a zero source).
 __device__ __forceinline__ u32 max_byte(u32 w) {
     const u32 b1 = prmt(w, 0u, 0x4441u), b2 = prmt(w, 0u, 0x4442u);
@@ -172,6 +212,17 @@ __device__ __forceinline__ void group_lut(u32 code, u32 s_max, u32& lut_lo, u32&
     const u32 ua = static_cast<u32>(a);
     lut_lo = a >= 1 ? ua * 0x08080800u + 0x0C080000u : 0u;
     lut_hi = a >= 1 ? ua * 0x08080808u + 0x1C181410u : 0u;
+}
+
+// group_lut and the reversed LUT (byte j = LUT_A[7 - j]) for SPLIT_SIGN 2.
+__device__ __forceinline__ void group_lut2(u32 code, u32 s_max, u32& lut_lo, u32& lut_hi, u32& rlut_lo,
+                                           u32& rlut_hi) {
+    const int a = static_cast<int>(code) - static_cast<int>(s_max) + 12;
+    const u32 ua = static_cast<u32>(a);
+    lut_lo = a >= 1 ? ua * 0x08080800u + 0x0C080000u : 0u;
+    lut_hi = a >= 1 ? ua * 0x08080808u + 0x1C181410u : 0u;
+    rlut_lo = a >= 1 ? ua * 0x08080808u + 0x1014181Cu : 0u;
+    rlut_hi = a >= 1 ? ua * 0x00080808u + 0x0000080Cu : 0u;
 }
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart.
@@ -270,7 +321,9 @@ struct Jobs {
     }
 };
 
-#if MIN_CTAS > 4
+#if WGS > 1
+#define KERNEL_BOUNDS __launch_bounds__(THREADS, 1)
+#elif MIN_CTAS > 4
 // More than 4 CTAs per SM: an exact register cap (65536 / (MIN_CTAS x 160), rounded down to 8);
 // __launch_bounds__ lets ptxas go 8 registers lower than that at 5.
 #define KERNEL_BOUNDS __maxnreg__((65536 / (MIN_CTAS * THREADS)) / 8 * 8)
@@ -281,33 +334,56 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     const unsigned char* __restrict__ q, const float* __restrict__ weights, const unsigned char* __restrict__ cache,
     const int* __restrict__ block_table, const int* __restrict__ lens, const int* __restrict__ schedule,
     out_t* __restrict__ out, int batch, int num_pages, int max_pages, int width, long long stride_q_row,
-    long long stride_q_head, long long stride_w_row, long long stride_bt, long long stride_out, int block_kv) {
+    long long stride_q_head, long long stride_w_row, long long stride_bt, long long stride_out, int block_kv,
+    int num_ctas) {
     extern __shared__ unsigned char smem_raw[];
     // Align the dynamic window to the 1024-byte swizzle atom (the launch asks for 1 KB extra).
-    unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-    unsigned char* q_smem = smem;                                 // NEXT_N x [HEADS, 128] e4m3, swizzled
-    unsigned char* hs_smem = q_smem + NEXT_N * Q_BYTES;           // NEXT_N x HS_BYTES tf32 (HEADSUM 1)
-    unsigned char* stage_smem = hs_smem + (HEADSUM ? NEXT_N * HS_BYTES : 0);  // STAGES x PAGE_BYTES
-    float* w_smem = reinterpret_cast<float*>(stage_smem + STAGES * PAGE_BYTES);  // NEXT_N x 4 x W_STRIDE
-    int* info = reinterpret_cast<int*>(w_smem + NEXT_N * 4 * W_STRIDE);       // STAGES x int4 job slots
-    u64* bars = reinterpret_cast<u64*>(info + 4 * STAGES);                    // full[STAGES], empty[STAGES]
-    const u32 full0 = smem_u32(bars), empty0 = smem_u32(bars + STAGES);
-
+    unsigned char* smem_base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, MATH_THREADS);
+        for (int g = 0; g < WGS; ++g) {
+            const u32 bars = smem_u32(smem_base + g * WG_BYTES + BAR_OFF);
+            for (int s = 0; s < STAGES; ++s) {
+                mbar_init(bars + 8 * s, 1);
+                mbar_init(bars + 8 * (STAGES + s), MATH_THREADS);
+            }
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 
-    if (warp == 4) {
+    // This thread's math warpgroup (a producer warp: the one it serves) and its shared memory:
+    // queries NEXT_N x [HEADS, 128] e4m3 (swizzled), tf32 head-sum tiles (HEADSUM 1), the page ring
+    // STAGES x PAGE_BYTES, permuted weights NEXT_N x 4 x W_STRIDE floats, STAGES int4 job slots,
+    // mbarriers full[STAGES] and empty[STAGES].
+    const bool producer = warp >= 4 * WGS;
+    // Broadcast from lane 0: ptxas then treats it as warp-uniform (the wgmma descriptors built
+    // from it can stay in uniform registers).
+    const int wg = __shfl_sync(0xffffffffu, producer ? warp - 4 * WGS : warp >> 2, 0);
+    unsigned char* smem = smem_base + wg * WG_BYTES;
+    unsigned char* q_smem = smem;
+    unsigned char* hs_smem = smem + HS_OFF;
+    unsigned char* stage_smem = smem + RING_OFF;
+    float* w_smem = reinterpret_cast<float*>(smem + W_OFF);
+    int* info = reinterpret_cast<int*>(smem + INFO_OFF);
+    const u32 full0 = smem_u32(smem + BAR_OFF), empty0 = full0 + 8 * STAGES;
+    const int vcta = blockIdx.x * WGS + wg;  // this warpgroup's entry of the CTA schedule
+
+    if (producer) {
+#if WGS > 1
+        // The producer warpgroup gives registers to the math warpgroups (each role's code is
+        // dominated by its own setmaxnreg, so ptxas allocates it within that budget).
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
+        if (wg >= WGS) return;
+#endif
         // Producer: one slot per job (its description, and its page by one bulk copy), then
         // the end marker. Block-table entries are read 32 at a time across the warp.
         Jobs jobs;
-        jobs.init(schedule, lens, blockIdx.x, batch, block_kv);
+        if (vcta < num_ctas) {
+            jobs.init(schedule, lens, vcta, batch, block_kv);
+        } else {
+            jobs.b = batch;  // a warpgroup past the schedule's end: no job
+        }
         int n = 0, cached_b = -1, cached_p0 = 0, cached = 0;
         for (; jobs.valid(); jobs.next(), ++n) {
             const int stage = n % STAGES;
@@ -348,8 +424,12 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 
     // Math warpgroup. Thread: rows r0 = 16 * warp + lane / 4 and r1 = r0 + 8 of
     // the page, group c = lane % 4 of each (payload bytes 16c .. 16c + 15).
+#if WGS > 1
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(MATH_REGS));
+#endif
+    const int tid = threadIdx.x & (MATH_THREADS - 1);  // thread within the math warpgroup
     const int c = lane & 3;
-    const int r0 = 16 * warp + (lane >> 2);
+    const int r0 = 16 * (warp & 3) + (lane >> 2);
     const u32 ring = smem_u32(stage_smem);
     const u32 pay_off = r0 * 64 + 16 * c;            // + 512: row r1
     const u32 sc_off = PAYLOAD_BYTES + 4 * r0;       // + 32: row r1
@@ -362,6 +442,8 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     const int my_row = mine1 ? r0 + 8 : r0;
     int cur_b = -1;
     int row_len[NEXT_N];
+    // -1 from a kernel argument (block_kv >= 64): ptxas cannot fold it, so ~w = w * -1 - 1 stays an IMAD.
+    const u32 minus1 = static_cast<u32>(block_kv >> 31) - 1u;
     out_t* row_out = out;
 #if W_REGS
     float4 wreg[HEADS / 16];
@@ -369,8 +451,8 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 
     // New request: its index queries (permuted, swizzled), weights and row lengths.
     auto load_request = [&](int b) {
-        math_barrier();  // every wgmma reading the previous queries has completed
-        for (int idx = threadIdx.x; idx < NEXT_N * HEADS * 8; idx += MATH_THREADS) {
+        math_barrier(wg);  // every wgmma reading the previous queries has completed
+        for (int idx = tid; idx < NEXT_N * HEADS * 8; idx += MATH_THREADS) {
             const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;
             const uint4 v = __ldg(reinterpret_cast<const uint4*>(
                 q + static_cast<i64>(b * NEXT_N + i) * stride_q_row + h * stride_q_head + 16 * m));
@@ -385,7 +467,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
                 *reinterpret_cast<u32*>(row + ((chunk ^ (h & 7)) << 4) + 4 * cc) = words[k];
             }
         }
-        for (int idx = threadIdx.x; idx < NEXT_N * HEADS; idx += MATH_THREADS) {
+        for (int idx = tid; idx < NEXT_N * HEADS; idx += MATH_THREADS) {
             const int i = idx / HEADS, h = idx % HEADS;
             const float wv = weights[static_cast<i64>(b * NEXT_N + i) * stride_w_row + h];
             // fp32 epilogue: lane c reads (w[8j + 2c], w[8j + 2c + 1]) for j = 0 .. HEADS / 8 - 1.
@@ -403,7 +485,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #endif
         }
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        math_barrier();
+        math_barrier(wg);
 #pragma unroll
         for (int i = 0; i < NEXT_N; ++i) {
 #if LENS_2D
@@ -428,7 +510,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #if HEADSUM
     // The six columns of each head-sum tile other than 0 and 2 stay zero (written once; the
     // first load_request's proxy fence and barrier publish them to wgmma).
-    for (int idx = threadIdx.x; idx < NEXT_N * HS_BYTES / 16; idx += MATH_THREADS) {
+    for (int idx = tid; idx < NEXT_N * HS_BYTES / 16; idx += MATH_THREADS) {
         const int n = idx & 7;
         if (n != 0 && n != 2) reinterpret_cast<uint4*>(hs_smem)[idx] = make_uint4(0, 0, 0, 0);
     }
@@ -546,8 +628,14 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #else
             const u32 smax0 = max_byte(next.sc0), smax1 = max_byte(next.sc1);
             u32 lo0, hi0, lo1, hi1;
+#if SPLIT_SIGN == 2
+            u32 rlo0, rhi0, rlo1, rhi1;
+            group_lut2(prmt(next.sc0, 0u, code_sel), smax0, lo0, hi0, rlo0, rhi0);
+            group_lut2(prmt(next.sc1, 0u, code_sel), smax1, lo1, hi1, rlo1, rhi1);
+#else
             group_lut(prmt(next.sc0, 0u, code_sel), smax0, lo0, hi0);
             group_lut(prmt(next.sc1, 0u, code_sel), smax1, lo1, hi1);
+#endif
             const u32 w0[4] = {next.p0.x, next.p0.y, next.p0.z, next.p0.w};
             const u32 w1[4] = {next.p1.x, next.p1.y, next.p1.z, next.p1.w};
 #pragma unroll
@@ -557,6 +645,9 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #if SPLIT_SIGN
                 an[s][0] = a[s][0]; an[s][1] = a[s][1]; an[s][2] = a[s][2]; an[s][3] = a[s][3];
 #endif
+#elif SPLIT_SIGN == 2
+                decode_word_split2(w0[s], lo0, hi0, rlo0, rhi0, minus1, a[s][0], a[s][2], an[s][0], an[s][2]);
+                decode_word_split2(w1[s], lo1, hi1, rlo1, rhi1, minus1, a[s][1], a[s][3], an[s][1], an[s][3]);
 #elif SPLIT_SIGN
                 decode_word_split(w0[s], lo0, hi0, a[s][0], a[s][2], an[s][0], an[s][2]);
                 decode_word_split(w1[s], lo1, hi1, a[s][1], a[s][3], an[s][1], an[s][3]);
@@ -590,7 +681,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             const float ninf = -__int_as_float(0x7f800000);
             for (int i = 0; i < NEXT_N; ++i) {
                 out_t* row = row_out + i * stride_out;
-                for (int cc = job.w + threadIdx.x; cc < width; cc += MATH_THREADS) store_logit(row + cc, ninf);
+                for (int cc = job.w + tid; cc < width; cc += MATH_THREADS) store_logit(row + cc, ninf);
             }
         }
     }
