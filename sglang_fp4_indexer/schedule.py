@@ -29,7 +29,8 @@ CPU_NUM_CTAS = 4
 
 #: Persistent-grid CTAs per SM for the Triton paged scorers (measured on H200, docs/perf-notes.md).
 CTAS_PER_SM = 2
-#: CTAs per SM for the Hopper wgmma kernel (its register budget fits 4; docs/perf-notes.md, run 10).
+#: Schedule entries per SM for the Hopper wgmma kernel: one per math warpgroup, four per SM (one
+#: CTA of four math warpgroups since run 15; four CTAs of one before; docs/perf-notes.md, runs 10, 15).
 SM90_CTAS_PER_SM = 4
 
 
@@ -39,7 +40,7 @@ def default_num_ctas(device: torch.device | str | None = None) -> int:
     ``SM90_CTAS_PER_SM`` (4) where the Hopper wgmma kernel runs
     (``ops.sm90.available``), else ``CTAS_PER_SM`` (2): two CTAs per SM
     measured 1.6x faster than one for the Triton scorers on H200, and four
-    (all resident) fastest for the wgmma kernel (docs/perf-notes.md, runs 1, 10).
+    (one per math warpgroup) fastest for the wgmma kernel (docs/perf-notes.md, runs 1, 10, 15).
 
     Args:
         device: a torch device (``None``: the current CUDA device when CUDA is

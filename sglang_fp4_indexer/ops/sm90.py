@@ -4,10 +4,13 @@
 ``cuda/paged_logits_sm90.cu``: decoded FP4 index keys as the register A
 operand of FP8 ``wgmma``, the index queries as its shared-memory B operand,
 pages copied by the bulk-copy engine into an mbarrier ring by a producer warp.
+By default (``DEFAULT_WGS``) one CTA per SM holds four math warpgroups, each
+with its own schedule entry, ring and producer warp, the producers' registers
+moved to the math warpgroups by ``setmaxnreg`` (docs/perf-notes.md, run 15).
 Why CUDA C++ and not Triton: docs/perf-notes.md (run 8 onwards).
 
 The kernel is compiled once per configuration (next_n, heads, logits dtype,
-lengths layout, pipeline depth) with NVRTC from ``cuda-bindings`` (an SGLang
+lengths layout, pipeline depth, warpgroups) with NVRTC from ``cuda-bindings`` (an SGLang
 dependency; ``pip install 'sglang-fp4-indexer[cuda]'`` otherwise), loaded
 into the current device's context and launched on torch's current stream, so
 it is captured by CUDA graphs like any torch kernel. Nothing here imports
