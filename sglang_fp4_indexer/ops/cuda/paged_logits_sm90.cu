@@ -294,10 +294,11 @@ struct Jobs {
         blk = schedule[2 * cta + 1];
         b_end = schedule[2 * cta + 2];
         blk_end = schedule[2 * cta + 3];
-        if (valid()) {
-            open_request();
-            open_tile();
-        }
+    }
+    // After init, when valid(): the first request and tile.
+    __device__ __forceinline__ void start() {
+        open_request();
+        open_tile();
     }
     __device__ __forceinline__ bool valid() const {
         return b < batch && (b < b_end || (b == b_end && blk < blk_end));
@@ -379,12 +380,19 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         // Producer: one slot per job (its description, and its page by one bulk copy), then
         // the end marker. Block-table entries are read 32 at a time across the warp.
         Jobs jobs;
-        if (vcta < num_ctas) {
-            jobs.init(schedule, lens, vcta, batch, block_kv);
-        } else {
-            jobs.b = batch;  // a warpgroup past the schedule's end: no job
-        }
         int n = 0, cached_b = -1, cached_p0 = 0, cached = 0;
+        jobs.b = batch;  // a warpgroup past the schedule's end: no job
+        if (vcta < num_ctas) jobs.init(schedule, lens, vcta, batch, block_kv);
+        if (jobs.valid()) {
+            // The first tile's block-table entries are loaded alongside the request's length
+            // (both need only the schedule entry), not after it: one dependent global load
+            // fewer before the first page copy.
+            cached_b = jobs.b;
+            cached_p0 = jobs.blk * jobs.pages_per_block;
+            const int col = cached_p0 + lane;
+            cached = col < max_pages ? __ldg(block_table + jobs.b * stride_bt + col) : -1;
+            jobs.start();
+        }
         for (; jobs.valid(); jobs.next(), ++n) {
             const int stage = n % STAGES;
             const int pg = jobs.page();
@@ -539,6 +547,15 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     // Software pipeline: job n's (last) wgmma runs while job n + 1's slot is read. Every job goes
     // through the same wgmma code, valid page or not (the stores are masked instead): a wgmma under a
     // branch makes ptxas serialize all of them (its warning C7518).
+    // The first job's request is the schedule entry's first request: its queries and weights are
+    // loaded while the producer fetches the first page, not after it arrives.
+    if (vcta < num_ctas) {
+        const int b0 = __ldg(schedule + 2 * vcta);
+        if (b0 < batch) {
+            cur_b = b0;
+            load_request(b0);
+        }
+    }
     Slot next;
     acquire(next);
     while (next.job.y >= 0) {
