@@ -142,30 +142,6 @@ def test_decode_head_sum_and_pipeline_build_options(split_sign, headsum, pipelin
     assert torch.all(err <= rel)
 
 
-@pytest.mark.parametrize("lens", [[65, 300, 1000, 0, 7], [0, 4096, 1, 64, 64], [129]])
-@pytest.mark.parametrize("num_ctas", [1, 5, 64])
-@pytest.mark.parametrize("heads,wgs", [(64, 4), (32, 4), (64, 1)])
-def test_two_jobs_in_flight(lens, num_ctas, heads, wgs):
-    # PIPELINE 2: each job's epilogue runs after the next job's wgmma is issued; the pending job is
-    # drained at a request change and after the last job (odd and even job counts, requests with no
-    # key, several requests per schedule entry, entries past the schedule's end with WGS 4).
-    from sglang_fp4_indexer.ops import sm90
-
-    case = make_paged_case(lens, next_n=1, heads=heads, seed=len(lens) + num_ctas + heads + wgs, device="cuda")
-    width = case.block_table.shape[1] * 64
-    sched = plan_paged_schedule(case.context_lens, 64, num_ctas)
-    out = torch.full((case.q.shape[0], width), float("nan"), device="cuda")
-    sm90.launch(case.q, case.weights, case.cache, case.block_table, case.context_lens, sched, out,
-                batch=case.block_table.shape[0], next_n=1, heads=heads, width=width, block_kv=64, pipeline=2, wgs=wgs)
-    ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width)
-    fin = torch.isfinite(ref)
-    assert torch.equal(fin, torch.isfinite(out))
-    assert torch.equal(out[~fin], ref[~fin])
-    bound = term_bound(case, width).to(out.device)
-    err = (out.double() - ref.double()).abs()[fin] / (bound[fin] + 1e-30)
-    assert torch.all(err <= 1e-3), err.max().item()
-
-
 def test_cuda_graph_of_planner_and_scorer_follows_new_lengths():
     batch, next_n, heads, block_kv = 6, 2, 64, 64
     # [B, next_n] lengths, so rows of zero keys are valid lengths too.

@@ -162,8 +162,7 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
             elements read through a reversed LUT by complemented nibbles (IMAD). See the .cu file.
         headsum: epilogue head sum: 0 fp32 FFMA; 1 a tf32 wgmma of relu(S)
             by the weights (relative error per term below 2**-10 + 2**-11). See the .cu file.
-        pipeline: 1 reads the next job's page while this job's wgmma runs; 2 keeps two jobs in flight
-            (this job's wgmma runs during the previous job's epilogue; next_n 1, ``headsum`` 0, ``split_sign`` 0).
+        pipeline: 1 reads the next job's page while this job's wgmma runs.
         wgs: math warpgroups per CTA, 1-4 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1).
 
     Returns:
@@ -183,12 +182,9 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
     for name, value, allowed in (("probe", probe, tuple(range(16))), ("split_sign", split_sign, (0, 1, 2)),
                                  ("wgs", wgs, (1, 2, 3, 4)),
-                                 ("headsum", headsum, (0, 1)), ("pipeline", pipeline, (0, 1, 2))):
+                                 ("headsum", headsum, (0, 1)), ("pipeline", pipeline, (0, 1))):
         if value not in allowed:
             raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
-    if pipeline == 2 and (next_n != 1 or headsum or split_sign or probe):
-        raise ValueError(f"pipeline: 2 needs next_n 1, headsum 0, split_sign 0 and probe 0, got next_n {next_n}, "
-                         f"headsum {headsum}, split_sign {split_sign}, probe {probe}")
     if not isinstance(stages, int) or stages < 1 or smem_bytes(next_n, heads, stages, headsum, wgs) > MAX_SMEM_BYTES:
         raise ValueError(f"stages: expected an int >= 1 whose ring fits {MAX_SMEM_BYTES} bytes of shared memory, got {stages!r}")
     if min_ctas is not None and (not isinstance(min_ctas, int) or min_ctas < 1):

@@ -63,7 +63,7 @@ typedef long long i64;
 #define HEADSUM 0
 #endif
 #ifndef PIPELINE
-#define PIPELINE 0  // 1: the next job's slot is read while this job's last wgmma runs; 2: two jobs in flight
+#define PIPELINE 0  // 1: the next job's slot is read while this job's last wgmma runs
 #endif
 #ifndef WGS
 #define WGS 1  // math warpgroups per CTA (2-4: warp-specialised, registers moved to them by setmaxnreg)
@@ -88,7 +88,7 @@ typedef long long i64;
 #define HS_BYTES (HEADS * 32)            // tf32 head-sum B operand per next_n row: HEADS / 8 tiles of 256 bytes
 #define W_STRIDE (HEADS / 4 + 4)          // floats per (row, lane % 4) of the permuted weights (padded)
 // The weights in registers (one next_n row; H 64 only with the warp-specialised register budget).
-#define W_REGS (NEXT_N == 1 && HEADSUM == 0 && (HEADS <= 32 || (WGS > 1 && HEADS <= 64 && PIPELINE != 2)))
+#define W_REGS (NEXT_N == 1 && HEADSUM == 0 && (HEADS <= 32 || (WGS > 1 && HEADS <= 64)))
 // One math warpgroup's shared memory (offsets in bytes), rounded up to the 1024-byte swizzle atom.
 #define HS_OFF (NEXT_N * Q_BYTES)
 #define RING_OFF (HS_OFF + (HEADSUM ? NEXT_N * HS_BYTES : 0))
@@ -544,6 +544,9 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         }
     };
 
+    // Software pipeline: job n's (last) wgmma runs while job n + 1's slot is read. Every job goes
+    // through the same wgmma code, valid page or not (the stores are masked instead): a wgmma under a
+    // branch makes ptxas serialize all of them (its warning C7518).
     // The first job's request is the schedule entry's first request: its queries and weights are
     // loaded while the producer fetches the first page, not after it arrives.
     if (vcta < num_ctas) {
@@ -555,102 +558,6 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     }
     Slot next;
     acquire(next);
-#if PIPELINE == 2
-    // Two jobs in flight (next_n 1, fp32 head sum): job n's wgmma runs while job n - 1's epilogue
-    // and job n + 1's slot read run. Two accumulators, used alternately (the loop body is unrolled
-    // twice so each is a fixed register set); the A fragments are reused once job n - 1's wgmma has
-    // completed (the wait at the top of a step), which the epilogue before it has had time to cover.
-    // Every job goes through the same wgmma code, valid page or not (stores masked): a wgmma under
-    // a branch makes ptxas serialize all of them (its warning C7518).
-    float acc_a[HEADS / 2], acc_b[HEADS / 2];
-#pragma unroll
-    for (int j = 0; j < HEADS / 2; ++j) acc_a[j] = acc_b[j] = 0.f;
-    u32 a[4][4];
-    bool pend = false;   // a job whose wgmma is issued and whose epilogue is not done
-    int4 pjob = make_int4(-1, -1, -1, -1);
-    float pf = 0.f;
-    // Epilogue of a completed job: relu, weights, head sum, store; the request's last job also
-    // writes -inf over the rest of its rows.
-    auto epilogue = [&](float (&acc)[HEADS / 2], const int4 job, const float f) {
-        const bool mma = job.z >= 0 && job.x >= 0;
-        const int col = job.z * PAGE + my_row;
-        float s0a = 0.f, s0b = 0.f, s1a = 0.f, s1b = 0.f;
-#pragma unroll
-        for (int j = 0; j < HEADS / 8; ++j) {
-#if W_REGS
-            const float4 w4 = wreg[j >> 1];
-#else
-            const float4 w4 = *reinterpret_cast<const float4*>(w_mine + 2 * (j & ~1));
-#endif
-            const float wx = (j & 1) ? w4.z : w4.x, wy = (j & 1) ? w4.w : w4.y;
-            s0a = fmaf(acc[4 * j + 0] + fabsf(acc[4 * j + 0]), wx, s0a);
-            s0b = fmaf(acc[4 * j + 1] + fabsf(acc[4 * j + 1]), wy, s0b);
-            s1a = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), wx, s1a);
-            s1b = fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), wy, s1b);
-        }
-        const bool odd = c & 1;
-        const float sum0 = s0a + s0b, sum1 = s1a + s1b;
-        float v = (odd ? sum1 : sum0) + __shfl_xor_sync(0xffffffffu, odd ? sum0 : sum1, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        v = mma && col < row_len[0] ? v * f : -__int_as_float(0x7f800000);
-        if (job.z >= 0 && c < 2 && col < width) store_logit(row_out + col, v);
-        if (job.w >= 0) {
-            const float ninf = -__int_as_float(0x7f800000);
-            for (int cc = job.w + tid; cc < width; cc += MATH_THREADS) store_logit(row_out + cc, ninf);
-        }
-    };
-    auto wait_all = [&](float (&acc)[HEADS / 2]) {
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-        for (int j = 0; j < HEADS / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
-    };
-    // One job: cur is this job's accumulator, prv the pending job's.
-    auto step = [&](float (&cur)[HEADS / 2], float (&prv)[HEADS / 2]) {
-        const int4 job = next.job;
-        wait_all(prv);  // the pending job's wgmma is done: its accumulator is final, a[] is free
-        if (job.y != cur_b) {
-            if (pend) epilogue(prv, pjob, pf);  // with the previous request's lengths and rows
-            pend = false;
-            cur_b = job.y;
-            load_request(cur_b);
-        }
-        const u32 smax0 = max_byte(next.sc0), smax1 = max_byte(next.sc1);
-        u32 lo0, hi0, lo1, hi1;
-        group_lut(prmt(next.sc0, 0u, code_sel), smax0, lo0, hi0);
-        group_lut(prmt(next.sc1, 0u, code_sel), smax1, lo1, hi1);
-        const u32 w0[4] = {next.p0.x, next.p0.y, next.p0.z, next.p0.w};
-        const u32 w1[4] = {next.p1.x, next.p1.y, next.p1.z, next.p1.w};
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-            decode_word(w0[s], lo0, hi0, a[s][0], a[s][2]);
-            decode_word(w1[s], lo1, hi1, a[s][1], a[s][3]);
-        }
-        const float f = __int_as_float(static_cast<int>((mine1 ? smax1 : smax0) << 23)) * 0.0078125f;
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int s = 0; s < 4; ++s) wgmma_f8(cur, a[s], q_desc0 + (32 * s) / 16, s > 0);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        acquire(next);  // the next slot is read while this job's wgmma runs
-        if (pend) epilogue(prv, pjob, pf);
-        pend = true;
-        pjob = job;
-        pf = f;
-    };
-    while (true) {
-        if (next.job.y < 0) {
-            wait_all(acc_b);
-            if (pend) epilogue(acc_b, pjob, pf);
-            break;
-        }
-        step(acc_a, acc_b);
-        if (next.job.y < 0) {
-            wait_all(acc_a);
-            if (pend) epilogue(acc_a, pjob, pf);
-            break;
-        }
-        step(acc_b, acc_a);
-    }
-#else
     while (next.job.y >= 0) {
         const int4 job = next.job;
         if (job.y != cur_b) {
@@ -795,5 +702,4 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             }
         }
     }
-#endif
 }
