@@ -544,9 +544,6 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         }
     };
 
-    // Software pipeline: job n's (last) wgmma runs while job n + 1's slot is read. Every job goes
-    // through the same wgmma code, valid page or not (the stores are masked instead): a wgmma under a
-    // branch makes ptxas serialize all of them (its warning C7518).
     // The first job's request is the schedule entry's first request: its queries and weights are
     // loaded while the producer fetches the first page, not after it arrives.
     if (vcta < num_ctas) {
@@ -556,6 +553,9 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             load_request(b0);
         }
     }
+    // Software pipeline: job n's (last) wgmma runs while job n + 1's slot is read. Every job goes
+    // through the same wgmma code, valid page or not (the stores are masked instead): a wgmma under a
+    // branch makes ptxas serialize all of them (its warning C7518).
     Slot next;
     acquire(next);
     while (next.job.y >= 0) {
