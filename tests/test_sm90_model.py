@@ -55,6 +55,19 @@ def _decode_word_split(w, lut_lo, lut_hi):
             _prmt(lut_lo, lut_hi, wn), _prmt(lut_lo, lut_hi, wn >> u(16)))
 
 
+def _decode_word_rep(w, lut_lo, lut_hi):
+    """Mirror of decode_word_rep() (SPLIT_SIGN 3): magnitudes through the LUT, signs spread by PRMT's
+    sign-replicate mode from w and w << 4 (w * 16, the IMAD), merged by a | (b & 0x80808080)."""
+    u = np.uint32
+    m = w & u(0x77777777)
+    mh = ((m.astype(np.uint64) * 65536) >> 32).astype(np.uint32)  # __umulhi(m, 65536)
+    assert np.array_equal(mh, m >> u(16))
+    w4 = ((w.astype(np.uint64) * 16) & 0xFFFFFFFF).astype(np.uint32)
+    s0 = _prmt(w, w4, np.full_like(w, 0x9D8C))
+    s1 = _prmt(w, w4, np.full_like(w, 0xBFAE))
+    return (_prmt(lut_lo, lut_hi, m) | (s0 & u(0x80808080)), _prmt(lut_lo, lut_hi, mh) | (s1 & u(0x80808080)))
+
+
 def _decode_word_split2(w, lut_lo, lut_hi, rlut_lo, rlut_hi):
     """Mirror of decode_word_split2() (SPLIT_SIGN 2): complemented nibbles (w * -1 - 1, the IMAD)
     through the reversed LUT give the negative elements' magnitudes. (pos0, pos1, neg0, neg1)."""
@@ -129,7 +142,26 @@ def _b_operand(smem: np.ndarray, heads: int, step: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("split_sign", [0, 1, 2])
+def test_sign_replicate_decode_matches_the_e2m1_values_for_every_nibble():
+    # Every nibble value in every position (and random words), for every LUT exponent A = 1..12
+    # and a flushed group: decode_word_rep gives the e4m3 bytes of E2M1(x) * 2**(A - 6) with x's sign.
+    rng = np.random.default_rng(3)
+    words = np.concatenate([np.array([sum(v << (4 * i) for i in range(8)) for v in range(16)], dtype=np.uint32),
+                            rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)])
+    e2m1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float64)
+    for a in range(0, 13):
+        ua = np.uint64(a)
+        lo = np.full_like(words, int((ua * 0x08080800 + 0x0C080000) & 0xFFFFFFFF) if a >= 1 else 0)
+        hi = np.full_like(words, int((ua * 0x08080808 + 0x1C181410) & 0xFFFFFFFF) if a >= 1 else 0)
+        out0, out1 = _decode_word_rep(words, lo, hi)
+        got = _e4m3(np.frombuffer(np.stack([out0, out1], axis=1).astype("<u4").tobytes(), dtype=np.uint8))
+        nib = (words[:, None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF
+        want = np.where(nib & 8, -1.0, 1.0) * e2m1[nib & 7] * (2.0 ** (a - 6) if a >= 1 else 0.0)
+        np.testing.assert_array_equal(got.reshape(-1, 8), want)
+        assert np.array_equal(np.signbit(got.reshape(-1, 8)), (nib & 8) > 0)  # -0 keeps its sign
+
+
+@pytest.mark.parametrize("split_sign", [0, 1, 2, 3])
 @pytest.mark.parametrize("heads", [64, 32])
 def test_fragment_replay_gives_the_exact_dot_products(heads, split_sign):
     g = torch.Generator().manual_seed(heads)
@@ -161,7 +193,11 @@ def test_fragment_replay_gives_the_exact_dot_products(heads, split_sign):
                     _, _, rlo, rhi = _group_lut2(np.array(sc_words[r], dtype=np.uint32), c, s_max)
                 for s in range(4):
                     w = np.array(words[s], dtype=np.uint32)
-                    if split_sign:  # the magnitudes of the non-negative and of the negative elements
+                    if split_sign == 3:  # one wgmma, signs by sign-replicate PRMTs
+                        out0, out1 = _decode_word_rep(w, lo, hi)
+                        assert (out0, out1) == _decode_word(w, lo, hi)  # the same bytes as SPLIT_SIGN 0
+                        regs[(s, j)], regs[(s, 2 + j)] = int(out0), int(out1)
+                    elif split_sign:  # the magnitudes of the non-negative and of the negative elements
                         pos0, pos1, neg0, neg1 = (_decode_word_split(w, lo, hi) if split_sign == 1 else
                                                   _decode_word_split2(w, lo, hi, rlo, rhi))
                         regs[(s, j)], regs[(s, 2 + j)] = int(pos0), int(pos1)
@@ -176,7 +212,7 @@ def test_fragment_replay_gives_the_exact_dot_products(heads, split_sign):
                     k0 = 4 * c + 16 * (reg >> 1)
                     vals = _e4m3(np.frombuffer(np.uint32(regs[(s, reg)]).tobytes(), dtype=np.uint8))
                     acc[row] += vals @ b_ops[s][:, k0:k0 + 4].T
-                    if split_sign:  # the negated wgmma (imm-scale-a = -1)
+                    if split_sign in (1, 2):  # the negated wgmma (imm-scale-a = -1)
                         vals = _e4m3(np.frombuffer(np.uint32(negs[(s, reg)]).tobytes(), dtype=np.uint8))
                         assert (vals >= 0).all()
                         acc[row] -= vals @ b_ops[s][:, k0:k0 + 4].T
@@ -215,7 +251,7 @@ def test_nvrtc_builds_within_the_register_budget(next_n, heads, out_kind, lens_2
 
 
 @pytest.mark.parametrize("split_sign,headsum,pipeline,wgs", [
-    (1, 0, 0, 1), (0, 1, 0, 1), (0, 0, 1, 1), (2, 0, 1, 4), (0, 1, 1, 4), (2, 0, 0, 2), (0, 0, 0, 3)])
+    (1, 0, 0, 1), (0, 1, 0, 1), (0, 0, 1, 1), (2, 0, 1, 4), (0, 1, 1, 4), (2, 0, 0, 2), (0, 0, 0, 3), (3, 0, 0, 4)])
 def test_nvrtc_builds_the_measured_variants_without_serialized_wgmma(split_sign, headsum, pipeline, wgs):
     _, log = sm90.build(1, 64, split_sign=split_sign, headsum=headsum, pipeline=pipeline, wgs=wgs)
     assert "C7518" not in log and "C7511" not in log and "C7512" not in log, log

@@ -47,7 +47,7 @@ def default_min_ctas(heads: int) -> int:
     return 2 if heads >= 128 else DEFAULT_MIN_CTAS
 
 
-#: Sign handling of the decode (build option SPLIT_SIGN; docs/perf-notes.md, runs 12 and 14).
+#: Sign handling of the decode (build option SPLIT_SIGN; docs/perf-notes.md, runs 12, 14, 15 and 18).
 DEFAULT_SPLIT_SIGN = 0
 #: Head sum of the epilogue (build option HEADSUM): 0 fp32 FFMA, 1 tf32 wgmma (docs/perf-notes.md, run 14).
 DEFAULT_HEADSUM = 0
@@ -159,7 +159,8 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
             8 no decode; 0 the scorer.
         split_sign: sign handling: 0 PRMT magnitudes + PRMT signs; 1
             sign-split PRMTs and a negated wgmma; 2 the same split with the negative
-            elements read through a reversed LUT by complemented nibbles (IMAD). See the .cu file.
+            elements read through a reversed LUT by complemented nibbles (IMAD); 3 one wgmma, the
+            signs spread by PRMT's sign-replicate mode. See the .cu file.
         headsum: epilogue head sum: 0 fp32 FFMA; 1 a tf32 wgmma of relu(S)
             by the weights (relative error per term below 2**-10 + 2**-11). See the .cu file.
         pipeline: 1 reads the next job's page while this job's wgmma runs.
@@ -180,7 +181,7 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"next_n: {next_n} x {heads} heads of index queries exceed {MAX_Q_BYTES} bytes of shared memory")
     if out_kind not in (0, 1, 2):
         raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
-    for name, value, allowed in (("probe", probe, tuple(range(16))), ("split_sign", split_sign, (0, 1, 2)),
+    for name, value, allowed in (("probe", probe, tuple(range(16))), ("split_sign", split_sign, (0, 1, 2, 3)),
                                  ("wgs", wgs, (1, 2, 3, 4)),
                                  ("headsum", headsum, (0, 1)), ("pipeline", pipeline, (0, 1))):
         if value not in allowed:

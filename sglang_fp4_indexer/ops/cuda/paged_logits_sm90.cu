@@ -19,7 +19,8 @@
 //   set returns 0x00: no LUT byte has its msb set) and the negative ones go
 //   through a second wgmma with imm-scale-a = -1 (7 ALU ops per word);
 //   SPLIT_SIGN 2 the same with the negative elements read through a reversed LUT
-//   by complemented nibbles (5 ALU ops and 2 IMADs per word).
+//   by complemented nibbles (5 ALU ops and 2 IMADs per word); SPLIT_SIGN 3 one
+//   wgmma, the signs spread by PRMT's sign-replicate mode (7 ALU ops, 2 IMADs).
 // * One K = 128 FP8 wgmma per 64-key page and next_n row (four k32 steps) with
 //   fp32 accumulation: products of e4m3 values are exact.
 // * Epilogue: relu, times the head weight, summed over heads, times 2**-6 and
@@ -181,6 +182,25 @@ __device__ __forceinline__ void decode_word_split(u32 w, u32 lut_lo, u32 lut_hi,
     pos1 = prmt(lut_lo, lut_hi, w >> 16);
     neg0 = prmt(lut_lo, lut_hi, wn);
     neg1 = prmt(lut_lo, lut_hi, wn >> 16);
+}
+
+// Decode with the signs by PRMT's sign-replicate mode (SPLIT_SIGN 3): a selector nibble with bit 3
+// set yields 0xFF or 0x00 by the msb of the byte it selects, and the msb of byte j of w (w << 4) is
+// the sign of nibble 2j + 1 (2j), so one PRMT with a constant selector spreads four signs into
+// four bytes. Per word: 7 ALU operations (the mask, 2 magnitude PRMTs, 2 sign PRMTs, 2 merges)
+// and 2 IMADs (w << 4, and m >> 16 as a high multiply: the FMA pipe); k16 and k65536 are 16 and
+// 65536 derived from a kernel argument, so ptxas keeps them multiplies.
+__device__ __forceinline__ void decode_word_rep(u32 w, u32 lut_lo, u32 lut_hi, u32 k16, u32 k65536, u32& out0,
+                                                u32& out1) {
+    const u32 m = w & 0x77777777u;
+    const u32 mh = __umulhi(m, k65536);
+    const u32 mag0 = prmt(lut_lo, lut_hi, m);
+    const u32 mag1 = prmt(lut_lo, lut_hi, mh);
+    const u32 w4 = w * k16;
+    const u32 s0 = prmt(w, w4, 0x9D8Cu);  // nibbles 0..3: bytes 0 of w4, 0 of w, 1 of w4, 1 of w
+    const u32 s1 = prmt(w, w4, 0xBFAEu);  // nibbles 4..7: bytes 2 of w4, 2 of w, 3 of w4, 3 of w
+    out0 = mag0 | (s0 & 0x80808080u);
+    out1 = mag1 | (s1 & 0x80808080u);
 }
 
 // Sign-split decode by complement (SPLIT_SIGN 2): the non-negative elements' magnitudes through
@@ -452,6 +472,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     int row_len[NEXT_N];
     // -1 from a kernel argument (block_kv >= 64): ptxas cannot fold it, so ~w = w * -1 - 1 stays an IMAD.
     const u32 minus1 = static_cast<u32>(block_kv >> 31) - 1u;
+    const u32 k16 = static_cast<u32>(block_kv >> 31) + 16u, k65536 = static_cast<u32>(block_kv >> 31) + 65536u;
     out_t* row_out = out;
 #if W_REGS
     float4 wreg[HEADS / 16];
@@ -569,7 +590,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         float acc[HEADS / 2];
         float f = 0.f;
         u32 a[4][4];  // A fragments per k step: reg 0/1 rows r0/r1 k 4c..4c+3, reg 2/3 the same at k + 16
-#if SPLIT_SIGN
+#if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
         u32 an[4][4];  // the negative elements' magnitudes
 #endif
         // Epilogue of next_n row i (its wgmma issued and committed): relu, weights, head sum, store.
@@ -633,7 +654,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
             for (int s = 0; s < 4; ++s) wgmma_f8(acc, a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
-#if SPLIT_SIGN
+#if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
 #pragma unroll
             for (int s = 0; s < 4; ++s) wgmma_f8_neg(acc, an[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16);
 #endif
@@ -659,9 +680,12 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             for (int s = 0; s < 4; ++s) {
 #if PROBE & 8
                 a[s][0] = w0[s] ^ lo0; a[s][2] = w0[s] ^ hi0; a[s][1] = w1[s] ^ lo1; a[s][3] = w1[s] ^ hi1;
-#if SPLIT_SIGN
+#if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
                 an[s][0] = a[s][0]; an[s][1] = a[s][1]; an[s][2] = a[s][2]; an[s][3] = a[s][3];
 #endif
+#elif SPLIT_SIGN == 3
+                decode_word_rep(w0[s], lo0, hi0, k16, k65536, a[s][0], a[s][2]);
+                decode_word_rep(w1[s], lo1, hi1, k16, k65536, a[s][1], a[s][3]);
 #elif SPLIT_SIGN == 2
                 decode_word_split2(w0[s], lo0, hi0, rlo0, rhi0, minus1, a[s][0], a[s][2], an[s][0], an[s][2]);
                 decode_word_split2(w1[s], lo1, hi1, rlo1, rhi1, minus1, a[s][1], a[s][3], an[s][1], an[s][3]);
