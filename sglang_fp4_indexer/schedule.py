@@ -35,7 +35,9 @@ SM90_CTAS_PER_SM = 4
 
 
 def default_num_ctas(device: torch.device | str | None = None) -> int:
-    """CTAs of the persistent grid on ``device``: CTAs per SM x its SM count on CUDA, ``CPU_NUM_CTAS`` otherwise.
+    """Schedule entries (CTAs of the persistent grid) on ``device``: entries per SM x its SM count on CUDA,
+    ``CPU_NUM_CTAS`` otherwise. On Hopper one entry is one math warpgroup of the wgmma kernel, four per
+    CTA, so the grid there is the SM count.
 
     ``SM90_CTAS_PER_SM`` (4) where the Hopper wgmma kernel runs
     (``ops.sm90.available``), else ``CTAS_PER_SM`` (2): two CTAs per SM

@@ -37,8 +37,8 @@ __all__ = ["available", "unavailable_reason", "build", "launch", "supports", "SO
 SOURCE = Path(__file__).with_name("cuda") / "paged_logits_sm90.cu"
 #: Pages in flight per CTA (the ring depth).
 DEFAULT_STAGES = 4
-#: CTAs per SM the register budget is set for (``__launch_bounds__``: 96 registers);
-#: H = 128 gets 2. Four resident CTAs measured fastest (docs/perf-notes.md, run 10).
+#: With ``wgs`` 1 only: CTAs per SM the register budget is set for (``__launch_bounds__``:
+#: 96 registers); H = 128 gets 2. Four resident CTAs measured fastest (docs/perf-notes.md, run 10).
 DEFAULT_MIN_CTAS = 4
 
 
@@ -152,8 +152,10 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         heads: index heads, one of ``HEADS``.
         out_kind: 0 fp32, 1 bf16, 2 fp16 logits.
         lens_2d: ``context_lens`` given per row (``[B, next_n]``) rather than per request.
-        stages: pages in flight per CTA, >= 1, within the 227 KB of shared memory a CTA may use.
-        min_ctas: CTAs per SM the registers are budgeted for (``None``: ``default_min_ctas(heads)``).
+        stages: pages in flight per math warpgroup, >= 1; all ``wgs`` rings, queries and weights
+            within the 227 KB of shared memory a CTA may use.
+        min_ctas: with ``wgs`` 1, CTAs per SM the registers are budgeted for (``None``:
+            ``default_min_ctas(heads)``); ignored with ``wgs`` > 1 (one CTA per SM, ``setmaxnreg``).
         arch: NVRTC target.
         probe: measurement builds (scripts/sm90_probe.py), bit flags: 1 loads only, 2 no page copies, 4 no wgmma,
             8 no decode; 0 the scorer.
@@ -187,7 +189,9 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         if value not in allowed:
             raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
     if not isinstance(stages, int) or stages < 1 or smem_bytes(next_n, heads, stages, headsum, wgs) > MAX_SMEM_BYTES:
-        raise ValueError(f"stages: expected an int >= 1 whose ring fits {MAX_SMEM_BYTES} bytes of shared memory, got {stages!r}")
+        raise ValueError(f"stages: expected an int >= 1 whose rings (one per math warpgroup, wgs {wgs!r}) fit "
+                         f"{MAX_SMEM_BYTES} bytes of shared memory with next_n {next_n} x {heads} heads of queries, "
+                         f"got {stages!r}")
     if min_ctas is not None and (not isinstance(min_ctas, int) or min_ctas < 1):
         raise ValueError(f"min_ctas: expected an int >= 1, got {min_ctas!r}")
     if min_ctas is None:

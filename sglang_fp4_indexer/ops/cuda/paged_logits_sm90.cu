@@ -132,8 +132,24 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
         : "memory");
 }
 
-// Barrier of one math warpgroup (named barrier 1 + its index).
-__device__ __forceinline__ void math_barrier(int wg) { asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory"); }
+// Barrier of one math warpgroup: named barrier 1 + its index, as an immediate (a barrier id in a
+// register makes ptxas reserve all 16 named barriers, which caps CTAs per SM at 4).
+__device__ __forceinline__ void math_barrier(int wg) {
+#if WGS == 1
+    asm volatile("bar.sync 1, 128;" ::: "memory");
+#else
+    switch (wg) {
+        case 0: asm volatile("bar.sync 1, 128;" ::: "memory"); break;
+        case 1: asm volatile("bar.sync 2, 128;" ::: "memory"); break;
+#if WGS > 2
+        case 2: asm volatile("bar.sync 3, 128;" ::: "memory"); break;
+#endif
+#if WGS > 3
+        default: asm volatile("bar.sync 4, 128;" ::: "memory"); break;
+#endif
+    }
+#endif
+}
 
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 r;
@@ -287,8 +303,9 @@ __device__ __forceinline__ int request_len(const int* lens, int b) {
 #endif
 }
 
-// The CTA's jobs (walked by the producer warp only): the (request, key block)
-// tiles from schedule[cta] up to schedule[cta + 1], each split into its pages;
+// One schedule entry's jobs (walked by its producer warp only; the entry is the
+// CTA with WGS 1, one math warpgroup's with WGS > 1): the (request, key block)
+// tiles from schedule[entry] up to schedule[entry + 1], each split into its pages;
 // a request with no visible key is one job with no page.
 struct Jobs {
     int b, blk, b_end, blk_end, batch, block_kv, pages_per_block;
@@ -568,8 +585,9 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     // The first job's request is the schedule entry's first request: its queries and weights are
     // loaded while the producer fetches the first page, not after it arrives.
     if (vcta < num_ctas) {
-        const int b0 = __ldg(schedule + 2 * vcta);
-        if (b0 < batch) {
+        const int b0 = __ldg(schedule + 2 * vcta), blk0 = __ldg(schedule + 2 * vcta + 1);
+        const int b1 = __ldg(schedule + 2 * vcta + 2), blk1 = __ldg(schedule + 2 * vcta + 3);
+        if (b0 < batch && (b0 < b1 || (b0 == b1 && blk0 < blk1))) {  // Jobs::valid(): a non-empty entry
             cur_b = b0;
             load_request(b0);
         }
