@@ -527,13 +527,13 @@ def paged_logits(
         raise ValueError(f"logits_dtype: expected float32, bfloat16 or float16, got {logits_dtype}")
     if out is None:
         out = torch.empty((rows, width), dtype=logits_dtype, device=q.device)
-    if rows == 0:
-        return out
     elif out.dtype != logits_dtype or tuple(out.shape) != (rows, width) or out.stride(1) != 1 or out.device != q.device:
         raise ValueError(
             f"out: expected {logits_dtype} [{rows}, {width}] with contiguous columns on {q.device}, "
             f"got {out.dtype} {list(out.shape)} on {out.device}"
         )
+    if rows == 0:
+        return out
     if impl == "wgmma":
         from . import sm90
 

@@ -31,7 +31,7 @@ from . import nvrtc
 from ._common import scale_row_is_identity
 
 __all__ = ["available", "unavailable_reason", "build", "launch", "supports", "SOURCE", "DEFAULT_STAGES", "DEFAULT_MIN_CTAS",
-           "default_min_ctas", "smem_bytes", "threads", "launch_regs", "math_regs", "HEADS", "MAX_Q_BYTES"]
+           "default_min_ctas", "smem_bytes", "wg_smem_bytes", "threads", "launch_regs", "math_regs", "HEADS", "MAX_Q_BYTES"]
 
 #: The kernel's CUDA C++ source.
 SOURCE = Path(__file__).with_name("cuda") / "paged_logits_sm90.cu"
@@ -133,6 +133,7 @@ def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, 
         f"#define LENS_2D {int(lens_2d)}\n#define STAGES {stages}\n#define MIN_CTAS {min_ctas}\n#define PROBE {probe}\n"
         f"#define SPLIT_SIGN {split_sign}\n#define HEADSUM {headsum}\n#define PIPELINE {pipeline}\n#define WGS {wgs}\n"
         f"#define PRODUCER_REGS {PRODUCER_REGS}\n#define MATH_REGS {math_regs(wgs)}\n"
+        f"#define THREADS {threads(wgs)}\n#define WG_BYTES {wg_smem_bytes(next_n, heads, stages, headsum)}\n"
     )
     return defines + head + _wgmma_wrapper(heads) + marker + tail
 
@@ -263,15 +264,21 @@ def supports(q: torch.Tensor, cache: torch.Tensor, next_n: int, heads: int) -> s
     return None
 
 
-def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: int = DEFAULT_HEADSUM,
-               wgs: int = DEFAULT_WGS) -> int:
-    """Dynamic shared memory of one CTA, in bytes: per math warpgroup (``wgs`` of them) its queries,
-    tf32 head-sum tiles (``headsum`` 1), page ring, permuted weights (padded rows of ``heads / 4 + 4``
-    floats), per stage a 16-byte job slot and two 8-byte mbarriers, rounded up to 1 KB; plus 1 KB of
-    alignment slack (the kernel's WG_BYTES layout)."""
+def wg_smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: int = DEFAULT_HEADSUM) -> int:
+    """Shared memory of one math warpgroup, in bytes (the kernel's WG_BYTES; it static_asserts that
+    its layout fits): its queries, tf32 head-sum tiles (``headsum`` 1), page ring, permuted weights
+    (padded rows of ``heads / 4 + 4`` floats), per stage a 16-byte job slot and two 8-byte mbarriers,
+    rounded up to the 1 KB swizzle atom."""
     per_wg = (next_n * heads * 128 + headsum * next_n * heads * 32 + stages * PAGE_SIZE * 68
               + next_n * 4 * (heads // 4 + 4) * 4 + 32 * stages)
-    return wgs * (-(-per_wg // 1024) * 1024) + 1024
+    return -(-per_wg // 1024) * 1024
+
+
+def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: int = DEFAULT_HEADSUM,
+               wgs: int = DEFAULT_WGS) -> int:
+    """Dynamic shared memory of one CTA, in bytes: ``wgs`` x ``wg_smem_bytes`` plus 1 KB of slack to
+    align the window to the swizzle atom."""
+    return wgs * wg_smem_bytes(next_n, heads, stages, headsum) + 1024
 
 
 def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch: int, next_n: int, heads: int,

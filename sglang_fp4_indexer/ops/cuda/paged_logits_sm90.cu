@@ -78,9 +78,9 @@ typedef long long i64;
 #define PAGE_BYTES (PAGE * 68)
 #define PAYLOAD_BYTES (PAGE * 64)
 #define MATH_THREADS 128
-// WGS 1: one math warpgroup and one producer warp. WGS > 1: WGS math warpgroups and one producer
-// warpgroup whose warp k serves math warpgroup k (setmaxnreg works on whole warpgroups).
-#define THREADS (MATH_THREADS * WGS + (WGS == 1 ? 32 : 128))
+// THREADS (ops/sm90.py threads()): WGS 1: one math warpgroup and one producer warp. WGS > 1: WGS
+// math warpgroups and one producer warpgroup whose warp k serves math warpgroup k (setmaxnreg
+// works on whole warpgroups).
 // WGS > 1: ops/sm90.py defines PRODUCER_REGS and MATH_REGS, the setmaxnreg budgets. setmaxnreg
 // moves registers only within the CTA's allocation at launch (THREADS x 65536 / THREADS rounded
 // down to 8): what the math warpgroups gain the producer warpgroup must give up first, or
@@ -90,13 +90,15 @@ typedef long long i64;
 #define W_STRIDE (HEADS / 4 + 4)          // floats per (row, lane % 4) of the permuted weights (padded)
 // The weights in registers (one next_n row; H 64 only with the warp-specialised register budget).
 #define W_REGS (NEXT_N == 1 && HEADSUM == 0 && (HEADS <= 32 || (WGS > 1 && HEADS <= 64)))
-// One math warpgroup's shared memory (offsets in bytes), rounded up to the 1024-byte swizzle atom.
+// One math warpgroup's shared memory (offsets in bytes); WG_BYTES (ops/sm90.py wg_smem_bytes(): this
+// layout rounded up to the 1024-byte swizzle atom) is checked against it below.
 #define HS_OFF (NEXT_N * Q_BYTES)
 #define RING_OFF (HS_OFF + (HEADSUM ? NEXT_N * HS_BYTES : 0))
 #define W_OFF (RING_OFF + STAGES * PAGE_BYTES)
 #define INFO_OFF (W_OFF + NEXT_N * 4 * W_STRIDE * 4)
 #define BAR_OFF (INFO_OFF + 16 * STAGES)
-#define WG_BYTES ((BAR_OFF + 16 * STAGES + 1023) / 1024 * 1024)
+static_assert(BAR_OFF + 16 * STAGES <= WG_BYTES && WG_BYTES % 1024 == 0, "WG_BYTES does not hold the layout");
+static_assert(THREADS == MATH_THREADS * WGS + (WGS == 1 ? 32 : 128), "THREADS does not match WGS");
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     return static_cast<u32>(__cvta_generic_to_shared(p));
@@ -253,10 +255,9 @@ __device__ __forceinline__ void group_lut(u32 code, u32 s_max, u32& lut_lo, u32&
 // group_lut and the reversed LUT (byte j = LUT_A[7 - j]) for SPLIT_SIGN 2.
 __device__ __forceinline__ void group_lut2(u32 code, u32 s_max, u32& lut_lo, u32& lut_hi, u32& rlut_lo,
                                            u32& rlut_hi) {
+    group_lut(code, s_max, lut_lo, lut_hi);
     const int a = static_cast<int>(code) - static_cast<int>(s_max) + 12;
     const u32 ua = static_cast<u32>(a);
-    lut_lo = a >= 1 ? ua * 0x08080800u + 0x0C080000u : 0u;
-    lut_hi = a >= 1 ? ua * 0x08080808u + 0x1C181410u : 0u;
     rlut_lo = a >= 1 ? ua * 0x08080808u + 0x1014181Cu : 0u;
     rlut_hi = a >= 1 ? ua * 0x00080808u + 0x0000080Cu : 0u;
 }
