@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Hashable
 
+import functools
+
 import torch
 
 from .ops.schedule import check_block_kv, plan_paged_schedule_into
@@ -34,19 +36,23 @@ CTAS_PER_SM = 2
 SM90_CTAS_PER_SM = 4
 
 
-def default_num_ctas(device: torch.device | str | None = None) -> int:
+def default_num_ctas(device: torch.device | str | None = None, impl: str | None = None) -> int:
     """Schedule entries (CTAs of the persistent grid) on ``device``: entries per SM x its SM count on CUDA,
     ``CPU_NUM_CTAS`` otherwise. On Hopper one entry is one math warpgroup of the wgmma kernel, four per
     CTA, so the grid there is the SM count.
 
-    ``SM90_CTAS_PER_SM`` (4) where the Hopper wgmma kernel runs
-    (``ops.sm90.available``), else ``CTAS_PER_SM`` (2): two CTAs per SM
-    measured 1.6x faster than one for the Triton scorers on H200, and four
-    (one per math warpgroup) fastest for the wgmma kernel (docs/perf-notes.md, runs 1, 10, 15).
+    ``SM90_CTAS_PER_SM`` (4) for the Hopper wgmma kernel, ``CTAS_PER_SM`` (2)
+    for the Triton scorers: two CTAs per SM measured 1.6x faster than one for
+    the Triton scorers on H200, and four (one per math warpgroup) fastest for
+    the wgmma kernel (docs/perf-notes.md, runs 1, 10, 15).
 
     Args:
         device: a torch device (``None``: the current CUDA device when CUDA is
             available, else the CPU).
+        impl: the ``paged_logits`` formulation the schedule is for: ``None`` or
+            ``"auto"``, the device's default (wgmma where ``ops.sm90.available``);
+            ``"wgmma"``; any other name, a Triton scorer. Resolved once per device
+            (this runs on every serving step).
 
     Returns:
         int >= 1.
@@ -54,12 +60,19 @@ def default_num_ctas(device: torch.device | str | None = None) -> int:
     if device is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
-    if device.type == "cuda":
-        from .ops import sm90
+    if device.type != "cuda":
+        return CPU_NUM_CTAS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_num_ctas(index, "wgmma" if impl == "wgmma" else None if impl in (None, "auto") else "triton")
 
-        per_sm = SM90_CTAS_PER_SM if sm90.available(device) else CTAS_PER_SM
-        return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
-    return CPU_NUM_CTAS
+
+@functools.lru_cache(maxsize=None)
+def _cuda_num_ctas(index: int, kind: str | None) -> int:
+    from .ops import sm90
+
+    device = torch.device("cuda", index)
+    wgmma = kind == "wgmma" or (kind is None and sm90.available(device))
+    return (SM90_CTAS_PER_SM if wgmma else CTAS_PER_SM) * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class ScheduleBuffer:

@@ -28,7 +28,7 @@ from plugin_support import DSV32, H200, load, published, stand_in_kvc
 from sglang_fp4_indexer import pool as fp4_pool
 from sglang_fp4_indexer.format import dequantize_index_k, quantize_index_k
 from sglang_fp4_indexer.schedule import default_num_ctas
-from sglang_fp4_indexer.sglang_plugin.indexer import schedule_block_kv
+from sglang_fp4_indexer.ops.paged_logits import default_block_kv
 from sglang_fp4_indexer.reference import (
     expand_context_lens,
     paged_logits_reference,
@@ -207,7 +207,7 @@ def _schedule(ctx2d):
     fn = dsa_utils.resolve_paged_mqa_logits_metadata_fn()
     assert fn is dsa_backend.resolve_paged_mqa_logits_metadata_fn(), "the patch reached dsa_backend's binding"
     sched = fn(ctx2d, 64, 132)  # SGLang passes DeepGEMM's block (64) and SM count; the plugin plans its own grid
-    assert torch.equal(sched, paged_schedule_reference(ctx2d, schedule_block_kv("cpu"), default_num_ctas("cpu")))
+    assert torch.equal(sched, paged_schedule_reference(ctx2d, default_block_kv("cpu"), default_num_ctas("cpu")))
     return sched
 
 

@@ -14,9 +14,9 @@ import torch
 from plugin_support import load
 from sglang_fp4_indexer.reference import paged_schedule_reference
 from sglang_fp4_indexer.schedule import default_num_ctas
-from sglang_fp4_indexer.sglang_plugin.indexer import schedule_block_kv
+from sglang_fp4_indexer.ops.paged_logits import default_block_kv
 
-BKV = schedule_block_kv("cpu")
+BKV = default_block_kv("cpu")
 
 CTAS = default_num_ctas("cpu")
 

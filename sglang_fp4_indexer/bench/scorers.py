@@ -99,19 +99,6 @@ def _case_bytes(shape: ScorerShape, key_bytes: int) -> int:
     return shape.batch * logits_width(shape) * key_bytes + shape.rows * logits_width(shape) * 4
 
 
-def _schedule_for(impl: str | None, dev: torch.device) -> tuple[int, int]:
-    """``(block_kv, num_ctas)`` each ``paged_logits`` variant is tuned for on ``dev`` (docs/perf-notes.md)."""
-    from ..ops import paged_logits as pl
-    from ..schedule import CTAS_PER_SM, SM90_CTAS_PER_SM, default_num_ctas
-
-    if impl in (None, "auto"):
-        return pl.default_block_kv(dev), default_num_ctas(dev)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
-    if impl == "wgmma":
-        return pl.WGMMA_BLOCK_KV, SM90_CTAS_PER_SM * sms if sms else default_num_ctas(dev)
-    return pl.DEFAULT_BLOCK_KV, CTAS_PER_SM * sms if sms else default_num_ctas(dev)
-
-
 class OursScorer(Scorer):
     """This project's paged FP4 scorer (module docstring).
 
@@ -131,7 +118,9 @@ class OursScorer(Scorer):
         from ..ops.schedule import plan_paged_schedule
 
         shape, dev = inputs.shape, inputs.device
-        block_kv, num_ctas = _schedule_for(self.impl, dev)
+        from ..schedule import default_num_ctas
+
+        block_kv, num_ctas = pl.default_block_kv(dev, self.impl), default_num_ctas(dev, self.impl)
         schedule = plan_paged_schedule(inputs.context_lens, block_kv, num_ctas)
         case = _case_bytes(shape, self.key_bytes)
         sets = min(len(inputs.caches), rotation_sets(case, l2_bytes))

@@ -21,6 +21,8 @@ split over a persistent grid by the CTA schedule (``ops/schedule.py``): program
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -41,19 +43,34 @@ DEFAULT_BLOCK_KV = 256
 WGMMA_BLOCK_KV = 64
 
 
-def default_block_kv(device: torch.device | str) -> int:
+def default_block_kv(device: torch.device | str, impl: str | None = None) -> int:
     """Keys per schedule tile the scorer is tuned for on ``device``.
 
-    ``WGMMA_BLOCK_KV`` (64) where the Hopper kernel runs (``ops.sm90.available``),
-    else ``DEFAULT_BLOCK_KV`` (256). Plan the schedule and call
+    ``WGMMA_BLOCK_KV`` (64) for the Hopper kernel, ``DEFAULT_BLOCK_KV`` (256)
+    for the Triton scorers. ``impl`` ``None`` or ``"auto"``: the device's
+    default, the Hopper kernel where ``ops.sm90.available`` (resolved once per
+    device: this runs on every serving step). Plan the schedule and call
     ``paged_logits`` with the same value (``paged_logits`` uses this one when
-    ``block_kv`` is not given). Per device, not per call: a call the Hopper
-    kernel declines (bf16 queries, ``next_n * H * 128`` over 32 KB) runs the
-    Triton scorer on 64-key tiles, correct but slower than on its tuned 256.
+    ``block_kv`` is not given). With ``"auto"`` it is per device, not per call:
+    a call the Hopper kernel declines (bf16 queries, ``next_n * H * 128`` over
+    32 KB) runs the Triton scorer on 64-key tiles, correct but slower than on
+    its tuned 256.
     """
+    if impl == "wgmma":
+        return WGMMA_BLOCK_KV
+    if impl not in (None, "auto"):
+        return DEFAULT_BLOCK_KV
+    device = torch.device(device)
+    if device.type != "cuda":
+        return DEFAULT_BLOCK_KV
+    return _cuda_block_kv(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_block_kv(index: int) -> int:
     from . import sm90
 
-    return WGMMA_BLOCK_KV if sm90.available(device) else DEFAULT_BLOCK_KV
+    return WGMMA_BLOCK_KV if sm90.available(torch.device("cuda", index)) else DEFAULT_BLOCK_KV
 #: Index head counts the scorer supports (powers of two; 32 and 64 are the DSA models').
 SUPPORTED_HEADS = (16, 32, 64, 128)
 #: Most query rows per request one call takes (target verify with up to 7 draft tokens).

@@ -35,19 +35,12 @@ from . import dcp as plugin_dcp
 from .pool import is_fp4_pool
 
 __all__ = [
-    "schedule_block_kv",
     "paged_scorer_inputs",
     "store_index_k_cache",
     "fused_k_prepare_and_store",
     "get_topk_paged",
     "get_topk_ragged",
 ]
-
-def schedule_block_kv(device) -> int:
-    """Keys per tile of the paged scorer on ``device`` (its tuned default); the CTA schedule is planned with it."""
-    from ..ops.paged_logits import default_block_kv
-
-    return default_block_kv(device)
 
 
 def _dsa_indexer_module():
@@ -187,7 +180,7 @@ def get_topk_paged(original, self, forward_batch, layer_id, q_fp8, weights, meta
         if plugin_dcp.is_sharded(pool):  # DCP-sharded index: local scores, candidate exchange, merged top-k
             logits = plugin_dcp.paged_logits(
                 pool.index_key_cache, q_fp8[:rows], weights.reshape(weights.shape[0], -1)[:rows].float(), cache,
-                table, lens, width=width, topk=self.index_topk, page_size=page_size, block_kv=schedule_block_kv(cache.device),
+                table, lens, width=width, topk=self.index_topk, page_size=page_size, block_kv=paged.default_block_kv(cache.device),
             )
         else:
             logits = paged.paged_logits(
@@ -198,7 +191,7 @@ def get_topk_paged(original, self, forward_batch, layer_id, q_fp8, weights, meta
                 lens,
                 width=width,
                 schedule=schedule,
-                block_kv=schedule_block_kv(cache.device),
+                block_kv=paged.default_block_kv(cache.device),
                 page_size=page_size,
                 check=False,
             )

@@ -26,7 +26,6 @@ a draft model (e.g. Llama + EAGLE3) never reaches them.
 
 from __future__ import annotations
 
-from .indexer import schedule_block_kv
 from .pool import fp4_active
 
 __all__ = [
@@ -42,7 +41,7 @@ def plan_fp4_schedule(context_lens, block_kv, num_sms):
     """Drop-in for DeepGEMM's ``get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms)``.
 
     Plans the FP4 scorer's CTA schedule (``ops.schedule.plan_paged_schedule``)
-    with the scorer's own tile and grid: ``schedule_block_kv(device)`` keys per tile
+    with the scorer's own tile and grid: ``default_block_kv(device)`` keys per tile
     (SGLang passes DeepGEMM's 64) and ``schedule.default_num_ctas`` CTAs (the
     scorer's measured grid; SGLang passes DeepGEMM's SM count). Every buffer
     that holds it is planned by this function or in place with the same shape,
@@ -51,11 +50,12 @@ def plan_fp4_schedule(context_lens, block_kv, num_sms):
     Returns:
         int32 ``[num_ctas + 1, 2]`` on ``context_lens``'s device.
     """
+    from ..ops.paged_logits import default_block_kv
     from ..ops.schedule import plan_paged_schedule
     from ..schedule import default_num_ctas
 
     dev = context_lens.device
-    return plan_paged_schedule(context_lens.contiguous(), schedule_block_kv(dev), default_num_ctas(dev))
+    return plan_paged_schedule(context_lens.contiguous(), default_block_kv(dev), default_num_ctas(dev))
 
 
 def resolve_paged_mqa_logits_metadata_fn(original):
@@ -73,9 +73,10 @@ def replan_in_place(context_lens, schedule) -> bool:
     """
     if context_lens is None or schedule is None:
         return False
+    from ..ops.paged_logits import default_block_kv
     from ..ops.schedule import plan_paged_schedule_into
 
-    plan_paged_schedule_into(context_lens.contiguous(), schedule_block_kv(schedule.device), schedule)
+    plan_paged_schedule_into(context_lens.contiguous(), default_block_kv(schedule.device), schedule)
     return True
 
 
