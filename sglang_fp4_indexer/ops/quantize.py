@@ -173,7 +173,7 @@ def _store_index_k_kernel(
 
 _CUDA_SOURCE = Path(__file__).with_name("cuda") / "store_index_k.cu"
 _K_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
-# (device, dtype, slot dtype, page size, budget, tokens per group) -> (device, kernel), or None after a failed build.
+# (device index, dtype, slot dtype, page size, tokens per group) -> (device, kernel), or None after a failed build.
 _cuda_store_kernels: dict = {}
 
 
@@ -202,7 +202,7 @@ def _cuda_store(k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, page_
 
     kernel = None
     if not nvrtc.bindings_missing() and scale_row_is_identity(page_size):
-        device = k.device if k.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+        device = k.device  # a CUDA tensor's device always carries its index
         src = (f"#define K_KIND {_K_KINDS[k.dtype]}\n#define SLOT64 {int(slots.dtype == torch.int64)}\n"
                f"#define PAGE_SIZE {page_size}\n"
                f"#define TOKENS_PER_GROUP {tokens_per_group}\n" + _CUDA_SOURCE.read_text())

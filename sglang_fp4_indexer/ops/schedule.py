@@ -60,9 +60,7 @@ def _cuda_planner_for(context_lens: torch.Tensor):
     NVIDIA device, int32 lengths, at most ``CUDA_PLANNER_MAX_BATCH`` requests, a successful build."""
     if not context_lens.is_cuda or context_lens.dtype != torch.int32 or context_lens.shape[0] > CUDA_PLANNER_MAX_BATCH:
         return None, None
-    device = context_lens.device
-    if device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = context_lens.device  # a CUDA tensor's device always carries its index
     fn = _cuda_planner(device)
     return (device, fn) if fn is not None else (None, None)
 
