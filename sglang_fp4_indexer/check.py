@@ -28,7 +28,6 @@ from pathlib import Path
 
 from .dcp import REPLICATED, SHARDED, DcpCapacity, bytes_per_token, dcp_capacity
 from .gate import Decision, DeviceFacts, ModelFacts, ServerFacts, decide
-from .pool import FP4_INDEX_BYTES_PER_TOKEN, FP8_INDEX_BYTES_PER_TOKEN
 
 __all__ = ["add_arguments", "main", "load_hf_config", "mla_kv_bytes_per_token", "sglang_kv_cache_dtype", "run_check"]
 
@@ -280,13 +279,13 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
         w, layers = server.dcp_size, out["layers"]
         cap: DcpCapacity = dcp_capacity(int(memory_gib * 2**30), w, kv_bytes=kv, num_layers=layers,
                                         num_index_layers=index_layers)
-        fp4_mode = decision.dcp_mode or (SHARDED if server.dcp_shard and w > 1 else REPLICATED)
+        fp4_mode = SHARDED if server.dcp_shard and w > 1 else REPLICATED  # gate.decide's rule, refused or not
 
         def row(label, index, mode, tokens):
             per_layer = bytes_per_token(w, index=index, mode=mode, kv_bytes=kv)
             total = (layers - index_layers) * Fraction(kv, w) + index_layers * per_layer
-            idx = FP8_INDEX_BYTES_PER_TOKEN if index == "fp8" else FP4_INDEX_BYTES_PER_TOKEN
-            return label, Fraction(idx, w if mode == SHARDED else 1), per_layer, total, tokens
+            index_per_rank = bytes_per_token(w, index=index, mode=mode, kv_bytes=0)
+            return label, index_per_rank, per_layer, total, tokens
 
         rows = [row("FP8 (SGLang)", "fp8", REPLICATED, cap.tokens_fp8)]
         fp4 = "FP4 (this plugin)" if decision.enabled else "FP4 (refused)"
