@@ -101,6 +101,7 @@ from .pool import allocate_index_k_cache, read_index_k
 from .reference import fp8_dequantize_rows, fp8_quantize_rows, logits_from_keys, topk_reference
 from .workload import (
     apply_rope,
+    check_input_path,
     check_output_path,
     gaussian_workload,
     head_weights,
@@ -1211,13 +1212,9 @@ def load_result(path: str | os.PathLike) -> tuple[StudyResult, str | None]:
         ValueError: no such file, a directory, an unreadable file, not JSON, or
             JSON that is not an accuracy result; the message names ``path``.
     """
-    name = os.fspath(path)
+    name = check_input_path(path, "an accuracy.json")
     try:
         data = json.loads(Path(name).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{name}: no such file") from None
-    except IsADirectoryError:
-        raise ValueError(f"{name}: is a directory, expected an accuracy.json") from None
     except OSError as exc:
         raise ValueError(f"{name}: cannot be read ({exc.strerror or exc})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

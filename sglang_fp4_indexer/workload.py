@@ -95,6 +95,7 @@ __all__ = [
     "text_workload",
     "build_workload",
     "load_saved_file",
+    "check_input_path",
     "check_output_path",
 ]
 
@@ -214,6 +215,21 @@ class Workload:
             raise ValueError(f"{path}: workload file lacks the field {exc}") from None
 
 
+def check_input_path(path: str | os.PathLike, expected: str) -> str:
+    """``path`` as a string when it names an existing file; else ValueError.
+
+    Raises:
+        ValueError: ``path`` does not exist or is a directory (the message
+            starts with ``path`` and says ``expected``, e.g. "a .pt file").
+    """
+    name = os.fspath(path)
+    if not os.path.exists(name):
+        raise ValueError(f"{name}: no such file")
+    if os.path.isdir(name):
+        raise ValueError(f"{name}: is a directory, expected {expected}")
+    return name
+
+
 def load_saved_file(path: str | os.PathLike) -> object:
     """``torch.load(path, map_location="cpu", weights_only=True)`` with the file's problems as one ValueError.
 
@@ -227,11 +243,7 @@ def load_saved_file(path: str | os.PathLike) -> object:
             (truncated, not a torch file, or holding objects other than tensors
             and plain values); the message starts with ``path``.
     """
-    name = os.fspath(path)
-    if not os.path.exists(name):
-        raise ValueError(f"{name}: no such file")
-    if os.path.isdir(name):
-        raise ValueError(f"{name}: is a directory, expected a .pt file")
+    name = check_input_path(path, "a .pt file")
     try:
         return torch.load(name, map_location="cpu", weights_only=True)
     except OSError as exc:
