@@ -150,13 +150,6 @@ def model_facts(hf_config) -> ModelFacts:
     )
 
 
-def _field(server_args, name: str, default):
-    from sglang.srt.arg_groups.overrides import resolution_result
-
-    value = resolution_result(server_args, name, default)
-    return default if value is None else value
-
-
 def server_field(server_args, name: str, default):
     """One ``ServerArgs`` field read through SGLang's ``resolution_result`` (``default`` when unset or None).
 
@@ -165,7 +158,10 @@ def server_field(server_args, name: str, default):
         name: the field name, e.g. ``"kv_cache_dtype"``.
         default: returned when the record has no value.
     """
-    return _field(server_args, name, default)
+    from sglang.srt.arg_groups.overrides import resolution_result
+
+    value = resolution_result(server_args, name, default)
+    return default if value is None else value
 
 
 def server_facts(
@@ -188,8 +184,8 @@ def server_facts(
         kv_shard: logical-page KV sharding is active (known to the configurator).
         hybrid_pool: name of a hybrid pool kind in use, empty if none.
     """
-    dcp = int(_field(server_args, "dcp_size", 1))
-    cp = int(_field(server_args, "attn_cp_size", 1))
+    dcp = int(server_field(server_args, "dcp_size", 1))
+    cp = int(server_field(server_args, "attn_cp_size", 1))
     try:
         from sglang.srt.runtime_context import get_parallel
 
@@ -198,9 +194,9 @@ def server_facts(
     except Exception:  # no runtime context published in this process (CLI, check)
         pass
     if page_size is None:
-        page_size = _field(server_args, "page_size", None)
-    unified = bool(_field(server_args, "enable_unified_memory", False)) or bool(
-        _field(server_args, "enable_unified_cache_external_linker", False)
+        page_size = server_field(server_args, "page_size", None)
+    unified = bool(server_field(server_args, "enable_unified_memory", False)) or bool(
+        server_field(server_args, "enable_unified_cache_external_linker", False)
     )
     return ServerFacts(
         requested=requested(server_args),
@@ -208,16 +204,16 @@ def server_facts(
         dcp_size=dcp,
         dcp_shard=dcp_shard_requested(server_args),
         attn_cp_size=cp,
-        enable_prefill_cp=bool(_field(server_args, "enable_prefill_cp", False)),
+        enable_prefill_cp=bool(server_field(server_args, "enable_prefill_cp", False)),
         kv_shard=kv_shard,
-        hicache=bool(_field(server_args, "enable_hierarchical_cache", False)),
-        hisparse=bool(_field(server_args, "enable_hisparse", False)),
-        disaggregation_mode=str(_field(server_args, "disaggregation_mode", "null")),
+        hicache=bool(server_field(server_args, "enable_hierarchical_cache", False)),
+        hisparse=bool(server_field(server_args, "enable_hisparse", False)),
+        disaggregation_mode=str(server_field(server_args, "disaggregation_mode", "null")),
         hybrid_pool=hybrid_pool,
         unified_memory=unified,
         external_kv_store=", ".join(
             name for name, field in (("flexkv", "enable_flexkv"), ("lmcache", "enable_lmcache"))
-            if _field(server_args, field, False)
+            if server_field(server_args, field, False)
         ),
     )
 
