@@ -152,7 +152,7 @@ def _run_scorer(scorer: Scorer, inputs, expected, l2, bandwidth: float, device) 
     run = None
     try:
         prepared = scorer.prepare(inputs, l2)
-        if getattr(scorer, "ran", None):
+        if scorer.ran:
             result["impl"] = scorer.ran  # the formulation that ran (ours: "auto" resolved)
         result["sets"] = prepared.sets
         result["case_bytes"] = prepared.case_bytes

@@ -80,11 +80,13 @@ class Scorer:
         name: column name.
         key_bytes: cache bytes per key of its format (its HBM floor: 68 or 132).
         label: one line saying what it is.
+        ran: the formulation that ran, set by ``prepare`` where it is chosen per call (ours), else None.
     """
 
     name = "scorer"
     key_bytes = FP4_INDEX_BYTES_PER_TOKEN
     label = ""
+    ran: str | None = None
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """``None`` when it can run on ``device``, else why not (shown as ``unavailable: <reason>``)."""
@@ -294,11 +296,17 @@ def make_scorers(names: list[str], impls: list[str] | None = None) -> list[Score
             columns (``None``: the op's default only).
 
     Raises:
-        ValueError: an unknown name.
+        ValueError: an unknown scorer name, or an ``impls`` name ``paged_logits`` does not know.
     """
     bad = [n for n in names if n not in SCORER_NAMES]
     if bad:
         raise ValueError(f"scorers: unknown {bad}; expected names from {SCORER_NAMES}")
+    from ..ops.paged_logits import IMPLS
+
+    known = ("auto", *IMPLS)
+    unknown = [i for i in impls or () if i not in known]
+    if unknown:
+        raise ValueError(f"--impl: unknown {', '.join(map(repr, unknown))}; expected names from {known}")
     scorers: list[Scorer] = []
     if "ours" in names:
         scorers.extend(OursScorer(i) for i in (impls or [None]))
