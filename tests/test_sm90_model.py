@@ -226,7 +226,7 @@ def test_fragment_replay_gives_the_exact_dot_products(heads, split_sign):
 
 @pytest.mark.parametrize(
     "next_n,heads,out_kind,lens_2d",
-    [(1, 64, 0, False), (4, 64, 0, False), (2, 64, 1, True), (1, 32, 2, False), (8, 32, 0, True), (1, 128, 0, False), (1, 16, 0, False)],
+    [(1, 64, 0, False), (4, 64, 0, False), (2, 64, 1, True), (1, 32, 2, False), (8, 32, 0, True), (1, 128, 0, False), (1, 16, 0, False), (3, 64, 0, False)],
 )
 @pytest.mark.parametrize("wgs", [1, 2, 3, 4])
 def test_nvrtc_builds_within_the_register_budget(next_n, heads, out_kind, lens_2d, wgs):

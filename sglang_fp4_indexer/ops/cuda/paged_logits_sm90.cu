@@ -496,43 +496,16 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     float4 wreg[HEADS / 16];
 #endif
 
-    // New request: its index queries (permuted, swizzled), weights and row lengths.
+    // New request: its index queries (permuted, swizzled), weights and row lengths. Every global
+    // load of a chunk is issued before the first shared store that needs one, so a request costs one
+    // global round trip per Q_CHUNK uint4 per thread (one at next_n 1, H <= 128), not one per load.
     auto load_request = [&](int b) {
-        math_barrier(wg);  // every wgmma reading the previous queries has completed
-        for (int idx = tid; idx < NEXT_N * HEADS * 8; idx += MATH_THREADS) {
-            const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;
-            const uint4 v = __ldg(reinterpret_cast<const uint4*>(
-                q + static_cast<i64>(b * NEXT_N + i) * stride_q_row + h * stride_q_head + 16 * m));
-            unsigned char* row = q_smem + i * Q_BYTES + h * 128;
-            const u32 words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                // Source word wi = 8 cc + 2 s + hi holds elements 32 cc + 8 s + 4 hi + 0..3: k step s,
-                // slots 16 hi + 4 cc + 0..3, i.e. byte column 32 s + 16 hi + 4 cc.
-                const int wi = 4 * m + k, cc = wi >> 3, s = (wi >> 1) & 3, hi = wi & 1;
-                const int chunk = 2 * s + hi;
-                *reinterpret_cast<u32*>(row + ((chunk ^ (h & 7)) << 4) + 4 * cc) = words[k];
-            }
-        }
-        for (int idx = tid; idx < NEXT_N * HEADS; idx += MATH_THREADS) {
-            const int i = idx / HEADS, h = idx % HEADS;
-            const float wv = weights[static_cast<i64>(b * NEXT_N + i) * stride_w_row + h];
-            // fp32 epilogue: lane c reads (w[8j + 2c], w[8j + 2c + 1]) for j = 0 .. HEADS / 8 - 1.
-            const int j = h >> 3, cc = (h & 7) >> 1;
-            w_smem[(i * 4 + cc) * W_STRIDE + 2 * j + (h & 1)] = wv;
-#if HEADSUM
-            // tf32 head sum, tile j: B[n][k] = w[8j + 2k] (k < 4), w[8j + 2(k - 4) + 1] (k >= 4) for
-            // n = 0 and n = 2; core matrix k / 4 at byte 128 (k / 4) + 16 n + 4 (k % 4).
-            u32 t;
-            asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(t) : "f"(wv));
-            const int k = ((h & 7) >> 1) + 4 * (h & 1);
-            u32* tile = reinterpret_cast<u32*>(hs_smem + i * HS_BYTES + 256 * j);
-            tile[32 * (k >> 2) + 0 + (k & 3)] = t;
-            tile[32 * (k >> 2) + 8 + (k & 3)] = t;
-#endif
-        }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        math_barrier(wg);
+        constexpr int QV = NEXT_N * HEADS * 8 / MATH_THREADS;             // uint4 of queries per thread
+        constexpr int WV = (NEXT_N * HEADS + MATH_THREADS - 1) / MATH_THREADS;  // weights per thread
+        // Largest divisor of QV up to 8 (QV = next_n x heads / 16: e.g. 12 at next_n 3, H 64).
+        constexpr int Q_CHUNK = QV % 8 == 0 ? 8 : QV % 7 == 0 ? 7 : QV % 6 == 0 ? 6 : QV % 5 == 0 ? 5 : QV % 4 == 0 ? 4 : QV % 3 == 0 ? 3 : QV % 2 == 0 ? 2 : 1;
+        static_assert(QV * MATH_THREADS == NEXT_N * HEADS * 8 && QV % Q_CHUNK == 0, "queries per thread");
+        float wv[WV];
 #pragma unroll
         for (int i = 0; i < NEXT_N; ++i) {
 #if LENS_2D
@@ -541,6 +514,62 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             row_len[i] = __ldg(lens + b) - NEXT_N + 1 + i;
 #endif
         }
+#pragma unroll
+        for (int k = 0; k < WV; ++k) {
+            const int idx = tid + k * MATH_THREADS, i = idx / HEADS, h = idx % HEADS;
+            wv[k] = idx < NEXT_N * HEADS ? __ldg(weights + static_cast<i64>(b * NEXT_N + i) * stride_w_row + h) : 0.f;
+        }
+        uint4 v[Q_CHUNK];
+        auto load_chunk = [&](int k0) {
+#pragma unroll
+            for (int k = 0; k < Q_CHUNK; ++k) {
+                const int idx = tid + (k0 + k) * MATH_THREADS;
+                const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;
+                v[k] = __ldg(reinterpret_cast<const uint4*>(
+                    q + static_cast<i64>(b * NEXT_N + i) * stride_q_row + h * stride_q_head + 16 * m));
+            }
+        };
+        load_chunk(0);     // in flight across the barrier
+        math_barrier(wg);  // every wgmma reading the previous queries has completed
+#pragma unroll
+        for (int k0 = 0; k0 < QV; k0 += Q_CHUNK) {
+            if (k0 > 0) load_chunk(k0);
+#pragma unroll
+            for (int k = 0; k < Q_CHUNK; ++k) {
+                const int idx = tid + (k0 + k) * MATH_THREADS;
+                const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;
+                unsigned char* row = q_smem + i * Q_BYTES + h * 128;
+                const u32 words[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                    // Source word wi = 8 cc + 2 s + hi holds elements 32 cc + 8 s + 4 hi + 0..3: k step s,
+                    // slots 16 hi + 4 cc + 0..3, i.e. byte column 32 s + 16 hi + 4 cc.
+                    const int wi = 4 * m + kk, cc = wi >> 3, s = (wi >> 1) & 3, hi = wi & 1;
+                    const int chunk = 2 * s + hi;
+                    *reinterpret_cast<u32*>(row + ((chunk ^ (h & 7)) << 4) + 4 * cc) = words[kk];
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < WV; ++k) {
+            const int idx = tid + k * MATH_THREADS, i = idx / HEADS, h = idx % HEADS;
+            if (idx >= NEXT_N * HEADS) break;
+            // fp32 epilogue: lane c reads (w[8j + 2c], w[8j + 2c + 1]) for j = 0 .. HEADS / 8 - 1.
+            const int j = h >> 3, cc = (h & 7) >> 1;
+            w_smem[(i * 4 + cc) * W_STRIDE + 2 * j + (h & 1)] = wv[k];
+#if HEADSUM
+            // tf32 head sum, tile j: B[n][k] = w[8j + 2k] (k < 4), w[8j + 2(k - 4) + 1] (k >= 4) for
+            // n = 0 and n = 2; core matrix k / 4 at byte 128 (k / 4) + 16 n + 4 (k % 4).
+            u32 t;
+            asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(t) : "f"(wv[k]));
+            const int kt = ((h & 7) >> 1) + 4 * (h & 1);
+            u32* tile = reinterpret_cast<u32*>(hs_smem + i * HS_BYTES + 256 * j);
+            tile[32 * (kt >> 2) + 0 + (kt & 3)] = t;
+            tile[32 * (kt >> 2) + 8 + (kt & 3)] = t;
+#endif
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        math_barrier(wg);
         row_out = out + static_cast<i64>(b) * NEXT_N * stride_out;
 #if W_REGS
 #pragma unroll

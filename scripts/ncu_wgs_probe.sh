@@ -1,0 +1,11 @@
+set -uo pipefail
+export PYTHONPATH=$PWD
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+timeout 200 "$NCU" --clock-control none -k regex:fp4_paged_logits_sm90 -c 1 --section WarpStateStats --section SourceCounters --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
+  -o $OUT/ncu0 -f python3 scripts/ncu_sm90.py 0 > $OUT/ncu0.log 2>&1; echo rc=$?
+"$NCU" -i $OUT/ncu0.ncu-rep --page source --print-source sass --csv > $OUT/ncu0.csv 2>&1
+"$NCU" -i $OUT/ncu0.ncu-rep --page details > $OUT/ncu0.txt 2>&1
+"$NCU" -i $OUT/ncu0.ncu-rep --page raw --csv > $OUT/ncu0_raw.csv 2>&1
+python3 scripts/ncu_source_summary.py $OUT/ncu0.csv > $OUT/ncu0.tsv
+tail -22 $OUT/ncu0.tsv
+grep -iE "duration|frequency|pipe|issue|eligible|active warps|throughput" $OUT/ncu0.txt | head -60
