@@ -36,7 +36,7 @@ def main():
     ap.add_argument("--block-kv", default="64,256")
     ap.add_argument("--probe", default="0", help="comma list: 0 scorer, 1 loads only, 2 compute only")
     ap.add_argument("--split-sign", default="0", help="comma list of the SPLIT_SIGN build option (0-3)")
-    ap.add_argument("--pipeline", default="1", help="comma list of the PIPELINE build option (0, 1)")
+    ap.add_argument("--pipeline", default="1", help="comma list of the PIPELINE build option (0, 1, 3)")
     ap.add_argument("--wgs", default="4", help="comma list of the WGS build option (math warpgroups per CTA, 1-4)")
     ap.add_argument("--headsum", default="0", help="comma list of the HEADSUM build option (0 fp32, 1 tf32 wgmma)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "sm90_probe.json"))

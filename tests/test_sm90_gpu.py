@@ -113,7 +113,8 @@ def test_full_size_h64_batch8_32k(next_n):
 
 @pytest.mark.parametrize("split_sign,headsum,pipeline,wgs", [
     (1, 0, 0, 1), (0, 1, 0, 1), (1, 1, 0, 1), (0, 0, 1, 1), (2, 0, 0, 1),
-    (0, 0, 0, 4), (2, 0, 1, 4), (2, 1, 1, 4), (0, 0, 0, 2), (2, 0, 1, 3), (3, 0, 0, 4), (3, 1, 1, 1)])
+    (0, 0, 0, 4), (2, 0, 1, 4), (2, 1, 1, 4), (0, 0, 0, 2), (2, 0, 1, 3), (3, 0, 0, 4), (3, 1, 1, 1),
+    (0, 0, 3, 4), (3, 0, 3, 4), (0, 1, 3, 2)])
 @pytest.mark.parametrize("next_n", [1, 2])
 @pytest.mark.parametrize("heads", [32, 64])
 def test_decode_head_sum_and_pipeline_build_options(split_sign, headsum, pipeline, wgs, next_n, heads):

@@ -257,7 +257,8 @@ def test_nvrtc_builds_within_the_register_budget(next_n, heads, out_kind, lens_2
 
 
 @pytest.mark.parametrize("split_sign,headsum,pipeline,wgs", [
-    (1, 0, 0, 1), (0, 1, 0, 1), (0, 0, 1, 1), (2, 0, 1, 4), (0, 1, 1, 4), (2, 0, 0, 2), (0, 0, 0, 3), (3, 0, 0, 4)])
+    (1, 0, 0, 1), (0, 1, 0, 1), (0, 0, 1, 1), (2, 0, 1, 4), (0, 1, 1, 4), (2, 0, 0, 2), (0, 0, 0, 3), (3, 0, 0, 4),
+    (0, 0, 3, 4), (3, 0, 3, 4)])
 def test_nvrtc_builds_the_measured_variants_without_serialized_wgmma(split_sign, headsum, pipeline, wgs):
     _, log = sm90.build(1, 64, split_sign=split_sign, headsum=headsum, pipeline=pipeline, wgs=wgs)
     assert "C7518" not in log and "C7511" not in log and "C7512" not in log, log
@@ -272,44 +273,23 @@ def test_unsupported_configurations_are_refused():
     assert sm90.unavailable_reason("cpu") == "not an NVIDIA CUDA device"
 
 
-class _Jobs:
-    """Mirror of struct Jobs in paged_logits_sm90.cu: one schedule entry's (request, page) jobs (an
-    entry past the schedule's end, as a math warpgroup of the last CTA may have, has none)."""
-
-    def __init__(self, sched, lens, cta, block_kv):
-        self.lens, self.batch, self.block_kv, self.ppb = lens, len(lens), block_kv, block_kv // 64
-        if cta + 1 >= len(sched):
-            self.b = self.batch
-            return
-        (self.b, self.blk), (self.b_end, self.blk_end) = sched[cta], sched[cta + 1]
-        if self.valid():
-            self.open_request()
-            self.open_tile()
-
-    def open_request(self):
-        length = max([0, *self.lens[self.b]]) if isinstance(self.lens[self.b], list) else max(self.lens[self.b], 0)
-        self.nblocks, self.npages = max(1, -(-length // self.block_kv)), -(-length // 64)
-
-    def open_tile(self):
-        self.p = self.blk * self.ppb
-        self.p_hi = self.p + 1 if self.npages == 0 else min(self.p + self.ppb, self.npages)
-
-    def valid(self):
-        return self.b < self.batch and (self.b < self.b_end or (self.b == self.b_end and self.blk < self.blk_end))
-
-    def next(self):
-        self.p += 1
-        if self.p < self.p_hi:
-            return
-        self.blk += 1
-        if self.blk >= self.nblocks:
-            self.b, self.blk = self.b + 1, 0
-            if not self.valid():
-                return
-            self.open_request()
-        elif not self.valid():
-            return
-        self.open_tile()
+def _entry_jobs(sched, lens, cta, block_kv):
+    """Mirror of the producer's walk in paged_logits_sm90.cu: one schedule entry's jobs as (request,
+    page within it, or -1 for a request with no visible key), a request at a time (an entry past
+    the schedule's end, as a math warpgroup of the last CTA may have, has none)."""
+    jobs, batch, ppb = [], len(lens), block_kv // 64
+    if cta + 1 >= len(sched):
+        return jobs
+    (b, blk_lo), (b_end, blk_end) = sched[cta], sched[cta + 1]
+    while b < batch and (b < b_end or (b == b_end and blk_lo < blk_end)):
+        length = max([0, *lens[b]]) if isinstance(lens[b], list) else max(lens[b], 0)
+        npages, nblocks = -(-length // 64), max(1, -(-length // block_kv))
+        blk_hi = nblocks if b < b_end else min(blk_end, nblocks)
+        p = blk_lo * ppb
+        p_end = p + 1 if npages == 0 else min(blk_hi * ppb, npages)
+        jobs += [(b, q if npages else -1) for q in range(p, p_end)]
+        b, blk_lo = b + 1, 0
+    return jobs
 
 
 class _Barrier:
@@ -338,24 +318,22 @@ def _run_cta(sched, lens, cta, block_kv, stages=4):
     walked, scored = [], []
 
     def producer():  # every job takes a ring slot (a copy, or a plain arrive); then the end marker
-        jobs, n = _Jobs(sched, lens, cta, block_kv), 0
-        while True:
+        jobs = _entry_jobs(sched, lens, cta, block_kv)
+        for n in range(len(jobs) + 1):
             while not empty[n % stages].done(((n // stages) & 1) ^ 1):
                 yield ("producer waits empty", n)
-            if not jobs.valid():
+            if n == len(jobs):
                 info[n % stages] = "end"
                 full[n % stages].arrive()
                 return
-            info[n % stages] = (jobs.b, jobs.p if jobs.npages else -1)
+            info[n % stages] = jobs[n]
             walked.append(info[n % stages])
             full[n % stages].arrive()
-            jobs.next()
-            n += 1
 
     def consumer():  # acquire(): waits on full, reads the slot, releases it unless it is the end marker
         n = 0
-        first = _Jobs(sched, lens, cta, block_kv)
-        prefetched = first.b if first.valid() else None  # the kernel's load_request(b0) before the loop
+        first = _entry_jobs(sched, lens, cta, block_kv)
+        prefetched = first[0][0] if first else None  # the kernel's load_request(b0) before the loop
         while True:
             while not full[n % stages].done((n // stages) & 1):
                 yield ("math waits full", n)
@@ -401,6 +379,26 @@ def test_ring_protocol_of_the_kernel_never_deadlocks(lens, block_kv, num_ctas):
     # With WGS 4 the grid covers ceil(num_ctas / 4) * 4 entries; those past the end get no job.
     for cta in range(-(-num_ctas // 4) * 4):
         assert _run_cta(sched, lens, cta, block_kv) is None
+
+
+@pytest.mark.parametrize(
+    "lens, block_kv, num_ctas",
+    [([0, 4096], 64, 1), ([4096, 0, 4096], 64, 3), ([0, 200], 64, 5), ([0, 256], 256, 1), ([[0, 0], [70, 300]], 64, 2),
+     ([32768] * 10 + [0] + [32768] * 53, 64, 528), ([0] * 9 + [5000], 256, 2), ([200, 0, 300], 64, 16),
+     ([4096], 64, 7), ([1, 64, 65, 1000, 0, 129], 128, 9), ([3000, 70], 256, 4)],
+)
+def test_producer_walk_covers_every_page_once_in_order(lens, block_kv, num_ctas):
+    # Oracle: every request's pages in order (one job with no page for a request with no visible
+    # key), independent of the schedule; the entries' walks, concatenated, must be exactly that.
+    from sglang_fp4_indexer.reference import paged_schedule_reference
+
+    sched = paged_schedule_reference(torch.tensor(lens, dtype=torch.int32), block_kv, num_ctas).tolist()
+    want = []
+    for b, length in enumerate(lens):
+        npages = -(-max([0, *length] if isinstance(length, list) else [0, length]) // 64)
+        want += [(b, p) for p in range(npages)] if npages else [(b, -1)]
+    got = [job for cta in range(-(-num_ctas // 4) * 4) for job in _entry_jobs(sched, lens, cta, block_kv)]
+    assert got == want
 
 
 def _tf32_truncate(x: np.ndarray) -> np.ndarray:

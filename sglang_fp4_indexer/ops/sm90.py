@@ -166,7 +166,8 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
             signs spread by PRMT's sign-replicate mode. See the .cu file.
         headsum: epilogue head sum: 0 fp32 FFMA; 1 a tf32 wgmma of relu(S)
             by the weights (relative error per term below 2**-10 + 2**-11). See the .cu file.
-        pipeline: 1 reads the next job's page while this job's wgmma runs.
+        pipeline: 1 reads the next job's page while this job's wgmma runs; 3 also decodes it then
+            (two A fragment sets; no loads-only probe, ``probe & 1``).
         wgs: math warpgroups per CTA, 1-4 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1).
 
     Returns:
@@ -186,9 +187,11 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
     for name, value, allowed in (("probe", probe, tuple(range(16))), ("split_sign", split_sign, (0, 1, 2, 3)),
                                  ("wgs", wgs, (1, 2, 3, 4)),
-                                 ("headsum", headsum, (0, 1)), ("pipeline", pipeline, (0, 1))):
+                                 ("headsum", headsum, (0, 1)), ("pipeline", pipeline, (0, 1, 3))):
         if value not in allowed:
             raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+    if pipeline == 3 and probe & 1:
+        raise ValueError(f"probe: the loads-only build (probe & 1) has no pipeline 3 form, got probe {probe}")
     if not isinstance(stages, int) or stages < 1 or smem_bytes(next_n, heads, stages, headsum, wgs) > MAX_SMEM_BYTES:
         raise ValueError(f"stages: expected an int >= 1 whose rings (one per math warpgroup, wgs {wgs!r}) fit "
                          f"{MAX_SMEM_BYTES} bytes of shared memory with next_n {next_n} x {heads} heads of queries, "

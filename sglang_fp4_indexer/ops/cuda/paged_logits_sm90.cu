@@ -304,62 +304,6 @@ __device__ __forceinline__ int request_len(const int* lens, int b) {
 #endif
 }
 
-// One schedule entry's jobs (walked by its producer warp only; the entry is the
-// CTA with WGS 1, one math warpgroup's with WGS > 1): the (request, key block)
-// tiles from schedule[entry] up to schedule[entry + 1], each split into its pages;
-// a request with no visible key is one job with no page.
-struct Jobs {
-    int b, blk, b_end, blk_end, batch, block_kv, pages_per_block;
-    int len, nblocks, npages, p, p_hi;
-    const int* lens;
-
-    __device__ __forceinline__ void open_tile() {
-        const int lo = blk * pages_per_block;
-        p = lo;
-        p_hi = npages == 0 ? lo + 1 : min(lo + pages_per_block, npages);
-    }
-    __device__ __forceinline__ void open_request() {
-        len = request_len(lens, b);
-        nblocks = max(1, (len + block_kv - 1) / block_kv);
-        npages = (len + PAGE - 1) / PAGE;
-    }
-    __device__ __forceinline__ void init(const int* schedule, const int* lens_, int cta, int batch_, int block_kv_) {
-        lens = lens_;
-        batch = batch_;
-        block_kv = block_kv_;
-        pages_per_block = block_kv_ / PAGE;
-        b = schedule[2 * cta];
-        blk = schedule[2 * cta + 1];
-        b_end = schedule[2 * cta + 2];
-        blk_end = schedule[2 * cta + 3];
-    }
-    // After init, when valid(): the first request and tile.
-    __device__ __forceinline__ void start() {
-        open_request();
-        open_tile();
-    }
-    __device__ __forceinline__ bool valid() const {
-        return b < batch && (b < b_end || (b == b_end && blk < blk_end));
-    }
-    // The current job's page index within its request (-1: none); advance afterwards.
-    __device__ __forceinline__ int page() const { return npages == 0 ? -1 : p; }
-    __device__ __forceinline__ bool last_of_request() const {
-        return blk == nblocks - 1 && p == p_hi - 1;
-    }
-    __device__ __forceinline__ void next() {
-        if (++p < p_hi) return;
-        if (++blk >= nblocks) {
-            ++b;
-            blk = 0;
-            if (!valid()) return;
-            open_request();
-        } else if (!valid()) {
-            return;
-        }
-        open_tile();
-    }
-};
-
 #if WGS > 1
 #define KERNEL_BOUNDS __launch_bounds__(THREADS, 1)
 #elif MIN_CTAS > 4
@@ -415,53 +359,64 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
         if (wg >= WGS) return;
 #endif
-        // Producer: one slot per job (its description, and its page by one bulk copy), then
-        // the end marker. Block-table entries are read 32 at a time across the warp.
-        Jobs jobs;
-        int n = 0, cached_b = -1, cached_p0 = 0, cached = 0;
-        jobs.b = batch;  // a warpgroup past the schedule's end: no job
-        if (vcta < num_ctas) jobs.init(schedule, lens, vcta, batch, block_kv);
-        if (jobs.valid()) {
-            // The first tile's block-table entries are loaded alongside the request's length
-            // (both need only the schedule entry), not after it: one dependent global load
-            // fewer before the first page copy.
-            cached_b = jobs.b;
-            cached_p0 = jobs.blk * jobs.pages_per_block;
-            const int col = cached_p0 + lane;
-            cached = col < max_pages ? __ldg(block_table + jobs.b * stride_bt + col) : -1;
-            jobs.start();
+        // Producer: one slot per job (its description, and its page by one bulk copy), then the end
+        // marker. The jobs of a schedule entry (the CTA with WGS 1, one math warpgroup's with WGS > 1):
+        // the (request, key block) tiles from schedule[entry] up to schedule[entry + 1], each split into
+        // its pages, walked a request at a time so that a request's pages are one tight loop; a
+        // request with no visible key is one job with no page. Block-table entries are read 32 at a
+        // time across the warp, the request's first ones alongside its length (both need only the
+        // schedule entry: one dependent global load fewer before its first page copy).
+        int stage = 0, parity = 1;  // the next slot, and the parity of its empty barrier's phase to wait for
+        int b = batch, blk_lo = 0, b_end = 0, blk_end = 0;  // an entry past the schedule's end: no job
+        if (vcta < num_ctas) {
+            b = __ldg(schedule + 2 * vcta);
+            blk_lo = __ldg(schedule + 2 * vcta + 1);
+            b_end = __ldg(schedule + 2 * vcta + 2);
+            blk_end = __ldg(schedule + 2 * vcta + 3);
         }
-        for (; jobs.valid(); jobs.next(), ++n) {
-            const int stage = n % STAGES;
-            const int pg = jobs.page();
-            int page = -1;
-            if (pg >= 0) {
-                if (jobs.b != cached_b || pg < cached_p0 || pg >= cached_p0 + 32) {
-                    cached_b = jobs.b;
-                    cached_p0 = pg;
-                    const int col = pg + lane;
-                    cached = col < max_pages ? __ldg(block_table + jobs.b * stride_bt + col) : -1;
+        const int pages_per_block = block_kv / PAGE;
+        for (; b < batch && (b < b_end || (b == b_end && blk_lo < blk_end)); ++b, blk_lo = 0) {
+            int p = blk_lo * pages_per_block;
+            int cached_p0 = p;
+            int cached = p + lane < max_pages ? __ldg(block_table + b * stride_bt + p + lane) : -1;
+            const int len = request_len(lens, b);
+            const int npages = (len + PAGE - 1) / PAGE;
+            const int nblocks = max(1, (len + block_kv - 1) / block_kv);
+            const int blk_hi = b < b_end ? nblocks : min(blk_end, nblocks);
+            const int p_end = npages == 0 ? p + 1 : min(blk_hi * pages_per_block, npages);
+            for (; p < p_end; ++p) {
+                int page = -1;
+                if (npages > 0) {
+                    if (static_cast<u32>(p - cached_p0) >= 32u) {
+                        cached_p0 = p;
+                        cached = p + lane < max_pages ? __ldg(block_table + b * stride_bt + p + lane) : -1;
+                    }
+                    // Past max_pages the cached entry is -1 already.
+                    page = __shfl_sync(0xffffffffu, cached, p - cached_p0);
+                    if (page >= num_pages) page = -1;
                 }
-                page = __shfl_sync(0xffffffffu, cached, pg - cached_p0);
-                if (pg >= max_pages || page < 0 || page >= num_pages) page = -1;
-            }
-            if (lane == 0) {
-                mbar_wait(empty0 + 8 * stage, ((n / STAGES) & 1) ^ 1);
-                *reinterpret_cast<int4*>(info + 4 * stage) =
-                    make_int4(page, jobs.b, pg, jobs.last_of_request() ? jobs.npages * PAGE : -1);
-                if (page >= 0 && !(PROBE & 2)) {
-                    mbar_arrive_tx(full0 + 8 * stage, PAGE_BYTES);
-                    bulk_copy(smem_u32(stage_smem + stage * PAGE_BYTES), cache + static_cast<i64>(page) * PAGE_BYTES,
-                              PAGE_BYTES, full0 + 8 * stage);
-                } else {
-                    mbar_arrive(full0 + 8 * stage);
+                if (lane == 0) {
+                    mbar_wait(empty0 + 8 * stage, parity);
+                    const bool last = p == npages - 1 || npages == 0;  // the request's last job
+                    *reinterpret_cast<int4*>(info + 4 * stage) =
+                        make_int4(page, b, npages == 0 ? -1 : p, last ? npages * PAGE : -1);
+                    if (page >= 0 && !(PROBE & 2)) {
+                        mbar_arrive_tx(full0 + 8 * stage, PAGE_BYTES);
+                        bulk_copy(smem_u32(stage_smem + stage * PAGE_BYTES), cache + static_cast<i64>(page) * PAGE_BYTES,
+                                  PAGE_BYTES, full0 + 8 * stage);
+                    } else {
+                        mbar_arrive(full0 + 8 * stage);
+                    }
+                }
+                __syncwarp();
+                if (++stage == STAGES) {
+                    stage = 0;
+                    parity ^= 1;
                 }
             }
-            __syncwarp();
         }
         if (lane == 0) {
-            const int stage = n % STAGES;
-            mbar_wait(empty0 + 8 * stage, ((n / STAGES) & 1) ^ 1);
+            mbar_wait(empty0 + 8 * stage, parity);
             *reinterpret_cast<int4*>(info + 4 * stage) = make_int4(-1, -1, -1, -1);
             mbar_arrive(full0 + 8 * stage);
         }
@@ -596,15 +551,13 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     auto acquire = [&](Slot& sl) {
         mbar_wait(full0 + 8 * stage, phase);
         sl.job = lds128_i(smem_u32(info + 4 * stage));
-        sl.p0 = sl.p1 = make_uint4(0, 0, 0, 0);  // a job without a (valid) page scores zeros, masked below
-        sl.sc0 = sl.sc1 = 0x7F7F7F7Fu;
-        if (sl.job.z >= 0 && sl.job.x >= 0) {
-            const u32 slot = ring + stage * PAGE_BYTES;
-            sl.p0 = lds128(slot + pay_off);
-            sl.p1 = lds128(slot + pay_off + 512);
-            sl.sc0 = lds32(slot + sc_off);
-            sl.sc1 = lds32(slot + sc_off + 32);
-        }
+        // Read whether or not the job has a (valid) page: without one the slot holds stale bytes,
+        // whose scores finish_row masks to -inf.
+        const u32 slot = ring + stage * PAGE_BYTES;
+        sl.p0 = lds128(slot + pay_off);
+        sl.p1 = lds128(slot + pay_off + 512);
+        sl.sc0 = lds32(slot + sc_off);
+        sl.sc1 = lds32(slot + sc_off + 32);
         if (sl.job.y >= 0) mbar_arrive(empty0 + 8 * stage);  // the end marker's slot is not refilled
         if (++stage == STAGES) {
             stage = 0;
@@ -617,161 +570,210 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     if (vcta < num_ctas) {
         const int b0 = __ldg(schedule + 2 * vcta), blk0 = __ldg(schedule + 2 * vcta + 1);
         const int b1 = __ldg(schedule + 2 * vcta + 2), blk1 = __ldg(schedule + 2 * vcta + 3);
-        if (b0 < batch && (b0 < b1 || (b0 == b1 && blk0 < blk1))) {  // Jobs::valid(): a non-empty entry
+        if (b0 < batch && (b0 < b1 || (b0 == b1 && blk0 < blk1))) {  // the producer's loop condition: a non-empty entry
             cur_b = b0;
             load_request(b0);
         }
     }
-    // Software pipeline: job n's (last) wgmma runs while job n + 1's slot is read. Every job goes
-    // through the same wgmma code, valid page or not (the stores are masked instead): a wgmma under a
-    // branch makes ptxas serialize all of them (its warning C7518).
+    // The A fragments of one page (reg 0/1: rows r0/r1 at k 4c .. 4c + 3 of k step s, reg 2/3 the
+    // same at k + 16) and, for the sign-split decodes, those of its negative elements.
+    struct Frag {
+        u32 a[4][4];
+#if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
+        u32 an[4][4];
+#endif
+    };
+    float acc[HEADS / 2];
+
+    // A slot's page -> A fragments, and f: 2**-6 * 2**(s_max - 127) of the row this lane stores times
+    // the 1/2 of x + |x|. Needs no query: it may run for the next request before its queries load.
+    auto decode = [&](const Slot& sl, Frag& fr, float& f) {
+#if PROBE & 1
+        if ((sl.p0.x ^ sl.p1.y ^ sl.sc0 ^ sl.sc1) == 0x12345678u) out[0] = 0;  // keep the loads
+        f = 0.f;
+#else
+        const u32 smax0 = max_byte(sl.sc0), smax1 = max_byte(sl.sc1);
+        u32 lo0, hi0, lo1, hi1;
+#if SPLIT_SIGN == 2
+        u32 rlo0, rhi0, rlo1, rhi1;
+        group_lut2(prmt(sl.sc0, 0u, code_sel), smax0, lo0, hi0, rlo0, rhi0);
+        group_lut2(prmt(sl.sc1, 0u, code_sel), smax1, lo1, hi1, rlo1, rhi1);
+#else
+        group_lut(prmt(sl.sc0, 0u, code_sel), smax0, lo0, hi0);
+        group_lut(prmt(sl.sc1, 0u, code_sel), smax1, lo1, hi1);
+#endif
+        const u32 w0[4] = {sl.p0.x, sl.p0.y, sl.p0.z, sl.p0.w};
+        const u32 w1[4] = {sl.p1.x, sl.p1.y, sl.p1.z, sl.p1.w};
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+#if PROBE & 8
+            fr.a[s][0] = w0[s] ^ lo0; fr.a[s][2] = w0[s] ^ hi0; fr.a[s][1] = w1[s] ^ lo1; fr.a[s][3] = w1[s] ^ hi1;
+#if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
+            fr.an[s][0] = fr.a[s][0]; fr.an[s][1] = fr.a[s][1]; fr.an[s][2] = fr.a[s][2]; fr.an[s][3] = fr.a[s][3];
+#endif
+#elif SPLIT_SIGN == 3
+            decode_word_rep(w0[s], lo0, hi0, k16, k65536, fr.a[s][0], fr.a[s][2]);
+            decode_word_rep(w1[s], lo1, hi1, k16, k65536, fr.a[s][1], fr.a[s][3]);
+#elif SPLIT_SIGN == 2
+            decode_word_split2(w0[s], lo0, hi0, rlo0, rhi0, minus1, fr.a[s][0], fr.a[s][2], fr.an[s][0], fr.an[s][2]);
+            decode_word_split2(w1[s], lo1, hi1, rlo1, rhi1, minus1, fr.a[s][1], fr.a[s][3], fr.an[s][1], fr.an[s][3]);
+#elif SPLIT_SIGN
+            decode_word_split(w0[s], lo0, hi0, fr.a[s][0], fr.a[s][2], fr.an[s][0], fr.an[s][2]);
+            decode_word_split(w1[s], lo1, hi1, fr.a[s][1], fr.a[s][3], fr.an[s][1], fr.an[s][3]);
+#else
+            decode_word(w0[s], lo0, hi0, fr.a[s][0], fr.a[s][2]);
+            decode_word(w1[s], lo1, hi1, fr.a[s][1], fr.a[s][3]);
+#endif
+        }
+        f = __int_as_float(static_cast<int>((mine1 ? smax1 : smax0) << 23)) * 0.0078125f;
+#endif
+    };
+
+    // wgmma of next_n row i: acc = A B_i over the page's 128 k (four k32 steps), committed, not waited.
+    auto issue_row = [&](int i, const Frag& fr) {
+#if PROBE & 4
+#pragma unroll
+        for (int j = 0; j < HEADS / 2; ++j)
+            acc[j] = __uint_as_float((fr.a[j & 3][(j >> 2) & 3] & 0x3FFFFFFFu) ^ static_cast<u32>(q_desc0 + i));
+        return;
+#endif
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int s = 0; s < 4; ++s) wgmma_f8(acc, fr.a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
+#if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
+#pragma unroll
+        for (int s = 0; s < 4; ++s) wgmma_f8_neg(acc, fr.an[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16);
+#endif
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    };
+
+    // Epilogue of next_n row i of a job (its wgmma issued and committed): relu, weights, head sum, store.
+    // A page outside the cache or the block table (check=False) is written -inf: not visible.
+    auto finish_row = [&](int i, const int4& job, float f) {
+        const bool mma = job.z >= 0 && job.x >= 0;
+        const int col = job.z * PAGE + my_row;
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < HEADS / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
+        // 2 relu(x) = x + |x| (exact; FMA pipe, not ALU); the 2 is taken out through f.
+#if HEADSUM
+        float hs[4];
+        u32 ra[HEADS / 2];
+#pragma unroll
+        for (int j = 0; j < HEADS / 2; ++j) ra[j] = __float_as_uint(acc[j] + fabsf(acc[j]));
+        const u32 hb = smem_u32(hs_smem) + i * HS_BYTES;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < HEADS / 8; ++j) {
+            // tf32 A fragment: k = c is head 8j + 2c, k = c + 4 head 8j + 2c + 1.
+            const u32 fa[4] = {ra[4 * j + 0], ra[4 * j + 2], ra[4 * j + 1], ra[4 * j + 3]};
+            wgmma_tf32(hs, fa, hs_desc(hb + 256 * j), j > 0);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[j])::"memory");
+        // Column 0 (lane c = 0) and column 2 (lane c = 1) hold the logits of rows r0, r1.
+        float v = mine1 ? hs[2] : hs[0];
+#else
+        // relu, weight, head sum: four independent chains, then across the lane quad.
+        float s0a = 0.f, s0b = 0.f, s1a = 0.f, s1b = 0.f;
+#pragma unroll
+        for (int j = 0; j < HEADS / 8; ++j) {
+#if W_REGS
+            const float4 w4 = wreg[j >> 1];
+#else
+            const float4 w4 = *reinterpret_cast<const float4*>(w_mine + i * 4 * W_STRIDE + 2 * (j & ~1));
+#endif
+            const float wx = (j & 1) ? w4.z : w4.x, wy = (j & 1) ? w4.w : w4.y;
+            s0a = fmaf(acc[4 * j + 0] + fabsf(acc[4 * j + 0]), wx, s0a);
+            s0b = fmaf(acc[4 * j + 1] + fabsf(acc[4 * j + 1]), wy, s0b);
+            s1a = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), wx, s1a);
+            s1b = fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), wy, s1b);
+        }
+        // Across the quad in two shuffles: even lanes gather row r0's partial sums, odd lanes
+        // row r1's (each sends the row it does not keep), then pairs two apart add up.
+        const bool odd = c & 1;
+        const float sum0 = s0a + s0b, sum1 = s1a + s1b;
+        float v = (odd ? sum1 : sum0) + __shfl_xor_sync(0xffffffffu, odd ? sum0 : sum1, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);  // lane c = 0: row r0, c = 1: row r1
+#endif
+        v = mma && col < row_len[i] ? v * f : -__int_as_float(0x7f800000);
+        if (job.z >= 0 && c < 2 && col < width) store_logit(row_out + i * stride_out + col, v);
+    };
+
+    // The request's last job writes -inf over the rest of its rows.
+    auto fill_tail = [&](const int4& job) {
+        if (job.w < 0) return;
+        const float ninf = -__int_as_float(0x7f800000);
+        for (int i = 0; i < NEXT_N; ++i) {
+            out_t* row = row_out + i * stride_out;
+            for (int cc = job.w + tid; cc < width; cc += MATH_THREADS) store_logit(row + cc, ninf);
+        }
+    };
+
+    // Every job goes through the same wgmma code, valid page or not (the stores are masked instead): a
+    // wgmma under a branch makes ptxas serialize all of them (its warning C7518).
     Slot next;
     acquire(next);
+#if PIPELINE == 3
+    // Decode ahead: job n + 1's slot is read and its page decoded into the other fragment set while
+    // job n's last wgmma runs; the loop is unrolled twice so the two sets keep their registers.
+    static_assert(!(PROBE & 1), "PIPELINE 3 has no loads-only probe build");
+    Frag fa, fb;
+    float f_a = 0.f, f_b = 0.f;
+    if (next.job.y >= 0) decode(next, fa, f_a);
+    auto step = [&](const Frag& cur, float f_cur, Frag& nxt, float& f_nxt) {
+        const int4 job = next.job;
+        if (job.y != cur_b) {
+            cur_b = job.y;
+            load_request(cur_b);  // no wgmma is in flight here
+        }
+#pragma unroll
+        for (int i = 0; i + 1 < NEXT_N; ++i) {
+            issue_row(i, cur);
+            finish_row(i, job, f_cur);
+        }
+        issue_row(NEXT_N - 1, cur);
+        acquire(next);
+        if (next.job.y >= 0) decode(next, nxt, f_nxt);
+        finish_row(NEXT_N - 1, job, f_cur);
+        fill_tail(job);
+        return next.job.y >= 0;
+    };
+    while (next.job.y >= 0) {
+        if (!step(fa, f_a, fb, f_b)) break;
+        if (!step(fb, f_b, fa, f_a)) break;
+    }
+#else
+    // PIPELINE 1: job n's (last) wgmma runs while job n + 1's slot is read.
     while (next.job.y >= 0) {
         const int4 job = next.job;
         if (job.y != cur_b) {
             cur_b = job.y;
             load_request(cur_b);  // no wgmma is in flight here
         }
-        const bool mma = job.z >= 0 && job.x >= 0;
-        const int col = job.z * PAGE + my_row;
-        float acc[HEADS / 2];
-        float f = 0.f;
-        u32 a[4][4];  // A fragments per k step: reg 0/1 rows r0/r1 k 4c..4c+3, reg 2/3 the same at k + 16
-#if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
-        u32 an[4][4];  // the negative elements' magnitudes
-#endif
-        // Epilogue of next_n row i (its wgmma issued and committed): relu, weights, head sum, store.
-        auto finish_row = [&](int i) {
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        Frag fr;
+        float f;
+        decode(next, fr, f);
+#if !(PROBE & 1)
 #pragma unroll
-            for (int j = 0; j < HEADS / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
-            // 2 relu(x) = x + |x| (exact; FMA pipe, not ALU); the 2 is taken out through f.
-#if HEADSUM
-            float hs[4];
-            u32 ra[HEADS / 2];
-#pragma unroll
-            for (int j = 0; j < HEADS / 2; ++j) ra[j] = __float_as_uint(acc[j] + fabsf(acc[j]));
-            const u32 hb = smem_u32(hs_smem) + i * HS_BYTES;
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-            for (int j = 0; j < HEADS / 8; ++j) {
-                // tf32 A fragment: k = c is head 8j + 2c, k = c + 4 head 8j + 2c + 1.
-                const u32 fa[4] = {ra[4 * j + 0], ra[4 * j + 2], ra[4 * j + 1], ra[4 * j + 3]};
-                wgmma_tf32(hs, fa, hs_desc(hb + 256 * j), j > 0);
-            }
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-            for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[j])::"memory");
-            // Column 0 (lane c = 0) and column 2 (lane c = 1) hold the logits of rows r0, r1.
-            float v = mine1 ? hs[2] : hs[0];
-#else
-            // relu, weight, head sum: four independent chains, then across the lane quad.
-            float s0a = 0.f, s0b = 0.f, s1a = 0.f, s1b = 0.f;
-#pragma unroll
-            for (int j = 0; j < HEADS / 8; ++j) {
-#if W_REGS
-                const float4 w4 = wreg[j >> 1];
-#else
-                const float4 w4 = *reinterpret_cast<const float4*>(w_mine + i * 4 * W_STRIDE + 2 * (j & ~1));
-#endif
-                const float wx = (j & 1) ? w4.z : w4.x, wy = (j & 1) ? w4.w : w4.y;
-                s0a = fmaf(acc[4 * j + 0] + fabsf(acc[4 * j + 0]), wx, s0a);
-                s0b = fmaf(acc[4 * j + 1] + fabsf(acc[4 * j + 1]), wy, s0b);
-                s1a = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), wx, s1a);
-                s1b = fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), wy, s1b);
-            }
-            // Across the quad in two shuffles: even lanes gather row r0's partial sums, odd lanes
-            // row r1's (each sends the row it does not keep), then pairs two apart add up.
-            const bool odd = c & 1;
-            const float sum0 = s0a + s0b, sum1 = s1a + s1b;
-            float v = (odd ? sum1 : sum0) + __shfl_xor_sync(0xffffffffu, odd ? sum0 : sum1, 1);
-            v += __shfl_xor_sync(0xffffffffu, v, 2);  // lane c = 0: row r0, c = 1: row r1
-#endif
-            v = mma && col < row_len[i] ? v * f : -__int_as_float(0x7f800000);
-            if (job.z >= 0 && c < 2 && col < width) store_logit(row_out + i * stride_out + col, v);
-        };
-        auto issue_row = [&](int i) {
-#if PROBE & 4
-#pragma unroll
-            for (int j = 0; j < HEADS / 2; ++j)
-                acc[j] = __uint_as_float((a[j & 3][(j >> 2) & 3] & 0x3FFFFFFFu) ^ static_cast<u32>(q_desc0 + i));
-            return;
-#endif
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-            for (int s = 0; s < 4; ++s) wgmma_f8(acc, a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
-#if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
-#pragma unroll
-            for (int s = 0; s < 4; ++s) wgmma_f8_neg(acc, an[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16);
-#endif
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        };
-        {
-#if PROBE & 1
-            if ((next.p0.x ^ next.p1.y ^ next.sc0 ^ next.sc1) == 0x12345678u) out[0] = 0;  // keep the loads
-#else
-            const u32 smax0 = max_byte(next.sc0), smax1 = max_byte(next.sc1);
-            u32 lo0, hi0, lo1, hi1;
-#if SPLIT_SIGN == 2
-            u32 rlo0, rhi0, rlo1, rhi1;
-            group_lut2(prmt(next.sc0, 0u, code_sel), smax0, lo0, hi0, rlo0, rhi0);
-            group_lut2(prmt(next.sc1, 0u, code_sel), smax1, lo1, hi1, rlo1, rhi1);
-#else
-            group_lut(prmt(next.sc0, 0u, code_sel), smax0, lo0, hi0);
-            group_lut(prmt(next.sc1, 0u, code_sel), smax1, lo1, hi1);
-#endif
-            const u32 w0[4] = {next.p0.x, next.p0.y, next.p0.z, next.p0.w};
-            const u32 w1[4] = {next.p1.x, next.p1.y, next.p1.z, next.p1.w};
-#pragma unroll
-            for (int s = 0; s < 4; ++s) {
-#if PROBE & 8
-                a[s][0] = w0[s] ^ lo0; a[s][2] = w0[s] ^ hi0; a[s][1] = w1[s] ^ lo1; a[s][3] = w1[s] ^ hi1;
-#if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
-                an[s][0] = a[s][0]; an[s][1] = a[s][1]; an[s][2] = a[s][2]; an[s][3] = a[s][3];
-#endif
-#elif SPLIT_SIGN == 3
-                decode_word_rep(w0[s], lo0, hi0, k16, k65536, a[s][0], a[s][2]);
-                decode_word_rep(w1[s], lo1, hi1, k16, k65536, a[s][1], a[s][3]);
-#elif SPLIT_SIGN == 2
-                decode_word_split2(w0[s], lo0, hi0, rlo0, rhi0, minus1, a[s][0], a[s][2], an[s][0], an[s][2]);
-                decode_word_split2(w1[s], lo1, hi1, rlo1, rhi1, minus1, a[s][1], a[s][3], an[s][1], an[s][3]);
-#elif SPLIT_SIGN
-                decode_word_split(w0[s], lo0, hi0, a[s][0], a[s][2], an[s][0], an[s][2]);
-                decode_word_split(w1[s], lo1, hi1, a[s][1], a[s][3], an[s][1], an[s][3]);
-#else
-                decode_word(w0[s], lo0, hi0, a[s][0], a[s][2]);
-                decode_word(w1[s], lo1, hi1, a[s][1], a[s][3]);
-#endif
-            }
-            // 2**-6 * 2**(s_max - 127) of the row this lane stores, and the 1/2 of x + |x|.
-            f = __int_as_float(static_cast<int>((mine1 ? smax1 : smax0) << 23)) * 0.0078125f;
-#pragma unroll
-            for (int i = 0; i + 1 < NEXT_N; ++i) {
-                issue_row(i);
-                finish_row(i);
-            }
-            issue_row(NEXT_N - 1);
-#endif
+        for (int i = 0; i + 1 < NEXT_N; ++i) {
+            issue_row(i, fr);
+            finish_row(i, job, f);
         }
+        issue_row(NEXT_N - 1, fr);
+#endif
 #if PIPELINE
         acquire(next);  // overlaps the wgmma
 #endif
 #if !(PROBE & 1)
-        // A page outside the cache or the block table (check=False) is written -inf: not visible.
-        finish_row(NEXT_N - 1);
+        finish_row(NEXT_N - 1, job, f);
 #endif
 #if !PIPELINE
         acquire(next);
 #endif
-        if (job.w >= 0) {
-            // The request's last job writes -inf over the rest of its rows.
-            const float ninf = -__int_as_float(0x7f800000);
-            for (int i = 0; i < NEXT_N; ++i) {
-                out_t* row = row_out + i * stride_out;
-                for (int cc = job.w + tid; cc < width; cc += MATH_THREADS) store_logit(row + cc, ninf);
-            }
-        }
+        fill_tail(job);
     }
+#endif
 }
