@@ -47,8 +47,9 @@ def default_min_ctas(heads: int) -> int:
     return 2 if heads >= 128 else DEFAULT_MIN_CTAS
 
 
-#: Sign handling of the decode (build option SPLIT_SIGN; docs/perf-notes.md, runs 12, 14, 15 and 18).
-DEFAULT_SPLIT_SIGN = 0
+#: Sign handling of the decode (build option SPLIT_SIGN; docs/perf-notes.md, runs 12, 14, 15, 18 and 21):
+#: 3, the signs by PRMT sign-replicate (7 ALU operations per payload word against 9).
+DEFAULT_SPLIT_SIGN = 3
 #: Head sum of the epilogue (build option HEADSUM): 0 fp32 FFMA, 1 tf32 wgmma (docs/perf-notes.md, run 14).
 DEFAULT_HEADSUM = 0
 #: Software pipeline of the math loop (build option PIPELINE; docs/perf-notes.md, run 14).
