@@ -28,7 +28,7 @@ case "$MODE" in
 esac
 PLOT_ARGS=(--plot "$OUTDIR/bench.png")
 [ "${PLOT:-1}" = 0 ] && PLOT_ARGS=()
-: "${TEST_LIMIT:=210}"
+: "${TEST_LIMIT:=280}"
 
 # 1. Carried wheels (SGLang's scorer and what its import chain needs) -> /tmp/site.
 #    The bench appends /tmp/site to sys.path only when loading the peer, so the

@@ -230,6 +230,16 @@ def test_fragment_replay_gives_the_exact_dot_products(heads, split_sign):
 )
 @pytest.mark.parametrize("wgs", [1, 2, 3, 4])
 def test_nvrtc_builds_within_the_register_budget(next_n, heads, out_kind, lens_2d, wgs):
+    _check_build_budget(next_n, heads, out_kind, lens_2d, wgs)
+
+
+@pytest.mark.parametrize("next_n,heads,out_kind,lens_2d", [(1, 64, 0, False), (2, 64, 1, True), (1, 32, 2, False), (1, 16, 0, False)])
+def test_nvrtc_builds_five_math_warpgroups_within_the_register_budget(next_n, heads, out_kind, lens_2d):
+    # Two producer warpgroups (warps 20-24 serve math warpgroups 0-4; 25-27 exit at once).
+    _check_build_budget(next_n, heads, out_kind, lens_2d, 5)
+
+
+def _check_build_budget(next_n, heads, out_kind, lens_2d, wgs):
     cubin, log = sm90.build(next_n, heads, out_kind, lens_2d, wgs=wgs)
     assert cubin[:4] == b"\x7fELF"
     regs, spilled = nvrtc.ptxas_registers(log)
@@ -243,9 +253,11 @@ def test_nvrtc_builds_within_the_register_budget(next_n, heads, out_kind, lens_2
         # only move registers within that allocation -- a larger sum would make the math
         # warpgroups' setmaxnreg.inc wait forever. ptxas must honour both setmaxnreg (it drops
         # them with C7507/C7508 when a role's code needs more) and compile each role within them.
-        assert regs == sm90.launch_regs(wgs) == {2: 168, 3: 128, 4: 96}[wgs], log
-        assert (sm90.PRODUCER_REGS, sm90.math_regs(wgs)) == (24, {2: 240, 3: 160, 4: 112}[wgs])
-        assert 128 * sm90.PRODUCER_REGS + 128 * wgs * sm90.math_regs(wgs) <= sm90.threads(wgs) * regs
+        assert regs == sm90.launch_regs(wgs) == {2: 168, 3: 128, 4: 96, 5: 72}[wgs], log
+        assert (sm90.PRODUCER_REGS, sm90.math_regs(wgs)) == (24, {2: 240, 3: 160, 4: 112, 5: 88}[wgs])
+        producers = sm90.producer_wgs(wgs)
+        assert producers == (2 if wgs > 4 else 1) and sm90.threads(wgs) == 128 * (wgs + producers)
+        assert 128 * producers * sm90.PRODUCER_REGS + 128 * wgs * sm90.math_regs(wgs) <= sm90.threads(wgs) * regs
         assert "C7507" not in log and "C7508" not in log, log
         assert spilled <= (0 if next_n <= 4 else 32), log
     # Named barriers: 0 for the CTA and one per math warpgroup, as immediates (an id in a register

@@ -39,7 +39,7 @@
 // are written to shared memory (with the 128-byte swizzle wgmma reads).
 //
 // Threads: WGS math warpgroups (warps 4g .. 4g + 3), then the producers: one
-// warp (WGS 1) or one warpgroup (WGS > 1) whose warp g serves math warpgroup g.
+// warp (WGS 1) or (WGS + 3) / 4 warpgroups (WGS > 1) whose warp g serves math warpgroup g.
 // With WGS > 1 the producer warpgroup gives its registers to the math
 // warpgroups (setmaxnreg) and one CTA fills an SM. Each math warpgroup has its
 // own entry of the CTA schedule (blockIdx.x * WGS + g), its own shared memory
@@ -67,11 +67,15 @@ typedef long long i64;
 #define PIPELINE 0  // 1: the next job's slot is read while this job's last wgmma runs
 #endif
 #ifndef WGS
-#define WGS 1  // math warpgroups per CTA (2-4: warp-specialised, registers moved to them by setmaxnreg)
+#define WGS 1  // math warpgroups per CTA (2-8: warp-specialised, registers moved to them by setmaxnreg)
+#endif
+#ifndef A_SMEM
+#define A_SMEM 0  // 1: the decoded keys go to shared memory (two page buffers) for an SS wgmma; 0: registers (RS)
 #endif
 #ifndef PROBE
 #define PROBE 0  // measurement builds only, bit flags: 1 loads only (no compute), 2 no page copies,
-                 // 4 no wgmma (accumulators made from the A fragments), 8 no decode (A = raw payload words)
+                 // 4 no wgmma (accumulators made from the A fragments), 8 no decode (A = raw payload words),
+                 // 16 one k step per page instead of four (one wgmma), 32 no relu/weights/head sum (v = acc[0])
 #endif
 
 #define PAGE 64
@@ -89,16 +93,19 @@ typedef long long i64;
 #define HS_BYTES (HEADS * 32)            // tf32 head-sum B operand per next_n row: HEADS / 8 tiles of 256 bytes
 #define W_STRIDE (HEADS / 4 + 4)          // floats per (row, lane % 4) of the permuted weights (padded)
 // The weights in registers (one next_n row; H 64 only with the warp-specialised register budget).
-#define W_REGS (NEXT_N == 1 && HEADSUM == 0 && (HEADS <= 32 || (WGS > 1 && HEADS <= 64)))
+#define W_REGS (NEXT_N == 1 && HEADSUM == 0 && (HEADS <= 32 || (WGS > 1 && HEADS <= 64 && MATH_REGS >= 88)))
 // One math warpgroup's shared memory (offsets in bytes); WG_BYTES (ops/sm90.py wg_smem_bytes(): this
 // layout rounded up to the 1024-byte swizzle atom) is checked against it below.
-#define HS_OFF (NEXT_N * Q_BYTES)
+#define A_TILE_BYTES (PAGE * 128)       // one page of decoded keys, e4m3, K-major, 128-byte swizzle
+#define Q_OFF (A_SMEM * 2 * A_TILE_BYTES)
+#define HS_OFF (Q_OFF + NEXT_N * Q_BYTES)
 #define RING_OFF (HS_OFF + (HEADSUM ? NEXT_N * HS_BYTES : 0))
 #define W_OFF (RING_OFF + STAGES * PAGE_BYTES)
 #define INFO_OFF (W_OFF + NEXT_N * 4 * W_STRIDE * 4)
 #define BAR_OFF (INFO_OFF + 16 * STAGES)
 static_assert(BAR_OFF + 16 * STAGES <= WG_BYTES && WG_BYTES % 1024 == 0, "WG_BYTES does not hold the layout");
-static_assert(THREADS == MATH_THREADS * WGS + (WGS == 1 ? 32 : 128), "THREADS does not match WGS");
+static_assert(THREADS == MATH_THREADS * WGS + (WGS == 1 ? 32 : 128 * ((WGS + 3) / 4)), "THREADS does not match WGS");
+static_assert(!A_SMEM || SPLIT_SIGN == 0 || SPLIT_SIGN == 3, "A_SMEM needs a decode with one wgmma per k step");
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     return static_cast<u32>(__cvta_generic_to_shared(p));
@@ -147,7 +154,19 @@ __device__ __forceinline__ void math_barrier(int wg) {
         case 2: asm volatile("bar.sync 3, 128;" ::: "memory"); break;
 #endif
 #if WGS > 3
-        default: asm volatile("bar.sync 4, 128;" ::: "memory"); break;
+        case 3: asm volatile("bar.sync 4, 128;" ::: "memory"); break;
+#endif
+#if WGS > 4
+        case 4: asm volatile("bar.sync 5, 128;" ::: "memory"); break;
+#endif
+#if WGS > 5
+        case 5: asm volatile("bar.sync 6, 128;" ::: "memory"); break;
+#endif
+#if WGS > 6
+        case 6: asm volatile("bar.sync 7, 128;" ::: "memory"); break;
+#endif
+#if WGS > 7
+        default: asm volatile("bar.sync 8, 128;" ::: "memory"); break;
 #endif
     }
 #endif
@@ -163,6 +182,10 @@ __device__ __forceinline__ uint4 lds128(u32 addr) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
     return v;
+}
+
+__device__ __forceinline__ void sts128(u32 addr, u32 a, u32 b, u32 c, u32 d) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
 
 __device__ __forceinline__ u32 lds32(u32 addr) {
@@ -344,7 +367,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     // from it can stay in uniform registers).
     const int wg = __shfl_sync(0xffffffffu, producer ? warp - 4 * WGS : warp >> 2, 0);
     unsigned char* smem = smem_base + wg * WG_BYTES;
-    unsigned char* q_smem = smem;
+    unsigned char* q_smem = smem + Q_OFF;
     unsigned char* hs_smem = smem + HS_OFF;
     unsigned char* stage_smem = smem + RING_OFF;
     float* w_smem = reinterpret_cast<float*>(smem + W_OFF);
@@ -438,6 +461,11 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     // The queries' wgmma descriptor; row i, k step s add (i * Q_BYTES + 32 s) / 16 to its address field
     // (which cannot carry out: shared memory addresses stay below 2**18).
     const u64 q_desc0 = q_desc(smem_u32(q_smem));
+    // A_SMEM: the two page buffers of decoded keys (64 rows x 128 k, the layout of the queries) and
+    // their descriptor; buffer a, k step s add (a * A_TILE_BYTES + 32 s) / 16.
+    const u32 a_smem0 = smem_u32(smem);
+    const u64 a_desc0 = q_desc(a_smem0);
+    int abuf = 0;  // the buffer the next decoded page goes to
     const float* w_mine = w_smem + c * W_STRIDE;  // this lane's permuted weights (row i: + 4 i W_STRIDE)
     const bool mine1 = c == 1;                       // lane c = 0 stores row r0, c = 1 row r1
     const int my_row = mine1 ? r0 + 8 : r0;
@@ -494,6 +522,10 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
                 const int idx = tid + (k0 + k) * MATH_THREADS;
                 const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;
                 unsigned char* row = q_smem + i * Q_BYTES + h * 128;
+#if A_SMEM
+                // Natural k order (the keys' A tile is in element order too), 128-byte swizzle.
+                *reinterpret_cast<uint4*>(row + ((m ^ (h & 7)) << 4)) = v[k];
+#else
                 const u32 words[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk) {
@@ -503,6 +535,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
                     const int chunk = 2 * s + hi;
                     *reinterpret_cast<u32*>(row + ((chunk ^ (h & 7)) << 4) + 4 * cc) = words[kk];
                 }
+#endif
             }
         }
 #pragma unroll
@@ -587,7 +620,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 
     // A slot's page -> A fragments, and f: 2**-6 * 2**(s_max - 127) of the row this lane stores times
     // the 1/2 of x + |x|. Needs no query: it may run for the next request before its queries load.
-    auto decode = [&](const Slot& sl, Frag& fr, float& f) {
+    auto decode = [&](const Slot& sl, Frag& fr, float& f, int buf) {
 #if PROBE & 1
         if ((sl.p0.x ^ sl.p1.y ^ sl.sc0 ^ sl.sc1) == 0x12345678u) out[0] = 0;  // keep the loads
         f = 0.f;
@@ -626,11 +659,22 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #endif
         }
         f = __int_as_float(static_cast<int>((mine1 ? smax1 : smax0) << 23)) * 0.0078125f;
+#if A_SMEM
+        // This thread's 32 decoded bytes of rows r0 and r1 (group c: k = 32c .. 32c + 31, in element
+        // order) -> chunks 2c and 2c + 1 of those rows of A tile `buf` (128-byte swizzle), then made
+        // visible to the async proxy; the wgmma waits for the warpgroup's barrier.
+        const u32 row0 = a_smem0 + buf * A_TILE_BYTES + r0 * 128, x = r0 & 7, c0 = (2 * c) ^ x, c1 = (2 * c + 1) ^ x;
+        sts128(row0 + (c0 << 4), fr.a[0][0], fr.a[0][2], fr.a[1][0], fr.a[1][2]);
+        sts128(row0 + (c1 << 4), fr.a[2][0], fr.a[2][2], fr.a[3][0], fr.a[3][2]);
+        sts128(row0 + 1024 + (c0 << 4), fr.a[0][1], fr.a[0][3], fr.a[1][1], fr.a[1][3]);
+        sts128(row0 + 1024 + (c1 << 4), fr.a[2][1], fr.a[2][3], fr.a[3][1], fr.a[3][3]);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
 #endif
     };
 
     // wgmma of next_n row i: acc = A B_i over the page's 128 k (four k32 steps), committed, not waited.
-    auto issue_row = [&](int i, const Frag& fr) {
+    auto issue_row = [&](int i, const Frag& fr, int buf) {
 #if PROBE & 4
 #pragma unroll
         for (int j = 0; j < HEADS / 2; ++j)
@@ -639,7 +683,13 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #endif
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-        for (int s = 0; s < 4; ++s) wgmma_f8(acc, fr.a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
+        for (int s = 0; s < ((PROBE & 16) ? 1 : 4); ++s) {
+#if A_SMEM
+            wgmma_f8_ss(acc, a_desc0 + (buf * A_TILE_BYTES + 32 * s) / 16, q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
+#else
+            wgmma_f8(acc, fr.a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
+#endif
+        }
 #if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
 #pragma unroll
         for (int s = 0; s < 4; ++s) wgmma_f8_neg(acc, fr.an[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16);
@@ -675,6 +725,9 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[j])::"memory");
         // Column 0 (lane c = 0) and column 2 (lane c = 1) hold the logits of rows r0, r1.
         float v = mine1 ? hs[2] : hs[0];
+#elif PROBE & 32
+        float v = acc[0];
+        for (int j = 1; j < HEADS / 2; ++j) asm volatile("" ::"f"(acc[j]));  // the accumulators stay live
 #else
         // relu, weight, head sum: four independent chains, then across the lane quad.
         float s0a = 0.f, s0b = 0.f, s1a = 0.f, s1b = 0.f;
@@ -722,23 +775,28 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     static_assert(!(PROBE & 1), "PIPELINE 3 has no loads-only probe build");
     Frag fa, fb;
     float f_a = 0.f, f_b = 0.f;
-    if (next.job.y >= 0) decode(next, fa, f_a);
+    if (next.job.y >= 0) decode(next, fa, f_a, abuf);
     auto step = [&](const Frag& cur, float f_cur, Frag& nxt, float& f_nxt) {
         const int4 job = next.job;
         if (job.y != cur_b) {
             cur_b = job.y;
             load_request(cur_b);  // no wgmma is in flight here
         }
+#if A_SMEM
+        math_barrier(wg);  // the warpgroup's page is in its A tile
+#endif
 #pragma unroll
         for (int i = 0; i + 1 < NEXT_N; ++i) {
-            issue_row(i, cur);
+            issue_row(i, cur, abuf);
             finish_row(i, job, f_cur);
         }
-        issue_row(NEXT_N - 1, cur);
+        issue_row(NEXT_N - 1, cur, abuf);
         acquire(next);
-        if (next.job.y >= 0) decode(next, nxt, f_nxt);
+        // The other A tile's last reader, two pages back, completed before this page's barrier.
+        if (next.job.y >= 0) decode(next, nxt, f_nxt, abuf ^ A_SMEM);
         finish_row(NEXT_N - 1, job, f_cur);
         fill_tail(job);
+        abuf ^= A_SMEM;
         return next.job.y >= 0;
     };
     while (next.job.y >= 0) {
@@ -755,15 +813,21 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         }
         Frag fr;
         float f;
-        decode(next, fr, f);
+        // A_SMEM: the tile written here was last read by the wgmma two pages back, which every warp
+        // of the warpgroup waited for before the previous page's barrier.
+        decode(next, fr, f, abuf);
 #if !(PROBE & 1)
+#if A_SMEM
+        math_barrier(wg);  // the warpgroup's page is in its A tile
+#endif
 #pragma unroll
         for (int i = 0; i + 1 < NEXT_N; ++i) {
-            issue_row(i, fr);
+            issue_row(i, fr, abuf);
             finish_row(i, job, f);
         }
-        issue_row(NEXT_N - 1, fr);
+        issue_row(NEXT_N - 1, fr, abuf);
 #endif
+        abuf ^= A_SMEM;
 #if PIPELINE
         acquire(next);  // overlaps the wgmma
 #endif
