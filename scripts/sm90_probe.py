@@ -39,7 +39,7 @@ def main():
     ap.add_argument("--pipeline", default="1", help="comma list of the PIPELINE build option (0, 1, 3)")
     ap.add_argument("--a-smem", default="0", help="comma list of the A_SMEM build option (0 RS wgmma, 1 SS)")
     ap.add_argument("--wgs", default="4", help="comma list of the WGS build option (math warpgroups per CTA, 1-4)")
-    ap.add_argument("--headsum", default="0", help="comma list of the HEADSUM build option (0 fp32, 1 tf32 wgmma)")
+    ap.add_argument("--headsum", default="0", help="comma list of the HEADSUM build option (0 fp32, 1 tf32 wgmma, 2 bf16 wgmma)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "sm90_probe.json"))
     args = ap.parse_args()
     bw = copy_bandwidth()

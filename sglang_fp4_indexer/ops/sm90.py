@@ -130,6 +130,14 @@ def _wgmma_wrapper(heads: int) -> str:
         f"        : {outs}\n"
         f"        : {ins});\n"
         "}\n"
+        "__device__ __forceinline__ void wgmma_bf16_n8(float* d, const u32* a, u64 desc, bool accumulate) {\n"
+        '    asm volatile("{\\n.reg .pred p;\\n"\n'
+        '        "setp.ne.b32 p, %9, 0;\\n"\n'
+        '        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\\n"\n'
+        '        "}\\n"\n'
+        '        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])\n'
+        '        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(static_cast<u32>(accumulate)));\n'
+        "}\n"
         "__device__ __forceinline__ void wgmma_tf32(float* d, const u32* a, u64 desc, bool accumulate) {\n"
         '    asm volatile("{\\n.reg .pred p;\\n"\n'
         '        "setp.ne.b32 p, %9, 0;\\n"\n'
@@ -184,7 +192,8 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
             elements read through a reversed LUT by complemented nibbles (IMAD); 3 one wgmma, the
             signs spread by PRMT's sign-replicate mode. See the .cu file.
         headsum: epilogue head sum: 0 fp32 FFMA; 1 a tf32 wgmma of relu(S)
-            by the weights (relative error per term below 2**-10 + 2**-11). See the .cu file.
+            by the weights (relative error per term below 2**-10 + 2**-11); 2 a bf16 wgmma of relu(S)
+            by the weights as hi + lo bf16 (relative error per term below 2**-9 + 2**-16). See the .cu file.
         pipeline: 1 reads the next job's page while this job's wgmma runs; 3 also decodes it then
             (two A fragment sets; no loads-only probe, ``probe & 1``).
         wgs: math warpgroups per CTA, 1-6 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1).
@@ -209,7 +218,7 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
     for name, value, allowed in (("probe", probe, tuple(range(64))), ("split_sign", split_sign, (0, 1, 2, 3)),
                                  ("wgs", wgs, (1, 2, 3, 4, 5, 6)),
-                                 ("headsum", headsum, (0, 1)), ("pipeline", pipeline, (0, 1, 3)), ("a_smem", a_smem, (0, 1))):
+                                 ("headsum", headsum, (0, 1, 2)), ("pipeline", pipeline, (0, 1, 3)), ("a_smem", a_smem, (0, 1))):
         if value not in allowed:
             raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
     if a_smem and split_sign not in (0, 3):
@@ -298,7 +307,7 @@ def wg_smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum
     (``headsum`` 1), page ring, permuted weights
     (padded rows of ``heads / 4 + 4`` floats), per stage a 16-byte job slot and two 8-byte mbarriers,
     rounded up to the 1 KB swizzle atom."""
-    per_wg = (a_smem * 2 * PAGE_SIZE * 128 + next_n * heads * 128 + headsum * next_n * heads * 32 + stages * PAGE_SIZE * 68
+    per_wg = (a_smem * 2 * PAGE_SIZE * 128 + next_n * heads * 128 + (headsum > 0) * next_n * heads * 32 + stages * PAGE_SIZE * 68
               + next_n * 4 * (heads // 4 + 4) * 4 + 32 * stages)
     return -(-per_wg // 1024) * 1024
 

@@ -75,7 +75,8 @@ typedef long long i64;
 #ifndef PROBE
 #define PROBE 0  // measurement builds only, bit flags: 1 loads only (no compute), 2 no page copies,
                  // 4 no wgmma (accumulators made from the A fragments), 8 no decode (A = raw payload words),
-                 // 16 one k step per page instead of four (one wgmma), 32 no relu/weights/head sum (v = acc[0])
+                 // 16 one wgmma per page instead of four (on the XOR of the four k steps' fragments),
+                 // 32 no relu/weights/head sum (v = acc[0])
 #endif
 
 #define PAGE 64
@@ -545,7 +546,21 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             // fp32 epilogue: lane c reads (w[8j + 2c], w[8j + 2c + 1]) for j = 0 .. HEADS / 8 - 1.
             const int j = h >> 3, cc = (h & 7) >> 1;
             w_smem[(i * 4 + cc) * W_STRIDE + 2 * j + (h & 1)] = wv[k];
-#if HEADSUM
+#if HEADSUM == 2
+            // bf16 head sum, tile t = h / 16 (k = h % 16): B[k][n] = hi = bf16(w) for n = 0, 2 and
+            // lo = bf16(w - hi) for n = 1, 3 (hi + lo = w to 2**-16); core matrix k / 8 at byte
+            // 128 (k / 8) + 16 n + 2 (k % 8).
+            unsigned short hi16, lo16;
+            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(hi16) : "f"(wv[k]));
+            const float rest = wv[k] - __uint_as_float(static_cast<u32>(hi16) << 16);
+            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(lo16) : "f"(rest));
+            unsigned short* tile =
+                reinterpret_cast<unsigned short*>(hs_smem + i * HS_BYTES + 256 * (h >> 4) + 128 * ((h >> 3) & 1)) + (h & 7);
+            tile[0] = hi16;
+            tile[8] = lo16;
+            tile[16] = hi16;
+            tile[24] = lo16;
+#elif HEADSUM
             // tf32 head sum, tile j: B[n][k] = w[8j + 2k] (k < 4), w[8j + 2(k - 4) + 1] (k >= 4) for
             // n = 0 and n = 2; core matrix k / 4 at byte 128 (k / 4) + 16 n + 4 (k % 4).
             u32 t;
@@ -572,11 +587,11 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         u32 sc0, sc1;
     };
 #if HEADSUM
-    // The six columns of each head-sum tile other than 0 and 2 stay zero (written once; the
-    // first load_request's proxy fence and barrier publish them to wgmma).
+    // The columns of each head-sum tile that hold no weights (tf32: all but 0 and 2; bf16: 4 .. 7)
+    // stay zero (written once; the first load_request's proxy fence and barrier publish them to wgmma).
     for (int idx = tid; idx < NEXT_N * HS_BYTES / 16; idx += MATH_THREADS) {
         const int n = idx & 7;
-        if (n != 0 && n != 2) reinterpret_cast<uint4*>(hs_smem)[idx] = make_uint4(0, 0, 0, 0);
+        if (HEADSUM == 2 ? n >= 4 : (n != 0 && n != 2)) reinterpret_cast<uint4*>(hs_smem)[idx] = make_uint4(0, 0, 0, 0);
     }
 #endif
     u32 stage = 0, phase = 0;
@@ -681,6 +696,16 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             acc[j] = __uint_as_float((fr.a[j & 3][(j >> 2) & 3] & 0x3FFFFFFFu) ^ static_cast<u32>(q_desc0 + i));
         return;
 #endif
+#if (PROBE & 16) && !A_SMEM
+        // One wgmma on the XOR of the four k steps' fragments: every decoded word stays live.
+        u32 fx[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) fx[j] = fr.a[0][j] ^ fr.a[1][j] ^ fr.a[2][j] ^ fr.a[3][j];
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        wgmma_f8(acc, fx, q_desc0 + (i * Q_BYTES) / 16, false);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        return;
+#endif
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int s = 0; s < ((PROBE & 16) ? 1 : 4); ++s) {
@@ -706,7 +731,26 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #pragma unroll
         for (int j = 0; j < HEADS / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
         // 2 relu(x) = x + |x| (exact; FMA pipe, not ALU); the 2 is taken out through f.
-#if HEADSUM
+#if HEADSUM == 2
+        // bf16 head sum on the tensor cores: relu(S) rounded to bf16 (relative error <= 2**-9 per
+        // term), two per cvt, is the bf16 A fragment of m64n8k16 as it stands (the fp32 accumulator
+        // fragment's layout); the weights are B as hi + lo bf16 columns, fp32 accumulation.
+        float hs[4];
+        u32 ra[HEADS / 4];
+#pragma unroll
+        for (int j = 0; j < HEADS / 4; ++j)
+            asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(ra[j]) : "f"(acc[2 * j + 1]), "f"(acc[2 * j]));
+        const u32 hb = smem_u32(hs_smem) + i * HS_BYTES;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int t = 0; t < HEADS / 16; ++t) wgmma_bf16_n8(hs, ra + 4 * t, hs_desc(hb + 256 * t), t > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[j])::"memory");
+        // Lane c = 0 holds columns 0, 1 (row r0 and r1 by hi and lo), lane c = 1 columns 2, 3 (the same).
+        float v = 2.f * (mine1 ? hs[2] + hs[3] : hs[0] + hs[1]);
+#elif HEADSUM
         float hs[4];
         u32 ra[HEADS / 2];
 #pragma unroll
