@@ -47,19 +47,20 @@ def default_min_ctas(heads: int) -> int:
     return 2 if heads >= 128 else DEFAULT_MIN_CTAS
 
 
-#: Sign handling of the decode (build option SPLIT_SIGN; docs/perf-notes.md, runs 12, 14, 15, 18 and 21):
+#: Sign handling of the decode (build option SPLIT_SIGN; docs/perf-notes.md, runs 12, 14, 15, 18, 21 and 22):
 #: 3, the signs by PRMT sign-replicate (7 ALU operations per payload word against 9).
 DEFAULT_SPLIT_SIGN = 3
-#: Head sum of the epilogue (build option HEADSUM): 0 fp32 FFMA, 1 tf32 wgmma (docs/perf-notes.md, run 14).
+#: Head sum of the epilogue (build option HEADSUM): 0 fp32 FFMA, 1 tf32 wgmma, 2 bf16 wgmma
+#: (docs/perf-notes.md, runs 14 and 29).
 DEFAULT_HEADSUM = 0
-#: Software pipeline of the math loop (build option PIPELINE; docs/perf-notes.md, run 14).
+#: Software pipeline of the math loop (build option PIPELINE; docs/perf-notes.md, runs 14 and 21).
 DEFAULT_PIPELINE = 0
 #: Math warpgroups per CTA (build option WGS): 1 with one producer warp, several CTAs per SM;
-#: 2-4 warp-specialised with a producer warpgroup and setmaxnreg, one CTA per SM
-#: (docs/perf-notes.md, run 15).
+#: 2-6 warp-specialised with one producer warp per math warpgroup (whole producer warpgroups) and
+#: setmaxnreg, one CTA per SM (docs/perf-notes.md, runs 15 and 27).
 DEFAULT_WGS = 4
 #: Where the decoded index keys feed the wgmma (build option A_SMEM): 0 registers (RS), 1 two page
-#: buffers in shared memory (SS; docs/perf-notes.md, run 25).
+#: buffers in shared memory (SS; docs/perf-notes.md, run 26).
 DEFAULT_A_SMEM = 0
 #: Register budget of the producer warpgroup when WGS > 1 (setmaxnreg.dec; the smallest allowed).
 PRODUCER_REGS = 24
