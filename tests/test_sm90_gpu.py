@@ -125,7 +125,7 @@ def test_decode_head_sum_and_pipeline_build_options(split_sign, headsum, pipelin
     # entries, so with WGS > 1 the last CTA has math warpgroups past the schedule's end. The tf32 head sum
     # (HEADSUM 1) truncates relu(S) to tf32 and rounds the weights to tf32: each term's relative
     # error is below 2**-10 + 2**-11 = 1.5e-3, on top of the FP8 MMA's 1e-3 bound; the bf16 one
-    # (HEADSUM 2) below 2**-9 + 2**-16.
+    # (HEADSUM 2) below 2**-8 + 2**-16.
     from sglang_fp4_indexer.ops import sm90
 
     case = make_paged_case([65, 300, 1000], next_n=next_n, heads=heads,
@@ -140,9 +140,9 @@ def test_decode_head_sum_and_pipeline_build_options(split_sign, headsum, pipelin
     fin = torch.isfinite(ref)
     assert torch.equal(fin, torch.isfinite(out))
     bound = term_bound(case, width).to(out.device)  # the same tolerance as test_paged_logits' GPU tests
-    # bf16 head sum (HEADSUM 2): relu(S) rounded to bf16 (2**-9 per term), the weights as hi + lo bf16
+    # bf16 head sum (HEADSUM 2): relu(S) rounded to bf16 (2**-8 per term: bf16's unit roundoff), the weights as hi + lo bf16
     # (2**-16 per term).
-    rel = 1e-3 + {0: 0.0, 1: 2.0**-10 * 1.5, 2: 2.0**-9 + 2.0**-16}[headsum]
+    rel = 1e-3 + {0: 0.0, 1: 2.0**-10 * 1.5, 2: 2.0**-8 + 2.0**-16}[headsum]
     err = (out.double() - ref.double()).abs()[fin] / (bound[fin] + 1e-30)
     print(f"split_sign {split_sign} headsum {headsum} pipeline {pipeline} wgs {wgs} a_smem {a_smem} next_n {next_n} H {heads}: "
           f"max error / term bound {err.max().item():.3e}")

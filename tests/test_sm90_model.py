@@ -424,6 +424,70 @@ def _tf32_round(x: np.ndarray) -> np.ndarray:
     return (((bits + 0x1000) & 0xFFFFE000) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
 
 
+def _bf16_round(x: np.ndarray) -> np.ndarray:
+    """cvt.rn.bf16.f32: round to nearest even, to 8 mantissa bits (finite inputs)."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("heads", [128, 64, 32, 16])
+def test_bf16_head_sum_fragment_replay(heads):
+    # HEADSUM 2: ra[j] = cvt.rn.relu.bf16x2(acc[2j + 1] -> high half, acc[2j] -> low half), and tile t's
+    # A fragment is ra[4t .. 4t + 3], read as m64n8k16's bf16 A fragment (a0 (r0, k 2c, 2c + 1), a1 (r1,
+    # same k), a2 (r0, k 2c + 8, 2c + 9), a3 (r1, same k); the low half is the lower k) against the
+    # tiles load_request writes (short 64 (k / 8) + 8 n + k % 8 of tile t = h / 16, k = h % 16: hi =
+    # bf16(w) in columns 0 and 2, lo = bf16(w - hi) in 1 and 3), read through hs_desc.
+    g = np.random.default_rng(heads + 7)
+    s_acc = (g.normal(size=(64, heads)) * 300).astype(np.float32)  # the dot products (rows = keys)
+    w = g.normal(size=heads).astype(np.float32) * 0.01
+    tiles = np.zeros((heads // 16, 128), dtype=np.float32)  # 256 bytes of bf16 per tile
+    for h in range(heads):
+        hi = _bf16_round(w[h:h + 1])[0]
+        lo = _bf16_round(np.array([w[h] - hi], dtype=np.float32))[0]
+        t, kb, e = h >> 4, (h >> 3) & 1, h & 7
+        for n, v in ((0, hi), (1, lo), (2, hi), (3, lo)):
+            tiles[t, 64 * kb + 8 * n + e] = v
+
+    def b_tile(t):  # B[k][n] as the descriptor (K-major, no swizzle, LBO = SBO = 128 bytes) reads it
+        return np.array([[tiles[t, 64 * (k // 8) + 8 * n + k % 8] for n in range(8)] for k in range(16)])
+
+    def ra_of(warp, lane):  # the kernel's packed registers: (low, high) halves per ra[j]
+        c, r0 = lane & 3, 16 * warp + (lane >> 2)
+        acc = np.zeros(heads // 2, dtype=np.float32)
+        for j in range(heads // 8):
+            acc[4 * j:4 * j + 4] = [s_acc[r0, 8 * j + 2 * c], s_acc[r0, 8 * j + 2 * c + 1], s_acc[r0 + 8, 8 * j + 2 * c],
+                                    s_acc[r0 + 8, 8 * j + 2 * c + 1]]
+        relu = _bf16_round(np.maximum(acc, 0))
+        return [(relu[2 * j], relu[2 * j + 1]) for j in range(heads // 4)]
+
+    got = np.zeros(64)
+    for warp in range(4):
+        ras = [ra_of(warp, lane) for lane in range(32)]
+        for lane in range(32):
+            c, r0 = lane & 3, 16 * warp + (lane >> 2)
+            r1 = r0 + 8
+            d = np.zeros(4)
+            for t in range(heads // 16):
+                a = {}  # (row, k) -> value, gathered from the quad's fragments
+                for cc in range(4):
+                    fa = ras[(lane & ~3) | cc][4 * t:4 * t + 4]
+                    for reg, (row, k0) in enumerate(((r0, 2 * cc), (r1, 2 * cc), (r0, 2 * cc + 8), (r1, 2 * cc + 8))):
+                        a[(row, k0)], a[(row, k0 + 1)] = fa[reg]
+                bt = b_tile(t)
+                for idx, (row, col) in enumerate(((r0, 2 * c), (r0, 2 * c + 1), (r1, 2 * c), (r1, 2 * c + 1))):
+                    d[idx] += sum(float(a[(row, k)]) * float(bt[k, col]) for k in range(16))
+            if c == 0:
+                got[r0] = d[0] + d[1]  # columns 0, 1: row r0 by hi and lo
+            elif c == 1:
+                got[r1] = d[2] + d[3]  # columns 2, 3: row r1 by hi and lo
+    want = (np.maximum(s_acc.astype(np.float64), 0) * w).sum(axis=1)
+    bound = (np.maximum(s_acc.astype(np.float64), 0) * np.abs(w)).sum(axis=1)
+    err = np.abs(got - want)
+    assert np.all(err <= (2.0**-8 + 2.0**-16) * bound * 1.01 + 1e-12), err.max()  # bf16: unit roundoff 2**-8
+    assert err.max() > 0  # bf16 did round: the replay reads bf16, not the fp64 values
+
+
 @pytest.mark.parametrize("heads", [64, 32, 16])
 def test_tf32_head_sum_fragment_replay(heads):
     # HEADSUM 1: the fp32 accumulator fragment of m64nHk32 (thread: rows r0 = 16 warp + lane / 4

@@ -194,7 +194,7 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
             signs spread by PRMT's sign-replicate mode. See the .cu file.
         headsum: epilogue head sum: 0 fp32 FFMA; 1 a tf32 wgmma of relu(S)
             by the weights (relative error per term below 2**-10 + 2**-11); 2 a bf16 wgmma of relu(S)
-            by the weights as hi + lo bf16 (relative error per term below 2**-9 + 2**-16). See the .cu file.
+            by the weights as hi + lo bf16 (relative error per term below 2**-8 + 2**-16). See the .cu file.
         pipeline: 1 reads the next job's page while this job's wgmma runs; 3 also decodes it then
             (two A fragment sets; no loads-only probe, ``probe & 1``).
         wgs: math warpgroups per CTA, 1-6 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1).

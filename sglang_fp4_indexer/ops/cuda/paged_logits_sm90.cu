@@ -732,7 +732,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         for (int j = 0; j < HEADS / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
         // 2 relu(x) = x + |x| (exact; FMA pipe, not ALU); the 2 is taken out through f.
 #if HEADSUM == 2
-        // bf16 head sum on the tensor cores: relu(S) rounded to bf16 (relative error <= 2**-9 per
+        // bf16 head sum on the tensor cores: relu(S) rounded to bf16 (relative error <= 2**-8 per
         // term), two per cvt, is the bf16 A fragment of m64n8k16 as it stands (the fp32 accumulator
         // fragment's layout); the weights are B as hi + lo bf16 columns, fp32 accumulation.
         float hs[4];
