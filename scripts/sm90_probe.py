@@ -38,7 +38,7 @@ def main():
     ap.add_argument("--split-sign", default="0", help="comma list of the SPLIT_SIGN build option (0-3)")
     ap.add_argument("--pipeline", default="1", help="comma list of the PIPELINE build option (0, 1, 3)")
     ap.add_argument("--a-smem", default="0", help="comma list of the A_SMEM build option (0 RS wgmma, 1 SS)")
-    ap.add_argument("--wgs", default="4", help="comma list of the WGS build option (math warpgroups per CTA, 1-4)")
+    ap.add_argument("--wgs", default="4", help="comma list of the WGS build option (math warpgroups per CTA, 1-6)")
     ap.add_argument("--headsum", default="0", help="comma list of the HEADSUM build option (0 fp32, 1 tf32 wgmma, 2 bf16 wgmma)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "sm90_probe.json"))
     args = ap.parse_args()
@@ -75,7 +75,7 @@ def main():
             ctas = int(cps * sms)
             sched = plan_paged_schedule(lens, bkv, ctas)
             variant = (f"wgmma st{stages} mc{min_ctas} ctas{ctas} bkv{bkv}" + (f" PROBE{probe}" if probe else "")
-                       + (f" SS{ss}" if ss else "") + (f" HS{hs}" if hs else "") + ("" if pl else " PL0")
+                       + (f" SS{ss}" if ss else "") + (f" HS{hs}" if hs else "") + ("" if pl == 1 else f" PL{pl}")
                        + (f" WGS{wgs}" if wgs > 1 else "") + (" ASMEM" if asm else ""))
             try:
                 def fn(i, sched=sched, bkv=bkv, stages=stages, min_ctas=min_ctas, probe=probe, ss=ss, hs=hs, pl=pl, wgs=wgs,

@@ -18,6 +18,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from sglang_fp4_indexer.format import dequantize_index_k, quantize_index_k
@@ -282,26 +284,74 @@ def test_unsupported_configurations_are_refused():
         sm90.build(1, 48)
     with pytest.raises(ValueError, match="next_n"):
         sm90.build(8, 64)
+    # Register budgets ptxas cannot meet: a clear error instead of an NVRTC failure or serialized wgmma.
+    with pytest.raises(ValueError, match="wgs: 5 math warpgroups"):
+        sm90.build(1, 128, wgs=5)
+    with pytest.raises(ValueError, match="wgs: 6 math warpgroups"):
+        sm90.build(1, 64, wgs=6)
+    with pytest.raises(ValueError, match="split_sign"):
+        sm90.build(1, 64, a_smem=1, split_sign=2)
+    with pytest.raises(ValueError, match="probe"):
+        sm90.build(1, 64, pipeline=3, probe=1)
     assert sm90.unavailable_reason("cpu") == "not an NVIDIA CUDA device"
 
 
-def _entry_jobs(sched, lens, cta, block_kv):
-    """Mirror of the producer's walk in paged_logits_sm90.cu: one schedule entry's jobs as (request,
-    page within it, or -1 for a request with no visible key), a request at a time (an entry past
-    the schedule's end, as a math warpgroup of the last CTA may have, has none)."""
+def _request_len(lens, b):
+    return max([0, *lens[b]]) if isinstance(lens[b], list) else max(lens[b], 0)
+
+
+def _entry_jobs(sched, lens, cta, block_kv, block_table=None, max_pages=None, num_pages=1 << 30):
+    """Mirror of the producer's walk in paged_logits_sm90.cu: one schedule entry's ring slots as
+    (cache page or -1, request, page within it or -1, tail or -1), a request at a time, with the
+    kernel's 32-entry block-table cache (every read asserted in bounds) and page checks. An entry
+    past the schedule's end (a math warpgroup of the last CTA may have one) has no job.
+    ``block_table`` None: page p of request b is cache page p (all valid)."""
     jobs, batch, ppb = [], len(lens), block_kv // 64
+    if block_table is None:
+        max_pages = max_pages or max(1, max(-(-_request_len(lens, b) // 64) for b in range(batch)))
+        block_table = [list(range(max_pages)) for _ in range(batch)]
+    max_pages = len(block_table[0]) if max_pages is None else max_pages
+
+    def load(b, p):  # the warp's 32 lanes: entries p .. p + 31, -1 past max_pages
+        assert 0 <= b < batch
+        return [block_table[b][q] if q < max_pages else -1 for q in range(p, p + 32)]
+
     if cta + 1 >= len(sched):
         return jobs
     (b, blk_lo), (b_end, blk_end) = sched[cta], sched[cta + 1]
     while b < batch and (b < b_end or (b == b_end and blk_lo < blk_end)):
-        length = max([0, *lens[b]]) if isinstance(lens[b], list) else max(lens[b], 0)
+        p = blk_lo * ppb
+        cached_p0, cached = p, load(b, p)
+        length = _request_len(lens, b)
         npages, nblocks = -(-length // 64), max(1, -(-length // block_kv))
         blk_hi = nblocks if b < b_end else min(blk_end, nblocks)
-        p = blk_lo * ppb
         p_end = p + 1 if npages == 0 else min(blk_hi * ppb, npages)
-        jobs += [(b, q if npages else -1) for q in range(p, p_end)]
+        for q in range(p, p_end):
+            page = -1
+            if npages:
+                if not 0 <= q - cached_p0 < 32:
+                    cached_p0, cached = q, load(b, q)
+                page = cached[q - cached_p0]
+                if page >= num_pages:
+                    page = -1
+            last = q == npages - 1 or npages == 0
+            jobs.append((page, b, q if npages else -1, npages * 64 if last else -1))
         b, blk_lo = b + 1, 0
     return jobs
+
+
+def _all_jobs(lens, block_table, max_pages, num_pages):
+    """Oracle for the concatenated walks: every request's pages in order, one job without a page
+    for a request with no visible key, independent of the schedule and of the cache of entries."""
+    want = []
+    for b in range(len(lens)):
+        npages = -(-_request_len(lens, b) // 64)
+        if npages == 0:
+            want.append((-1, b, -1, 0))
+        for p in range(npages):
+            page = block_table[b][p] if p < max_pages else -1
+            want.append((-1 if page >= num_pages else page, b, p, npages * 64 if p == npages - 1 else -1))
+    return want
 
 
 class _Barrier:
@@ -345,7 +395,7 @@ def _run_cta(sched, lens, cta, block_kv, stages=4):
     def consumer():  # acquire(): waits on full, reads the slot, releases it unless it is the end marker
         n = 0
         first = _entry_jobs(sched, lens, cta, block_kv)
-        prefetched = first[0][0] if first else None  # the kernel's load_request(b0) before the loop
+        prefetched = first[0][1] if first else None  # the kernel's load_request(b0) before the loop
         while True:
             while not full[n % stages].done((n // stages) & 1):
                 yield ("math waits full", n)
@@ -354,7 +404,7 @@ def _run_cta(sched, lens, cta, block_kv, stages=4):
                 assert n > 0 or prefetched is None  # no prefetch for an entry without jobs
                 return
             if n == 0:
-                assert job[0] == prefetched
+                assert job[1] == prefetched
             scored.append(job)
             empty[n % stages].arrive(128)
             n += 1
@@ -400,17 +450,49 @@ def test_ring_protocol_of_the_kernel_never_deadlocks(lens, block_kv, num_ctas):
      ([4096], 64, 7), ([1, 64, 65, 1000, 0, 129], 128, 9), ([3000, 70], 256, 4)],
 )
 def test_producer_walk_covers_every_page_once_in_order(lens, block_kv, num_ctas):
-    # Oracle: every request's pages in order (one job with no page for a request with no visible
-    # key), independent of the schedule; the entries' walks, concatenated, must be exactly that.
+    # The entries' walks, concatenated, must be exactly every request's pages in order.
     from sglang_fp4_indexer.reference import paged_schedule_reference
 
     sched = paged_schedule_reference(torch.tensor(lens, dtype=torch.int32), block_kv, num_ctas).tolist()
-    want = []
-    for b, length in enumerate(lens):
-        npages = -(-max([0, *length] if isinstance(length, list) else [0, length]) // 64)
-        want += [(b, p) for p in range(npages)] if npages else [(b, -1)]
     got = [job for cta in range(-(-num_ctas // 4) * 4) for job in _entry_jobs(sched, lens, cta, block_kv)]
-    assert got == want
+    bt = [list(range(len(got) + 64))] * len(lens)
+    assert got == _all_jobs(lens, bt, len(bt[0]), 1 << 30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_producer_walk_with_block_table_cache_and_page_checks(data):
+    # Random lengths ([B] or [B, next_n], zeros included), tiles, entry counts (padded to whole CTAs
+    # of 1, 4 or 5 math warpgroups), block tables with invalid (negative, >= num_pages) entries and
+    # shorter than the context (max_pages): the walk reads the block table in bounds only, and the
+    # concatenated walks are the oracle's jobs, pages checked as the kernel checks them.
+    from sglang_fp4_indexer.reference import paged_schedule_reference
+
+    batch = data.draw(st.integers(1, 6))
+    length = st.one_of(st.sampled_from([0, 1, 63, 64, 65, 2048]), st.integers(0, 5000))
+    lens2d = data.draw(st.booleans())
+    lens = data.draw(st.lists(st.lists(length, min_size=2, max_size=2) if lens2d else length,
+                              min_size=batch, max_size=batch))
+    block_kv = 64 * data.draw(st.sampled_from([1, 2, 4, 8]))
+    num_ctas = data.draw(st.integers(1, 40))
+    wgs = data.draw(st.sampled_from([1, 4, 5]))
+    longest = -(-max(_request_len(lens, b) for b in range(batch)) // 64)
+    max_pages = max(1, longest - data.draw(st.sampled_from([0, 0, 1, 3])))
+    num_pages = 1000
+    entry = st.one_of(st.integers(-2, 1100), st.sampled_from([-1, num_pages - 1, num_pages, num_pages + 1]))
+    bt = data.draw(st.lists(st.lists(entry, min_size=max_pages, max_size=max_pages),
+                            min_size=batch, max_size=batch))
+    sched = paged_schedule_reference(torch.tensor(lens, dtype=torch.int32), block_kv, num_ctas).tolist()
+    got = []
+    for cta in range(-(-num_ctas // wgs) * wgs):
+        jobs = _entry_jobs(sched, lens, cta, block_kv, bt, max_pages, num_pages)
+        # the math side's prefetch: an entry has jobs exactly when its first request is valid
+        if cta < num_ctas:
+            (b0, blk0), (b1, blk1) = sched[cta], sched[cta + 1]
+            assert bool(jobs) == (b0 < batch and (b0 < b1 or (b0 == b1 and blk0 < blk1)))
+            assert not jobs or jobs[0][1] == b0
+        got += jobs
+    assert got == _all_jobs(lens, bt, max_pages, num_pages)
 
 
 def _tf32_truncate(x: np.ndarray) -> np.ndarray:

@@ -196,8 +196,10 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
             by the weights (relative error per term below 2**-10 + 2**-11); 2 a bf16 wgmma of relu(S)
             by the weights as hi + lo bf16 (relative error per term below 2**-8 + 2**-16). See the .cu file.
         pipeline: 1 reads the next job's page while this job's wgmma runs; 3 also decodes it then
-            (two A fragment sets; no loads-only probe, ``probe & 1``).
-        wgs: math warpgroups per CTA, 1-6 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1).
+            (two A fragment sets; no loads-only probe, ``probe & 1``; a measurement option: ptxas
+            spills or serializes it at H 128, with 5 warpgroups, and at next_n >= 3 with one).
+        wgs: math warpgroups per CTA, 1-6 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1;
+            5 takes at most 64 heads, 6 at most 32).
         a_smem: 1: the decoded keys go through two page buffers in shared memory to an SS wgmma (the
             queries in natural k order); 0: they stay in registers (RS wgmma). 1 needs ``split_sign``
             0 or 3 (one wgmma per k step).
@@ -222,6 +224,10 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
                                  ("headsum", headsum, (0, 1, 2)), ("pipeline", pipeline, (0, 1, 3)), ("a_smem", a_smem, (0, 1))):
         if value not in allowed:
             raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+    # Register budgets ptxas cannot meet (docs/perf-notes.md, run 27): it fails, or serializes the wgmma.
+    if (wgs >= 5 and heads > 64) or (wgs == 6 and heads > 32):
+        raise ValueError(f"wgs: {wgs} math warpgroups leave {math_regs(wgs)} registers per thread, too few for "
+                         f"{heads} heads; 5 takes up to 64 heads, 6 up to 32")
     if a_smem and split_sign not in (0, 3):
         raise ValueError(f"split_sign: a_smem 1 takes 0 or 3 (one wgmma per k step), got {split_sign}")
     if pipeline == 3 and probe & 1:
@@ -304,11 +310,11 @@ def supports(q: torch.Tensor, cache: torch.Tensor, next_n: int, heads: int) -> s
 def wg_smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: int = DEFAULT_HEADSUM,
                   a_smem: int = DEFAULT_A_SMEM) -> int:
     """Shared memory of one math warpgroup, in bytes (the kernel's WG_BYTES; it static_asserts that
-    its layout fits): two 8 KB tiles of decoded keys (``a_smem`` 1), its queries, tf32 head-sum tiles
-    (``headsum`` 1), page ring, permuted weights
+    its layout fits): two 8 KB tiles of decoded keys (``a_smem`` 1), its queries, head-sum tiles
+    (``headsum`` 1: tf32, 32 bytes per head; 2: bf16, 16), page ring, permuted weights
     (padded rows of ``heads / 4 + 4`` floats), per stage a 16-byte job slot and two 8-byte mbarriers,
     rounded up to the 1 KB swizzle atom."""
-    per_wg = (a_smem * 2 * PAGE_SIZE * 128 + next_n * heads * 128 + (headsum > 0) * next_n * heads * 32 + stages * PAGE_SIZE * 68
+    per_wg = (a_smem * 2 * PAGE_SIZE * 128 + next_n * heads * 128 + {0: 0, 1: 32, 2: 16}[headsum] * next_n * heads + stages * PAGE_SIZE * 68
               + next_n * 4 * (heads // 4 + 4) * 4 + 32 * stages)
     return -(-per_wg // 1024) * 1024
 

@@ -1,9 +1,11 @@
 // Paged FP4 scorer for Hopper (sm_90a): wgmma with the decoded index keys as
-// the register A operand and the index queries as the shared-memory B operand.
+// the register A operand (A_SMEM 1: a shared-memory A tile) and the index queries
+// as the shared-memory B operand.
 //
 // Compiled at first use by NVRTC (ops/sm90.py), which prepends the compile-time
 // configuration (#define NEXT_N, HEADS, STAGES, OUT_KIND, LENS_2D, MIN_CTAS,
-// PROBE, SPLIT_SIGN, HEADSUM, PIPELINE, WGS, PRODUCER_REGS, MATH_REGS) and the
+// PROBE, SPLIT_SIGN, HEADSUM, PIPELINE, WGS, A_SMEM, PRODUCER_REGS, MATH_REGS,
+// THREADS, WG_BYTES) and the
 // wgmma wrappers for N = HEADS. Semantics are those of ops.paged_logits (DESIGN
 // section 5); the numerics are the "folded" form of that module:
 //
@@ -30,7 +32,10 @@
 //   fragment is the tf32 A fragment of m64n8k8 up to a k permutation) times the
 //   weights as B (tf32, columns 0 and 2, K-major, no swizzle): tf32 drops the
 //   low 13 bits of relu(S) and the weights are rounded to tf32, so each term
-//   carries a relative error below 2**-10 + 2**-11.
+//   carries a relative error below 2**-10 + 2**-11. HEADSUM 2: the same on bf16
+//   m64n8k16 (relu(S) packed two per cvt.rn.relu.bf16x2, the fp32 accumulator
+//   fragment being the bf16 A fragment as it stands; the weights as hi + lo bf16
+//   columns): below 2**-8 + 2**-16 per term.
 //
 // Which key element feeds which k slot is free as long as the index query's
 // element sits in the same slot: thread (lane % 4 = c) holds group c of its two
@@ -40,7 +45,7 @@
 //
 // Threads: WGS math warpgroups (warps 4g .. 4g + 3), then the producers: one
 // warp (WGS 1) or (WGS + 3) / 4 warpgroups (WGS > 1) whose warp g serves math warpgroup g.
-// With WGS > 1 the producer warpgroup gives its registers to the math
+// With WGS > 1 the producer warpgroups give their registers to the math
 // warpgroups (setmaxnreg) and one CTA fills an SM. Each math warpgroup has its
 // own entry of the CTA schedule (blockIdx.x * WGS + g), its own shared memory
 // (WG_BYTES) and named barrier. Its producer walks that entry's jobs (the (request, key block) tiles of the CTA
@@ -67,7 +72,7 @@ typedef long long i64;
 #define PIPELINE 0  // 1: the next job's slot is read while this job's last wgmma runs
 #endif
 #ifndef WGS
-#define WGS 1  // math warpgroups per CTA (2-8: warp-specialised, registers moved to them by setmaxnreg)
+#define WGS 1  // math warpgroups per CTA (2-6: warp-specialised, registers moved to them by setmaxnreg)
 #endif
 #ifndef A_SMEM
 #define A_SMEM 0  // 1: the decoded keys go to shared memory (two page buffers) for an SS wgmma; 0: registers (RS)
@@ -84,14 +89,15 @@ typedef long long i64;
 #define PAYLOAD_BYTES (PAGE * 64)
 #define MATH_THREADS 128
 // THREADS (ops/sm90.py threads()): WGS 1: one math warpgroup and one producer warp. WGS > 1: WGS
-// math warpgroups and one producer warpgroup whose warp k serves math warpgroup k (setmaxnreg
-// works on whole warpgroups).
+// math warpgroups and (WGS + 3) / 4 producer warpgroups whose warp k serves math warpgroup k
+// (setmaxnreg works on whole warpgroups).
 // WGS > 1: ops/sm90.py defines PRODUCER_REGS and MATH_REGS, the setmaxnreg budgets. setmaxnreg
 // moves registers only within the CTA's allocation at launch (THREADS x 65536 / THREADS rounded
-// down to 8): what the math warpgroups gain the producer warpgroup must give up first, or
+// down to 8): what the math warpgroups gain the producer warpgroups must give up first, or
 // setmaxnreg.inc waits forever (sm90.math_regs).
 #define Q_BYTES (HEADS * 128)
-#define HS_BYTES (HEADS * 32)            // tf32 head-sum B operand per next_n row: HEADS / 8 tiles of 256 bytes
+// Head-sum B operand per next_n row: tf32 (HEADSUM 1) HEADS / 8 tiles, bf16 (HEADSUM 2) HEADS / 16, of 256 bytes.
+#define HS_BYTES (HEADSUM == 2 ? HEADS * 16 : HEADS * 32)
 #define W_STRIDE (HEADS / 4 + 4)          // floats per (row, lane % 4) of the permuted weights (padded)
 // The weights in registers (one next_n row; H 64 only with the warp-specialised register budget).
 #define W_REGS (NEXT_N == 1 && HEADSUM == 0 && (HEADS <= 32 || (WGS > 1 && HEADS <= 64 && MATH_REGS >= 88)))
@@ -360,7 +366,8 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     __syncthreads();
 
     // This thread's math warpgroup (a producer warp: the one it serves) and its shared memory:
-    // queries NEXT_N x [HEADS, 128] e4m3 (swizzled), tf32 head-sum tiles (HEADSUM 1), the page ring
+    // two A tiles of decoded keys (A_SMEM 1), queries NEXT_N x [HEADS, 128] e4m3 (swizzled),
+    // head-sum tiles (HEADSUM 1 and 2), the page ring
     // STAGES x PAGE_BYTES, permuted weights NEXT_N x 4 x W_STRIDE floats, STAGES int4 job slots,
     // mbarriers full[STAGES] and empty[STAGES].
     const bool producer = warp >= 4 * WGS;
@@ -582,7 +589,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 
     // One job's slot, read: its description and, with a page, this thread's payload words and scales.
     struct Slot {
-        int4 job;  // cache page (-1: none/invalid), request (-1: end marker), page within it (-1: none), tail
+        int4 job;  // cache page (< 0: none/invalid), request (-1: end marker), page within it (-1: none), tail
         uint4 p0, p1;
         u32 sc0, sc1;
     };
