@@ -13,6 +13,7 @@ import torch
 from cases import make_paged_case, term_bound
 from test_paged_logits import _check
 
+from sglang_fp4_indexer.ops import sm90
 from sglang_fp4_indexer.ops.paged_logits import paged_logits
 from sglang_fp4_indexer.ops.schedule import plan_paged_schedule, plan_paged_schedule_into
 from sglang_fp4_indexer.reference import paged_logits_reference
@@ -22,8 +23,6 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(autouse=True)
 def _needs_hopper():
-    from sglang_fp4_indexer.ops import sm90
-
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     why = sm90.unavailable_reason("cuda")
@@ -107,8 +106,8 @@ def test_full_size_h64_batch8_32k(next_n):
     ctas = 3 * torch.cuda.get_device_properties(0).multi_processor_count
     # FP8 MMA on Hopper adds products in a narrower internal accumulator than
     # fp32 (DeepGEMM's notes): the same bound as test_paged_logits' GPU test.
-    _check(case, num_ctas=ctas, rel=1e-3, impl="wgmma", block_kv=64)
-    _check(case, num_ctas=ctas, rel=1e-3, impl="wgmma", block_kv=256)
+    _check(case, num_ctas=ctas, rel=sm90.rel_bound(), impl="wgmma", block_kv=64)
+    _check(case, num_ctas=ctas, rel=sm90.rel_bound(), impl="wgmma", block_kv=256)
 
 
 @pytest.mark.parametrize("split_sign,headsum,pipeline,wgs,a_smem", [
@@ -126,8 +125,6 @@ def test_decode_head_sum_and_pipeline_build_options(split_sign, headsum, pipelin
     # (HEADSUM 1) truncates relu(S) to tf32 and rounds the weights to tf32: each term's relative
     # error is below 2**-10 + 2**-11 = 1.5e-3, on top of the FP8 MMA's 1e-3 bound; the bf16 one
     # (HEADSUM 2) below 2**-8 + 2**-16.
-    from sglang_fp4_indexer.ops import sm90
-
     case = make_paged_case([65, 300, 1000], next_n=next_n, heads=heads,
                            seed=50 + split_sign + 3 * headsum + 6 * pipeline + 12 * wgs + 60 * a_smem, device="cuda")
     width = case.block_table.shape[1] * 64
@@ -142,7 +139,8 @@ def test_decode_head_sum_and_pipeline_build_options(split_sign, headsum, pipelin
     bound = term_bound(case, width).to(out.device)  # the same tolerance as test_paged_logits' GPU tests
     # bf16 head sum (HEADSUM 2): relu(S) rounded to bf16 (2**-8 per term: bf16's unit roundoff), the weights as hi + lo bf16
     # (2**-16 per term).
-    rel = 1e-3 + {0: 0.0, 1: 2.0**-10 * 1.5, 2: 2.0**-8 + 2.0**-16}[headsum]
+    rel = sm90.rel_bound(headsum)
+    assert rel == 1e-3 + {0: 0.0, 1: 2.0**-10 * 1.5, 2: 2.0**-8 + 2.0**-16}[headsum]
     err = (out.double() - ref.double()).abs()[fin] / (bound[fin] + 1e-30)
     print(f"split_sign {split_sign} headsum {headsum} pipeline {pipeline} wgs {wgs} a_smem {a_smem} next_n {next_n} H {heads}: "
           f"max error / term bound {err.max().item():.3e}")

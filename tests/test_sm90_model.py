@@ -279,6 +279,15 @@ def test_nvrtc_builds_the_measured_variants_without_serialized_wgmma(split_sign,
     assert "C7507" not in log and "C7508" not in log, log
 
 
+def test_rel_bound_is_the_mma_bound_plus_the_head_sums_rounding():
+    # The tolerance of the GPU tests and the benchmark's check for the Hopper kernel.
+    assert sm90.rel_bound(0) == 1e-3 == sm90.rel_bound() - sm90.HEADSUM_REL[sm90.DEFAULT_HEADSUM]
+    assert sm90.rel_bound(1) == pytest.approx(1e-3 + 1.5 / 1024)
+    assert sm90.rel_bound(2) == pytest.approx(1e-3 + 1 / 256 + 1 / 65536)
+    with pytest.raises(KeyError):
+        sm90.rel_bound(3)
+
+
 def test_unsupported_configurations_are_refused():
     with pytest.raises(ValueError, match="heads"):
         sm90.build(1, 48)

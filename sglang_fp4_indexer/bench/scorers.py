@@ -140,7 +140,14 @@ class OursScorer(Scorer):
                 out=outs[s], check=False, **extra,
             )
 
-        return PreparedScorer(fn, sets, OURS_REL, True, case)
+        # The Hopper kernel's bound includes its head sum's rounding (equal to OURS_REL with the
+        # default fp32 head sum).
+        rel = OURS_REL
+        if self.ran == "wgmma":
+            from ..ops import sm90
+
+            rel = sm90.rel_bound()
+        return PreparedScorer(fn, sets, rel, True, case)
 
 
 def sglang_request_table(block_table: torch.Tensor, width: int, page_size: int = PAGE_SIZE) -> torch.Tensor:

@@ -31,7 +31,8 @@ from . import nvrtc
 from ._common import scale_row_is_identity
 
 __all__ = ["available", "unavailable_reason", "build", "launch", "supports", "SOURCE", "DEFAULT_STAGES", "DEFAULT_MIN_CTAS",
-           "default_min_ctas", "smem_bytes", "wg_smem_bytes", "threads", "launch_regs", "math_regs", "HEADS", "MAX_Q_BYTES"]
+           "default_min_ctas", "smem_bytes", "wg_smem_bytes", "threads", "launch_regs", "math_regs", "HEADS", "MAX_Q_BYTES",
+           "HEADSUM_REL", "rel_bound", "producer_wgs"]
 
 #: The kernel's CUDA C++ source.
 SOURCE = Path(__file__).with_name("cuda") / "paged_logits_sm90.cu"
@@ -62,6 +63,10 @@ DEFAULT_WGS = 4
 #: Where the decoded index keys feed the wgmma (build option A_SMEM): 0 registers (RS), 1 two page
 #: buffers in shared memory (SS; docs/perf-notes.md, run 26).
 DEFAULT_A_SMEM = 0
+#: Relative rounding per term of each head sum (build option HEADSUM): 0 fp32 FFMA (none beyond fp32),
+#: 1 tf32 (relu(S) truncated, weights rounded: 2**-10 + 2**-11), 2 bf16 (relu(S) rounded, bf16's unit
+#: roundoff, and the weights as hi + lo: 2**-8 + 2**-16).
+HEADSUM_REL = {0: 0.0, 1: 2.0**-10 + 2.0**-11, 2: 2.0**-8 + 2.0**-16}
 #: Register budget of the producer warpgroup when WGS > 1 (setmaxnreg.dec; the smallest allowed).
 PRODUCER_REGS = 24
 
@@ -78,6 +83,17 @@ def threads(wgs: int) -> int:
     """Threads of one CTA: ``wgs`` math warpgroups and a producer warp (``wgs`` 1) or ``producer_wgs(wgs)``
     producer warpgroups (one warp per math warpgroup; setmaxnreg works on whole warpgroups)."""
     return 128 * wgs + (32 if wgs == 1 else 128 * producer_wgs(wgs))
+
+
+def rel_bound(headsum: int = DEFAULT_HEADSUM) -> float:
+    """The kernel's logit error bound, relative to ``sum_h |w_h| relu(s_h)`` of each key (what the GPU
+    tests and the benchmark's check allow): 1e-3 for Hopper FP8 MMA's accumulation, narrower than fp32
+    (DeepGEMM's notes; docs/perf-notes.md run 26), plus ``HEADSUM_REL[headsum]``.
+
+    Raises:
+        KeyError: ``headsum`` not a build option.
+    """
+    return 1e-3 + HEADSUM_REL[headsum]
 
 
 def producer_wgs(wgs: int) -> int:
