@@ -32,7 +32,7 @@ from ._common import scale_row_is_identity
 
 __all__ = ["available", "unavailable_reason", "build", "launch", "supports", "SOURCE", "DEFAULT_STAGES", "DEFAULT_MIN_CTAS",
            "default_min_ctas", "smem_bytes", "wg_smem_bytes", "threads", "launch_regs", "math_regs", "HEADS", "MAX_Q_BYTES",
-           "HEADSUM_REL", "rel_bound", "producer_wgs"]
+           "HEADSUM_REL", "rel_bound"]
 
 #: The kernel's CUDA C++ source.
 SOURCE = Path(__file__).with_name("cuda") / "paged_logits_sm90.cu"
@@ -54,15 +54,12 @@ DEFAULT_SPLIT_SIGN = 3
 #: Head sum of the epilogue (build option HEADSUM): 0 fp32 FFMA, 1 tf32 wgmma, 2 bf16 wgmma
 #: (docs/perf-notes.md, runs 14 and 29).
 DEFAULT_HEADSUM = 0
-#: Software pipeline of the math loop (build option PIPELINE; docs/perf-notes.md, runs 14 and 21).
+#: Software pipeline of the math loop (build option PIPELINE; docs/perf-notes.md, runs 14, 17 and 21).
 DEFAULT_PIPELINE = 0
 #: Math warpgroups per CTA (build option WGS): 1 with one producer warp, several CTAs per SM;
-#: 2-6 warp-specialised with one producer warp per math warpgroup (whole producer warpgroups) and
-#: setmaxnreg, one CTA per SM (docs/perf-notes.md, runs 15 and 27).
+#: 2-4 warp-specialised with a producer warpgroup and setmaxnreg, one CTA per SM (docs/perf-notes.md,
+#: runs 15 and 27).
 DEFAULT_WGS = 4
-#: Where the decoded index keys feed the wgmma (build option A_SMEM): 0 registers (RS), 1 two page
-#: buffers in shared memory (SS; docs/perf-notes.md, run 26).
-DEFAULT_A_SMEM = 0
 #: Relative rounding per term of each head sum (build option HEADSUM): 0 fp32 FFMA (none beyond fp32),
 #: 1 tf32 (relu(S) truncated, weights rounded: 2**-10 + 2**-11), 2 bf16 (relu(S) rounded, bf16's unit
 #: roundoff, and the weights as hi + lo: 2**-8 + 2**-16).
@@ -80,9 +77,9 @@ _OUT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def threads(wgs: int) -> int:
-    """Threads of one CTA: ``wgs`` math warpgroups and a producer warp (``wgs`` 1) or ``producer_wgs(wgs)``
-    producer warpgroups (one warp per math warpgroup; setmaxnreg works on whole warpgroups)."""
-    return 128 * wgs + (32 if wgs == 1 else 128 * producer_wgs(wgs))
+    """Threads of one CTA: ``wgs`` math warpgroups and a producer warp (``wgs`` 1) or warpgroup (one warp
+    per math warpgroup; setmaxnreg works on whole warpgroups)."""
+    return 128 * wgs + (32 if wgs == 1 else 128)
 
 
 def rel_bound(headsum: int = DEFAULT_HEADSUM) -> float:
@@ -96,11 +93,6 @@ def rel_bound(headsum: int = DEFAULT_HEADSUM) -> float:
     return 1e-3 + HEADSUM_REL[headsum]
 
 
-def producer_wgs(wgs: int) -> int:
-    """Producer warpgroups of a warp-specialised CTA (``wgs`` > 1): one warp per math warpgroup."""
-    return -(-wgs // 4)
-
-
 def launch_regs(wgs: int) -> int:
     """Registers per thread a CTA of ``threads(wgs)`` threads is launched with when ``wgs`` > 1
     (``__launch_bounds__(threads, 1)``: 65536 / threads, rounded down to 8)."""
@@ -111,10 +103,10 @@ def math_regs(wgs: int) -> int:
     """Registers per math thread after ``setmaxnreg.inc`` (``wgs`` > 1): what the producer warpgroup
     gives up by ``setmaxnreg.dec`` to ``PRODUCER_REGS``, shared among the math warpgroups. setmaxnreg only
     moves registers within the CTA's launch allocation, so
-    ``128 * producer_wgs(wgs) * PRODUCER_REGS + 128 * wgs * math_regs(wgs) <= threads(wgs) * launch_regs(wgs)`` (else the
+    ``128 * PRODUCER_REGS + 128 * wgs * math_regs(wgs) <= threads(wgs) * launch_regs(wgs)`` (else the
     increase never completes)."""
     total = threads(wgs) * launch_regs(wgs)
-    return min(240, (total - 128 * producer_wgs(wgs) * PRODUCER_REGS) // (128 * wgs) // 8 * 8)
+    return min(240, (total - 128 * PRODUCER_REGS) // (128 * wgs) // 8 * 8)
 
 
 def _wgmma_wrapper(heads: int) -> str:
@@ -133,14 +125,6 @@ def _wgmma_wrapper(heads: int) -> str:
         '        "}\\n"\n'
         f"        : {outs}\n"
         f'        : {ins}, "r"(static_cast<u32>(accumulate)));\n'
-        "}\n"
-        "__device__ __forceinline__ void wgmma_f8_ss(float* d, u64 adesc, u64 bdesc, bool accumulate) {\n"
-        '    asm volatile("{\\n.reg .pred p;\\n"\n'
-        f'        "setp.ne.b32 p, %{n_acc + 2}, 0;\\n"\n'
-        f'        "wgmma.mma_async.sync.aligned.m64n{heads}k32.f32.e4m3.e4m3 {{{d}}}, %{n_acc}, %{n_acc + 1}, p, 1, 1;\\n"\n'
-        '        "}\\n"\n'
-        f"        : {outs}\n"
-        f'        : "l"(adesc), "l"(bdesc), "r"(static_cast<u32>(accumulate)));\n'
         "}\n"
         "__device__ __forceinline__ void wgmma_f8_neg(float* d, const u32* a, u64 desc) {\n"
         f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{heads}k32.f32.e4m3.e4m3 {{{d}}}, {{{a}}}, %{n_acc + 4}, 1, -1, 1;\\n"\n'
@@ -167,7 +151,7 @@ def _wgmma_wrapper(heads: int) -> str:
 
 
 def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, min_ctas: int, probe: int,
-            split_sign: int, headsum: int, pipeline: int, wgs: int, a_smem: int) -> str:
+            split_sign: int, headsum: int, pipeline: int, wgs: int) -> str:
     body = SOURCE.read_text()
     marker = "extern \"C\" __global__"
     head, tail = body.split(marker, 1)
@@ -176,8 +160,7 @@ def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, 
         f"#define LENS_2D {int(lens_2d)}\n#define STAGES {stages}\n#define MIN_CTAS {min_ctas}\n#define PROBE {probe}\n"
         f"#define SPLIT_SIGN {split_sign}\n#define HEADSUM {headsum}\n#define PIPELINE {pipeline}\n#define WGS {wgs}\n"
         f"#define PRODUCER_REGS {PRODUCER_REGS}\n#define MATH_REGS {math_regs(wgs)}\n"
-        f"#define THREADS {threads(wgs)}\n#define WG_BYTES {wg_smem_bytes(next_n, heads, stages, headsum, a_smem)}\n"
-        f"#define A_SMEM {a_smem}\n"
+        f"#define THREADS {threads(wgs)}\n#define WG_BYTES {wg_smem_bytes(next_n, heads, stages, headsum)}\n"
     )
     return defines + head + _wgmma_wrapper(heads) + marker + tail
 
@@ -186,7 +169,7 @@ def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, 
 def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, stages: int = DEFAULT_STAGES,
           min_ctas: int | None = None, arch: str = "sm_90a", probe: int = 0,
           split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
-          pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS, a_smem: int = DEFAULT_A_SMEM) -> tuple[bytes, str]:
+          pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS) -> tuple[bytes, str]:
     """Compile the scorer for one configuration with NVRTC (``ops.nvrtc.compile_cubin``).
 
     Works without a GPU (NVRTC is a library), which is how the CPU tests
@@ -203,7 +186,8 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
             ``default_min_ctas(heads)``); ignored with ``wgs`` > 1 (one CTA per SM, ``setmaxnreg``).
         arch: NVRTC target.
         probe: measurement builds (scripts/sm90_probe.py), bit flags: 1 loads only, 2 no page copies, 4 no wgmma,
-            8 no decode, 16 one k step (one wgmma) per page, 32 no relu/weights/head sum; 0 the scorer.
+            8 no decode, 16 one wgmma per page (on the XOR of the four k steps' fragments), 32 no
+            relu/weights/head sum; 0 the scorer.
         split_sign: sign handling: 0 PRMT magnitudes + PRMT signs; 1
             sign-split PRMTs and a negated wgmma; 2 the same split with the negative
             elements read through a reversed LUT by complemented nibbles (IMAD); 3 one wgmma, the
@@ -211,14 +195,8 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         headsum: epilogue head sum: 0 fp32 FFMA; 1 a tf32 wgmma of relu(S)
             by the weights (relative error per term below 2**-10 + 2**-11); 2 a bf16 wgmma of relu(S)
             by the weights as hi + lo bf16 (relative error per term below 2**-8 + 2**-16). See the .cu file.
-        pipeline: 1 reads the next job's page while this job's wgmma runs; 3 also decodes it then
-            (two A fragment sets; no loads-only probe, ``probe & 1``; a measurement option: ptxas
-            spills or serializes it at H 128, with 5 warpgroups, and at next_n >= 3 with one).
-        wgs: math warpgroups per CTA, 1-6 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1;
-            5 takes at most 64 heads, 6 at most 32).
-        a_smem: 1: the decoded keys go through two page buffers in shared memory to an SS wgmma (the
-            queries in natural k order); 0: they stay in registers (RS wgmma). 1 needs ``split_sign``
-            0 or 3 (one wgmma per k step).
+        pipeline: 1 reads the next job's page while this job's wgmma runs.
+        wgs: math warpgroups per CTA, 1-4 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1).
 
     Returns:
         ``(cubin bytes, ptxas log)``.
@@ -236,19 +214,11 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
     if out_kind not in (0, 1, 2):
         raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
     for name, value, allowed in (("probe", probe, tuple(range(64))), ("split_sign", split_sign, (0, 1, 2, 3)),
-                                 ("wgs", wgs, (1, 2, 3, 4, 5, 6)),
-                                 ("headsum", headsum, (0, 1, 2)), ("pipeline", pipeline, (0, 1, 3)), ("a_smem", a_smem, (0, 1))):
+                                 ("wgs", wgs, (1, 2, 3, 4)),
+                                 ("headsum", headsum, (0, 1, 2)), ("pipeline", pipeline, (0, 1))):
         if value not in allowed:
             raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
-    # Register budgets ptxas cannot meet (docs/perf-notes.md, run 27): it fails, or serializes the wgmma.
-    if (wgs >= 5 and heads > 64) or (wgs == 6 and heads > 32):
-        raise ValueError(f"wgs: {wgs} math warpgroups leave {math_regs(wgs)} registers per thread, too few for "
-                         f"{heads} heads; 5 takes up to 64 heads, 6 up to 32")
-    if a_smem and split_sign not in (0, 3):
-        raise ValueError(f"split_sign: a_smem 1 takes 0 or 3 (one wgmma per k step), got {split_sign}")
-    if pipeline == 3 and probe & 1:
-        raise ValueError(f"probe: the loads-only build (probe & 1) has no pipeline 3 form, got probe {probe}")
-    if not isinstance(stages, int) or stages < 1 or smem_bytes(next_n, heads, stages, headsum, wgs, a_smem) > MAX_SMEM_BYTES:
+    if not isinstance(stages, int) or stages < 1 or smem_bytes(next_n, heads, stages, headsum, wgs) > MAX_SMEM_BYTES:
         raise ValueError(f"stages: expected an int >= 1 whose rings (one per math warpgroup, wgs {wgs!r}) fit "
                          f"{MAX_SMEM_BYTES} bytes of shared memory with next_n {next_n} x {heads} heads of queries, "
                          f"got {stages!r}")
@@ -256,7 +226,7 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"min_ctas: expected an int >= 1, got {min_ctas!r}")
     if min_ctas is None:
         min_ctas = default_min_ctas(heads) if wgs == 1 else 1
-    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, split_sign, headsum, pipeline, wgs, a_smem)
+    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, split_sign, headsum, pipeline, wgs)
     return nvrtc.compile_cubin(src, "paged_logits_sm90.cu", arch)
 
 
@@ -323,29 +293,28 @@ def supports(q: torch.Tensor, cache: torch.Tensor, next_n: int, heads: int) -> s
     return None
 
 
-def wg_smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: int = DEFAULT_HEADSUM,
-                  a_smem: int = DEFAULT_A_SMEM) -> int:
+def wg_smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: int = DEFAULT_HEADSUM) -> int:
     """Shared memory of one math warpgroup, in bytes (the kernel's WG_BYTES; it static_asserts that
-    its layout fits): two 8 KB tiles of decoded keys (``a_smem`` 1), its queries, head-sum tiles
+    its layout fits): its queries, head-sum tiles
     (``headsum`` 1: tf32, 32 bytes per head; 2: bf16, 16), page ring, permuted weights
     (padded rows of ``heads / 4 + 4`` floats), per stage a 16-byte job slot and two 8-byte mbarriers,
     rounded up to the 1 KB swizzle atom."""
-    per_wg = (a_smem * 2 * PAGE_SIZE * 128 + next_n * heads * 128 + {0: 0, 1: 32, 2: 16}[headsum] * next_n * heads + stages * PAGE_SIZE * 68
+    per_wg = (next_n * heads * 128 + {0: 0, 1: 32, 2: 16}[headsum] * next_n * heads + stages * PAGE_SIZE * 68
               + next_n * 4 * (heads // 4 + 4) * 4 + 32 * stages)
     return -(-per_wg // 1024) * 1024
 
 
 def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: int = DEFAULT_HEADSUM,
-               wgs: int = DEFAULT_WGS, a_smem: int = DEFAULT_A_SMEM) -> int:
+               wgs: int = DEFAULT_WGS) -> int:
     """Dynamic shared memory of one CTA, in bytes: ``wgs`` x ``wg_smem_bytes`` plus 1 KB of slack to
     align the window to the swizzle atom."""
-    return wgs * wg_smem_bytes(next_n, heads, stages, headsum, a_smem) + 1024
+    return wgs * wg_smem_bytes(next_n, heads, stages, headsum) + 1024
 
 
 def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch: int, next_n: int, heads: int,
            width: int, block_kv: int, stages: int = DEFAULT_STAGES, min_ctas: int | None = None,
            probe: int = 0, split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
-           pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS, a_smem: int = DEFAULT_A_SMEM) -> None:
+           pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS) -> None:
     """Launch the sm90 scorer on torch's current stream (arguments already validated by ``paged_logits``).
 
     Shapes as ``ops.paged_logits.paged_logits``; ``block_kv`` a multiple of
@@ -359,8 +328,8 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
     device = q.device
     out_kind = _OUT_KINDS[out.dtype]
     cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, split_sign,
-                     headsum, pipeline, wgs, a_smem)
-    smem = smem_bytes(next_n, heads, stages, headsum, wgs, a_smem)
+                     headsum, pipeline, wgs)
+    smem = smem_bytes(next_n, heads, stages, headsum, wgs)
     fn = nvrtc.get_function(device, cubin, "fp4_paged_logits_sm90", smem)
     args = [
         ctypes.c_void_p(q.data_ptr()),

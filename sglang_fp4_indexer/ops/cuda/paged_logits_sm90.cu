@@ -1,10 +1,9 @@
 // Paged FP4 scorer for Hopper (sm_90a): wgmma with the decoded index keys as
-// the register A operand (A_SMEM 1: a shared-memory A tile) and the index queries
-// as the shared-memory B operand.
+// the register A operand and the index queries as the shared-memory B operand.
 //
 // Compiled at first use by NVRTC (ops/sm90.py), which prepends the compile-time
 // configuration (#define NEXT_N, HEADS, STAGES, OUT_KIND, LENS_2D, MIN_CTAS,
-// PROBE, SPLIT_SIGN, HEADSUM, PIPELINE, WGS, A_SMEM, PRODUCER_REGS, MATH_REGS,
+// PROBE, SPLIT_SIGN, HEADSUM, PIPELINE, WGS, PRODUCER_REGS, MATH_REGS,
 // THREADS, WG_BYTES) and the
 // wgmma wrappers for N = HEADS. Semantics are those of ops.paged_logits (DESIGN
 // section 5); the numerics are the "folded" form of that module:
@@ -44,8 +43,8 @@
 // are written to shared memory (with the 128-byte swizzle wgmma reads).
 //
 // Threads: WGS math warpgroups (warps 4g .. 4g + 3), then the producers: one
-// warp (WGS 1) or (WGS + 3) / 4 warpgroups (WGS > 1) whose warp g serves math warpgroup g.
-// With WGS > 1 the producer warpgroups give their registers to the math
+// warp (WGS 1) or one warpgroup (WGS > 1) whose warp g serves math warpgroup g.
+// With WGS > 1 the producer warpgroup gives its registers to the math
 // warpgroups (setmaxnreg) and one CTA fills an SM. Each math warpgroup has its
 // own entry of the CTA schedule (blockIdx.x * WGS + g), its own shared memory
 // (WG_BYTES) and named barrier. Its producer walks that entry's jobs (the (request, key block) tiles of the CTA
@@ -72,10 +71,7 @@ typedef long long i64;
 #define PIPELINE 0  // 1: the next job's slot is read while this job's last wgmma runs
 #endif
 #ifndef WGS
-#define WGS 1  // math warpgroups per CTA (2-6: warp-specialised, registers moved to them by setmaxnreg)
-#endif
-#ifndef A_SMEM
-#define A_SMEM 0  // 1: the decoded keys go to shared memory (two page buffers) for an SS wgmma; 0: registers (RS)
+#define WGS 1  // math warpgroups per CTA (2-4: warp-specialised, registers moved to them by setmaxnreg)
 #endif
 #ifndef PROBE
 #define PROBE 0  // measurement builds only, bit flags: 1 loads only (no compute), 2 no page copies,
@@ -89,30 +85,27 @@ typedef long long i64;
 #define PAYLOAD_BYTES (PAGE * 64)
 #define MATH_THREADS 128
 // THREADS (ops/sm90.py threads()): WGS 1: one math warpgroup and one producer warp. WGS > 1: WGS
-// math warpgroups and (WGS + 3) / 4 producer warpgroups whose warp k serves math warpgroup k
-// (setmaxnreg works on whole warpgroups).
+// math warpgroups and one producer warpgroup whose warp k serves math warpgroup k (setmaxnreg
+// works on whole warpgroups).
 // WGS > 1: ops/sm90.py defines PRODUCER_REGS and MATH_REGS, the setmaxnreg budgets. setmaxnreg
 // moves registers only within the CTA's allocation at launch (THREADS x 65536 / THREADS rounded
-// down to 8): what the math warpgroups gain the producer warpgroups must give up first, or
+// down to 8): what the math warpgroups gain the producer warpgroup must give up first, or
 // setmaxnreg.inc waits forever (sm90.math_regs).
 #define Q_BYTES (HEADS * 128)
 // Head-sum B operand per next_n row: tf32 (HEADSUM 1) HEADS / 8 tiles, bf16 (HEADSUM 2) HEADS / 16, of 256 bytes.
 #define HS_BYTES (HEADSUM == 2 ? HEADS * 16 : HEADS * 32)
 #define W_STRIDE (HEADS / 4 + 4)          // floats per (row, lane % 4) of the permuted weights (padded)
 // The weights in registers (one next_n row; H 64 only with the warp-specialised register budget).
-#define W_REGS (NEXT_N == 1 && HEADSUM == 0 && (HEADS <= 32 || (WGS > 1 && HEADS <= 64 && MATH_REGS >= 88)))
+#define W_REGS (NEXT_N == 1 && HEADSUM == 0 && (HEADS <= 32 || (WGS > 1 && HEADS <= 64)))
 // One math warpgroup's shared memory (offsets in bytes); WG_BYTES (ops/sm90.py wg_smem_bytes(): this
 // layout rounded up to the 1024-byte swizzle atom) is checked against it below.
-#define A_TILE_BYTES (PAGE * 128)       // one page of decoded keys, e4m3, K-major, 128-byte swizzle
-#define Q_OFF (A_SMEM * 2 * A_TILE_BYTES)
-#define HS_OFF (Q_OFF + NEXT_N * Q_BYTES)
+#define HS_OFF (NEXT_N * Q_BYTES)
 #define RING_OFF (HS_OFF + (HEADSUM ? NEXT_N * HS_BYTES : 0))
 #define W_OFF (RING_OFF + STAGES * PAGE_BYTES)
 #define INFO_OFF (W_OFF + NEXT_N * 4 * W_STRIDE * 4)
 #define BAR_OFF (INFO_OFF + 16 * STAGES)
 static_assert(BAR_OFF + 16 * STAGES <= WG_BYTES && WG_BYTES % 1024 == 0, "WG_BYTES does not hold the layout");
-static_assert(THREADS == MATH_THREADS * WGS + (WGS == 1 ? 32 : 128 * ((WGS + 3) / 4)), "THREADS does not match WGS");
-static_assert(!A_SMEM || SPLIT_SIGN == 0 || SPLIT_SIGN == 3, "A_SMEM needs a decode with one wgmma per k step");
+static_assert(THREADS == MATH_THREADS * WGS + (WGS == 1 ? 32 : 128), "THREADS does not match WGS");
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     return static_cast<u32>(__cvta_generic_to_shared(p));
@@ -151,32 +144,22 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
 // Barrier of one math warpgroup: named barrier 1 + its index, as an immediate (a barrier id in a
 // register makes ptxas reserve all 16 named barriers, which caps CTAs per SM at 4).
 __device__ __forceinline__ void math_barrier(int wg) {
+#define MATH_BARRIER(id) asm volatile("bar.sync " #id ", 128;" ::: "memory")
 #if WGS == 1
-    asm volatile("bar.sync 1, 128;" ::: "memory");
+    MATH_BARRIER(1);
 #else
     switch (wg) {
-        case 0: asm volatile("bar.sync 1, 128;" ::: "memory"); break;
-        case 1: asm volatile("bar.sync 2, 128;" ::: "memory"); break;
+        case 0: MATH_BARRIER(1); break;
+        case 1: MATH_BARRIER(2); break;
 #if WGS > 2
-        case 2: asm volatile("bar.sync 3, 128;" ::: "memory"); break;
+        case 2: MATH_BARRIER(3); break;
 #endif
 #if WGS > 3
-        case 3: asm volatile("bar.sync 4, 128;" ::: "memory"); break;
-#endif
-#if WGS > 4
-        case 4: asm volatile("bar.sync 5, 128;" ::: "memory"); break;
-#endif
-#if WGS > 5
-        case 5: asm volatile("bar.sync 6, 128;" ::: "memory"); break;
-#endif
-#if WGS > 6
-        case 6: asm volatile("bar.sync 7, 128;" ::: "memory"); break;
-#endif
-#if WGS > 7
-        default: asm volatile("bar.sync 8, 128;" ::: "memory"); break;
+        case 3: MATH_BARRIER(4); break;
 #endif
     }
 #endif
+#undef MATH_BARRIER
 }
 
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
@@ -189,10 +172,6 @@ __device__ __forceinline__ uint4 lds128(u32 addr) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
     return v;
-}
-
-__device__ __forceinline__ void sts128(u32 addr, u32 a, u32 b, u32 c, u32 d) {
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
 
 __device__ __forceinline__ u32 lds32(u32 addr) {
@@ -366,7 +345,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     __syncthreads();
 
     // This thread's math warpgroup (a producer warp: the one it serves) and its shared memory:
-    // two A tiles of decoded keys (A_SMEM 1), queries NEXT_N x [HEADS, 128] e4m3 (swizzled),
+    // queries NEXT_N x [HEADS, 128] e4m3 (swizzled),
     // head-sum tiles (HEADSUM 1 and 2), the page ring
     // STAGES x PAGE_BYTES, permuted weights NEXT_N x 4 x W_STRIDE floats, STAGES int4 job slots,
     // mbarriers full[STAGES] and empty[STAGES].
@@ -375,7 +354,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     // from it can stay in uniform registers).
     const int wg = __shfl_sync(0xffffffffu, producer ? warp - 4 * WGS : warp >> 2, 0);
     unsigned char* smem = smem_base + wg * WG_BYTES;
-    unsigned char* q_smem = smem + Q_OFF;
+    unsigned char* q_smem = smem;
     unsigned char* hs_smem = smem + HS_OFF;
     unsigned char* stage_smem = smem + RING_OFF;
     float* w_smem = reinterpret_cast<float*>(smem + W_OFF);
@@ -469,11 +448,6 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     // The queries' wgmma descriptor; row i, k step s add (i * Q_BYTES + 32 s) / 16 to its address field
     // (which cannot carry out: shared memory addresses stay below 2**18).
     const u64 q_desc0 = q_desc(smem_u32(q_smem));
-    // A_SMEM: the two page buffers of decoded keys (64 rows x 128 k, the layout of the queries) and
-    // their descriptor; buffer a, k step s add (a * A_TILE_BYTES + 32 s) / 16.
-    const u32 a_smem0 = smem_u32(smem);
-    const u64 a_desc0 = q_desc(a_smem0);
-    int abuf = 0;  // the buffer the next decoded page goes to
     const float* w_mine = w_smem + c * W_STRIDE;  // this lane's permuted weights (row i: + 4 i W_STRIDE)
     const bool mine1 = c == 1;                       // lane c = 0 stores row r0, c = 1 row r1
     const int my_row = mine1 ? r0 + 8 : r0;
@@ -530,10 +504,6 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
                 const int idx = tid + (k0 + k) * MATH_THREADS;
                 const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;
                 unsigned char* row = q_smem + i * Q_BYTES + h * 128;
-#if A_SMEM
-                // Natural k order (the keys' A tile is in element order too), 128-byte swizzle.
-                *reinterpret_cast<uint4*>(row + ((m ^ (h & 7)) << 4)) = v[k];
-#else
                 const u32 words[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk) {
@@ -543,7 +513,6 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
                     const int chunk = 2 * s + hi;
                     *reinterpret_cast<u32*>(row + ((chunk ^ (h & 7)) << 4) + 4 * cc) = words[kk];
                 }
-#endif
             }
         }
 #pragma unroll
@@ -642,7 +611,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 
     // A slot's page -> A fragments, and f: 2**-6 * 2**(s_max - 127) of the row this lane stores times
     // the 1/2 of x + |x|. Needs no query: it may run for the next request before its queries load.
-    auto decode = [&](const Slot& sl, Frag& fr, float& f, int buf) {
+    auto decode = [&](const Slot& sl, Frag& fr, float& f) {
 #if PROBE & 1
         if ((sl.p0.x ^ sl.p1.y ^ sl.sc0 ^ sl.sc1) == 0x12345678u) out[0] = 0;  // keep the loads
         f = 0.f;
@@ -681,29 +650,18 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #endif
         }
         f = __int_as_float(static_cast<int>((mine1 ? smax1 : smax0) << 23)) * 0.0078125f;
-#if A_SMEM
-        // This thread's 32 decoded bytes of rows r0 and r1 (group c: k = 32c .. 32c + 31, in element
-        // order) -> chunks 2c and 2c + 1 of those rows of A tile `buf` (128-byte swizzle), then made
-        // visible to the async proxy; the wgmma waits for the warpgroup's barrier.
-        const u32 row0 = a_smem0 + buf * A_TILE_BYTES + r0 * 128, x = r0 & 7, c0 = (2 * c) ^ x, c1 = (2 * c + 1) ^ x;
-        sts128(row0 + (c0 << 4), fr.a[0][0], fr.a[0][2], fr.a[1][0], fr.a[1][2]);
-        sts128(row0 + (c1 << 4), fr.a[2][0], fr.a[2][2], fr.a[3][0], fr.a[3][2]);
-        sts128(row0 + 1024 + (c0 << 4), fr.a[0][1], fr.a[0][3], fr.a[1][1], fr.a[1][3]);
-        sts128(row0 + 1024 + (c1 << 4), fr.a[2][1], fr.a[2][3], fr.a[3][1], fr.a[3][3]);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
 #endif
     };
 
     // wgmma of next_n row i: acc = A B_i over the page's 128 k (four k32 steps), committed, not waited.
-    auto issue_row = [&](int i, const Frag& fr, int buf) {
+    auto issue_row = [&](int i, const Frag& fr) {
 #if PROBE & 4
 #pragma unroll
         for (int j = 0; j < HEADS / 2; ++j)
             acc[j] = __uint_as_float((fr.a[j & 3][(j >> 2) & 3] & 0x3FFFFFFFu) ^ static_cast<u32>(q_desc0 + i));
         return;
 #endif
-#if (PROBE & 16) && !A_SMEM
+#if PROBE & 16
         // One wgmma on the XOR of the four k steps' fragments: every decoded word stays live.
         u32 fx[4];
 #pragma unroll
@@ -715,13 +673,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #endif
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-        for (int s = 0; s < ((PROBE & 16) ? 1 : 4); ++s) {
-#if A_SMEM
-            wgmma_f8_ss(acc, a_desc0 + (buf * A_TILE_BYTES + 32 * s) / 16, q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
-#else
-            wgmma_f8(acc, fr.a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
-#endif
-        }
+        for (int s = 0; s < 4; ++s) wgmma_f8(acc, fr.a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
 #if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
 #pragma unroll
         for (int s = 0; s < 4; ++s) wgmma_f8_neg(acc, fr.an[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16);
@@ -820,42 +772,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     // wgmma under a branch makes ptxas serialize all of them (its warning C7518).
     Slot next;
     acquire(next);
-#if PIPELINE == 3
-    // Decode ahead: job n + 1's slot is read and its page decoded into the other fragment set while
-    // job n's last wgmma runs; the loop is unrolled twice so the two sets keep their registers.
-    static_assert(!(PROBE & 1), "PIPELINE 3 has no loads-only probe build");
-    Frag fa, fb;
-    float f_a = 0.f, f_b = 0.f;
-    if (next.job.y >= 0) decode(next, fa, f_a, abuf);
-    auto step = [&](const Frag& cur, float f_cur, Frag& nxt, float& f_nxt) {
-        const int4 job = next.job;
-        if (job.y != cur_b) {
-            cur_b = job.y;
-            load_request(cur_b);  // no wgmma is in flight here
-        }
-#if A_SMEM
-        math_barrier(wg);  // the warpgroup's page is in its A tile
-#endif
-#pragma unroll
-        for (int i = 0; i + 1 < NEXT_N; ++i) {
-            issue_row(i, cur, abuf);
-            finish_row(i, job, f_cur);
-        }
-        issue_row(NEXT_N - 1, cur, abuf);
-        acquire(next);
-        // The other A tile's last reader, two pages back, completed before this page's barrier.
-        if (next.job.y >= 0) decode(next, nxt, f_nxt, abuf ^ A_SMEM);
-        finish_row(NEXT_N - 1, job, f_cur);
-        fill_tail(job);
-        abuf ^= A_SMEM;
-        return next.job.y >= 0;
-    };
-    while (next.job.y >= 0) {
-        if (!step(fa, f_a, fb, f_b)) break;
-        if (!step(fb, f_b, fa, f_a)) break;
-    }
-#else
-    // PIPELINE 1: job n's (last) wgmma runs while job n + 1's slot is read.
+    // PIPELINE 1: job n's (last) wgmma runs while job n + 1's slot is read; PIPELINE 0: after it.
     while (next.job.y >= 0) {
         const int4 job = next.job;
         if (job.y != cur_b) {
@@ -864,21 +781,15 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         }
         Frag fr;
         float f;
-        // A_SMEM: the tile written here was last read by the wgmma two pages back, which every warp
-        // of the warpgroup waited for before the previous page's barrier.
-        decode(next, fr, f, abuf);
+        decode(next, fr, f);
 #if !(PROBE & 1)
-#if A_SMEM
-        math_barrier(wg);  // the warpgroup's page is in its A tile
-#endif
 #pragma unroll
         for (int i = 0; i + 1 < NEXT_N; ++i) {
-            issue_row(i, fr, abuf);
+            issue_row(i, fr);
             finish_row(i, job, f);
         }
-        issue_row(NEXT_N - 1, fr, abuf);
+        issue_row(NEXT_N - 1, fr);
 #endif
-        abuf ^= A_SMEM;
 #if PIPELINE
         acquire(next);  // overlaps the wgmma
 #endif
@@ -890,5 +801,4 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #endif
         fill_tail(job);
     }
-#endif
 }
