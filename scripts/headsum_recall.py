@@ -18,28 +18,23 @@ import json
 import torch
 
 from sglang_fp4_indexer import format as fmt
-from sglang_fp4_indexer.accuracy import _case_tensors, build_study_input
+from sglang_fp4_indexer.accuracy import _case_tensors, _shared_key_logits, build_study_input
 from sglang_fp4_indexer.metrics import topk_recall_rows
 from sglang_fp4_indexer.reference import topk_reference
 
 
-def head_sum_logits(q8: torch.Tensor, w8: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor,
-                    bf16: bool) -> torch.Tensor:
-    """``[rows, width]`` logits of the fp32 FP4 scorer (``bf16`` False) or its HEADSUM 2 emulation
-    (relu(s) rounded to bf16, weights as hi + lo bf16, fp64 sum standing in for fp32); ``-inf``
-    past each row's length. ``keys``: ``[width, 128]`` fp32 (the dequantized MXFP4 keys)."""
+def bf16_head_sum_logits(q8: torch.Tensor, w8: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``[rows, width]`` logits of the HEADSUM 2 emulation: relu(s) rounded to bf16, weights as hi + lo
+    bf16, an fp64 sum standing in for the fp32 accumulation; ``-inf`` past each row's length.
+    ``keys``: ``[width, 128]`` fp32 (the dequantized MXFP4 keys)."""
     rows, width = q8.shape[0], keys.shape[0]
     out = torch.full((rows, width), float("-inf"), dtype=torch.float64)
     for r, n in enumerate(lengths.tolist()):
         s = keys[:n] @ q8[r].to(torch.float32).T  # [n, H] fp32 per-head scores
-        relu = torch.relu(s)
         w = w8[r].to(torch.float32)
-        if bf16:
-            hi = w.to(torch.bfloat16).to(torch.float32)
-            lo = (w - hi).to(torch.bfloat16).to(torch.float32)
-            out[r, :n] = relu.to(torch.bfloat16).to(torch.float64) @ (hi.to(torch.float64) + lo.to(torch.float64))
-        else:
-            out[r, :n] = (relu @ w).to(torch.float64)
+        hi = w.to(torch.bfloat16).to(torch.float32)
+        lo = (w - hi).to(torch.bfloat16).to(torch.float32)
+        out[r, :n] = torch.relu(s).to(torch.bfloat16).to(torch.float64) @ (hi.to(torch.float64) + lo.to(torch.float64))
     return out
 
 
@@ -62,9 +57,9 @@ def main() -> None:
         for context, h in cases:
             keys, q8, w8, lengths, exact, exact_top = _case_tensors(inp, context, h, args.topk, torch.device("cpu"))
             deq = fmt.dequantize_index_k(*fmt.quantize_index_k(keys)).to(torch.float32)
-            tops = {}
-            for name, bf16 in (("fp32", False), ("bf16", True)):
-                tops[name] = topk_reference(head_sum_logits(q8, w8, deq, lengths, bf16), args.topk, lengths=lengths)
+            logits = {"fp32": _shared_key_logits(q8, w8, deq, lengths),  # the accuracy study's fp32 FP4 oracle
+                      "bf16": bf16_head_sum_logits(q8, w8, deq, lengths)}
+            tops = {name: topk_reference(x, args.topk, lengths=lengths) for name, x in logits.items()}
             rec = {name: topk_recall_rows(top, exact_top) for name, top in tops.items()}
             agree = topk_recall_rows(tops["bf16"], tops["fp32"])
             row = dict(kind=kind, context=context, heads=h, rows=args.rows, topk=args.topk,
