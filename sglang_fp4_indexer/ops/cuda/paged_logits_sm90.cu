@@ -68,7 +68,17 @@ typedef long long i64;
 #define HEADSUM 0
 #endif
 #ifndef PIPELINE
-#define PIPELINE 0  // 1: the next job's slot is read while this job's last wgmma runs
+#define PIPELINE 0  // 1: the next job's slot is read while this job's last wgmma runs; 2: that, and the
+                    // next job's page decoded in the same instruction stream as this job's epilogue
+#endif
+#ifndef CHAINS
+#define CHAINS 1  // 2: each page's wgmma (and the bf16 head sum's) as two independent accumulation chains
+#endif
+#if CHAINS == 2 && (PROBE & (4 | 16))
+#error "CHAINS 2 needs the four k-step wgmma (not PROBE 4 or 16)"
+#endif
+#if PIPELINE == 2 && (PROBE & 1)
+#error "PIPELINE 2 needs the compute (not PROBE 1)"
 #endif
 #ifndef WGS
 #define WGS 1  // math warpgroups per CTA (2-4: warp-specialised, registers moved to them by setmaxnreg)
@@ -77,8 +87,12 @@ typedef long long i64;
 #define PROBE 0  // measurement builds only, bit flags: 1 loads only (no compute), 2 no page copies,
                  // 4 no wgmma (accumulators made from the A fragments), 8 no decode (A = raw payload words),
                  // 16 one wgmma per page instead of four (on the XOR of the four k steps' fragments),
-                 // 32 no relu/weights/head sum (v = acc[0])
+                 // 32 no relu/weights/head sum (v = acc[0]),
+                 // 64 timeline: lane 0 of every math warp writes %clock stamps of its first TL_JOBS jobs'
+                 // phases over the logits buffer (read as u32; no logit is stored)
 #endif
+#define TL_JOBS 32
+#define TL_STAMPS 8
 
 #define PAGE 64
 #define PAGE_BYTES (PAGE * 68)
@@ -166,6 +180,12 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 r;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
+}
+
+__device__ __forceinline__ u32 clock_stamp() {
+    u32 t;
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(t)::"memory");
+    return t;
 }
 
 __device__ __forceinline__ uint4 lds128(u32 addr) {
@@ -608,6 +628,20 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #endif
     };
     float acc[HEADS / 2];
+#if CHAINS == 2
+    float acc2[HEADS / 2];  // k steps 2 and 3 (acc: 0 and 1), added after the wait
+#endif
+#if PROBE & 64
+    // Timeline record of this warp: TL_JOBS jobs x TL_STAMPS u32 at (entry x 4 + warp) x TL_JOBS x TL_STAMPS.
+    u32* tl = reinterpret_cast<u32*>(out) + (static_cast<i64>(vcta) * 4 + (warp & 3)) * TL_JOBS * TL_STAMPS;
+    const bool tl_on = lane == 0 && (static_cast<i64>(vcta) * 4 + 4) * TL_JOBS * TL_STAMPS * sizeof(out_t) <=
+                                         static_cast<i64>(batch) * NEXT_N * stride_out * sizeof(out_t);
+    int tl_n = 0;
+    u32 tl_t[TL_STAMPS];
+#define TL(k) (tl_t[k] = clock_stamp())
+#else
+#define TL(k)
+#endif
 
     // A slot's page -> A fragments, and f: 2**-6 * 2**(s_max - 127) of the row this lane stores times
     // the 1/2 of x + |x|. Needs no query: it may run for the next request before its queries load.
@@ -672,8 +706,16 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         return;
 #endif
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#if CHAINS == 2
+        // Two chains of two k steps each: the tensor cores may run them side by side.
+        wgmma_f8(acc, fr.a[0], q_desc0 + (i * Q_BYTES) / 16, false);
+        wgmma_f8(acc2, fr.a[2], q_desc0 + (i * Q_BYTES + 64) / 16, false);
+        wgmma_f8(acc, fr.a[1], q_desc0 + (i * Q_BYTES + 32) / 16, true);
+        wgmma_f8(acc2, fr.a[3], q_desc0 + (i * Q_BYTES + 96) / 16, true);
+#else
 #pragma unroll
         for (int s = 0; s < 4; ++s) wgmma_f8(acc, fr.a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
+#endif
 #if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
 #pragma unroll
         for (int s = 0; s < 4; ++s) wgmma_f8_neg(acc, fr.an[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16);
@@ -683,12 +725,33 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 
     // Epilogue of next_n row i of a job (its wgmma issued and committed): relu, weights, head sum, store.
     // A page outside the cache or the block table (check=False) is written -inf: not visible.
-    auto finish_row = [&](int i, const int4& job, float f) {
+    // The slot read last, and (PIPELINE 2) the fragments and scale factor decoded from it.
+    Slot next;
+#if PIPELINE == 2
+    Frag frag;
+    float f_next = 0.f;
+#endif
+    // decode_next (PIPELINE 2): once the row's wgmma has completed, the next slot's page is decoded into
+    // frag (the wgmma no longer reads it), in the same instruction stream as this epilogue.
+    auto finish_row = [&](int i, const int4& job, float f, bool decode_next) {
         const bool mma = job.z >= 0 && job.x >= 0;
         const int col = job.z * PAGE + my_row;
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
         for (int j = 0; j < HEADS / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
+#if CHAINS == 2
+#pragma unroll
+        for (int j = 0; j < HEADS / 2; ++j) {
+            asm volatile("" : "+f"(acc2[j])::"memory");
+            acc[j] += acc2[j];
+        }
+#endif
+#if PIPELINE == 2
+        if (decode_next) decode(next, frag, f_next);
+#endif
+#if PROBE & 64
+        if (i == NEXT_N - 1) tl_t[3] = clock_stamp();
+#endif
         // 2 relu(x) = x + |x| (exact; FMA pipe, not ALU); the 2 is taken out through f.
 #if HEADSUM == 2
         // bf16 head sum on the tensor cores: relu(S) rounded to bf16 (relative error <= 2**-8 per
@@ -701,12 +764,26 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(ra[j]) : "f"(acc[2 * j + 1]), "f"(acc[2 * j]));
         const u32 hb = smem_u32(hs_smem) + i * HS_BYTES;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#if CHAINS == 2 && HEADS >= 32
+        // Two chains: even tiles into hs, odd tiles into hs2.
+        float hs2[4];
+#pragma unroll
+        for (int t = 0; t < HEADS / 16; ++t) wgmma_bf16_n8((t & 1) ? hs2 : hs, ra + 4 * t, hs_desc(hb + 256 * t), t > 1);
+#else
 #pragma unroll
         for (int t = 0; t < HEADS / 16; ++t) wgmma_bf16_n8(hs, ra + 4 * t, hs_desc(hb + 256 * t), t > 0);
+#endif
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
         for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[j])::"memory");
+#if CHAINS == 2 && HEADS >= 32
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            asm volatile("" : "+f"(hs2[j])::"memory");
+            hs[j] += hs2[j];
+        }
+#endif
         // Lane c = 0 holds columns 0, 1 (row r0 and r1 by hi and lo), lane c = 1 columns 2, 3 (the same).
         float v = 2.f * (mine1 ? hs[2] + hs[3] : hs[0] + hs[1]);
 #elif HEADSUM
@@ -755,12 +832,17 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         v += __shfl_xor_sync(0xffffffffu, v, 2);  // lane c = 0: row r0, c = 1: row r1
 #endif
         v = mma && col < row_len[i] ? v * f : -__int_as_float(0x7f800000);
+#if PROBE & 64
+        // Kept live by a store that never happens in practice (v would have to be the smallest denormal).
+        if (job.z >= 0 && c < 2 && col < width && __float_as_uint(v) == 1u) store_logit(row_out + i * stride_out + col, v);
+#else
         if (job.z >= 0 && c < 2 && col < width) store_logit(row_out + i * stride_out + col, v);
+#endif
     };
 
     // The request's last job writes -inf over the rest of its rows.
     auto fill_tail = [&](const int4& job) {
-        if (job.w < 0) return;
+        if ((PROBE & 64) || job.w < 0) return;
         const float ninf = -__int_as_float(0x7f800000);
         for (int i = 0; i < NEXT_N; ++i) {
             out_t* row = row_out + i * stride_out;
@@ -770,35 +852,63 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 
     // Every job goes through the same wgmma code, valid page or not (the stores are masked instead): a
     // wgmma under a branch makes ptxas serialize all of them (its warning C7518).
-    Slot next;
+    TL(0);
     acquire(next);
-    // PIPELINE 1: job n's (last) wgmma runs while job n + 1's slot is read; PIPELINE 0: after it.
+    TL(5);
+    // PIPELINE 1 and 2: job n's (last) wgmma runs while job n + 1's slot is read; PIPELINE 0: after it.
+#if PIPELINE == 2
+    // The first job's fragments; in the loop, job n + 1's are decoded with job n's epilogue.
+    Frag& fr = frag;
+    decode(next, fr, f_next);
+#endif
     while (next.job.y >= 0) {
         const int4 job = next.job;
         if (job.y != cur_b) {
             cur_b = job.y;
             load_request(cur_b);  // no wgmma is in flight here
         }
+        TL(1);
+#if PIPELINE == 2
+        const float f = f_next;
+#else
         Frag fr;
         float f;
         decode(next, fr, f);
+#endif
 #if !(PROBE & 1)
 #pragma unroll
         for (int i = 0; i + 1 < NEXT_N; ++i) {
             issue_row(i, fr);
-            finish_row(i, job, f);
+            finish_row(i, job, f, false);
         }
         issue_row(NEXT_N - 1, fr);
 #endif
-#if PIPELINE
+        TL(2);
+#if PIPELINE == 1 || PIPELINE == 2
         acquire(next);  // overlaps the wgmma
 #endif
-#if !(PROBE & 1)
-        finish_row(NEXT_N - 1, job, f);
+#if PIPELINE == 2
+        finish_row(NEXT_N - 1, job, f, true);
+#elif !(PROBE & 1)
+        finish_row(NEXT_N - 1, job, f, false);
 #endif
-#if !PIPELINE
+        TL(4);
+#if PIPELINE == 0
         acquire(next);
 #endif
+        TL(5);
         fill_tail(job);
+#if PROBE & 64
+        // Stamps: 0 the previous job's end (or the loop's start), 1 decode start, 2 wgmma issued, 3 wgmma
+        // waited (finish_row), 4 epilogue done, 5 next slot acquired; 6 the cache page, 7 the request.
+        if (tl_on && tl_n < TL_JOBS) {
+            uint4* r = reinterpret_cast<uint4*>(tl + tl_n * TL_STAMPS);
+            r[0] = make_uint4(tl_t[0], tl_t[1], tl_t[2], tl_t[3]);
+            r[1] = make_uint4(tl_t[4], tl_t[5], static_cast<u32>(job.x), static_cast<u32>(job.y));
+        }
+        ++tl_n;
+        tl_t[0] = tl_t[5];
+#endif
     }
+#undef TL
 }
