@@ -56,8 +56,6 @@ DEFAULT_SPLIT_SIGN = 3
 DEFAULT_HEADSUM = 0
 #: Software pipeline of the math loop (build option PIPELINE; docs/perf-notes.md, runs 14, 17 and 21).
 DEFAULT_PIPELINE = 0
-#: Accumulation chains per page (build option CHAINS; docs/perf-notes.md, run 31).
-DEFAULT_CHAINS = 1
 #: Math warpgroups per CTA (build option WGS): 1 with one producer warp, several CTAs per SM;
 #: 2-4 warp-specialised with a producer warpgroup and setmaxnreg, one CTA per SM (docs/perf-notes.md,
 #: runs 15 and 27).
@@ -153,7 +151,7 @@ def _wgmma_wrapper(heads: int) -> str:
 
 
 def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, min_ctas: int, probe: int,
-            split_sign: int, headsum: int, pipeline: int, wgs: int, chains: int) -> str:
+            split_sign: int, headsum: int, pipeline: int, wgs: int) -> str:
     body = SOURCE.read_text()
     marker = "extern \"C\" __global__"
     head, tail = body.split(marker, 1)
@@ -161,7 +159,6 @@ def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, 
         f"#define NEXT_N {next_n}\n#define HEADS {heads}\n#define OUT_KIND {out_kind}\n"
         f"#define LENS_2D {int(lens_2d)}\n#define STAGES {stages}\n#define MIN_CTAS {min_ctas}\n#define PROBE {probe}\n"
         f"#define SPLIT_SIGN {split_sign}\n#define HEADSUM {headsum}\n#define PIPELINE {pipeline}\n#define WGS {wgs}\n"
-        f"#define CHAINS {chains}\n"
         f"#define PRODUCER_REGS {PRODUCER_REGS}\n#define MATH_REGS {math_regs(wgs)}\n"
         f"#define THREADS {threads(wgs)}\n#define WG_BYTES {wg_smem_bytes(next_n, heads, stages, headsum)}\n"
     )
@@ -172,7 +169,7 @@ def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, 
 def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, stages: int = DEFAULT_STAGES,
           min_ctas: int | None = None, arch: str = "sm_90a", probe: int = 0,
           split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
-          pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS, chains: int = DEFAULT_CHAINS) -> tuple[bytes, str]:
+          pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS) -> tuple[bytes, str]:
     """Compile the scorer for one configuration with NVRTC (``ops.nvrtc.compile_cubin``).
 
     Works without a GPU (NVRTC is a library), which is how the CPU tests
@@ -198,11 +195,8 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         headsum: epilogue head sum: 0 fp32 FFMA; 1 a tf32 wgmma of relu(S)
             by the weights (relative error per term below 2**-10 + 2**-11); 2 a bf16 wgmma of relu(S)
             by the weights as hi + lo bf16 (relative error per term below 2**-8 + 2**-16). See the .cu file.
-        pipeline: 1 reads the next job's page while this job's wgmma runs; 2 that, and decodes the next
-            job's page in the same instruction stream as this job's epilogue (not with probe bit 1).
+        pipeline: 1 reads the next job's page while this job's wgmma runs.
         wgs: math warpgroups per CTA, 1-4 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1).
-        chains: 2 issues each page's four k-step wgmma as two independent accumulation chains (and the bf16
-            head sum's as two), added after the wait; 1 one chain (not 2 with probe bits 4 or 16).
 
     Returns:
         ``(cubin bytes, ptxas log)``.
@@ -221,21 +215,18 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
     for name, value, allowed in (("probe", probe, tuple(range(128))), ("split_sign", split_sign, (0, 1, 2, 3)),
                                  ("wgs", wgs, (1, 2, 3, 4)),
-                                 ("headsum", headsum, (0, 1, 2)), ("pipeline", pipeline, (0, 1, 2)),
-                                 ("chains", chains, (1, 2))):
+                                 ("headsum", headsum, (0, 1, 2)), ("pipeline", pipeline, (0, 1))):
         if value not in allowed:
             raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
     if not isinstance(stages, int) or stages < 1 or smem_bytes(next_n, heads, stages, headsum, wgs) > MAX_SMEM_BYTES:
         raise ValueError(f"stages: expected an int >= 1 whose rings (one per math warpgroup, wgs {wgs!r}) fit "
                          f"{MAX_SMEM_BYTES} bytes of shared memory with next_n {next_n} x {heads} heads of queries, "
                          f"got {stages!r}")
-    if chains == 2 and heads > 64:
-        raise ValueError(f"chains: 2 needs heads <= 64 (its second accumulator does not fit the registers), got {heads} heads")
     if min_ctas is not None and (not isinstance(min_ctas, int) or min_ctas < 1):
         raise ValueError(f"min_ctas: expected an int >= 1, got {min_ctas!r}")
     if min_ctas is None:
         min_ctas = default_min_ctas(heads) if wgs == 1 else 1
-    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, split_sign, headsum, pipeline, wgs, chains)
+    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, split_sign, headsum, pipeline, wgs)
     return nvrtc.compile_cubin(src, "paged_logits_sm90.cu", arch)
 
 
@@ -323,7 +314,7 @@ def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: i
 def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch: int, next_n: int, heads: int,
            width: int, block_kv: int, stages: int = DEFAULT_STAGES, min_ctas: int | None = None,
            probe: int = 0, split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
-           pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS, chains: int = DEFAULT_CHAINS) -> None:
+           pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS) -> None:
     """Launch the sm90 scorer on torch's current stream (arguments already validated by ``paged_logits``).
 
     Shapes as ``ops.paged_logits.paged_logits``; ``block_kv`` a multiple of
@@ -337,7 +328,7 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
     device = q.device
     out_kind = _OUT_KINDS[out.dtype]
     cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, split_sign,
-                     headsum, pipeline, wgs, chains)
+                     headsum, pipeline, wgs)
     smem = smem_bytes(next_n, heads, stages, headsum, wgs)
     fn = nvrtc.get_function(device, cubin, "fp4_paged_logits_sm90", smem)
     args = [

@@ -68,17 +68,7 @@ typedef long long i64;
 #define HEADSUM 0
 #endif
 #ifndef PIPELINE
-#define PIPELINE 0  // 1: the next job's slot is read while this job's last wgmma runs; 2: that, and the
-                    // next job's page decoded in the same instruction stream as this job's epilogue
-#endif
-#ifndef CHAINS
-#define CHAINS 1  // 2: each page's wgmma (and the bf16 head sum's) as two independent accumulation chains
-#endif
-#if CHAINS == 2 && (PROBE & (4 | 16))
-#error "CHAINS 2 needs the four k-step wgmma (not PROBE 4 or 16)"
-#endif
-#if PIPELINE == 2 && (PROBE & 1)
-#error "PIPELINE 2 needs the compute (not PROBE 1)"
+#define PIPELINE 0  // 1: the next job's slot is read while this job's last wgmma runs
 #endif
 #ifndef WGS
 #define WGS 1  // math warpgroups per CTA (2-4: warp-specialised, registers moved to them by setmaxnreg)
@@ -628,9 +618,6 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #endif
     };
     float acc[HEADS / 2];
-#if CHAINS == 2
-    float acc2[HEADS / 2];  // k steps 2 and 3 (acc: 0 and 1), added after the wait
-#endif
 #if PROBE & 64
     // Timeline record of this warp: TL_JOBS jobs x TL_STAMPS u32 at (entry x 4 + warp) x TL_JOBS x TL_STAMPS.
     u32* tl = reinterpret_cast<u32*>(out) + (static_cast<i64>(vcta) * 4 + (warp & 3)) * TL_JOBS * TL_STAMPS;
@@ -706,16 +693,8 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         return;
 #endif
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#if CHAINS == 2
-        // Two chains of two k steps each: the tensor cores may run them side by side.
-        wgmma_f8(acc, fr.a[0], q_desc0 + (i * Q_BYTES) / 16, false);
-        wgmma_f8(acc2, fr.a[2], q_desc0 + (i * Q_BYTES + 64) / 16, false);
-        wgmma_f8(acc, fr.a[1], q_desc0 + (i * Q_BYTES + 32) / 16, true);
-        wgmma_f8(acc2, fr.a[3], q_desc0 + (i * Q_BYTES + 96) / 16, true);
-#else
 #pragma unroll
         for (int s = 0; s < 4; ++s) wgmma_f8(acc, fr.a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
-#endif
 #if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
 #pragma unroll
         for (int s = 0; s < 4; ++s) wgmma_f8_neg(acc, fr.an[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16);
@@ -725,30 +704,12 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 
     // Epilogue of next_n row i of a job (its wgmma issued and committed): relu, weights, head sum, store.
     // A page outside the cache or the block table (check=False) is written -inf: not visible.
-    // The slot read last, and (PIPELINE 2) the fragments and scale factor decoded from it.
-    Slot next;
-#if PIPELINE == 2
-    Frag frag;
-    float f_next = 0.f;
-#endif
-    // decode_next (PIPELINE 2): once the row's wgmma has completed, the next slot's page is decoded into
-    // frag (the wgmma no longer reads it), in the same instruction stream as this epilogue.
-    auto finish_row = [&](int i, const int4& job, float f, bool decode_next) {
+    auto finish_row = [&](int i, const int4& job, float f) {
         const bool mma = job.z >= 0 && job.x >= 0;
         const int col = job.z * PAGE + my_row;
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
         for (int j = 0; j < HEADS / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
-#if CHAINS == 2
-#pragma unroll
-        for (int j = 0; j < HEADS / 2; ++j) {
-            asm volatile("" : "+f"(acc2[j])::"memory");
-            acc[j] += acc2[j];
-        }
-#endif
-#if PIPELINE == 2
-        if (decode_next) decode(next, frag, f_next);
-#endif
 #if PROBE & 64
         if (i == NEXT_N - 1) tl_t[3] = clock_stamp();
 #endif
@@ -764,26 +725,12 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(ra[j]) : "f"(acc[2 * j + 1]), "f"(acc[2 * j]));
         const u32 hb = smem_u32(hs_smem) + i * HS_BYTES;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#if CHAINS == 2 && HEADS >= 32
-        // Two chains: even tiles into hs, odd tiles into hs2.
-        float hs2[4];
-#pragma unroll
-        for (int t = 0; t < HEADS / 16; ++t) wgmma_bf16_n8((t & 1) ? hs2 : hs, ra + 4 * t, hs_desc(hb + 256 * t), t > 1);
-#else
 #pragma unroll
         for (int t = 0; t < HEADS / 16; ++t) wgmma_bf16_n8(hs, ra + 4 * t, hs_desc(hb + 256 * t), t > 0);
-#endif
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
         for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[j])::"memory");
-#if CHAINS == 2 && HEADS >= 32
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            asm volatile("" : "+f"(hs2[j])::"memory");
-            hs[j] += hs2[j];
-        }
-#endif
         // Lane c = 0 holds columns 0, 1 (row r0 and r1 by hi and lo), lane c = 1 columns 2, 3 (the same).
         float v = 2.f * (mine1 ? hs[2] + hs[3] : hs[0] + hs[1]);
 #elif HEADSUM
@@ -853,14 +800,10 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     // Every job goes through the same wgmma code, valid page or not (the stores are masked instead): a
     // wgmma under a branch makes ptxas serialize all of them (its warning C7518).
     TL(0);
+    Slot next;
     acquire(next);
     TL(5);
-    // PIPELINE 1 and 2: job n's (last) wgmma runs while job n + 1's slot is read; PIPELINE 0: after it.
-#if PIPELINE == 2
-    // The first job's fragments; in the loop, job n + 1's are decoded with job n's epilogue.
-    Frag& fr = frag;
-    decode(next, fr, f_next);
-#endif
+    // PIPELINE 1: job n's (last) wgmma runs while job n + 1's slot is read; PIPELINE 0: after it.
     while (next.job.y >= 0) {
         const int4 job = next.job;
         if (job.y != cur_b) {
@@ -868,32 +811,26 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             load_request(cur_b);  // no wgmma is in flight here
         }
         TL(1);
-#if PIPELINE == 2
-        const float f = f_next;
-#else
         Frag fr;
         float f;
         decode(next, fr, f);
-#endif
 #if !(PROBE & 1)
 #pragma unroll
         for (int i = 0; i + 1 < NEXT_N; ++i) {
             issue_row(i, fr);
-            finish_row(i, job, f, false);
+            finish_row(i, job, f);
         }
         issue_row(NEXT_N - 1, fr);
 #endif
         TL(2);
-#if PIPELINE == 1 || PIPELINE == 2
+#if PIPELINE
         acquire(next);  // overlaps the wgmma
 #endif
-#if PIPELINE == 2
-        finish_row(NEXT_N - 1, job, f, true);
-#elif !(PROBE & 1)
-        finish_row(NEXT_N - 1, job, f, false);
+#if !(PROBE & 1)
+        finish_row(NEXT_N - 1, job, f);
 #endif
         TL(4);
-#if PIPELINE == 0
+#if !PIPELINE
         acquire(next);
 #endif
         TL(5);
