@@ -416,13 +416,19 @@ def test_gpu_study_matches_the_torch_path():
     inputs = [build_study_input(k, cases, rows=32, seed=0, device="cuda") for k in ("gaussian", "needle")]
     triton = run_accuracy(inputs, cases, device="cuda", diagnose_cases=[])
     torch_path = run_accuracy(inputs, cases, device="cuda", triton_max_context=0, diagnose_cases=[])
+    # On Hopper the kernel path is the CUDA scorer, whose bf16 head sum (sm90.HEADSUM_REL) moves the
+    # Spearman mean by up to 1.5e-6 on these cases (its CPU emulation, scripts/headsum_recall.py's
+    # bf16_head_sum_logits, against the fp32 FP4 logits); elsewhere only fp32 summation order differs.
+    from sglang_fp4_indexer.ops import sm90
+
+    spearman_tol = 1e-5 if sm90.available("cuda") and sm90.HEADSUM_REL[sm90.DEFAULT_HEADSUM] else 1e-6
     for a, b in zip(triton.cases, torch_path.cases):
         assert a.fp4_path == "triton" and b.fp4_path == "torch" and a.store_bit_exact
         # fp32 summation order differs between the kernel and the matmul: a near-tie at the
         # k-th score may flip; at most a few keys of 2048 per row.
         for name in ("FP4", "FP4 bf16 logits", "FP4 fp16 logits"):
             assert abs(a.formats[name].recall_mean - b.formats[name].recall_mean) <= 2e-3
-        assert a.formats["FP4"].spearman_mean == pytest.approx(b.formats["FP4"].spearman_mean, abs=1e-6)
+        assert a.formats["FP4"].spearman_mean == pytest.approx(b.formats["FP4"].spearman_mean, abs=spearman_tol)
         assert a.formats["FP8"].recall_rows == b.formats["FP8"].recall_rows
 
 

@@ -11,7 +11,8 @@ of the magnitudes of every term of the logit; a scorer passes where
   or the same values in fp16/bf16) and sums fp32 (2**-24 per addition, a few
   dozen additions), but Hopper's FP8 MMA adds products in an accumulator
   narrower than fp32 (DeepGEMM's notes); 1e-3 is the bound the project's GPU
-  test uses.
+  test uses. The Hopper CUDA kernel (``wgmma``) adds its head sum's rounding:
+  ``sm90.rel_bound()`` (1e-3 + 2**-8 + 2**-16 with its default bf16 head sum).
 * SGLang's Triton FP4 scorer: ``SGLANG_REL`` = 2e-2. Its own semantics round
   four times to bf16 (the weights, each head's dot, each weighted head score,
   the logit), each within 2**-8 (bf16's unit roundoff) of the bound: 4 x 2**-8 = 1.6e-2 < 2e-2.

@@ -140,8 +140,8 @@ class OursScorer(Scorer):
                 out=outs[s], check=False, **extra,
             )
 
-        # The Hopper kernel's bound includes its head sum's rounding (equal to OURS_REL with the
-        # default fp32 head sum).
+        # The Hopper kernel's bound includes its head sum's rounding (sm90.rel_bound(): OURS_REL plus
+        # the bf16 head sum's 2**-8 + 2**-16 with the default HEADSUM 2).
         rel = OURS_REL
         if self.ran == "wgmma":
             from ..ops import sm90
