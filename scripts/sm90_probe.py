@@ -33,10 +33,14 @@ PHASES = ("between", "decode_issue", "wgmma_wait", "epilogue", "acquire")
 
 def timeline_summary(buf, entries, wgs):
     """PROBE 64: the clock stamps lane 0 of every math warp wrote over the logits buffer -> per-phase cycles
-    (mean, median over jobs 1..; job 0 includes the first request's queries) and, per SM sub-partition
-    (warp % 4 of every math warpgroup shares one), the share of cycles in which 0..4 of its math warps are in
-    an issuing phase (decode/issue, epilogue, between) rather than waiting (wgmma, slot)."""
+    (mean, median over jobs 1..; job 0's first phase includes the wait for the first slot) and, per SM
+    sub-partition (warp % 4 of every math warpgroup shares one), the share of cycles in which 0..4 of its
+    math warps are in an issuing phase (decode/issue, epilogue, between) rather than waiting (wgmma, slot).
+    A buffer too small for every entry's records (the kernel then skips them) gives ``{"error": ...}``."""
     n = entries * 4 * TL_JOBS * TL_STAMPS
+    if buf.numel() < n or entries % wgs:
+        return {"error": f"logits buffer of {buf.numel()} words holds no full timeline of {entries} entries "
+                         f"({n} words) in CTAs of {wgs} warpgroups"}
     rec = buf.reshape(-1)[:n].cpu().to(torch.int64).reshape(entries // wgs, wgs, 4, TL_JOBS, TL_STAMPS)
     valid = rec[..., 7] >= 0
     t = rec[..., :6] & 0xFFFFFFFF

@@ -84,3 +84,19 @@ def term_bound(case: PagedCase, width: int) -> torch.Tensor:
         q = case.q[r].cpu().double().abs()
         out[r, :n] = (k @ q.t()) @ case.weights[r].cpu().double().abs()
     return out
+
+
+def relu_bound(case: PagedCase, width: int) -> torch.Tensor:
+    """``sum_h |w| relu(s_h)`` per (row, column), ``s_h`` the exact head score, fp64 ``[rows, width]`` (0 past
+    a row's length): the scale of a rounding applied to each relu'd head score (the Hopper bf16 head sum)."""
+    lens = expand_context_lens(case.context_lens.cpu(), case.next_n).reshape(-1)
+    cache = case.cache.cpu()
+    out = torch.zeros(case.q.shape[0], width, dtype=torch.float64)
+    for r in range(case.q.shape[0]):
+        n = int(lens[r])
+        if n == 0:
+            continue
+        slots = paged_slots(case.block_table[r // case.next_n].cpu(), n)
+        k = dequantize_index_k(*read_index_k(cache, slots)).double()
+        out[r, :n] = torch.relu(k @ case.q[r].cpu().double().t()) @ case.weights[r].cpu().double().abs()
+    return out

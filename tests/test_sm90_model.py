@@ -276,6 +276,22 @@ def test_rel_bound_is_the_mma_bound_plus_the_head_sums_rounding():
         sm90.rel_bound(3)
 
 
+def test_logit_error_bound_splits_the_mma_and_head_sum_scales():
+    # 1e-3 of the term bound for the FP8 MMA; the head sum's rounding of the relu'd scores, themselves
+    # off by at most 1e-3 of the term bound; never above the one-factor rel_bound() x term bound.
+    term = torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)
+    relu = torch.tensor([0.0, 2.5, 100.0], dtype=torch.float64)
+    assert torch.equal(sm90.logit_error_bound(term, relu, 0), 1e-3 * term)
+    want = 1e-3 * term + (2.0**-8 + 2.0**-16) * (relu + 1e-3 * term)
+    assert torch.allclose(sm90.logit_error_bound(term, relu, 2), want, rtol=1e-15, atol=0)
+    assert sm90.logit_error_bound(4.0, 1.0, 1) == pytest.approx(4e-3 + 1.5 / 1024 * (1.0 + 4e-3))
+    assert torch.all(sm90.logit_error_bound(term, relu) <= sm90.rel_bound() * term * (1 + 1e-3))
+    # No relu'd score: the MMA part, and the head sum's rounding of what the MMA may have added.
+    assert float(sm90.logit_error_bound(term, relu)[0]) == pytest.approx(1e-3 * (1 + sm90.HEADSUM_REL[sm90.DEFAULT_HEADSUM]))
+    with pytest.raises(KeyError):
+        sm90.logit_error_bound(term, relu, 3)
+
+
 def test_unsupported_configurations_are_refused():
     with pytest.raises(ValueError, match="heads"):
         sm90.build(1, 48)

@@ -452,7 +452,7 @@ def paged_logits(
             NVRTC at first use): the folded numerics below with the decoded
             keys as wgmma's register operand, pages streamed by bulk copies, the
             head sum as a bf16 wgmma (each relu'd head score rounded to bf16:
-            logits within ``sm90.rel_bound()`` x ``sum_h |w_h| relu(s_h)``);
+            logits within ``sm90.logit_error_bound``);
             needs compute capability 9.0, ``cuda-bindings``, e4m3 q with
             ``next_n * H * 128 <= 32768`` bytes, 16-byte aligned q rows and
             cache, 64-token pages and ``block_kv`` a multiple of 64 (the

@@ -32,7 +32,7 @@ from ._common import scale_row_is_identity
 
 __all__ = ["available", "unavailable_reason", "build", "launch", "supports", "SOURCE", "DEFAULT_STAGES", "DEFAULT_MIN_CTAS",
            "default_min_ctas", "smem_bytes", "wg_smem_bytes", "threads", "launch_regs", "math_regs", "HEADS", "MAX_Q_BYTES",
-           "HEADSUM_REL", "rel_bound"]
+           "HEADSUM_REL", "MMA_REL", "rel_bound", "logit_error_bound"]
 
 #: The kernel's CUDA C++ source.
 SOURCE = Path(__file__).with_name("cuda") / "paged_logits_sm90.cu"
@@ -53,7 +53,7 @@ def default_min_ctas(heads: int) -> int:
 DEFAULT_SPLIT_SIGN = 3
 #: Head sum of the epilogue (build option HEADSUM): 0 fp32 FFMA, 1 tf32 wgmma, 2 bf16 wgmma
 #: (docs/perf-notes.md, runs 14, 29 and 31): 2, 3-4 % faster than 0 at long context; its rounding
-#: (``HEADSUM_REL[2]``) moves the top-k recall by at most 3e-4 (scripts/headsum_recall.py).
+#: (``HEADSUM_REL[2]``) moves the top-k recall by at most 3.4e-4 (scripts/headsum_recall.py).
 DEFAULT_HEADSUM = 2
 #: Software pipeline of the math loop (build option PIPELINE; docs/perf-notes.md, runs 14, 17 and 21).
 DEFAULT_PIPELINE = 0
@@ -83,15 +83,41 @@ def threads(wgs: int) -> int:
     return 128 * wgs + (32 if wgs == 1 else 128)
 
 
+#: Relative error of a head score ``s_h`` from Hopper FP8 MMA's accumulation, narrower than fp32
+#: (DeepGEMM's notes; docs/perf-notes.md run 26), relative to ``sum_d |q_hd k_d|``.
+MMA_REL = 1e-3
+
+
 def rel_bound(headsum: int = DEFAULT_HEADSUM) -> float:
-    """The kernel's logit error bound, relative to ``sum_h |w_h| relu(s_h)`` of each key (what the GPU
-    tests and the benchmark's check allow): 1e-3 for Hopper FP8 MMA's accumulation, narrower than fp32
-    (DeepGEMM's notes; docs/perf-notes.md run 26), plus ``HEADSUM_REL[headsum]``.
+    """The kernel's logit error bound as one factor of the term bound ``sum_h |w_h| sum_d |q_hd k_d|`` of
+    each key (what the benchmark's check allows): ``MMA_REL`` plus ``HEADSUM_REL[headsum]`` (the head
+    sum's rounding is relative to ``sum_h |w_h| relu(s_h)``, which the term bound exceeds, so this is
+    looser than ``logit_error_bound``).
 
     Raises:
         KeyError: ``headsum`` not a build option.
     """
-    return 1e-3 + HEADSUM_REL[headsum]
+    return MMA_REL + HEADSUM_REL[headsum]
+
+
+def logit_error_bound(term, relu_term, headsum: int = DEFAULT_HEADSUM):
+    """The kernel's error bound per logit (what the Hopper GPU tests assert).
+
+    Args:
+        term: ``sum_h |w_h| sum_d |q_hd k_d|`` per (row, key) (a tensor or a float).
+        relu_term: ``sum_h |w_h| relu(s_h)`` per (row, key), same shape, ``s_h`` the exact head score.
+
+    Returns:
+        ``MMA_REL * term + HEADSUM_REL[headsum] * (relu_term + MMA_REL * term)``: each head score off
+        by at most ``MMA_REL * sum_d |q k|`` (the FP8 MMA's accumulation), then its relu rounded with
+        relative error ``HEADSUM_REL[headsum]`` (bf16 for HEADSUM 2; the weights' hi + lo split
+        included) in the head sum, whose fp32 additions the generous ``MMA_REL`` covers.
+
+    Raises:
+        KeyError: ``headsum`` not a build option.
+    """
+    rel = HEADSUM_REL[headsum]
+    return MMA_REL * term + rel * (relu_term + MMA_REL * term)
 
 
 def launch_regs(wgs: int) -> int:

@@ -621,8 +621,10 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #if PROBE & 64
     // Timeline record of this warp: TL_JOBS jobs x TL_STAMPS u32 at (entry x 4 + warp) x TL_JOBS x TL_STAMPS.
     u32* tl = reinterpret_cast<u32*>(out) + (static_cast<i64>(vcta) * 4 + (warp & 3)) * TL_JOBS * TL_STAMPS;
-    const bool tl_on = lane == 0 && (static_cast<i64>(vcta) * 4 + 4) * TL_JOBS * TL_STAMPS * sizeof(out_t) <=
-                                         static_cast<i64>(batch) * NEXT_N * stride_out * sizeof(out_t);
+    // Only where this warp's whole record lies within the logits buffer (its last row ends at column width).
+    const bool tl_on = lane == 0 && batch > 0 &&
+                       (static_cast<i64>(vcta) * 4 + 4) * TL_JOBS * TL_STAMPS * 4 <=
+                           ((static_cast<i64>(batch) * NEXT_N - 1) * stride_out + width) * static_cast<i64>(sizeof(out_t));
     int tl_n = 0;
     u32 tl_t[TL_STAMPS];
 #define TL(k) (tl_t[k] = clock_stamp())
