@@ -18,23 +18,13 @@ import os
 
 import torch
 
-from sglang_fp4_indexer.ops import nvrtc
+from sglang_fp4_indexer.ops import nvrtc, sm90
+
+# The scorer's own helpers (prmt, q_desc, the RS wgmma_f8 wrapper for N = 64), as the scorer is built by default.
+_SCORER_HELPERS = sm90._source(1, 64, 0, False, sm90.DEFAULT_STAGES, 1, 0, sm90.DEFAULT_SPLIT_SIGN, sm90.DEFAULT_HEADSUM,
+                               sm90.DEFAULT_PIPELINE, sm90.DEFAULT_WGS).split('extern "C" __global__', 1)[0]
 
 SOURCE = r"""
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
-__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
-    u32 r;
-    asm volatile("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-    return r;
-}
-
-__device__ __forceinline__ u64 desc(u32 addr) {
-    return static_cast<u64>((addr & 0x3FFFFu) >> 4) | (static_cast<u64>(1) << 16) |
-           (static_cast<u64>(1024 >> 4) << 32) | (static_cast<u64>(1) << 62);
-}
-
 #define ACC32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define ACC_OUT(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -97,13 +87,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) interference(long long* out
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
             if (s % GROUP == 0) asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-            const u64 db = desc(b0 + 32 * s);
+            const u64 db = q_desc(b0 + 32 * s);
 #if TENSOR == 1
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                         "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " ACC32 ", {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-                         : ACC_OUT(acc) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(it | s));
+            wgmma_f8(acc, a, db, (it | s) != 0);
 #else
-            const u64 da = desc(b0 + 8192 + 32 * s);
+            const u64 da = q_desc(b0 + 8192 + 32 * s);
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                          "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " ACC32 ", %32, %33, p, 1, 1;\n}\n"
                          : ACC_OUT(acc) : "l"(da), "l"(db), "r"(it | s));
@@ -132,7 +120,7 @@ def build(tensor: int, work: int, group: int = 4) -> bytes:
         RuntimeError: the compile fails, or ptxas serialized the wgmma (its "serialized" performance
             warnings, C7510-C7520): the timing would not be that of the scorer's pipelined wgmma.
     """
-    src = f"#define TENSOR {tensor}\n#define WORK {work}\n#define GROUP {group}\n" + SOURCE
+    src = f"#define TENSOR {tensor}\n#define WORK {work}\n#define GROUP {group}\n" + _SCORER_HELPERS + SOURCE
     cubin, log = nvrtc.compile_cubin(src, f"interference_{tensor}_{work}_{group}.cu", "sm_90a")
     if "serialized" in log:
         raise RuntimeError(f"ptxas serialized the probe's wgmma (tensor {tensor}, work {work}, group {group}):\n{log}")

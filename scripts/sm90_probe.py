@@ -27,7 +27,7 @@ from sglang_fp4_indexer.ops.paged_logits import paged_logits  # noqa: E402
 from sglang_fp4_indexer.ops.schedule import plan_paged_schedule  # noqa: E402
 
 
-TL_JOBS, TL_STAMPS = 32, 8  # the kernel's PROBE 64 record layout (paged_logits_sm90.cu)
+TL_JOBS, TL_STAMPS = sm90.TIMELINE_JOBS, sm90.TIMELINE_STAMPS  # the kernel's PROBE 64 record layout
 PHASES = ("between", "decode_issue", "wgmma_wait", "epilogue", "acquire")
 
 

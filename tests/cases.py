@@ -69,26 +69,9 @@ def make_paged_case(lens, next_n=1, heads=64, extra_pages=3, seed=0, device="cpu
     )
 
 
-def term_bound(case: PagedCase, width: int) -> torch.Tensor:
-    """``sum_h |w| * sum_d |q k|`` per (row, column), fp64 ``[rows, width]`` (0 past a row's length)."""
-    lens = expand_context_lens(case.context_lens.cpu(), case.next_n).reshape(-1)
-    cache = case.cache.cpu()
-    rows = case.q.shape[0]
-    out = torch.zeros(rows, width, dtype=torch.float64)
-    for r in range(rows):
-        n = int(lens[r])
-        if n == 0:
-            continue
-        slots = paged_slots(case.block_table[r // case.next_n].cpu(), n)
-        k = dequantize_index_k(*read_index_k(cache, slots)).abs().double()
-        q = case.q[r].cpu().double().abs()
-        out[r, :n] = (k @ q.t()) @ case.weights[r].cpu().double().abs()
-    return out
-
-
-def relu_bound(case: PagedCase, width: int) -> torch.Tensor:
-    """``sum_h |w| relu(s_h)`` per (row, column), ``s_h`` the exact head score, fp64 ``[rows, width]`` (0 past
-    a row's length): the scale of a rounding applied to each relu'd head score (the Hopper bf16 head sum)."""
+def _error_scales(case: PagedCase, width: int, relu: bool) -> torch.Tensor:
+    """``sum_h |w| * sum_d |q k|`` (``relu`` False) or ``sum_h |w| relu(s_h)`` per (row, column), fp64
+    ``[rows, width]`` (0 past a row's length), from the dequantized keys of each row."""
     lens = expand_context_lens(case.context_lens.cpu(), case.next_n).reshape(-1)
     cache = case.cache.cpu()
     out = torch.zeros(case.q.shape[0], width, dtype=torch.float64)
@@ -98,5 +81,29 @@ def relu_bound(case: PagedCase, width: int) -> torch.Tensor:
             continue
         slots = paged_slots(case.block_table[r // case.next_n].cpu(), n)
         k = dequantize_index_k(*read_index_k(cache, slots)).double()
-        out[r, :n] = torch.relu(k @ case.q[r].cpu().double().t()) @ case.weights[r].cpu().double().abs()
+        q = case.q[r].cpu().double()
+        scores = torch.relu(k @ q.t()) if relu else k.abs() @ q.abs().t()
+        out[r, :n] = scores @ case.weights[r].cpu().double().abs()
     return out
+
+
+def term_bound(case: PagedCase, width: int) -> torch.Tensor:
+    """``sum_h |w| * sum_d |q k|`` per (row, column), fp64 ``[rows, width]`` (0 past a row's length)."""
+    return _error_scales(case, width, relu=False)
+
+
+def relu_bound(case: PagedCase, width: int) -> torch.Tensor:
+    """``sum_h |w| relu(s_h)`` per (row, column), ``s_h`` the exact head score, fp64 ``[rows, width]`` (0 past
+    a row's length): the scale of a rounding applied to each relu'd head score (the Hopper bf16 head sum)."""
+    return _error_scales(case, width, relu=True)
+
+
+def runs_wgmma(heads: int, next_n: int = 1, device: str = "cuda") -> bool:
+    """Whether ``paged_logits``'s default (``impl="auto"``) runs the Hopper CUDA kernel for e4m3 queries of
+    ``heads`` heads and ``next_n`` rows per request on ``device`` (``ops.paged_logits.resolved_impl``)."""
+    from sglang_fp4_indexer.ops.paged_logits import resolved_impl
+
+    if not torch.cuda.is_available() or torch.device(device).type != "cuda":
+        return False
+    q = torch.empty((next_n, heads, 128), dtype=torch.float8_e4m3fn, device=device)
+    return resolved_impl(q, allocate_index_k_cache(1, device=device), next_n) == "wgmma"

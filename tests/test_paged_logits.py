@@ -21,7 +21,10 @@ from sglang_fp4_indexer.reference import paged_logits_reference, topk_reference
 REL = 2e-5
 
 
-def _check(case, width=None, num_ctas=5, mma="auto", rel=REL, block_kv=64, impl="scaled", num_warps=4):
+def _check(case, width=None, num_ctas=5, mma="auto", rel=REL, block_kv=64, impl="scaled", num_warps=4, bound=None):
+    """Run the scorer on ``case`` and check it against the oracle: every element written, ``-inf`` exactly
+    where the reference has it, and ``|got - ref| <= rel * term_bound`` elsewhere, or ``<= bound(case, width)``
+    when a bound function is given (a kernel with its own error model). Returns ``(got, ref)``."""
     max_pages = case.block_table.shape[1]
     width = width or max_pages * 64
     sched = plan_paged_schedule(case.context_lens, block_kv, num_ctas)
@@ -36,9 +39,9 @@ def _check(case, width=None, num_ctas=5, mma="auto", rel=REL, block_kv=64, impl=
     fin = torch.isfinite(ref)
     assert torch.equal(fin, torch.isfinite(got)), "-inf columns differ from the reference"
     assert torch.all(got[~fin] == float("-inf"))
-    bound = term_bound(case, width).to(got.device)
+    allowed = (rel * term_bound(case, width) if bound is None else bound(case, width)).to(got.device)
     err = (got.double() - ref.double()).abs()
-    assert torch.all(err[fin] <= rel * bound[fin] + 1e-30), f"max err {err[fin].max()} vs bound {bound[fin].max()}"
+    assert torch.all(err[fin] <= allowed[fin] + 1e-30), f"max err / bound {(err[fin] / (allowed[fin] + 1e-30)).max()}"
     return got, ref
 
 

@@ -67,6 +67,9 @@ DEFAULT_WGS = 4
 HEADSUM_REL = {0: 0.0, 1: 2.0**-10 + 2.0**-11, 2: 2.0**-8 + 2.0**-16}
 #: Register budget of the producer warpgroup when WGS > 1 (setmaxnreg.dec; the smallest allowed).
 PRODUCER_REGS = 24
+#: PROBE 64 (timeline) record layout: per math warp, its first TIMELINE_JOBS jobs x TIMELINE_STAMPS u32
+#: (scripts/sm90_probe.py reads them).
+TIMELINE_JOBS, TIMELINE_STAMPS = 32, 8
 
 #: Heads the kernel is built for (wgmma N = heads).
 HEADS = (16, 32, 64, 128)
@@ -188,6 +191,7 @@ def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, 
         f"#define SPLIT_SIGN {split_sign}\n#define HEADSUM {headsum}\n#define PIPELINE {pipeline}\n#define WGS {wgs}\n"
         f"#define PRODUCER_REGS {PRODUCER_REGS}\n#define MATH_REGS {math_regs(wgs)}\n"
         f"#define THREADS {threads(wgs)}\n#define WG_BYTES {wg_smem_bytes(next_n, heads, stages, headsum)}\n"
+        f"#define TL_JOBS {TIMELINE_JOBS}\n#define TL_STAMPS {TIMELINE_STAMPS}\n"
     )
     return defines + head + _wgmma_wrapper(heads) + marker + tail
 

@@ -4,7 +4,7 @@
 // Compiled at first use by NVRTC (ops/sm90.py), which prepends the compile-time
 // configuration (#define NEXT_N, HEADS, STAGES, OUT_KIND, LENS_2D, MIN_CTAS,
 // PROBE, SPLIT_SIGN, HEADSUM, PIPELINE, WGS, PRODUCER_REGS, MATH_REGS,
-// THREADS, WG_BYTES) and the
+// THREADS, WG_BYTES, and PROBE 64's record layout TL_JOBS, TL_STAMPS) and the
 // wgmma wrappers for N = HEADS. Semantics are those of ops.paged_logits (DESIGN
 // section 5); the numerics are the "folded" form of that module:
 //
@@ -81,8 +81,6 @@ typedef long long i64;
                  // 64 timeline: lane 0 of every math warp writes %clock stamps of its first TL_JOBS jobs'
                  // phases over the logits buffer (read as u32; no logit is stored)
 #endif
-#define TL_JOBS 32
-#define TL_STAMPS 8
 
 #define PAGE 64
 #define PAGE_BYTES (PAGE * 68)
@@ -619,6 +617,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     };
     float acc[HEADS / 2];
 #if PROBE & 64
+    static_assert(TL_STAMPS == 8, "a timeline record is two 16-byte stores");
     // Timeline record of this warp: TL_JOBS jobs x TL_STAMPS u32 at (entry x 4 + warp) x TL_JOBS x TL_STAMPS.
     u32* tl = reinterpret_cast<u32*>(out) + (static_cast<i64>(vcta) * 4 + (warp & 3)) * TL_JOBS * TL_STAMPS;
     // Only where this warp's whole record lies within the logits buffer (its last row ends at column width).
