@@ -6,7 +6,9 @@
 #   bash scripts/gpu_run.sh [quick ARGS...] # pytest -m gpu (time-limited), then bench --quick ARGS
 #   bash scripts/gpu_run.sh full            # bench over the full grid (48 shapes); no pytest
 #   bash scripts/gpu_run.sh bench ARGS...   # bench with your own arguments (e.g. --shapes 64x8x128Kx1); no pytest
-# Carry .carry (scripts/fetch_peer_wheels.sh fills .carry/whl) so SGLang's scorer can run.
+# Carry .carry so the peers can run: scripts/fetch_peer_wheels.sh fills .carry/whl (SGLang's
+# Triton FP4 scorer), scripts/pack_deepgemm.sh writes .carry/deepgemm.tar.gz (DeepGEMM's FP8
+# scorers, built here by scripts/build_deepgemm.sh while the GPU tests run).
 # Environment: OUT (output folder; default ./out), PYTHON (default python3),
 # TEST_LIMIT / BENCH_LIMIT (seconds).
 set -uo pipefail
@@ -44,12 +46,31 @@ if ls .carry/whl/*.whl >/dev/null 2>&1; then
   fi
 fi
 
+# 1b. DeepGEMM from source, in the background (about 75 s on 16 cores).
+DG="no DeepGEMM archive (.carry/deepgemm.tar.gz): DeepGEMM's scorers will be unavailable"
+DG_PID=
+if [ -f .carry/deepgemm.tar.gz ]; then
+  bash scripts/build_deepgemm.sh .carry/deepgemm.tar.gz /tmp/deepgemm >"$OUTDIR/deepgemm_build.txt" 2>&1 &
+  DG_PID=$!
+fi
+
 # 2. GPU tests.
 TESTS="skipped ($MODE mode)"
 if [ "$RUN_TESTS" = 1 ]; then
   timeout -k 10 "$TEST_LIMIT" "$PY" -m pytest -m gpu -q -p no:cacheprovider -rfE --continue-on-collection-errors >"$OUTDIR/pytest_gpu.log" 2>&1
   rc=$?
   if [ $rc = 124 ] || [ $rc = 137 ]; then TESTS="TIMED OUT after ${TEST_LIMIT}s"; else TESTS="rc=$rc: $(tail -n 1 "$OUTDIR/pytest_gpu.log")"; fi
+fi
+
+if [ -n "$DG_PID" ]; then
+  if wait "$DG_PID"; then
+    DG_SITE="$(tail -n 1 "$OUTDIR/deepgemm_build.txt")"
+    export SGLANG_FP4_INDEXER_PEER_SITE="${SGLANG_FP4_INDEXER_PEER_SITE:+$SGLANG_FP4_INDEXER_PEER_SITE:}$DG_SITE"
+    DG="built from source in $DG_SITE ($(cat "$DG_SITE/PACKED_FROM" 2>/dev/null))"
+  else
+    DG="DeepGEMM build failed (see deepgemm_build.txt): DeepGEMM's scorers will be unavailable"
+    cp /tmp/deepgemm/build.log "$OUTDIR/deepgemm_build.log" 2>/dev/null
+  fi
 fi
 
 # 3. The benchmark (its JSON is rewritten after every shape, so a time-out still leaves numbers).
@@ -61,6 +82,7 @@ BENCH_RC=$?
 # 4. Summary, last.
 echo "== device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 echo "== peer: $PEER"
+echo "== DeepGEMM: $DG"
 echo "== pytest -m gpu: $TESTS"
 if [ "$RUN_TESTS" = 1 ]; then grep -E "^(FAILED|ERROR) " "$OUTDIR/pytest_gpu.log" | head -n 15; fi
 case $BENCH_RC in

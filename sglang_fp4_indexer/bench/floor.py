@@ -29,6 +29,7 @@ __all__ = [
     "LOGIT_BYTES",
     "BF16_KEY_BYTES",
     "logits_width",
+    "table_width",
     "visible_keys",
     "scorer_bytes",
     "fp4_scorer_bytes",
@@ -44,9 +45,16 @@ LOGIT_BYTES = 4
 BF16_KEY_BYTES = INDEX_HEAD_DIM * 2
 
 
-def logits_width(shape: ScorerShape, page_size: int = PAGE_SIZE) -> int:
-    """Logits columns of a call: the block table's capacity, ``cdiv(context, page_size) * page_size``."""
+def table_width(shape: ScorerShape, page_size: int = PAGE_SIZE) -> int:
+    """The block table's capacity in keys, ``cdiv(context, page_size) * page_size``: the logits a call
+    must write (the columns past it need no write: the top-k masks by length)."""
     return -(-shape.context // page_size) * page_size
+
+
+def logits_width(shape: ScorerShape, page_size: int = PAGE_SIZE) -> int:
+    """Logits columns of a call's buffer: ``shape.width`` when set (a live server's width), else
+    ``table_width``."""
+    return shape.width or table_width(shape, page_size)
 
 
 def visible_keys(shape: ScorerShape) -> int:
@@ -60,14 +68,14 @@ def scorer_bytes(shape: ScorerShape, key_bytes: int, page_size: int = PAGE_SIZE)
     Args:
         shape: the call's geometry.
         key_bytes: cache bytes per key (68 for FP4, 132 for FP8).
-        page_size: tokens per page (sets the logits width).
+        page_size: tokens per page (``table_width``: the logits counted; a wider buffer's tail is not).
 
     Raises:
         ValueError: ``key_bytes`` not positive.
     """
     if key_bytes <= 0:
         raise ValueError(f"key_bytes: expected > 0, got {key_bytes}")
-    return visible_keys(shape) * key_bytes + shape.rows * logits_width(shape, page_size) * LOGIT_BYTES
+    return visible_keys(shape) * key_bytes + shape.rows * table_width(shape, page_size) * LOGIT_BYTES
 
 
 def fp4_scorer_bytes(shape: ScorerShape) -> int:

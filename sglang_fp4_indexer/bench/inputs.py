@@ -23,7 +23,7 @@ import torch
 
 from ..format import INDEX_HEAD_DIM
 from ..pool import PAGE_SIZE, allocate_index_k_cache, payload_plane, scale_plane
-from .floor import logits_width
+from .floor import logits_width, table_width
 from .shapes import ScorerShape
 
 __all__ = ["SCALE_CODES", "ScorerInputs", "build_scorer_inputs", "checked_requests", "random_index_k_cache"]
@@ -44,7 +44,7 @@ class ScorerInputs:
         block_table: int32 ``[B, max_pages]``, a permutation of the cache's pages.
         caches: FP4 caches ``[num_pages, page_size * 68]``, one per rotation set,
             identical content.
-        width: logits columns (``max_pages * page_size``).
+        width: logits columns (``floor.logits_width``: ``shape.width``, else ``max_pages * page_size``).
     """
 
     shape: ScorerShape
@@ -91,7 +91,7 @@ def build_scorer_inputs(shape: ScorerShape, device: torch.device, sets: int = 1,
         raise ValueError(f"sets: expected >= 1, got {sets}")
     g = torch.Generator(device=device).manual_seed(seed)
     width = logits_width(shape)
-    max_pages = width // PAGE_SIZE
+    max_pages = table_width(shape) // PAGE_SIZE
     num_pages = shape.batch * max_pages
     first = random_index_k_cache(num_pages, device, g)
     caches = [first] + [first.clone() for _ in range(sets - 1)]

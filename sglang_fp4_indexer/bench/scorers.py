@@ -36,7 +36,7 @@ from ..format import INDEX_HEAD_DIM, dequantize_index_k
 from ..pool import FP4_INDEX_BYTES_PER_TOKEN, FP8_INDEX_BYTES_PER_TOKEN, PAGE_SIZE, read_index_k
 from ..reference import expand_context_lens, fp8_dequantize_rows, fp8_quantize_rows
 from .checks import DEEPGEMM_REL, OURS_REL, SGLANG_REL
-from .floor import logits_width
+from .floor import logits_width, table_width
 from .inputs import ScorerInputs
 from .shapes import ScorerShape
 from .timing import rotation_sets
@@ -98,7 +98,7 @@ class Scorer:
 
 
 def _case_bytes(shape: ScorerShape, key_bytes: int) -> int:
-    return shape.batch * logits_width(shape) * key_bytes + shape.rows * logits_width(shape) * 4
+    return shape.batch * table_width(shape) * key_bytes + shape.rows * logits_width(shape) * 4
 
 
 class OursScorer(Scorer):
@@ -134,10 +134,14 @@ class OursScorer(Scorer):
             inputs.q, inputs.weights, inputs.block_table, inputs.context_lens, inputs.caches, inputs.width,
         )
 
+        # A live server's width (shape.width) is scored as the plugin calls it: clean_logits=False, the
+        # columns past each request's last page left to SGLang's top-k, which masks by length.
+        clean = not shape.width
+
         def fn(s: int) -> torch.Tensor:
             return pl.paged_logits(
                 q, w, caches[s], bt, lens, width=width, schedule=schedule, block_kv=block_kv,
-                out=outs[s], check=False, **extra,
+                out=outs[s], check=False, clean_logits=clean, **extra,
             )
 
         # The Hopper kernel's bound includes its head sum's rounding (sm90.rel_bound(): OURS_REL plus
@@ -147,7 +151,7 @@ class OursScorer(Scorer):
             from ..ops import sm90
 
             rel = sm90.rel_bound()
-        return PreparedScorer(fn, sets, rel, True, case)
+        return PreparedScorer(fn, sets, rel, clean, case)
 
 
 def sglang_request_table(block_table: torch.Tensor, width: int, page_size: int = PAGE_SIZE) -> torch.Tensor:
@@ -213,7 +217,9 @@ class SGLangFP4Scorer(_PeerScorer):
         # SGLang's table also reads 4 B of slot per position: part of its working set.
         case = _case_bytes(shape, self.key_bytes) + shape.batch * inputs.width * 4
         sets = min(len(inputs.caches), rotation_sets(case, l2_bytes))
-        req_table = sglang_request_table(inputs.block_table, inputs.width)
+        req_table = sglang_request_table(inputs.block_table, table_width(shape))
+        if inputs.width > req_table.shape[1]:  # a live server's table: slots past the context unused (0)
+            req_table = torch.nn.functional.pad(req_table, (0, inputs.width - req_table.shape[1])).contiguous()
         req = (torch.arange(shape.rows, device=dev) // shape.next_n).to(torch.int32)
         lens = expand_context_lens(inputs.context_lens, shape.next_n).reshape(-1).to(torch.int32).contiguous()
         q = inputs.q.to(torch.bfloat16).contiguous()
@@ -280,14 +286,47 @@ class DeepGemmFP8Scorer(_PeerScorer):
         kv = [first] + [first.clone() for _ in range(sets - 1)]
         kv = [c.view(c.shape[0], PAGE_SIZE, 1, FP8_INDEX_BYTES_PER_TOKEN) for c in kv]
         num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        schedule = dg.get_paged_mqa_logits_metadata(inputs.context_lens, PAGE_SIZE, num_sms)
-        q = inputs.q.view(shape.batch, shape.next_n, shape.heads, INDEX_HEAD_DIM)
-        w, lens, bt, width = inputs.weights, inputs.context_lens, inputs.block_table, inputs.width
+        q, lens, bt = deepgemm_paged_inputs(inputs.q, inputs.context_lens, inputs.block_table, shape.next_n)
+        schedule = dg.get_paged_mqa_logits_metadata(lens, PAGE_SIZE, num_sms)
+        w, width = inputs.weights, inputs.width
 
         def fn(s: int) -> torch.Tensor:
             return dg.fp8_paged_mqa_logits(q, kv[s], w, lens, bt, schedule, width, False)
 
         return PreparedScorer(fn, sets, DEEPGEMM_REL, False, case)
+
+
+#: Largest next_n DeepGEMM's SM90 paged scorer takes in one call; above it the
+#: rows are scored one per "request", as SGLang does on Hopper.
+DEEPGEMM_SM90_MAX_NEXT_N = 2
+
+
+def deepgemm_paged_inputs(
+    q: torch.Tensor, context_lens: torch.Tensor, block_table: torch.Tensor, next_n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DeepGEMM ``fp8_paged_mqa_logits`` arguments for ``batch`` requests of ``next_n`` rows.
+
+    DeepGEMM takes per-row visible lengths as int32 ``[B, next_n]`` (row ``i``
+    of a request of length ``ctx`` sees ``ctx - next_n + i + 1`` keys,
+    ``reference.expand_context_lens``) and, on SM90, ``next_n <= 2``. Above
+    that each row becomes its own request (``next_n = 1``, its block-table row
+    repeated), which is how SGLang calls it on Hopper.
+
+    Args:
+        q: e4m3 ``[B * next_n, H, 128]`` index queries.
+        context_lens: int32 ``[B]`` request lengths.
+        block_table: int32 ``[B, max_pages]``.
+        next_n: query rows per request.
+
+    Returns:
+        ``(q [B', n', H, 128], context_lens int32 [B', n'], block_table int32 [B', max_pages])``.
+    """
+    rows, heads, dim = q.shape
+    lens = expand_context_lens(context_lens, next_n).to(torch.int32)
+    if next_n > DEEPGEMM_SM90_MAX_NEXT_N:
+        return (q.view(rows, 1, heads, dim), lens.reshape(rows, 1).contiguous(),
+                block_table.repeat_interleave(next_n, dim=0).contiguous())
+    return q.view(rows // next_n, next_n, heads, dim), lens.contiguous(), block_table
 
 
 #: Scorer names accepted by ``--scorers``.

@@ -6,7 +6,11 @@ with ``context`` tokens in the cache (the request's length including its
 of a request sees ``context - next_n + i + 1`` keys, as in
 ``reference.expand_context_lens``), ``next_n`` query rows per request and
 ``H`` index heads. Written ``HxBATCHxCONTEXTxNEXT_N`` on the command line,
-with ``K`` for 1024 (``64x8x128Kx1``).
+with ``K`` for 1024 (``64x8x128Kx1``), optionally ``@WIDTH``: the logits
+buffer's columns, as in a live server, where SGLang's CUDA graphs size the
+logits for the model's whole context (``64x64x4Kx1@160K``: 163 840 columns,
+DeepSeek-V3.2's context, for 4 K-token requests). Without it the width is the
+block table's capacity, ``ceil(context / 64) * 64``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ __all__ = [
     "FULL_NEXT_N",
     "full_grid",
     "QUICK_SHAPES",
+    "SERVING_WIDTH",
     "CPU_SHAPES",
     "SHAPE_SETS",
     "parse_shapes",
@@ -51,6 +56,7 @@ class ScorerShape:
     batch: int
     context: int
     next_n: int
+    width: int = 0  # logits columns; 0: the block table's capacity (module docstring)
 
     def __post_init__(self) -> None:
         for name in ("heads", "batch", "context", "next_n"):
@@ -59,6 +65,10 @@ class ScorerShape:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
         if self.context < self.next_n:
             raise ValueError(f"context: {self.context} tokens cannot hold next_n = {self.next_n} query tokens")
+        if not isinstance(self.width, int) or isinstance(self.width, bool) or self.width < 0:
+            raise ValueError(f"width: expected an int >= 0, got {self.width!r}")
+        if self.width and self.width < self.context:
+            raise ValueError(f"width: {self.width} logits columns cannot hold a context of {self.context} keys")
 
     @property
     def rows(self) -> int:
@@ -67,35 +77,42 @@ class ScorerShape:
 
     @property
     def spec(self) -> str:
-        """The command-line form, ``HxBATCHxCONTEXTxNEXT_N`` (contexts that are multiples of 1024 with ``K``)."""
-        ctx = f"{self.context // 1024}K" if self.context % 1024 == 0 else str(self.context)
-        return f"{self.heads}x{self.batch}x{ctx}x{self.next_n}"
+        """The command-line form, ``HxBATCHxCONTEXTxNEXT_N[@WIDTH]`` (multiples of 1024 with ``K``)."""
+        return f"{self.heads}x{self.batch}x{_k(self.context)}x{self.next_n}" + (f"@{_k(self.width)}" if self.width else "")
 
     @property
     def label(self) -> str:
-        """Human label, e.g. ``H64 8x128K n1``."""
-        ctx = f"{self.context // 1024}K" if self.context % 1024 == 0 else str(self.context)
-        return f"H{self.heads} {self.batch}x{ctx} n{self.next_n}"
+        """Human label, e.g. ``H64 8x128K n1`` (``... w160K`` with a set width)."""
+        return f"H{self.heads} {self.batch}x{_k(self.context)} n{self.next_n}" + (f" w{_k(self.width)}" if self.width else "")
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
 def full_grid() -> list[ScorerShape]:
-    """Issue 3's grid: H 64 and 32 x batch 1/8/32/64 x context 4K/32K/128K x next_n 1 and 4 (48 shapes)."""
+    """The full grid: H 64 and 32 x batch 1/8/32/64 x context 4K/32K/128K x next_n 1 and 4 (48 shapes)."""
     return [
         ScorerShape(h, b, c, n)
         for h, n, b, c in itertools.product(FULL_HEADS, FULL_NEXT_N, FULL_BATCHES, FULL_CONTEXTS)
     ]
 
 
-#: A first look: the shapes of issue 3's targets (H 64, next_n 1: 1 x 4K, 8 x 128K,
-#: 32 x 32K, 32 x 128K), plus next_n 4 and H 32 at 8 x 128K.
-QUICK_SHAPES: tuple[ScorerShape, ...] = (
-    ScorerShape(64, 1, 4096, 1),
-    ScorerShape(64, 8, 32768, 1),
-    ScorerShape(64, 8, 131072, 1),
-    ScorerShape(64, 32, 32768, 1),
-    ScorerShape(64, 32, 131072, 1),
-    ScorerShape(64, 8, 131072, 4),
-    ScorerShape(32, 8, 131072, 1),
+#: The logits width of a live DeepSeek-V3.2 server's CUDA graphs: its whole context (163 840 columns).
+SERVING_WIDTH = 163840
+
+#: The default set: what a live server runs, every logits buffer SERVING_WIDTH wide -- decode
+#: (next_n 1) at batch 1 to 128, target verify with one and three draft tokens (next_n 2 and 4), H 64
+#: (DeepSeek-V3.2) and H 32 (GLM-5.x).
+QUICK_SHAPES: tuple[ScorerShape, ...] = tuple(
+    ScorerShape(h, b, c, n, SERVING_WIDTH)
+    for h, b, c, n in (
+        (64, 1, 4096, 1), (64, 1, 131072, 1), (64, 8, 131072, 1), (64, 32, 32768, 1), (64, 32, 131072, 1),
+        (64, 128, 8192, 1), (64, 64, 4096, 1),
+        (64, 8, 131072, 2), (64, 32, 32768, 2), (64, 128, 8192, 2),
+        (64, 8, 131072, 4),
+        (32, 8, 131072, 1), (32, 8, 131072, 2), (32, 8, 131072, 4),
+    )
 )
 
 #: Tiny shapes for the CPU interpreter (a functional run, not a speed figure).
@@ -111,7 +128,7 @@ SHAPE_SETS = {
     "cpu": lambda: list(CPU_SHAPES),
 }
 
-_SPEC = re.compile(r"^(\d+)x(\d+)x(\d+)([kK]?)x(\d+)$")
+_SPEC = re.compile(r"^(\d+)x(\d+)x(\d+)([kK]?)x(\d+)(?:@(\d+)([kK]?))?$")
 
 
 def parse_shapes(text: str) -> list[ScorerShape]:
@@ -137,11 +154,13 @@ def parse_shapes(text: str) -> list[ScorerShape]:
         m = _SPEC.match(item)
         if m is None:
             raise ValueError(
-                f"shapes: {item!r} is neither HxBATCHxCONTEXTxNEXT_N (e.g. 64x8x128Kx1) nor one of {sorted(SHAPE_SETS)}"
+                f"shapes: {item!r} is neither HxBATCHxCONTEXTxNEXT_N[@WIDTH] (e.g. 64x8x128Kx1 or 64x64x4Kx1@160K) "
+                f"nor one of {sorted(SHAPE_SETS)}"
             )
-        heads, batch, ctx, kilo, next_n = m.groups()
+        heads, batch, ctx, kilo, next_n, width, wkilo = m.groups()
         context = int(ctx) * (1024 if kilo else 1)
-        shapes.append(ScorerShape(int(heads), int(batch), context, int(next_n)))
+        width = int(width) * (1024 if wkilo else 1) if width else 0
+        shapes.append(ScorerShape(int(heads), int(batch), context, int(next_n), width))
     if not shapes:
         raise ValueError("shapes: expected at least one shape")
     return list(dict.fromkeys(shapes))

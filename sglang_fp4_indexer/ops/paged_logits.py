@@ -220,6 +220,7 @@ def _paged_logits_kernel(
     DOT_MODE: tl.constexpr,
     IMPL: tl.constexpr,
     ASM: tl.constexpr,
+    CLEAN: tl.constexpr,
 ):
     NH: tl.constexpr = NEXT_N_PAD * H
     PAGE_BYTES: tl.constexpr = PAGE * 68
@@ -308,8 +309,8 @@ def _paged_logits_kernel(
             store_mask = row_ok & (kv[:, None] < width)
             tl.store(out_ptr + out_rows[None, :] + kv[:, None], to_logits_dtype(logits, out_ptr), mask=store_mask)
 
-        # The request's last tile also writes -inf over the rest of the row.
-        if (blk_stop == nblocks) & (blk_start < blk_stop):
+        # The request's last tile also writes -inf over the rest of the row (unless clean_logits=False).
+        if CLEAN & (blk_stop == nblocks) & (blk_start < blk_stop):
             for c0 in range(nblocks * BLOCK_KV, width, BLOCK_KV):
                 cols = c0 + offs_kv
                 tl.store(out_ptr + out_rows[None, :] + cols[:, None], to_logits_dtype(neg_inf, out_ptr), mask=row_ok & (cols[:, None] < width))
@@ -400,6 +401,7 @@ def paged_logits(
     out: torch.Tensor | None = None,
     logits_dtype: torch.dtype = torch.float32,
     check: bool = True,
+    clean_logits: bool = True,
     mma: str = "auto",
     impl: str = "auto",
     num_warps: int | None = None,
@@ -441,6 +443,14 @@ def paged_logits(
             are written ``-inf``; a stale schedule leaves columns unwritten (the
             caller re-plans before each call, as the plugin does); a NaN in q
             becomes a 0 term (relu drops it), a NaN in weights a NaN logit.
+        clean_logits: write ``-inf`` at every column from the end of a request's
+            last page to ``width`` (default). ``False`` leaves those columns
+            untouched (like DeepGEMM's ``clean_logits=False``, which SGLang
+            uses): columns ``len(r) <= j`` within the request's last page are
+            still ``-inf``, and the caller masks the rest by length (SGLang's
+            top-k does). In a CUDA graph sized for the model's context (163 840
+            columns for DeepSeek-V3.2) this saves writing the whole tail on every
+            call.
         mma: MMA input type. ``"auto"``: ``"fp8"`` when q is e4m3 and
             ``fp8_mma_available``, else ``"fp16"`` (both e4m3 operands are exact
             in fp16); for bf16 q ``"bf16"`` on a GPU and ``"fp32"`` under the CPU
@@ -473,7 +483,8 @@ def paged_logits(
             measurement; both give identical bytes).
 
     Returns:
-        ``[rows, width]`` of ``logits_dtype``: the logits; ``-inf`` at columns ``>= len(r)``.
+        ``[rows, width]`` of ``logits_dtype``: the logits; ``-inf`` at columns ``>= len(r)``
+        (with ``clean_logits=False`` only up to the end of the request's last page).
 
     Raises:
         TypeError: an argument is not a tensor.
@@ -557,7 +568,7 @@ def paged_logits(
         from . import sm90
 
         sm90.launch(q, weights, cache, block_table, context_lens, schedule, out, batch=batch, next_n=next_n,
-                    heads=heads, width=width, block_kv=block_kv)
+                    heads=heads, width=width, block_kv=block_kv, clean_logits=clean_logits)
         return out
     next_n_pad = triton.next_power_of_2(next_n)
     wide = next_n_pad * heads > 64
@@ -591,6 +602,7 @@ def paged_logits(
         DOT_MODE=dot_mode,
         IMPL=IMPLS[impl],
         ASM=use_asm,
+        CLEAN=bool(clean_logits),
         num_warps=num_warps,
         num_stages=num_stages,
         **({"maxnreg": maxnreg} if maxnreg is not None and q.device.type == "cuda" else {}),

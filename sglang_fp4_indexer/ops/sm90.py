@@ -80,6 +80,25 @@ MAX_SMEM_BYTES = 227 * 1024
 _OUT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
+#: next_n rows per wgmma (build option MMA_ROWS) by (next_n, heads); 1 where absent.
+MMA_ROWS_DEFAULTS: dict[tuple[int, int], int] = {}
+#: Math warpgroups per CTA by rows per wgmma x heads (the wgmma's N): wider accumulators need the
+#: register budget of fewer warpgroups (``math_regs``: 112 at 4, 160 at 3, 240 at 2).
+WGS_BY_MMA_N = {256: 2, 128: 3}
+
+
+def default_mma_rows(next_n: int, heads: int) -> int:
+    """Rows of a request's next_n scored by one wgmma (``MMA_ROWS_DEFAULTS``, else 1)."""
+    return MMA_ROWS_DEFAULTS.get((next_n, heads), 1)
+
+
+def default_wgs(next_n: int, heads: int, mma_rows: int | None = None) -> int:
+    """Math warpgroups per CTA for a build: ``DEFAULT_WGS`` unless the wgmma's N (rows per wgmma x heads)
+    needs the registers of fewer (``WGS_BY_MMA_N``)."""
+    n = (default_mma_rows(next_n, heads) if mma_rows is None else mma_rows) * heads
+    return min([DEFAULT_WGS] + [w for limit, w in WGS_BY_MMA_N.items() if n >= limit])
+
+
 def threads(wgs: int) -> int:
     """Threads of one CTA: ``wgs`` math warpgroups and a producer warp (``wgs`` 1) or warpgroup (one warp
     per math warpgroup; setmaxnreg works on whole warpgroups)."""
@@ -139,10 +158,12 @@ def math_regs(wgs: int) -> int:
     return min(240, (total - 128 * PRODUCER_REGS) // (128 * wgs) // 8 * 8)
 
 
-def _wgmma_wrapper(heads: int) -> str:
+def _wgmma_wrapper(n: int) -> str:
     """C++ for ``wgmma_f8(acc, a, desc, accumulate)`` (``acc (+)= A B``) and ``wgmma_f8_neg(acc, a, desc)``
-    (``acc -= A B``, imm-scale-a = -1): m64 n``heads`` k32, e4m3 x e4m3 -> fp32, A in registers."""
-    n_acc = heads // 2
+    (``acc -= A B``, imm-scale-a = -1): m64 n``n`` k32 (``n`` = rows per wgmma x heads), e4m3 x e4m3 -> fp32,
+    A in registers."""
+    heads = n
+    n_acc = n // 2
     d = ", ".join(f"%{i}" for i in range(n_acc))
     a = ", ".join(f"%{n_acc + i}" for i in range(4))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(n_acc))
@@ -181,7 +202,7 @@ def _wgmma_wrapper(heads: int) -> str:
 
 
 def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, min_ctas: int, probe: int,
-            split_sign: int, headsum: int, pipeline: int, wgs: int) -> str:
+            split_sign: int, headsum: int, pipeline: int, wgs: int, mma_rows: int) -> str:
     body = SOURCE.read_text()
     marker = "extern \"C\" __global__"
     head, tail = body.split(marker, 1)
@@ -189,18 +210,20 @@ def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, 
         f"#define NEXT_N {next_n}\n#define HEADS {heads}\n#define OUT_KIND {out_kind}\n"
         f"#define LENS_2D {int(lens_2d)}\n#define STAGES {stages}\n#define MIN_CTAS {min_ctas}\n#define PROBE {probe}\n"
         f"#define SPLIT_SIGN {split_sign}\n#define HEADSUM {headsum}\n#define PIPELINE {pipeline}\n#define WGS {wgs}\n"
+        f"#define MMA_ROWS {mma_rows}\n"
         f"#define PRODUCER_REGS {PRODUCER_REGS}\n#define MATH_REGS {math_regs(wgs)}\n"
         f"#define THREADS {threads(wgs)}\n#define WG_BYTES {wg_smem_bytes(next_n, heads, stages, headsum)}\n"
         f"#define TL_JOBS {TIMELINE_JOBS}\n#define TL_STAMPS {TIMELINE_STAMPS}\n"
     )
-    return defines + head + _wgmma_wrapper(heads) + marker + tail
+    return defines + head + _wgmma_wrapper(mma_rows * heads) + marker + tail
 
 
 @functools.lru_cache(maxsize=None)
 def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, stages: int = DEFAULT_STAGES,
           min_ctas: int | None = None, arch: str = "sm_90a", probe: int = 0,
           split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
-          pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS) -> tuple[bytes, str]:
+          pipeline: int = DEFAULT_PIPELINE, wgs: int | None = None,
+          mma_rows: int | None = None) -> tuple[bytes, str]:
     """Compile the scorer for one configuration with NVRTC (``ops.nvrtc.compile_cubin``).
 
     Works without a GPU (NVRTC is a library), which is how the CPU tests
@@ -227,7 +250,11 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
             by the weights (relative error per term below 2**-10 + 2**-11); 2 a bf16 wgmma of relu(S)
             by the weights as hi + lo bf16 (relative error per term below 2**-8 + 2**-16). See the .cu file.
         pipeline: 1 reads the next job's page while this job's wgmma runs.
-        wgs: math warpgroups per CTA, 1-4 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1).
+        wgs: math warpgroups per CTA, 1-4 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1);
+            ``None``: ``default_wgs(next_n, heads)``.
+        mma_rows: next_n rows scored by one wgmma (N = ``mma_rows * heads`` <= 256; a divisor of
+            ``next_n``): the page is decoded once and its key fragments multiply the rows' queries in
+            one instruction chain; ``None``: ``default_mma_rows(next_n, heads)``.
 
     Returns:
         ``(cubin bytes, ptxas log)``.
@@ -240,6 +267,13 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"heads: expected one of {HEADS}, got {heads}")
     if not isinstance(next_n, int) or next_n < 1:
         raise ValueError(f"next_n: expected an int >= 1, got {next_n!r}")
+    if mma_rows is None:
+        mma_rows = default_mma_rows(next_n, heads)
+    if wgs is None:
+        wgs = default_wgs(next_n, heads, mma_rows)
+    if not isinstance(mma_rows, int) or mma_rows < 1 or next_n % mma_rows or mma_rows * heads > 256:
+        raise ValueError(f"mma_rows: expected a divisor of next_n {next_n} with mma_rows x {heads} heads <= 256, "
+                         f"got {mma_rows!r}")
     if next_n * heads * 128 > MAX_Q_BYTES:
         raise ValueError(f"next_n: {next_n} x {heads} heads of index queries exceed {MAX_Q_BYTES} bytes of shared memory")
     if out_kind not in (0, 1, 2):
@@ -257,7 +291,8 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"min_ctas: expected an int >= 1, got {min_ctas!r}")
     if min_ctas is None:
         min_ctas = default_min_ctas(heads) if wgs == 1 else 1
-    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, split_sign, headsum, pipeline, wgs)
+    src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, split_sign, headsum, pipeline, wgs,
+                  mma_rows)
     return nvrtc.compile_cubin(src, "paged_logits_sm90.cu", arch)
 
 
@@ -345,12 +380,15 @@ def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: i
 def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch: int, next_n: int, heads: int,
            width: int, block_kv: int, stages: int = DEFAULT_STAGES, min_ctas: int | None = None,
            probe: int = 0, split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
-           pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS) -> None:
+           pipeline: int = DEFAULT_PIPELINE, wgs: int | None = None, mma_rows: int | None = None,
+           clean_logits: bool = True) -> None:
     """Launch the sm90 scorer on torch's current stream (arguments already validated by ``paged_logits``).
 
     Shapes as ``ops.paged_logits.paged_logits``; ``block_kv`` a multiple of
     the page size (the schedule's tile); one math warpgroup per schedule
-    entry, ``wgs`` of them per CTA (``threads(wgs)`` threads).
+    entry, ``wgs`` of them per CTA (``threads(wgs)`` threads; ``None``: ``default_wgs``).
+    ``clean_logits=False`` skips writing ``-inf`` from each request's last page
+    to ``width`` (the serving path: SGLang's top-k masks by length).
 
     Raises:
         ValueError: an unsupported build configuration (``build``).
@@ -358,8 +396,12 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
     """
     device = q.device
     out_kind = _OUT_KINDS[out.dtype]
+    if mma_rows is None:
+        mma_rows = default_mma_rows(next_n, heads)
+    if wgs is None:
+        wgs = default_wgs(next_n, heads, mma_rows)
     cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, split_sign,
-                     headsum, pipeline, wgs)
+                     headsum, pipeline, wgs, mma_rows)
     smem = smem_bytes(next_n, heads, stages, headsum, wgs)
     fn = nvrtc.get_function(device, cubin, "fp4_paged_logits_sm90", smem)
     args = [
@@ -381,6 +423,7 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
         ctypes.c_longlong(out.stride(0)),
         ctypes.c_int(block_kv),
         ctypes.c_int(schedule.shape[0] - 1),
+        ctypes.c_int(int(bool(clean_logits))),
     ]
     num_ctas = schedule.shape[0] - 1
     nvrtc.launch(fn, device, -(-num_ctas // wgs), threads(wgs), smem, args)

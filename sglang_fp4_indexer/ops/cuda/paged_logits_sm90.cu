@@ -70,6 +70,11 @@ typedef long long i64;
 #ifndef PIPELINE
 #define PIPELINE 0  // 1: the next job's slot is read while this job's last wgmma runs
 #endif
+#ifndef MMA_ROWS
+#define MMA_ROWS 1  // next_n rows per wgmma: N = MMA_ROWS x HEADS (the rows' queries are adjacent in shared memory)
+#endif
+#define MMA_N (MMA_ROWS * HEADS)
+static_assert(NEXT_N % MMA_ROWS == 0 && MMA_N <= 256, "MMA_ROWS must divide NEXT_N, N = MMA_ROWS x HEADS <= 256");
 #ifndef WGS
 #define WGS 1  // math warpgroups per CTA (2-4: warp-specialised, registers moved to them by setmaxnreg)
 #endif
@@ -335,7 +340,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     const int* __restrict__ block_table, const int* __restrict__ lens, const int* __restrict__ schedule,
     out_t* __restrict__ out, int batch, int num_pages, int max_pages, int width, long long stride_q_row,
     long long stride_q_head, long long stride_w_row, long long stride_bt, long long stride_out, int block_kv,
-    int num_ctas) {
+    int num_ctas, int clean_tail) {
     extern __shared__ unsigned char smem_raw[];
     // Align the dynamic window to the 1024-byte swizzle atom (the launch asks for 1 KB extra).
     unsigned char* smem_base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -615,7 +620,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         u32 an[4][4];
 #endif
     };
-    float acc[HEADS / 2];
+    float acc[MMA_N / 2];  // MMA_ROWS rows' accumulators, row k of the group at acc[k * HEADS / 2 ..]
 #if PROBE & 64
     static_assert(TL_STAMPS == 8, "a timeline record is two 16-byte stores");
     // Timeline record of this warp: TL_JOBS jobs x TL_STAMPS u32 at (entry x 4 + warp) x TL_JOBS x TL_STAMPS.
@@ -675,11 +680,12 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #endif
     };
 
-    // wgmma of next_n row i: acc = A B_i over the page's 128 k (four k32 steps), committed, not waited.
+    // wgmma of next_n rows i .. i + MMA_ROWS - 1 (N = MMA_ROWS x HEADS: their queries are adjacent):
+    // acc = A B over the page's 128 k (four k32 steps), committed, not waited.
     auto issue_row = [&](int i, const Frag& fr) {
 #if PROBE & 4
 #pragma unroll
-        for (int j = 0; j < HEADS / 2; ++j)
+        for (int j = 0; j < MMA_N / 2; ++j)
             acc[j] = __uint_as_float((fr.a[j & 3][(j >> 2) & 3] & 0x3FFFFFFFu) ^ static_cast<u32>(q_desc0 + i));
         return;
 #endif
@@ -708,9 +714,12 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     auto finish_row = [&](int i, const int4& job, float f) {
         const bool mma = job.z >= 0 && job.x >= 0;
         const int col = job.z * PAGE + my_row;
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        float* acc_i = acc + (i % MMA_ROWS) * (HEADS / 2);  // this row's accumulators (i is a constant)
+        if (i % MMA_ROWS == 0) {  // the first row of a wgmma group waits for it
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-        for (int j = 0; j < HEADS / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
+            for (int j = 0; j < MMA_N / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
+        }
 #if PROBE & 64
         if (i == NEXT_N - 1) tl_t[3] = clock_stamp();
 #endif
@@ -723,7 +732,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         u32 ra[HEADS / 4];
 #pragma unroll
         for (int j = 0; j < HEADS / 4; ++j)
-            asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(ra[j]) : "f"(acc[2 * j + 1]), "f"(acc[2 * j]));
+            asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(ra[j]) : "f"(acc_i[2 * j + 1]), "f"(acc_i[2 * j]));
         const u32 hb = smem_u32(hs_smem) + i * HS_BYTES;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -738,7 +747,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         float hs[4];
         u32 ra[HEADS / 2];
 #pragma unroll
-        for (int j = 0; j < HEADS / 2; ++j) ra[j] = __float_as_uint(acc[j] + fabsf(acc[j]));
+        for (int j = 0; j < HEADS / 2; ++j) ra[j] = __float_as_uint(acc_i[j] + fabsf(acc_i[j]));
         const u32 hb = smem_u32(hs_smem) + i * HS_BYTES;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -754,8 +763,8 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         // Column 0 (lane c = 0) and column 2 (lane c = 1) hold the logits of rows r0, r1.
         float v = mine1 ? hs[2] : hs[0];
 #elif PROBE & 32
-        float v = acc[0];
-        for (int j = 1; j < HEADS / 2; ++j) asm volatile("" ::"f"(acc[j]));  // the accumulators stay live
+        float v = acc_i[0];
+        for (int j = 1; j < HEADS / 2; ++j) asm volatile("" ::"f"(acc_i[j]));  // the accumulators stay live
 #else
         // relu, weight, head sum: four independent chains, then across the lane quad.
         float s0a = 0.f, s0b = 0.f, s1a = 0.f, s1b = 0.f;
@@ -767,10 +776,10 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             const float4 w4 = *reinterpret_cast<const float4*>(w_mine + i * 4 * W_STRIDE + 2 * (j & ~1));
 #endif
             const float wx = (j & 1) ? w4.z : w4.x, wy = (j & 1) ? w4.w : w4.y;
-            s0a = fmaf(acc[4 * j + 0] + fabsf(acc[4 * j + 0]), wx, s0a);
-            s0b = fmaf(acc[4 * j + 1] + fabsf(acc[4 * j + 1]), wy, s0b);
-            s1a = fmaf(acc[4 * j + 2] + fabsf(acc[4 * j + 2]), wx, s1a);
-            s1b = fmaf(acc[4 * j + 3] + fabsf(acc[4 * j + 3]), wy, s1b);
+            s0a = fmaf(acc_i[4 * j + 0] + fabsf(acc_i[4 * j + 0]), wx, s0a);
+            s0b = fmaf(acc_i[4 * j + 1] + fabsf(acc_i[4 * j + 1]), wy, s0b);
+            s1a = fmaf(acc_i[4 * j + 2] + fabsf(acc_i[4 * j + 2]), wx, s1a);
+            s1b = fmaf(acc_i[4 * j + 3] + fabsf(acc_i[4 * j + 3]), wy, s1b);
         }
         // Across the quad in two shuffles: even lanes gather row r0's partial sums, odd lanes
         // row r1's (each sends the row it does not keep), then pairs two apart add up.
@@ -790,7 +799,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 
     // The request's last job writes -inf over the rest of its rows.
     auto fill_tail = [&](const int4& job) {
-        if ((PROBE & 64) || job.w < 0) return;
+        if ((PROBE & 64) || job.w < 0 || !clean_tail) return;
         const float ninf = -__int_as_float(0x7f800000);
         for (int i = 0; i < NEXT_N; ++i) {
             out_t* row = row_out + i * stride_out;
@@ -817,18 +826,20 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         decode(next, fr, f);
 #if !(PROBE & 1)
 #pragma unroll
-        for (int i = 0; i + 1 < NEXT_N; ++i) {
+        for (int i = 0; i + MMA_ROWS < NEXT_N; i += MMA_ROWS) {
             issue_row(i, fr);
-            finish_row(i, job, f);
+#pragma unroll
+            for (int k = 0; k < MMA_ROWS; ++k) finish_row(i + k, job, f);
         }
-        issue_row(NEXT_N - 1, fr);
+        issue_row(NEXT_N - MMA_ROWS, fr);
 #endif
         TL(2);
 #if PIPELINE
         acquire(next);  // overlaps the wgmma
 #endif
 #if !(PROBE & 1)
-        finish_row(NEXT_N - 1, job, f);
+#pragma unroll
+        for (int k = 0; k < MMA_ROWS; ++k) finish_row(NEXT_N - MMA_ROWS + k, job, f);
 #endif
         TL(4);
 #if !PIPELINE

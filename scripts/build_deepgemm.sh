@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Build the DeepGEMM source packed by scripts/pack_deepgemm.sh on the GPU machine.
+#
+#   bash scripts/build_deepgemm.sh [ARCHIVE] [DEST]    # defaults: .carry/deepgemm.tar.gz, /tmp/deepgemm
+#
+# Prints the folder to put on the benchmark's peer path (SGLANG_FP4_INDEXER_PEER_SITE)
+# as its last line; exits non-zero when the build fails (its log: DEST/build.log).
+# The system compiler is used on purpose: on the device image the default g++ (/opt/gcc)
+# builds a module that crashes in std::regex at import.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ARCHIVE="${1:-.carry/deepgemm.tar.gz}"
+DEST="${2:-/tmp/deepgemm}"
+PY="${PYTHON:-python3}"
+[ -f "$ARCHIVE" ] || { echo "no DeepGEMM archive at $ARCHIVE (scripts/pack_deepgemm.sh makes it)" >&2; exit 3; }
+rm -rf "$DEST"; mkdir -p "$DEST"
+tar -xzf "$ARCHIVE" -C "$DEST"
+cd "$DEST/DeepGEMM"
+export DG_USE_LOCAL_VERSION=0 MAX_JOBS="${MAX_JOBS:-16}"
+if ! CC=/usr/bin/gcc CXX=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared" \
+     "$PY" setup.py build_ext --inplace >"$DEST/build.log" 2>&1; then
+  tail -n 20 "$DEST/build.log" >&2
+  exit 1
+fi
+PYTHONPATH="$DEST/DeepGEMM" "$PY" -c "import deep_gemm; deep_gemm.fp8_paged_mqa_logits; deep_gemm.fp8_mqa_logits" \
+  >>"$DEST/build.log" 2>&1 || { tail -n 20 "$DEST/build.log" >&2; exit 1; }
+echo "$DEST/DeepGEMM"
