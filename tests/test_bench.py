@@ -39,7 +39,8 @@ from sglang_fp4_indexer.bench.scorers import (
     make_scorers,
     sglang_request_table,
 )
-from sglang_fp4_indexer.bench.shapes import QUICK_SHAPES, ScorerShape, full_grid, parse_shapes
+from sglang_fp4_indexer.bench.floor import fp4_scorer_bytes, logits_width, table_width
+from sglang_fp4_indexer.bench.shapes import QUICK_SHAPES, SERVING_WIDTH, ScorerShape, full_grid, parse_shapes
 from sglang_fp4_indexer.bench.timing import CPU_TIMING_NOTE, rotation_sets
 from sglang_fp4_indexer.format import dequantize_index_k
 from sglang_fp4_indexer.pool import read_index_k, scale_plane
@@ -98,8 +99,22 @@ def test_full_grid_and_quick():
     assert len(grid) == len(set(grid)) == 2 * 4 * 3 * 2
     assert {s.heads for s in grid} == {64, 32} and {s.batch for s in grid} == {1, 8, 32, 64}
     assert {s.context for s in grid} == {4096, 32768, 131072} and {s.next_n for s in grid} == {1, 4}
-    assert set(QUICK_SHAPES) <= set(grid)
-    assert ScorerShape(64, 8, 131072, 1) in QUICK_SHAPES and ScorerShape(64, 1, 4096, 1) in QUICK_SHAPES
+    # The default set: a live server's shapes, every logits buffer the model's whole context wide.
+    assert {s.width for s in QUICK_SHAPES} == {SERVING_WIDTH} == {163840}
+    assert {s.next_n for s in QUICK_SHAPES} == {1, 2, 4} and {s.heads for s in QUICK_SHAPES} == {64, 32}
+    assert ScorerShape(64, 8, 131072, 2, SERVING_WIDTH) in QUICK_SHAPES
+    assert ScorerShape(64, 1, 4096, 1, SERVING_WIDTH) in QUICK_SHAPES
+
+
+def test_serving_width_shapes_and_floor():
+    s = parse_shapes("64x64x4Kx1@160K")[0]
+    assert s == ScorerShape(64, 64, 4096, 1, 163840) and s.spec == "64x64x4Kx1@160K" and s.label == "H64 64x4K n1 w160K"
+    assert parse_shapes(s.spec) == [s]
+    assert logits_width(s) == 163840 and table_width(s) == 4096
+    # The floor counts the logits the top-k needs (the block table's width), not the buffer's tail.
+    assert fp4_scorer_bytes(s) == 64 * 4096 * 68 + 64 * 4096 * 4
+    with pytest.raises(ValueError, match="width: 100 logits columns cannot hold a context of 4096"):
+        ScorerShape(64, 1, 4096, 1, 100)
 
 
 def test_parse_shapes():

@@ -261,3 +261,24 @@ def test_empty_batch_returns_an_empty_result():
     assert out.shape == (0, 64) and out.dtype == torch.float32
     with pytest.raises(ValueError, match="rows"):
         paged_logits(case.q[:0], case.weights[:0], case.cache, case.block_table, case.context_lens)
+
+
+@pytest.mark.parametrize("impl", ["folded", "scaled"])
+def test_clean_logits_false_leaves_the_tail_past_the_last_page(impl):
+    # The serving path: a buffer as wide as the model's context; SGLang's top-k masks by length, so the
+    # columns past each request's last page are not written (the NaN poison stays), while every column up to
+    # the end of that page is exactly as with clean_logits=True.
+    case = make_paged_case([5, 64, 130], next_n=2, heads=32, seed=11)
+    width = 512
+    sched = plan_paged_schedule(case.context_lens, 64, 4)
+    ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width)
+    clean = paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width,
+                         schedule=sched, block_kv=64, impl=impl)
+    out = torch.full_like(clean, float("nan"))
+    paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width,
+                 schedule=sched, block_kv=64, impl=impl, out=out, clean_logits=False)
+    for r in range(out.shape[0]):
+        written = -(-int(case.context_lens[r // 2]) // 64) * 64  # up to the end of the request's last page
+        assert torch.equal(out[r, :written], clean[r, :written])
+        assert torch.isnan(out[r, written:]).all()
+        assert torch.equal(torch.isfinite(clean[r]), torch.isfinite(ref[r]))

@@ -15,6 +15,7 @@ with reduced-precision adders (about 14 bits kept: DeepSeek-V3 report, section
 
 from __future__ import annotations
 
+import os
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from cases import DEVICE, INTERPRET, kernel_marker
 from sglang_fp4_indexer.format import dequantize_index_k, quantize_index_k, unpack_e2m1
 from sglang_fp4_indexer.ops.ragged_logits import (
     FOLD_EXACT_SPREAD,
+    deepgemm_reason,
     iter_ragged_logits,
     prepare_keys,
     ragged_logits,
@@ -226,6 +228,27 @@ def test_prepare_keys_decodes_exactly(mode):
 
 
 @needs_kernel
+def test_prepare_keys_in_element_order_is_the_fp8_index_key_form():
+    # values * key_factor is the key exactly, element by element: SGLang's FP8 form (e4m3 + fp32 per key).
+    payload, scales = _keys(70, seed=16)
+    keys = prepare_keys(payload.to(DEVICE), scales.to(DEVICE), mode="folded", mma="fp8", element_order=True)
+    assert keys.values.dtype == torch.float8_e4m3fn and keys.values.is_contiguous()
+    got = keys.values.cpu().double() * keys.key_factor.cpu().double()[:, None]
+    assert torch.equal(got, dequantize_index_k(payload, scales).double())
+
+
+def test_deepgemm_impl_refused_where_it_cannot_run():
+    payload, scales = _keys(8, seed=17)
+    q, w = _queries(2, 32, seed=17)
+    ks, ke = _tensors([0, 0], [4, 8])
+    assert deepgemm_reason(q, 32) == "not an NVIDIA CUDA device"
+    with pytest.raises(ValueError, match="impl: 'deepgemm' cannot run here: not an NVIDIA CUDA device"):
+        ragged_logits(q, w, payload, scales, ks, ke, impl="deepgemm")
+    with pytest.raises(ValueError, match="impl: expected 'auto' or one of"):
+        ragged_logits(q, w, payload, scales, ks, ke, impl="cutlass")
+
+
+@needs_kernel
 def test_packed_and_per_element_decode_agree():
     payload, scales = _keys(33, seed=15)
     aligned = prepare_keys(payload.to(DEVICE), scales.to(DEVICE), mode="grouped", mma="fp8")
@@ -417,8 +440,9 @@ def test_full_size_against_reference_in_chunks(mode):
         pytest.skip("needs CUDA")
     q, w, payload, scales, ks, ke = _full_size_case(64, seed=30)
     assert q.shape[0] == 8192 and payload.shape[0] == 40960
-    whole = ragged_logits(q, w, payload, scales, ks, ke, mode=mode)
-    for start, end, chunk in iter_ragged_logits(q, w, payload, scales, ks, ke, mode=mode, budget_bytes=1 << 28):
+    whole = ragged_logits(q, w, payload, scales, ks, ke, mode=mode, impl="triton")
+    for start, end, chunk in iter_ragged_logits(q, w, payload, scales, ks, ke, mode=mode, budget_bytes=1 << 28,
+                                                impl="triton"):
         want = ragged_logits_reference(q[start:end], w[start:end], payload, scales, ks[start:end], ke[start:end])
         bound = _bound(q[start:end], w[start:end], payload, scales, ks[start:end], ke[start:end], torch.float32)
         _assert_close(chunk, want, bound, GPU_RTOL)
@@ -438,5 +462,33 @@ def test_portable_paths_on_gpu(mma):
     want = ragged_logits_reference(q, w, payload, scales, ks, ke)
     bound = _bound(q, w, payload, scales, ks, ke)
     for mode in ("folded", "grouped"):
-        got = ragged_logits(q.cuda(), w.cuda(), payload.cuda(), scales.cuda(), ks.cuda(), ke.cuda(), mode=mode, mma=mma)
+        got = ragged_logits(q.cuda(), w.cuda(), payload.cuda(), scales.cuda(), ks.cuda(), ke.cuda(), mode=mode, mma=mma,
+                            impl="triton")
         _assert_close(got, want, bound, GPU_RTOL)
+
+
+@pytest.mark.gpu
+def test_deepgemm_impl_against_reference():
+    """The default prefill path where DeepGEMM is installed: folded decode + DeepGEMM's fp8_mqa_logits.
+
+    scripts/gpu_run.sh builds DeepGEMM and runs this with REQUIRE_DEEPGEMM=1, which turns a missing
+    DeepGEMM into a failure instead of a skip."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    q, w, payload, scales, ks, ke = _full_size_case(64, seed=32)
+    why = deepgemm_reason(q, 64)
+    if why:
+        if os.environ.get("REQUIRE_DEEPGEMM") == "1":
+            pytest.fail(f"DeepGEMM required: {why}")
+        pytest.skip(why)
+    whole = ragged_logits(q, w, payload, scales, ks, ke)  # "auto" takes DeepGEMM here
+    got_iter = list(iter_ragged_logits(q, w, payload, scales, ks, ke, budget_bytes=1 << 28, impl="deepgemm"))
+    assert got_iter[-1][1] == q.shape[0]
+    out = torch.full((q.shape[0], payload.shape[0]), float("nan"), device="cuda")
+    ragged_logits(q, w, payload, scales, ks, ke, impl="deepgemm", out=out)
+    for start, end, chunk in got_iter:
+        want = ragged_logits_reference(q[start:end], w[start:end], payload, scales, ks[start:end], ke[start:end])
+        bound = _bound(q[start:end], w[start:end], payload, scales, ks[start:end], ke[start:end], torch.float32)
+        _assert_close(chunk, want, bound, GPU_RTOL)
+        _assert_close(whole[start:end], want, bound, GPU_RTOL)
+        _assert_close(out[start:end], want, bound, GPU_RTOL)

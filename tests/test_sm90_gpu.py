@@ -212,3 +212,32 @@ def test_cuda_graph_of_planner_and_scorer_follows_new_lengths():
         fin = torch.isfinite(ref)
         assert torch.equal(fin, torch.isfinite(replayed)), name
         _within_bound(replayed, ref, dataclasses.replace(case, context_lens=lens.clone()), width)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("next_n, heads, mma_rows, wgs", [
+    (2, 64, 2, 4), (2, 32, 2, 4), (4, 32, 2, 4), (4, 32, 4, 4), (4, 64, 2, 4), (2, 64, 2, 3), (4, 64, 2, 3)])
+def test_rows_per_wgmma_and_unclean_tail(next_n, heads, mma_rows, wgs):
+    # Build option MMA_ROWS: one wgmma of N = mma_rows x heads scores several next_n rows of a page at once,
+    # each row's epilogue reading its slice of the accumulators; checked against the oracle within the
+    # kernel's bound. clean_logits=False: every column up to the end of a request's last page is the same
+    # as with the -inf tail, and the tail past it is not written (the NaN poison stays).
+    case = make_paged_case([65, 300, 1000], next_n=next_n, heads=heads, seed=90 + next_n + heads + mma_rows,
+                           device="cuda")
+    width = case.block_table.shape[1] * 64 + 256
+    sched = plan_paged_schedule(case.context_lens, 64, 7)
+    outs = []
+    for clean in (True, False):
+        out = torch.full((case.q.shape[0], width), float("nan"), device="cuda")
+        sm90.launch(case.q, case.weights, case.cache, case.block_table, case.context_lens, sched, out,
+                    batch=case.block_table.shape[0], next_n=next_n, heads=heads, width=width, block_kv=64,
+                    wgs=wgs, mma_rows=mma_rows, clean_logits=clean)
+        outs.append(out)
+    ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width)
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(outs[0])) and not torch.isnan(outs[0]).any()
+    _within_bound(outs[0], ref, case, width)
+    for r in range(outs[0].shape[0]):
+        written = -(-int(case.context_lens[r // next_n]) // 64) * 64
+        assert torch.equal(outs[1][r, :written], outs[0][r, :written])
+        assert torch.isnan(outs[1][r, written:]).all()

@@ -74,6 +74,8 @@ __all__ = [
     "MMA_CHECK_REL",
     "CHECK_ROWS",
     "SGLANG_PEER",
+    "DEEPGEMM_PEER",
+    "DeepGemmFP8Prefill",
     "PrefillShape",
     "GPU_PREFILL_SHAPES",
     "CPU_PREFILL_SHAPES",
@@ -111,6 +113,8 @@ MIN_CALLS = 3
 CHECK_ROWS = 4
 #: Name of the SGLang peer column.
 SGLANG_PEER = "sglang-triton-fp4"
+#: Column name of the FP8 incumbent (DeepGEMM's ragged scorer on FP8 keys), where DeepGEMM runs.
+DEEPGEMM_PEER = "deepgemm-fp8"
 #: Functions SGLang's FP4 indexer module would need for a ragged (flat-key) prefill scorer.
 _SGLANG_RAGGED_NAMES = ("fp4_index_logits_ragged", "fp4_index_logits_flat", "fp4_mqa_logits")
 
@@ -231,20 +235,59 @@ class PrefillVariant:
     chunks: ChunkFn
 
 
+class DeepGemmFP8Prefill:
+    """The FP8 incumbent: DeepGEMM's ``fp8_mqa_logits`` on SGLang's FP8 form of the same keys (e4m3 + one
+    fp32 scale per key, 132 B), what SGLang's FP8 indexer runs for prefill. The FP8 copy of each key
+    buffer is made once, at the first (warm-up, untimed) call, so only the scoring is timed; it is exact
+    for the benchmark's keys (``inputs.SCALE_CODES`` span 2**7), so its logits are checked like ours.
+    Chunked by the same budget, with ``clean_logits=True``."""
+
+    def __init__(self):
+        self._fp8: dict[int, tuple] = {}
+
+    def __call__(self, q, w, payload, scales, ks, ke, *, budget_bytes: int):
+        from ..ops import ragged_logits as rl
+        from ..ops._common import deep_gemm_module
+
+        key = payload.data_ptr()
+        if key not in self._fp8:
+            keys = rl.prepare_keys(payload, scales, mode="folded", mma="fp8", element_order=True)
+            self._fp8[key] = (keys.values.clone(), keys.key_factor.clone())
+        kv = self._fp8[key]
+        dg = deep_gemm_module()
+        rows = rl.rows_per_chunk(q.shape[0], payload.shape[0], budget_bytes)
+        for start in range(0, q.shape[0], rows):
+            end = min(start + rows, q.shape[0])
+            yield start, end, dg.fp8_mqa_logits(q[start:end], kv, w[start:end], ks[start:end], ke[start:end], True)
+
+
 def default_variants(device: torch.device) -> list[PrefillVariant]:
     """``iter_ragged_logits`` in each mode that runs on ``device``: ``grouped`` and ``folded`` with FP8 MMA
-    where it runs (``ops._common.fp8_mma_available``), else the portable default (``mode``/``mma`` ``auto``).
-    All with ``check=False`` (no host sync: capturable)."""
+    where it runs (``ops._common.fp8_mma_available``), else the portable default (``mode``/``mma`` ``auto``);
+    where DeepGEMM runs (``ops.ragged_logits.deepgemm_reason``), also ``impl="deepgemm"`` (the serving
+    default there) and the FP8 incumbent ``DeepGemmFP8Prefill``. All with ``check=False`` (no host sync:
+    capturable)."""
     from ..ops import ragged_logits as rl
+    from .peers import add_peer_site
 
     if rl.fp8_mma_available(device):
-        return [
-            PrefillVariant(f"ours[{m}]", f"iter_ragged_logits(mode={m!r}, mma='fp8')",
-                           partial(rl.iter_ragged_logits, mode=m, mma="fp8", check=False))
+        variants = [
+            PrefillVariant(f"ours[{m}]", f"iter_ragged_logits(mode={m!r}, mma='fp8', impl='triton')",
+                           partial(rl.iter_ragged_logits, mode=m, mma="fp8", check=False, impl="triton"))
             for m in ("folded", "grouped")
         ]
-    return [PrefillVariant("ours[portable]", "iter_ragged_logits(mode='auto', mma='auto')",
-                           partial(rl.iter_ragged_logits, check=False))]
+    else:
+        return [PrefillVariant("ours[portable]", "iter_ragged_logits(mode='auto', mma='auto')",
+                               partial(rl.iter_ragged_logits, check=False, impl="triton"))]
+    add_peer_site()  # where scripts/gpu_run.sh puts the DeepGEMM it builds
+    probe = torch.empty(1, PREFILL_HEADS, INDEX_HEAD_DIM, device=device, dtype=torch.float8_e4m3fn)
+    if rl.deepgemm_reason(probe, PREFILL_HEADS) is None:
+        variants.insert(0, PrefillVariant("ours[deepgemm]", "iter_ragged_logits(impl='deepgemm'): FP4 decode + "
+                                          "DeepGEMM fp8_mqa_logits", partial(rl.iter_ragged_logits, check=False,
+                                                                               impl="deepgemm")))
+        variants.append(PrefillVariant(DEEPGEMM_PEER, "deep_gemm.fp8_mqa_logits on the FP8 form of the keys "
+                                       "(132 B/key)", DeepGemmFP8Prefill()))
+    return variants
 
 
 def sglang_prefill_reason(device: torch.device) -> str:
@@ -627,6 +670,20 @@ def render_prefill_table(report: dict):
     return table
 
 
+def fp8_ratio(row: dict) -> float | None:
+    """DeepGEMM FP8's time over ours (the serving default ``ours[deepgemm]`` where it ran, else the fastest
+    of ours) for one prefill row: above 1, FP4 is faster; ``None`` without both times."""
+    fp8 = row.get("results", {}).get(DEEPGEMM_PEER, {}).get("seconds")
+    ours = [r["seconds"] for n, r in row.get("results", {}).items() if n.startswith("ours") and "seconds" in r]
+    pick = row.get("results", {}).get("ours[deepgemm]", {}).get("seconds") or (min(ours) if ours else None)
+    return fp8 / pick if fp8 and pick else None
+
+
+def fp8_ratio_text(row: dict) -> str:
+    r = fp8_ratio(row)
+    return "-" if r is None else f"{r:.2f}"
+
+
 def render_prefill_summary(report: dict) -> str:
     """Plain-text summary of a prefill report (fits a log tail)."""
     meta = report.get("meta", {})
@@ -634,10 +691,11 @@ def render_prefill_summary(report: dict) -> str:
     lines = [f"== prefill summary: {meta.get('device', '?')}, torch {meta.get('torch')}, triton {meta.get('triton')}",
              f"   {meta.get('timing', '')}"]
     lines += [f"   {n}" for n in _notes(report)]
-    lines.append(f"{'shape':<26}{'gather':>18}" + "".join(f"{n:>34}" for n in names) + "  checks")
+    lines.append(f"{'shape':<26}{'gather':>18}" + "".join(f"{n:>34}" for n in names) + f"{'FP8 / ours':>12}  checks")
     for row in report.get("prefill", []):
         cells = f"{row['label']:<26}{_gather_cell(row.get('gather', {})):>18}"
         cells += "".join(f"{_cell(row['results'].get(n, {})):>34}" for n in names)
+        cells += f"{fp8_ratio_text(row):>12}"
         fails = _fails(row)
         lines.append(cells + "  " + ("ok" if not fails else "FAIL " + "; ".join(fails)))
     lines.append(f"failures: {report.get('failures', 0)}")

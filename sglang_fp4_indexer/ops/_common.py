@@ -19,7 +19,7 @@ from ..pool import scale_row
 
 __all__ = [
     "interpreting", "scale_row_jit", "scale_row_is_identity", "fp8_mma_available", "select_mma", "MMA_DTYPES",
-    "check_index_queries", "to_logits_dtype",
+    "check_index_queries", "to_logits_dtype", "deep_gemm_module",
 ]
 
 
@@ -39,6 +39,17 @@ scale_row_jit = triton.jit(
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
+def deep_gemm_module() -> types.ModuleType | None:
+    """The ``deep_gemm`` package (DeepGEMM, installed beside SGLang on NVIDIA GPUs) when it imports and has
+    ``fp8_mqa_logits``, else ``None``; looked up once per process. Nothing of SGLang is imported."""
+    try:
+        import deep_gemm
+    except Exception:  # missing, or built for another torch / CUDA: the Triton scorers serve
+        return None
+    return deep_gemm if hasattr(deep_gemm, "fp8_mqa_logits") else None
+
+
 def scale_row_is_identity(page_size: int) -> bool:
     """Whether ``pool.scale_row`` maps every row of a ``page_size`` page to itself (the NVIDIA layout).
 

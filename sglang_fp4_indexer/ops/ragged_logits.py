@@ -39,6 +39,15 @@ Method (two launches):
 
 Key tiles wholly outside every window of a query block are not scored (only
 filled with ``-inf``, or left untouched with ``clean_logits=False``).
+
+``impl="deepgemm"`` (the default where DeepGEMM is installed, as it is beside
+SGLang on NVIDIA GPUs): prefill is compute-bound, so after the one decode of
+step 1 (``"folded"``, in element order) the keys are exactly SGLang's FP8
+index-key form -- e4m3 values with one fp32 scale per key, ``2**(m - 133)`` --
+and DeepGEMM's ``fp8_mqa_logits``, the FP8 ragged scorer SGLang's indexer
+already runs, scores them at the FP8 MMA rate. Same numerics as ``"folded"``
+(both multiply the same e4m3 operands on FP8 tensor cores); ``"triton"`` keeps
+the portable kernel of step 2.
 """
 
 from __future__ import annotations
@@ -50,10 +59,20 @@ import triton
 import triton.language as tl
 
 from ..format import INDEX_HEAD_DIM, PAYLOAD_BYTES, SCALE_BYTES
-from ._common import MMA_DTYPES, check_index_queries, fp8_mma_available, interpreting, select_mma, to_logits_dtype
+from ._common import (
+    MMA_DTYPES,
+    check_index_queries,
+    deep_gemm_module,
+    fp8_mma_available,
+    interpreting,
+    select_mma,
+    to_logits_dtype,
+)
 
 __all__ = [
     "MODES",
+    "IMPLS",
+    "deepgemm_reason",
     "FOLD_EXACT_SPREAD",
     "PreparedKeys",
     "prepare_keys",
@@ -65,6 +84,10 @@ __all__ = [
 
 #: Scoring formulations (see the module docstring).
 MODES = ("grouped", "folded")
+#: Scorer back ends (``impl``), besides ``"auto"`` (module docstring).
+IMPLS = ("triton", "deepgemm")
+#: Index heads DeepGEMM's ragged scorer takes.
+_DEEPGEMM_HEADS = (32, 64)
 #: Largest spread ``d`` (in powers of two) between a key's largest group scale
 #: and another group's scale for which the e4m3 fold is exact.
 FOLD_EXACT_SPREAD = 14
@@ -137,7 +160,8 @@ def _prepare_packed_kernel(payload_ptr, out_ptr, S, BLOCK_S: tl.constexpr):
 
 @triton.jit
 def _prepare_kernel(
-    payload_ptr, scales_ptr, out_ptr, kf_ptr, S, BLOCK_S: tl.constexpr, FOLD: tl.constexpr, OUT_FP32: tl.constexpr
+    payload_ptr, scales_ptr, out_ptr, kf_ptr, S, BLOCK_S: tl.constexpr, FOLD: tl.constexpr, OUT_FP32: tl.constexpr,
+    ELEMENT_ORDER: tl.constexpr = False,
 ):
     """Per-element decode into any operand dtype, optionally folding the group scales."""
     offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -164,10 +188,14 @@ def _prepare_kernel(
     if not OUT_FP32:  # exact: every value is on the e4m3 grid
         lo = lo.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
         hi = hi.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
-    dst = (i // 16) * 32 + (i % 16)  # group's even half, then its odd half
     base = out_ptr + offs_s[:, None].to(tl.int64) * 128
-    tl.store(base + dst[None, :], lo, mask=ok[:, None])
-    tl.store(base + dst[None, :] + 16, hi, mask=ok[:, None])
+    if ELEMENT_ORDER:  # elements 2i, 2i + 1
+        tl.store(base + 2 * i[None, :], lo, mask=ok[:, None])
+        tl.store(base + 2 * i[None, :] + 1, hi, mask=ok[:, None])
+    else:
+        dst = (i // 16) * 32 + (i % 16)  # group's even half, then its odd half
+        tl.store(base + dst[None, :], lo, mask=ok[:, None])
+        tl.store(base + dst[None, :] + 16, hi, mask=ok[:, None])
 
 
 def _check_planes(payload, scales):
@@ -184,7 +212,9 @@ def _check_planes(payload, scales):
         raise ValueError(f"scales: on {scales.device}, but payload is on {payload.device}")
 
 
-def prepare_keys(payload: torch.Tensor, scales: torch.Tensor, *, mode: str = "folded", mma: str = "fp8") -> PreparedKeys:
+def prepare_keys(
+    payload: torch.Tensor, scales: torch.Tensor, *, mode: str = "folded", mma: str = "fp8", element_order: bool = False
+) -> PreparedKeys:
     """Decode flat MXFP4 index keys into the scorer's MMA operands (one launch).
 
     Args:
@@ -193,6 +223,10 @@ def prepare_keys(payload: torch.Tensor, scales: torch.Tensor, *, mode: str = "fo
         mode: ``"grouped"`` (exact for every key) or ``"folded"`` (see the
             module docstring for when it is exact).
         mma: operand type ``"fp8"``, ``"fp16"``, ``"bf16"`` or ``"fp32"``.
+        element_order: store the 128 values in element order (for a scorer that
+            reads the queries as they are, e.g. DeepGEMM) instead of each group's
+            even elements then its odd ones. With ``"folded"`` and ``"fp8"`` the
+            result is SGLang's FP8 index-key form: ``values * key_factor`` is the key.
 
     Returns:
         ``PreparedKeys``.
@@ -211,12 +245,13 @@ def prepare_keys(payload: torch.Tensor, scales: torch.Tensor, *, mode: str = "fo
     key_factor = torch.empty((n,), dtype=torch.float32, device=payload.device) if fold else None
     if n:
         grid = (triton.cdiv(n, _BLOCK_S),)
-        if not fold and mma == "fp8" and payload.data_ptr() % 4 == 0:
+        if not fold and mma == "fp8" and payload.data_ptr() % 4 == 0 and not element_order:
             _prepare_packed_kernel[grid](payload.view(torch.int32), values.view(torch.int32), n, BLOCK_S=_BLOCK_S)
         else:
             kf = key_factor if fold else values  # unused without FOLD
             _prepare_kernel[grid](
-                payload, scales, values, kf, n, BLOCK_S=_BLOCK_S, FOLD=fold, OUT_FP32=mma == "fp32"
+                payload, scales, values, kf, n, BLOCK_S=_BLOCK_S, FOLD=fold, OUT_FP32=mma == "fp32",
+                ELEMENT_ORDER=bool(element_order),
             )
     return PreparedKeys(values, key_factor, scales, mode, mma)
 
@@ -430,8 +465,30 @@ def _score(q, weights, keys: PreparedKeys, ks, ke, out, clean_logits, block_m, b
 _LOGITS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _setup(q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits, logits_dtype):
+def deepgemm_reason(q: torch.Tensor, heads: int) -> str | None:
+    """Why DeepGEMM's ragged scorer cannot take these index queries (``None``: it can).
+
+    It needs an NVIDIA GPU of compute capability 9.x or 10.x, the ``deep_gemm``
+    package (installed beside SGLang), e4m3 queries and 32 or 64 heads.
+    """
+    if q.device.type != "cuda" or torch.version.hip is not None:
+        return "not an NVIDIA CUDA device"
+    if torch.cuda.get_device_capability(q.device)[0] not in (9, 10):
+        return "DeepGEMM's ragged scorer runs on compute capability 9.x and 10.x"
+    if q.dtype != torch.float8_e4m3fn:
+        return "index queries are not float8_e4m3fn"
+    if heads not in _DEEPGEMM_HEADS:
+        return f"{heads} heads (DeepGEMM takes {_DEEPGEMM_HEADS})"
+    if deep_gemm_module() is None:
+        return "the deep_gemm package is not installed or does not import"
+    return None
+
+
+def _setup(q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits, logits_dtype,
+           impl="triton"):
     """Validate the arguments shared by ``ragged_logits`` and ``iter_ragged_logits``; resolve the options."""
+    if impl not in ("auto", *IMPLS):
+        raise ValueError(f"impl: expected 'auto' or one of {IMPLS}, got {impl!r}")
     if logits_dtype not in _LOGITS_DTYPES:
         raise ValueError(f"logits_dtype: expected float32, bfloat16 or float16, got {logits_dtype}")
     _check_planes(payload, scales)
@@ -447,7 +504,36 @@ def _setup(q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block
         raise ValueError(f"num_splits: expected an int >= 1, got {num_splits!r}")
     if check and tokens and (int(ks.min()) < 0 or int(ke.max()) > width):
         raise ValueError(f"ks, ke: windows must lie in [0, {width}]")
-    return tokens, width, mode, mma, block_m, block_n
+    if impl != "triton":
+        why = deepgemm_reason(q, heads)
+        if impl == "deepgemm" and why:
+            raise ValueError(f"impl: 'deepgemm' cannot run here: {why}")
+        impl = "triton" if why else "deepgemm"
+    return tokens, width, mode, mma, block_m, block_n, impl
+
+
+def _deepgemm_keys(payload, scales) -> PreparedKeys:
+    """The folded decode in element order: SGLang's FP8 index-key form (e4m3 values, fp32 scale per key)."""
+    return prepare_keys(payload, scales, mode="folded", mma="fp8", element_order=True)
+
+
+def _deepgemm_score(q, weights, keys: PreparedKeys, ks, ke, clean_logits, logits_dtype):
+    """DeepGEMM's ``fp8_mqa_logits`` on prepared keys: ``[T, S]`` logits (a view with a padded row stride).
+
+    Windows are clamped to ``[0, S]`` on the device first (no sync), so no
+    argument can make it read or write out of bounds.
+    """
+    dg = deep_gemm_module()
+    width = keys.values.shape[0]
+    ks = ks.clamp(0, width)
+    ke = torch.maximum(ke.clamp(0, width), ks)
+    q = q.contiguous()
+    if weights.stride(1) != 1:
+        weights = weights.contiguous()
+    if logits_dtype == torch.float32:
+        return dg.fp8_mqa_logits(q, (keys.values, keys.key_factor), weights, ks, ke, clean_logits)
+    return dg.fp8_fp4_mqa_logits((q, None), (keys.values, keys.key_factor), weights, ks, ke, clean_logits, 0,
+                                 logits_dtype)
 
 
 def ragged_logits(
@@ -467,6 +553,7 @@ def ragged_logits(
     block_n: int | None = None,
     num_splits: int | None = None,
     logits_dtype: torch.dtype = torch.float32,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Score each query token against its own window of the flat FP4 keys (prefill / extend).
 
@@ -503,26 +590,41 @@ def ragged_logits(
         logits_dtype: fp32 (default), bf16 or fp16 logits: the sum is formed in
             fp32 and rounded once on store (round to nearest even), as in
             ``ops.paged_logits.paged_logits``; bf16/fp16 halve the bytes written.
+        impl: ``"auto"`` (default): ``"deepgemm"`` where ``deepgemm_reason`` is
+            ``None``, else ``"triton"``. ``"deepgemm"``: the keys decoded once to
+            e4m3 + one fp32 scale per key (the ``"folded"`` numerics; ``mode``,
+            ``mma`` and the tile options do not apply) and scored by DeepGEMM's
+            ``fp8_mqa_logits`` (module docstring); with ``out`` given the logits
+            are copied into it. ``"triton"``: this module's kernel.
 
     Returns:
-        ``[T, S]`` of ``logits_dtype`` (``out`` when given).
+        ``[T, S]`` of ``logits_dtype`` (``out`` when given; with ``"deepgemm"``
+        otherwise a view whose row stride is DeepGEMM's padded one).
 
     Raises:
         TypeError / ValueError: bad dtype, shape, device or contiguity of any
-            argument, a bad option, or (``check=True``) a window outside ``[0, S]``.
+            argument, a bad option, ``impl="deepgemm"`` where it cannot run, or
+            (``check=True``) a window outside ``[0, S]``.
     """
-    tokens, width, mode, mma, block_m, block_n = _setup(
-        q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits, logits_dtype
+    tokens, width, mode, mma, block_m, block_n, impl = _setup(
+        q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits, logits_dtype, impl
     )
-    if out is None:
-        out = torch.empty((tokens, width), dtype=logits_dtype, device=q.device)
-    elif out.dtype != logits_dtype or tuple(out.shape) != (tokens, width) or out.stride(1) != 1:
+    if out is not None and (out.dtype != logits_dtype or tuple(out.shape) != (tokens, width) or out.stride(1) != 1):
         raise ValueError(
             f"out: expected {logits_dtype} [{tokens}, {width}] with contiguous columns, got {out.dtype} "
             f"{list(out.shape)}"
         )
-    elif out.device != q.device:
+    if out is not None and out.device != q.device:
         raise ValueError(f"out: on {out.device}, but q is on {q.device}")
+    if impl == "deepgemm":
+        if tokens == 0 or width == 0:
+            return out if out is not None else torch.empty((tokens, width), dtype=logits_dtype, device=q.device)
+        logits = _deepgemm_score(q, weights, _deepgemm_keys(payload, scales), ks, ke, clean_logits, logits_dtype)
+        if out is None:
+            return logits
+        return out.copy_(logits)
+    if out is None:
+        out = torch.empty((tokens, width), dtype=logits_dtype, device=q.device)
     keys = prepare_keys(payload, scales, mode=mode, mma=mma)
     return _score(q, weights, keys, ks, ke, out, clean_logits, block_m, block_n, num_splits)
 
@@ -562,6 +664,7 @@ def iter_ragged_logits(
     block_n: int | None = None,
     num_splits: int | None = None,
     logits_dtype: torch.dtype = torch.float32,
+    impl: str = "auto",
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
     """``ragged_logits`` in row chunks whose logits fit a byte budget.
 
@@ -574,10 +677,17 @@ def iter_ragged_logits(
     Raises:
         As ``ragged_logits`` and ``rows_per_chunk`` (raised at the first ``next``).
     """
-    tokens, width, mode, mma, block_m, block_n = _setup(
-        q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits, logits_dtype
+    tokens, width, mode, mma, block_m, block_n, impl = _setup(
+        q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits, logits_dtype, impl
     )
     rows = rows_per_chunk(tokens, width, budget_bytes)
+    if impl == "deepgemm":  # DeepGEMM allocates each chunk's logits itself
+        keys = _deepgemm_keys(payload, scales)
+        for start in range(0, tokens, rows):
+            end = min(start + rows, tokens)
+            yield start, end, _deepgemm_score(q[start:end], weights[start:end], keys, ks[start:end], ke[start:end],
+                                              clean_logits, logits_dtype)
+        return
     keys = prepare_keys(payload, scales, mode=mode, mma=mma)
     buf = torch.empty((rows, width), dtype=logits_dtype, device=q.device)
     for start in range(0, tokens, rows):

@@ -797,6 +797,57 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #endif
     };
 
+#if HEADSUM == 2 && MMA_ROWS > 1
+    // Epilogue of next_n rows i0 .. i0 + MMA_ROWS - 1 (one wgmma group): each row's relu(S) packed to bf16 and
+    // its head-sum wgmma issued, all rows' head sums under one commit and one wait (finish_row waits twice
+    // per row). Same numerics as finish_row's HEADSUM 2.
+    auto finish_group = [&](int i0, const int4& job, float f) {
+        const bool mma = job.z >= 0 && job.x >= 0;
+        const int col = job.z * PAGE + my_row;
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < MMA_N / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
+#if PROBE & 64
+        if (i0 + MMA_ROWS == NEXT_N) tl_t[3] = clock_stamp();
+#endif
+        float hs[MMA_ROWS][4];
+        u32 ra[MMA_ROWS][HEADS / 4];
+#pragma unroll
+        for (int k = 0; k < MMA_ROWS; ++k)
+#pragma unroll
+            for (int j = 0; j < HEADS / 4; ++j)
+                asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;"
+                    : "=r"(ra[k][j])
+                    : "f"(acc[k * (HEADS / 2) + 2 * j + 1]), "f"(acc[k * (HEADS / 2) + 2 * j]));
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int k = 0; k < MMA_ROWS; ++k) {
+            const u32 hb = smem_u32(hs_smem) + (i0 + k) * HS_BYTES;
+#pragma unroll
+            for (int t = 0; t < HEADS / 16; ++t) wgmma_bf16_n8(hs[k], ra[k] + 4 * t, hs_desc(hb + 256 * t), t > 0);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int k = 0; k < MMA_ROWS; ++k) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[k][j])::"memory");
+            float v = 2.f * (mine1 ? hs[k][2] + hs[k][3] : hs[k][0] + hs[k][1]);
+            v = mma && col < row_len[i0 + k] ? v * f : -__int_as_float(0x7f800000);
+#if PROBE & 64
+            if (job.z >= 0 && c < 2 && col < width && __float_as_uint(v) == 1u)
+                store_logit(row_out + (i0 + k) * stride_out + col, v);
+#else
+            if (job.z >= 0 && c < 2 && col < width) store_logit(row_out + (i0 + k) * stride_out + col, v);
+#endif
+        }
+    };
+#define FINISH_GROUP(i0) finish_group(i0, job, f)
+#else
+#define FINISH_GROUP(i0)                                                       \
+    _Pragma("unroll") for (int k = 0; k < MMA_ROWS; ++k) finish_row((i0) + k, job, f)
+#endif
+
     // The request's last job writes -inf over the rest of its rows.
     auto fill_tail = [&](const int4& job) {
         if ((PROBE & 64) || job.w < 0 || !clean_tail) return;
@@ -828,8 +879,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #pragma unroll
         for (int i = 0; i + MMA_ROWS < NEXT_N; i += MMA_ROWS) {
             issue_row(i, fr);
-#pragma unroll
-            for (int k = 0; k < MMA_ROWS; ++k) finish_row(i + k, job, f);
+            FINISH_GROUP(i);
         }
         issue_row(NEXT_N - MMA_ROWS, fr);
 #endif
@@ -838,8 +888,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         acquire(next);  // overlaps the wgmma
 #endif
 #if !(PROBE & 1)
-#pragma unroll
-        for (int k = 0; k < MMA_ROWS; ++k) finish_row(NEXT_N - MMA_ROWS + k, job, f);
+        FINISH_GROUP(NEXT_N - MMA_ROWS);
 #endif
         TL(4);
 #if !PIPELINE
