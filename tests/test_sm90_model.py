@@ -267,6 +267,30 @@ def test_nvrtc_builds_the_measured_variants_without_serialized_wgmma(split_sign,
     assert "C7507" not in log and "C7508" not in log, log
 
 
+@pytest.mark.parametrize("next_n,heads,mma_rows", [(2, 32, 2), (4, 32, 4), (2, 64, 2), (4, 64, 2), (4, 32, 2)])
+def test_nvrtc_builds_rows_per_wgmma_without_spills_or_injected_fences(next_n, heads, mma_rows):
+    # MMA_ROWS: one wgmma of N = mma_rows x heads across next_n rows at the default four math warpgroups:
+    # within the register budget, no wgmma serialized, and no fence ptxas had to inject (C7519: the
+    # head-sum operands are all packed before the wgmma.fence).
+    src = sm90._source(next_n, heads, 0, False, sm90.DEFAULT_STAGES, 1, 0, sm90.DEFAULT_SPLIT_SIGN,
+                       sm90.DEFAULT_HEADSUM, sm90.DEFAULT_PIPELINE, sm90.DEFAULT_WGS, mma_rows)
+    assert f"#define MMA_ROWS {mma_rows}\n" in src and f"m64n{mma_rows * heads}k32" in src
+    _, log = sm90.build(next_n, heads, mma_rows=mma_rows)
+    regs, spilled = nvrtc.ptxas_registers(log)
+    assert regs == sm90.launch_regs(sm90.DEFAULT_WGS) and spilled == 0, log
+    for code in ("C7507", "C7508", "C7511", "C7512", "C7518", "C7519"):
+        assert code not in log, log
+
+
+def test_rows_per_wgmma_defaults_and_limits():
+    assert sm90.default_mma_rows(4, 32) == 4 and sm90.default_mma_rows(2, 32) == 2
+    assert sm90.default_mma_rows(2, 64) == 1 and sm90.default_mma_rows(1, 32) == 1
+    with pytest.raises(ValueError, match="mma_rows: expected a divisor of next_n 4 with mma_rows x 64 heads <= 128"):
+        sm90.build(4, 64, mma_rows=4)
+    with pytest.raises(ValueError, match="mma_rows: expected a divisor of next_n 3"):
+        sm90.build(3, 32, mma_rows=2)
+
+
 def test_rel_bound_is_the_mma_bound_plus_the_head_sums_rounding():
     # The tolerance of the GPU tests and the benchmark's check for the Hopper kernel.
     assert sm90.rel_bound(0) == 1e-3 == sm90.rel_bound() - sm90.HEADSUM_REL[sm90.DEFAULT_HEADSUM]

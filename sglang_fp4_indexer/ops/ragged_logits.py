@@ -93,6 +93,9 @@ _DEEPGEMM_HEADS = (32, 64)
 FOLD_EXACT_SPREAD = 14
 _FOLD_ZERO_SPREAD = 40
 _BLOCK_S = 64
+# Keys per program of the element-order decode (DeepGEMM's input): smaller blocks, more programs (a 4 K-key
+# prefill is 256 of them), since that decode sits on the prefill's critical path.
+_BLOCK_S_ELEMENT_ORDER = 16
 # Default tile: BLOCK_M * H = 256 (token, head) columns; BLOCK_N keys: 128 for "folded"
 # and 64 for "grouped" (whose second [BLOCK_N, 256] fp32 partial product would
 # otherwise spill registers at 8 warps: ptxas, sm_90a, triton 3.8).
@@ -189,9 +192,9 @@ def _prepare_kernel(
         lo = lo.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
         hi = hi.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     base = out_ptr + offs_s[:, None].to(tl.int64) * 128
-    if ELEMENT_ORDER:  # elements 2i, 2i + 1
-        tl.store(base + 2 * i[None, :], lo, mask=ok[:, None])
-        tl.store(base + 2 * i[None, :] + 1, hi, mask=ok[:, None])
+    if ELEMENT_ORDER:  # elements 2i, 2i + 1: one contiguous [BLOCK_S, 128] store
+        j = tl.arange(0, 128)
+        tl.store(base + j[None, :], tl.interleave(lo, hi), mask=ok[:, None])
     else:
         dst = (i // 16) * 32 + (i % 16)  # group's even half, then its odd half
         tl.store(base + dst[None, :], lo, mask=ok[:, None])
@@ -249,8 +252,9 @@ def prepare_keys(
             _prepare_packed_kernel[grid](payload.view(torch.int32), values.view(torch.int32), n, BLOCK_S=_BLOCK_S)
         else:
             kf = key_factor if fold else values  # unused without FOLD
-            _prepare_kernel[grid](
-                payload, scales, values, kf, n, BLOCK_S=_BLOCK_S, FOLD=fold, OUT_FP32=mma == "fp32",
+            block_s = _BLOCK_S_ELEMENT_ORDER if element_order else _BLOCK_S
+            _prepare_kernel[(triton.cdiv(n, block_s),)](
+                payload, scales, values, kf, n, BLOCK_S=block_s, FOLD=fold, OUT_FP32=mma == "fp32",
                 ELEMENT_ORDER=bool(element_order),
             )
     return PreparedKeys(values, key_factor, scales, mode, mma)
@@ -512,6 +516,24 @@ def _setup(q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block
     return tokens, width, mode, mma, block_m, block_n, impl
 
 
+@triton.jit
+def _clamp_windows_kernel(ks_ptr, ke_ptr, ks_out, ke_out, T, S, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < T
+    lo = tl.minimum(tl.maximum(tl.load(ks_ptr + offs, mask=ok, other=0), 0), S)
+    hi = tl.minimum(tl.maximum(tl.load(ke_ptr + offs, mask=ok, other=0), lo), S)
+    tl.store(ks_out + offs, lo, mask=ok)
+    tl.store(ke_out + offs, hi, mask=ok)
+
+
+def _clamped_windows(ks, ke, width: int):
+    """``ks`` and ``ke`` clamped to ``0 <= ks <= ke <= width`` on the device, in one launch (no sync)."""
+    lo, hi = torch.empty_like(ks), torch.empty_like(ke)
+    if ks.numel():
+        _clamp_windows_kernel[(triton.cdiv(ks.numel(), 1024),)](ks, ke, lo, hi, ks.numel(), width, BLOCK=1024)
+    return lo, hi
+
+
 def _deepgemm_keys(payload, scales) -> PreparedKeys:
     """The folded decode in element order: SGLang's FP8 index-key form (e4m3 values, fp32 scale per key)."""
     return prepare_keys(payload, scales, mode="folded", mma="fp8", element_order=True)
@@ -525,8 +547,7 @@ def _deepgemm_score(q, weights, keys: PreparedKeys, ks, ke, clean_logits, logits
     """
     dg = deep_gemm_module()
     width = keys.values.shape[0]
-    ks = ks.clamp(0, width)
-    ke = torch.maximum(ke.clamp(0, width), ks)
+    ks, ke = _clamped_windows(ks, ke, width)
     q = q.contiguous()
     if weights.stride(1) != 1:
         weights = weights.contiguous()

@@ -32,7 +32,8 @@ from ._common import scale_row_is_identity
 
 __all__ = ["available", "unavailable_reason", "build", "launch", "supports", "SOURCE", "DEFAULT_STAGES", "DEFAULT_MIN_CTAS",
            "default_min_ctas", "smem_bytes", "wg_smem_bytes", "threads", "launch_regs", "math_regs", "HEADS", "MAX_Q_BYTES",
-           "HEADSUM_REL", "MMA_REL", "rel_bound", "logit_error_bound"]
+           "HEADSUM_REL", "MMA_REL", "rel_bound", "logit_error_bound", "MMA_ROWS_DEFAULTS", "MAX_MMA_N",
+           "default_mma_rows"]
 
 #: The kernel's CUDA C++ source.
 SOURCE = Path(__file__).with_name("cuda") / "paged_logits_sm90.cu"
@@ -80,23 +81,18 @@ MAX_SMEM_BYTES = 227 * 1024
 _OUT_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
-#: next_n rows per wgmma (build option MMA_ROWS) by (next_n, heads); 1 where absent.
-MMA_ROWS_DEFAULTS: dict[tuple[int, int], int] = {}
-#: Math warpgroups per CTA by rows per wgmma x heads (the wgmma's N): wider accumulators need the
-#: register budget of fewer warpgroups (``math_regs``: 112 at 4, 160 at 3, 240 at 2).
-WGS_BY_MMA_N = {256: 2, 128: 3}
+#: next_n rows per wgmma (build option MMA_ROWS) by (next_n, heads); 1 where absent. Measured on H200
+#: (docs/perf-notes.md, "One wgmma across next_n rows"): at H 32 one N = 128 wgmma per page is 1-5 %
+#: faster than one per row; at H 64 it is 1-3 % slower, so rows keep their own wgmma there.
+MMA_ROWS_DEFAULTS: dict[tuple[int, int], int] = {(2, 32): 2, (4, 32): 4}
+#: Widest wgmma N (rows per wgmma x heads) whose accumulators fit a math thread's registers at
+#: ``DEFAULT_WGS`` (N = 256 does not build).
+MAX_MMA_N = 128
 
 
 def default_mma_rows(next_n: int, heads: int) -> int:
     """Rows of a request's next_n scored by one wgmma (``MMA_ROWS_DEFAULTS``, else 1)."""
     return MMA_ROWS_DEFAULTS.get((next_n, heads), 1)
-
-
-def default_wgs(next_n: int, heads: int, mma_rows: int | None = None) -> int:
-    """Math warpgroups per CTA for a build: ``DEFAULT_WGS`` unless the wgmma's N (rows per wgmma x heads)
-    needs the registers of fewer (``WGS_BY_MMA_N``)."""
-    n = (default_mma_rows(next_n, heads) if mma_rows is None else mma_rows) * heads
-    return min([DEFAULT_WGS] + [w for limit, w in WGS_BY_MMA_N.items() if n >= limit])
 
 
 def threads(wgs: int) -> int:
@@ -222,7 +218,7 @@ def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, 
 def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, stages: int = DEFAULT_STAGES,
           min_ctas: int | None = None, arch: str = "sm_90a", probe: int = 0,
           split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
-          pipeline: int = DEFAULT_PIPELINE, wgs: int | None = None,
+          pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS,
           mma_rows: int | None = None) -> tuple[bytes, str]:
     """Compile the scorer for one configuration with NVRTC (``ops.nvrtc.compile_cubin``).
 
@@ -250,9 +246,8 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
             by the weights (relative error per term below 2**-10 + 2**-11); 2 a bf16 wgmma of relu(S)
             by the weights as hi + lo bf16 (relative error per term below 2**-8 + 2**-16). See the .cu file.
         pipeline: 1 reads the next job's page while this job's wgmma runs.
-        wgs: math warpgroups per CTA, 1-4 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1);
-            ``None``: ``default_wgs(next_n, heads)``.
-        mma_rows: next_n rows scored by one wgmma (N = ``mma_rows * heads`` <= 256; a divisor of
+        wgs: math warpgroups per CTA, 1-4 (> 1: warp-specialised, ``setmaxnreg``; ``min_ctas`` is then 1).
+        mma_rows: next_n rows scored by one wgmma (N = ``mma_rows * heads`` <= ``MAX_MMA_N``; a divisor of
             ``next_n``): the page is decoded once and its key fragments multiply the rows' queries in
             one instruction chain; ``None``: ``default_mma_rows(next_n, heads)``.
 
@@ -269,11 +264,9 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         raise ValueError(f"next_n: expected an int >= 1, got {next_n!r}")
     if mma_rows is None:
         mma_rows = default_mma_rows(next_n, heads)
-    if wgs is None:
-        wgs = default_wgs(next_n, heads, mma_rows)
-    if not isinstance(mma_rows, int) or mma_rows < 1 or next_n % mma_rows or mma_rows * heads > 256:
-        raise ValueError(f"mma_rows: expected a divisor of next_n {next_n} with mma_rows x {heads} heads <= 256, "
-                         f"got {mma_rows!r}")
+    if not isinstance(mma_rows, int) or mma_rows < 1 or next_n % mma_rows or mma_rows * heads > MAX_MMA_N:
+        raise ValueError(f"mma_rows: expected a divisor of next_n {next_n} with mma_rows x {heads} heads <= "
+                         f"{MAX_MMA_N}, got {mma_rows!r}")
     if next_n * heads * 128 > MAX_Q_BYTES:
         raise ValueError(f"next_n: {next_n} x {heads} heads of index queries exceed {MAX_Q_BYTES} bytes of shared memory")
     if out_kind not in (0, 1, 2):
@@ -380,13 +373,13 @@ def smem_bytes(next_n: int, heads: int, stages: int = DEFAULT_STAGES, headsum: i
 def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch: int, next_n: int, heads: int,
            width: int, block_kv: int, stages: int = DEFAULT_STAGES, min_ctas: int | None = None,
            probe: int = 0, split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
-           pipeline: int = DEFAULT_PIPELINE, wgs: int | None = None, mma_rows: int | None = None,
+           pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS, mma_rows: int | None = None,
            clean_logits: bool = True) -> None:
     """Launch the sm90 scorer on torch's current stream (arguments already validated by ``paged_logits``).
 
     Shapes as ``ops.paged_logits.paged_logits``; ``block_kv`` a multiple of
     the page size (the schedule's tile); one math warpgroup per schedule
-    entry, ``wgs`` of them per CTA (``threads(wgs)`` threads; ``None``: ``default_wgs``).
+    entry, ``wgs`` of them per CTA (``threads(wgs)`` threads); ``mma_rows`` as ``build``.
     ``clean_logits=False`` skips writing ``-inf`` from each request's last page
     to ``width`` (the serving path: SGLang's top-k masks by length).
 
@@ -398,8 +391,6 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
     out_kind = _OUT_KINDS[out.dtype]
     if mma_rows is None:
         mma_rows = default_mma_rows(next_n, heads)
-    if wgs is None:
-        wgs = default_wgs(next_n, heads, mma_rows)
     cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, split_sign,
                      headsum, pipeline, wgs, mma_rows)
     smem = smem_bytes(next_n, heads, stages, headsum, wgs)
