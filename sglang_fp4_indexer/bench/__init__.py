@@ -42,8 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated HxBATCHxCONTEXTxNEXT_N shapes (K = 1024, e.g. 64x8x128Kx1) "
                              "and/or set names quick, full, cpu (default: full on a GPU, cpu on the CPU; "
                              "quick and full are refused on the CPU)")
-    parser.add_argument("--scorers", default="ours,sglang,deepgemm", metavar="LIST",
-                        help="scorers to time: ours, sglang (SGLang's Triton FP4), deepgemm (DeepGEMM FP8)")
+    parser.add_argument("--scorers", default="ours,sglang,deepgemm,deepgemm-native", metavar="LIST",
+                        help="scorers to time: ours, sglang (SGLang's Triton FP4), deepgemm (DeepGEMM FP8 as "
+                             "SGLang calls it on this GPU), deepgemm-native (DeepGEMM FP8 with its native next_n)")
     parser.add_argument("--impl", default=None, metavar="LIST",
                         help="paged_logits impl variants to time as separate 'ours' columns (default: the op's default)")
     parser.add_argument("--store-tokens", type=int, default=None, metavar="N",

@@ -266,11 +266,24 @@ def fp8_index_cache_from_fp4(cache: torch.Tensor, page_size: int = PAGE_SIZE, ch
 
 
 class DeepGemmFP8Scorer(_PeerScorer):
-    """DeepGEMM's ``fp8_paged_mqa_logits`` on an exact FP8 copy of the keys (module docstring)."""
+    """DeepGEMM's ``fp8_paged_mqa_logits`` on an exact FP8 copy of the keys (module docstring).
 
-    name = "deepgemm-fp8"
+    Args:
+        native: ``False`` (column ``deepgemm-fp8``): called as SGLang 0.5.23 calls it on this GPU -- for
+            target verify (next_n >= 2) on Hopper one row per request (``next_n = 1``, the block-table
+            row repeated; SGLang enables DeepGEMM's native next_n on SM100 only), natively elsewhere.
+            ``True`` (column ``deepgemm-fp8-native``): DeepGEMM's native next_n wherever DeepGEMM takes
+            it (``DEEPGEMM_SM90_MAX_NEXT_N`` on Hopper), the faster form SGLang does not use on Hopper yet.
+    """
+
     key_bytes = FP8_INDEX_BYTES_PER_TOKEN
-    label = "deep_gemm.fp8_paged_mqa_logits (FP8 cache, 132 B/key)"
+
+    def __init__(self, native: bool = False):
+        super().__init__()
+        self.native = native
+        self.name = "deepgemm-fp8-native" if native else "deepgemm-fp8"
+        self.label = ("deep_gemm.fp8_paged_mqa_logits (FP8 cache, 132 B/key), "
+                      + ("native next_n" if native else "as SGLang 0.5.23 calls it on this GPU"))
 
     def _load(self):
         from .peers import load_deep_gemm
@@ -286,7 +299,10 @@ class DeepGemmFP8Scorer(_PeerScorer):
         kv = [first] + [first.clone() for _ in range(sets - 1)]
         kv = [c.view(c.shape[0], PAGE_SIZE, 1, FP8_INDEX_BYTES_PER_TOKEN) for c in kv]
         num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        q, lens, bt = deepgemm_paged_inputs(inputs.q, inputs.context_lens, inputs.block_table, shape.next_n)
+        hopper = torch.cuda.get_device_capability(dev)[0] == 9
+        split_above = (DEEPGEMM_SM90_MAX_NEXT_N if hopper else 1 << 30) if self.native else (1 if hopper else 1 << 30)
+        q, lens, bt = deepgemm_paged_inputs(inputs.q, inputs.context_lens, inputs.block_table, shape.next_n,
+                                            split_above)
         schedule = dg.get_paged_mqa_logits_metadata(lens, PAGE_SIZE, num_sms)
         w, width = inputs.weights, inputs.width
 
@@ -302,35 +318,38 @@ DEEPGEMM_SM90_MAX_NEXT_N = 2
 
 
 def deepgemm_paged_inputs(
-    q: torch.Tensor, context_lens: torch.Tensor, block_table: torch.Tensor, next_n: int
+    q: torch.Tensor, context_lens: torch.Tensor, block_table: torch.Tensor, next_n: int,
+    split_above: int = DEEPGEMM_SM90_MAX_NEXT_N,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DeepGEMM ``fp8_paged_mqa_logits`` arguments for ``batch`` requests of ``next_n`` rows.
 
     DeepGEMM takes per-row visible lengths as int32 ``[B, next_n]`` (row ``i``
     of a request of length ``ctx`` sees ``ctx - next_n + i + 1`` keys,
     ``reference.expand_context_lens``) and, on SM90, ``next_n <= 2``. Above
-    that each row becomes its own request (``next_n = 1``, its block-table row
-    repeated), which is how SGLang calls it on Hopper.
+    ``split_above`` each row becomes its own request (``next_n = 1``, its
+    block-table row repeated), which is how SGLang 0.5.23 calls it for target
+    verify on Hopper (``split_above = 1``).
 
     Args:
         q: e4m3 ``[B * next_n, H, 128]`` index queries.
         context_lens: int32 ``[B]`` request lengths.
         block_table: int32 ``[B, max_pages]``.
         next_n: query rows per request.
+        split_above: largest next_n passed natively.
 
     Returns:
         ``(q [B', n', H, 128], context_lens int32 [B', n'], block_table int32 [B', max_pages])``.
     """
     rows, heads, dim = q.shape
     lens = expand_context_lens(context_lens, next_n).to(torch.int32)
-    if next_n > DEEPGEMM_SM90_MAX_NEXT_N:
+    if next_n > split_above:
         return (q.view(rows, 1, heads, dim), lens.reshape(rows, 1).contiguous(),
                 block_table.repeat_interleave(next_n, dim=0).contiguous())
     return q.view(rows // next_n, next_n, heads, dim), lens.contiguous(), block_table
 
 
 #: Scorer names accepted by ``--scorers``.
-SCORER_NAMES = ("ours", "sglang", "deepgemm")
+SCORER_NAMES = ("ours", "sglang", "deepgemm", "deepgemm-native")
 
 
 def make_scorers(names: list[str], impls: list[str] | None = None) -> list[Scorer]:
@@ -360,4 +379,6 @@ def make_scorers(names: list[str], impls: list[str] | None = None) -> list[Score
         scorers.append(SGLangFP4Scorer())
     if "deepgemm" in names:
         scorers.append(DeepGemmFP8Scorer())
+    if "deepgemm-native" in names:
+        scorers.append(DeepGemmFP8Scorer(native=True))
     return scorers
