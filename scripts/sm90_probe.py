@@ -96,8 +96,6 @@ def main():
     ap.add_argument("--wgs", default="4", help="comma list of the WGS build option (math warpgroups per CTA, 1-4)")
     ap.add_argument("--mma-rows", default="1", help="comma list of the MMA_ROWS build option (next_n rows per wgmma; "
                     "values that do not divide a shape's next_n are skipped)")
-    ap.add_argument("--row-pipe", default="0", help="comma list of the ROW_PIPE build option (0, 1; 1 only where "
-                    "it applies: next_n >= 2, HEADSUM 2, MMA_ROWS 1)")
     ap.add_argument("--headsum", default="0", help="comma list of the HEADSUM build option (0 fp32, 1 tf32 wgmma, 2 bf16 wgmma)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "sm90_probe.json"))
     args = ap.parse_args()
@@ -128,24 +126,24 @@ def main():
         results.append(res)
         print(json.dumps(res), flush=True)
         ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
-        for wgs, stages, probe, ss, hs, pl, min_ctas, cps, bkv, mr, rp in itertools.product(
+        for wgs, stages, probe, ss, hs, pl, min_ctas, cps, bkv, mr in itertools.product(
                 ints(args.wgs), ints(args.stages), ints(args.probe), ints(args.split_sign), ints(args.headsum), ints(args.pipeline),
                 ints(args.min_ctas), [float(x) for x in args.ctas_per_sm.split(",")], ints(args.block_kv),
-                ints(args.mma_rows), ints(args.row_pipe)):
-            if next_n % mr or mr * heads > 256 or (rp and not (next_n >= 2 and hs == 2 and mr == 1)):
+                ints(args.mma_rows)):
+            if next_n % mr or mr * heads > 256:
                 continue
             ctas = int(cps * sms)
             sched = plan_paged_schedule(lens, bkv, ctas)
             variant = (f"wgmma st{stages} mc{min_ctas} ctas{ctas} bkv{bkv}" + (f" PROBE{probe}" if probe else "")
                        + (f" SS{ss}" if ss else "") + (f" HS{hs}" if hs else "") + ("" if pl == 1 else f" PL{pl}")
-                       + (f" WGS{wgs}" if wgs > 1 else "") + (f" MR{mr}" if mr > 1 else "") + (" RP1" if rp else ""))
+                       + (f" WGS{wgs}" if wgs > 1 else "") + (f" MR{mr}" if mr > 1 else ""))
             try:
                 def fn(i, sched=sched, bkv=bkv, stages=stages, min_ctas=min_ctas, probe=probe, ss=ss, hs=hs, pl=pl, wgs=wgs,
-                       mr=mr, rp=rp):
+                       mr=mr):
                     j = i % copies
                     sm90.launch(q, w, caches[j], bt, lens, sched, outs[j], batch=batch, next_n=next_n, heads=heads,
                                 width=width, block_kv=bkv, stages=stages, min_ctas=min_ctas, probe=probe, split_sign=ss,
-                                headsum=hs, pipeline=pl, wgs=wgs, mma_rows=mr, row_pipe=rp)
+                                headsum=hs, pipeline=pl, wgs=wgs, mma_rows=mr)
 
                 outs[0].fill_(float("nan"))
                 fn(0)

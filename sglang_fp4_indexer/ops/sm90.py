@@ -33,7 +33,7 @@ from ._common import scale_row_is_identity
 __all__ = ["available", "unavailable_reason", "build", "launch", "supports", "SOURCE", "DEFAULT_STAGES", "DEFAULT_MIN_CTAS",
            "default_min_ctas", "smem_bytes", "wg_smem_bytes", "threads", "launch_regs", "math_regs", "HEADS", "MAX_Q_BYTES",
            "HEADSUM_REL", "MMA_REL", "rel_bound", "logit_error_bound", "MMA_ROWS_DEFAULTS", "MAX_MMA_N",
-           "default_mma_rows", "DEFAULT_ROW_PIPE", "default_row_pipe"]
+           "default_mma_rows"]
 
 #: The kernel's CUDA C++ source.
 SOURCE = Path(__file__).with_name("cuda") / "paged_logits_sm90.cu"
@@ -93,16 +93,6 @@ MAX_MMA_N = 128
 def default_mma_rows(next_n: int, heads: int) -> int:
     """Rows of a request's next_n scored by one wgmma (``MMA_ROWS_DEFAULTS``, else 1)."""
     return MMA_ROWS_DEFAULTS.get((next_n, heads), 1)
-
-
-#: Row pipeline at next_n >= 2 (build option ROW_PIPE; docs/perf-notes.md, "Row pipeline"): row i + 1's
-#: wgmma issued before row i's head-sum wait, where the build allows it (HEADSUM 2, MMA_ROWS 1).
-DEFAULT_ROW_PIPE = 0
-
-
-def default_row_pipe(next_n: int, headsum: int, mma_rows: int) -> int:
-    """ROW_PIPE for a build: ``DEFAULT_ROW_PIPE`` where it applies (next_n >= 2, HEADSUM 2, MMA_ROWS 1), else 0."""
-    return DEFAULT_ROW_PIPE if next_n >= 2 and headsum == 2 and mma_rows == 1 else 0
 
 
 def threads(wgs: int) -> int:
@@ -208,7 +198,7 @@ def _wgmma_wrapper(n: int) -> str:
 
 
 def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, min_ctas: int, probe: int,
-            split_sign: int, headsum: int, pipeline: int, wgs: int, mma_rows: int, row_pipe: int = 0) -> str:
+            split_sign: int, headsum: int, pipeline: int, wgs: int, mma_rows: int) -> str:
     body = SOURCE.read_text()
     marker = "extern \"C\" __global__"
     head, tail = body.split(marker, 1)
@@ -216,7 +206,7 @@ def _source(next_n: int, heads: int, out_kind: int, lens_2d: bool, stages: int, 
         f"#define NEXT_N {next_n}\n#define HEADS {heads}\n#define OUT_KIND {out_kind}\n"
         f"#define LENS_2D {int(lens_2d)}\n#define STAGES {stages}\n#define MIN_CTAS {min_ctas}\n#define PROBE {probe}\n"
         f"#define SPLIT_SIGN {split_sign}\n#define HEADSUM {headsum}\n#define PIPELINE {pipeline}\n#define WGS {wgs}\n"
-        f"#define MMA_ROWS {mma_rows}\n#define ROW_PIPE {row_pipe}\n"
+        f"#define MMA_ROWS {mma_rows}\n"
         f"#define PRODUCER_REGS {PRODUCER_REGS}\n#define MATH_REGS {math_regs(wgs)}\n"
         f"#define THREADS {threads(wgs)}\n#define WG_BYTES {wg_smem_bytes(next_n, heads, stages, headsum)}\n"
         f"#define TL_JOBS {TIMELINE_JOBS}\n#define TL_STAMPS {TIMELINE_STAMPS}\n"
@@ -229,7 +219,7 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
           min_ctas: int | None = None, arch: str = "sm_90a", probe: int = 0,
           split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
           pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS,
-          mma_rows: int | None = None, row_pipe: int | None = None) -> tuple[bytes, str]:
+          mma_rows: int | None = None) -> tuple[bytes, str]:
     """Compile the scorer for one configuration with NVRTC (``ops.nvrtc.compile_cubin``).
 
     Works without a GPU (NVRTC is a library), which is how the CPU tests
@@ -260,8 +250,6 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
         mma_rows: next_n rows scored by one wgmma (N = ``mma_rows * heads`` <= ``MAX_MMA_N``; a divisor of
             ``next_n``): the page is decoded once and its key fragments multiply the rows' queries in
             one instruction chain; ``None``: ``default_mma_rows(next_n, heads)``.
-        row_pipe: 1 issues next_n row i + 1's wgmma before waiting for row i's head sum (needs
-            ``headsum`` 2, ``mma_rows`` 1, ``next_n`` >= 2); ``None``: ``default_row_pipe``.
 
     Returns:
         ``(cubin bytes, ptxas log)``.
@@ -279,11 +267,6 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
     if not isinstance(mma_rows, int) or mma_rows < 1 or next_n % mma_rows or mma_rows * heads > MAX_MMA_N:
         raise ValueError(f"mma_rows: expected a divisor of next_n {next_n} with mma_rows x {heads} heads <= "
                          f"{MAX_MMA_N}, got {mma_rows!r}")
-    if row_pipe is None:
-        row_pipe = default_row_pipe(next_n, headsum, mma_rows)
-    if row_pipe not in (0, 1) or (row_pipe and not (next_n >= 2 and headsum == 2 and mma_rows == 1)):
-        raise ValueError(f"row_pipe: expected 0, or 1 with next_n >= 2, headsum 2 and mma_rows 1 (got next_n "
-                         f"{next_n}, headsum {headsum!r}, mma_rows {mma_rows}), got {row_pipe!r}")
     if next_n * heads * 128 > MAX_Q_BYTES:
         raise ValueError(f"next_n: {next_n} x {heads} heads of index queries exceed {MAX_Q_BYTES} bytes of shared memory")
     if out_kind not in (0, 1, 2):
@@ -302,7 +285,7 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
     if min_ctas is None:
         min_ctas = default_min_ctas(heads) if wgs == 1 else 1
     src = _source(next_n, heads, out_kind, lens_2d, stages, min_ctas, probe, split_sign, headsum, pipeline, wgs,
-                  mma_rows, row_pipe)
+                  mma_rows)
     return nvrtc.compile_cubin(src, "paged_logits_sm90.cu", arch)
 
 
@@ -391,12 +374,12 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
            width: int, block_kv: int, stages: int = DEFAULT_STAGES, min_ctas: int | None = None,
            probe: int = 0, split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM,
            pipeline: int = DEFAULT_PIPELINE, wgs: int = DEFAULT_WGS, mma_rows: int | None = None,
-           row_pipe: int | None = None, clean_logits: bool = True) -> None:
+           clean_logits: bool = True) -> None:
     """Launch the sm90 scorer on torch's current stream (arguments already validated by ``paged_logits``).
 
     Shapes as ``ops.paged_logits.paged_logits``; ``block_kv`` a multiple of
     the page size (the schedule's tile); one math warpgroup per schedule
-    entry, ``wgs`` of them per CTA (``threads(wgs)`` threads); ``mma_rows`` and ``row_pipe`` as ``build``.
+    entry, ``wgs`` of them per CTA (``threads(wgs)`` threads); ``mma_rows`` as ``build``.
     ``clean_logits=False`` skips writing ``-inf`` from each request's last page
     to ``width`` (the serving path: SGLang's top-k masks by length).
 
@@ -409,7 +392,7 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
     if mma_rows is None:
         mma_rows = default_mma_rows(next_n, heads)
     cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, split_sign,
-                     headsum, pipeline, wgs, mma_rows, row_pipe)
+                     headsum, pipeline, wgs, mma_rows)
     smem = smem_bytes(next_n, heads, stages, headsum, wgs)
     fn = nvrtc.get_function(device, cubin, "fp4_paged_logits_sm90", smem)
     args = [

@@ -3,7 +3,7 @@
 //
 // Compiled at first use by NVRTC (ops/sm90.py), which prepends the compile-time
 // configuration (#define NEXT_N, HEADS, STAGES, OUT_KIND, LENS_2D, MIN_CTAS,
-// PROBE, SPLIT_SIGN, HEADSUM, PIPELINE, WGS, MMA_ROWS, ROW_PIPE, PRODUCER_REGS, MATH_REGS,
+// PROBE, SPLIT_SIGN, HEADSUM, PIPELINE, WGS, PRODUCER_REGS, MATH_REGS,
 // THREADS, WG_BYTES, and PROBE 64's record layout TL_JOBS, TL_STAMPS) and the
 // wgmma wrappers for N = HEADS. Semantics are those of ops.paged_logits (DESIGN
 // section 5); the numerics are the "folded" form of that module:
@@ -74,11 +74,6 @@ typedef long long i64;
 #define MMA_ROWS 1  // next_n rows per wgmma: N = MMA_ROWS x HEADS (the rows' queries are adjacent in shared memory)
 #endif
 #define MMA_N (MMA_ROWS * HEADS)
-#ifndef ROW_PIPE
-#define ROW_PIPE 0  // 1 (HEADSUM 2, MMA_ROWS 1, NEXT_N >= 2): row i + 1's wgmma is issued right after row i's
-                    // head-sum wgmma, so it runs during row i's head-sum wait and store
-#endif
-static_assert(!ROW_PIPE || (HEADSUM == 2 && MMA_ROWS == 1 && NEXT_N >= 2), "ROW_PIPE needs HEADSUM 2, MMA_ROWS 1, NEXT_N >= 2");
 static_assert(NEXT_N % MMA_ROWS == 0 && MMA_N <= 256, "MMA_ROWS must divide NEXT_N, N = MMA_ROWS x HEADS <= 256");
 #ifndef WGS
 #define WGS 1  // math warpgroups per CTA (2-4: warp-specialised, registers moved to them by setmaxnreg)
@@ -853,48 +848,6 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     _Pragma("unroll") for (int k = 0; k < MMA_ROWS; ++k) finish_row((i0) + k, job, f)
 #endif
 
-#if ROW_PIPE
-    // Row i of a job in the row pipeline (its wgmma issued and committed; see the main loop): wait for it,
-    // pack relu(S) to bf16 and issue its head-sum wgmma (finish_row's HEADSUM 2 numerics), then issue row
-    // i + 1's wgmma into the same accumulators (relu(S) now lives in ra) before waiting for the head sum:
-    // row i + 1's tensor work runs during row i's head-sum wait and store.
-    auto pipe_row = [&](int i, const int4& job, float f, const Frag& fr) {
-        const bool mma = job.z >= 0 && job.x >= 0;
-        const int col = job.z * PAGE + my_row;
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-        for (int j = 0; j < MMA_N / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
-#if PROBE & 64
-        if (i == NEXT_N - 1) tl_t[3] = clock_stamp();
-#endif
-        float hs[4];
-        u32 ra[HEADS / 4];
-#pragma unroll
-        for (int j = 0; j < HEADS / 4; ++j)
-            asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(ra[j]) : "f"(acc[2 * j + 1]), "f"(acc[2 * j]));
-        const u32 hb = smem_u32(hs_smem) + i * HS_BYTES;
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int t = 0; t < HEADS / 16; ++t) wgmma_bf16_n8(hs, ra + 4 * t, hs_desc(hb + 256 * t), t > 0);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        if (i + 1 < NEXT_N) {  // i is a constant: no branch around a wgmma
-            issue_row(i + 1, fr);
-            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // the head sum, not row i + 1
-        } else {
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[j])::"memory");
-        float v = 2.f * (mine1 ? hs[2] + hs[3] : hs[0] + hs[1]);
-        v = mma && col < row_len[i] ? v * f : -__int_as_float(0x7f800000);
-#if PROBE & 64
-        if (job.z >= 0 && c < 2 && col < width && __float_as_uint(v) == 1u) store_logit(row_out + i * stride_out + col, v);
-#else
-        if (job.z >= 0 && c < 2 && col < width) store_logit(row_out + i * stride_out + col, v);
-#endif
-    };
-#endif
-
     // The request's last job writes -inf over the rest of its rows.
     auto fill_tail = [&](const int4& job) {
         if ((PROBE & 64) || job.w < 0 || !clean_tail) return;
@@ -922,16 +875,6 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         Frag fr;
         float f;
         decode(next, fr, f);
-#if ROW_PIPE && !(PROBE & 1)
-        issue_row(0, fr);
-#pragma unroll
-        for (int i = 0; i + 1 < NEXT_N; ++i) pipe_row(i, job, f, fr);  // issues row i + 1
-        TL(2);
-#if PIPELINE
-        acquire(next);  // overlaps the wgmma
-#endif
-        pipe_row(NEXT_N - 1, job, f, fr);
-#else
 #if !(PROBE & 1)
 #pragma unroll
         for (int i = 0; i + MMA_ROWS < NEXT_N; i += MMA_ROWS) {
@@ -946,7 +889,6 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #endif
 #if !(PROBE & 1)
         FINISH_GROUP(NEXT_N - MMA_ROWS);
-#endif
 #endif
         TL(4);
 #if !PIPELINE
