@@ -110,10 +110,10 @@ def render_summary(report: dict) -> str:
     for s in report.get("scorers", []):
         if s["status"] != "available":
             lines.append(f"   {s['name']}: {s['status']}")
-    head = f"{'shape':<18}{'floor':>8}" + "".join(f"{n[:16]:>18}" for n in names) + "  checks"
+    head = f"{'shape':<22}{'floor':>8}" + "".join(f"{n[:20]:>21}" for n in names) + "  checks"
     lines.append(head)
     for row in report.get("rows", []):
-        cells = f"{row['label']:<18}{_us(row.get('fp4_floor_s')):>8}"
+        cells = f"{row['label']:<22}{_us(row.get('fp4_floor_s')):>8}"
         fails = []
         for name in names:
             res = row["results"].get(name, {})
@@ -122,13 +122,13 @@ def render_summary(report: dict) -> str:
                     tag = f"({res['pct_floor']:.0f}%)" if "pct_floor" in res else ""
                 else:
                     sp = res.get("speedup_of_ours")
-                    tag = f"(x{sp:.1f})" if sp else ""
+                    tag = f"(x{sp:.2f})" if sp else ""
                 cell = f"{_us(res['seconds'])} {tag}"
             else:
                 cell = _status_cell(res) or "-"
             if res.get("status") not in ("ok", "unavailable"):
                 fails.append(name)
-            cells += f"{cell:>18}"
+            cells += f"{cell:>21}"
         lines.append(cells + "  " + ("ok" if not fails else "FAIL " + ",".join(fails)))
     store = report.get("store")
     if store:
