@@ -36,10 +36,10 @@ __all__ = [
 ]
 
 #: Keys per tile of the Triton scorers (four pages), measured best for "folded" on H200
-#: (docs/perf-notes.md, runs 5-6). The CTA schedule must be planned with the value the call uses.
+#: (benchmarks/results/PERF_LOG.md, runs 5-6). The CTA schedule must be planned with the value the call uses.
 DEFAULT_BLOCK_KV = 256
 #: Keys per tile of the Hopper wgmma kernel's schedule (one page): 1-3 % slower than 256-key
-#: tiles on long rows where measured side by side, 1.6x faster at batch 1 x 4K (docs/perf-notes.md, run 10).
+#: tiles on long rows where measured side by side, 1.6x faster at batch 1 x 4K (benchmarks/results/PERF_LOG.md, run 10).
 WGMMA_BLOCK_KV = 64
 
 

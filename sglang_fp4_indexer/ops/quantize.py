@@ -177,7 +177,7 @@ _K_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 _cuda_store_kernels: dict = {}
 
 
-#: Tokens per 8-lane group of the CUDA store kernel, loaded together: docs/perf-notes.md, run 11.
+#: Tokens per 8-lane group of the CUDA store kernel, loaded together: benchmarks/results/PERF_LOG.md, run 11.
 CUDA_STORE_TOKENS_PER_GROUP = 2
 
 
