@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the DeepGEMM source packed by scripts/pack_deepgemm.sh on the GPU machine.
 #
-#   bash scripts/build_deepgemm.sh [ARCHIVE] [DEST]    # defaults: .carry/deepgemm.tar.gz, /tmp/deepgemm
+#   bash scripts/build_deepgemm.sh [ARCHIVE] [DEST]    # defaults: .peers/deepgemm.tar.gz, /tmp/deepgemm
 #
 # Prints the folder to put on the benchmark's peer path (SGLANG_FP4_INDEXER_PEER_SITE)
 # as its last line; exits non-zero when the build fails (its log: DEST/build.log).
@@ -9,7 +9,7 @@
 # builds a module that crashes in std::regex at import.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ARCHIVE="${1:-.carry/deepgemm.tar.gz}"
+ARCHIVE="${1:-.peers/deepgemm.tar.gz}"
 DEST="${2:-/tmp/deepgemm}"
 PY="${PYTHON:-python3}"
 [ -f "$ARCHIVE" ] || { echo "no DeepGEMM archive at $ARCHIVE (scripts/pack_deepgemm.sh makes it)" >&2; exit 3; }

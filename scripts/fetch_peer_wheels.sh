@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Download what the benchmark's SGLang peer needs on the device machine into .carry/whl
+# Download what the benchmark's SGLang peer needs on the device machine into .peers/whl
 # (git-ignored; carried with the device call, which has no network and no SGLang).
 #
 #   bash scripts/fetch_peer_wheels.sh          # SGLang's cp312 wheel + the wheels the device image lacks
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-DEST=.carry/whl
+DEST=.peers/whl
 ALL=0
 for arg in "$@"; do
   case "$arg" in

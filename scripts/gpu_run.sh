@@ -6,8 +6,8 @@
 #   bash scripts/gpu_run.sh [quick ARGS...] # pytest -m gpu (time-limited), bench --quick ARGS, bench --prefill
 #   bash scripts/gpu_run.sh full            # bench over the full grid (48 shapes); no pytest
 #   bash scripts/gpu_run.sh bench ARGS...   # bench with your own arguments (e.g. --shapes 64x8x128Kx1); no pytest
-# Carry .carry so the peers can run: scripts/fetch_peer_wheels.sh fills .carry/whl (SGLang's
-# Triton FP4 scorer), scripts/pack_deepgemm.sh writes .carry/deepgemm.tar.gz (DeepGEMM's FP8
+# With .peers/ in the checkout the peers run: scripts/fetch_peer_wheels.sh fills .peers/whl (SGLang's
+# Triton FP4 scorer), scripts/pack_deepgemm.sh writes .peers/deepgemm.tar.gz (DeepGEMM's FP8
 # scorers, built here by scripts/build_deepgemm.sh while the GPU tests run).
 # Environment: OUT (output folder; default ./out), PYTHON (default python3),
 # TEST_LIMIT / BENCH_LIMIT / PREFILL_LIMIT (seconds; quick mode's add up to under 10 minutes).
@@ -35,22 +35,22 @@ PLOT_ARGS=(--plot "$OUTDIR/bench.png")
 # 1. Carried wheels (SGLang's scorer and what its import chain needs) -> /tmp/site.
 #    The bench appends /tmp/site to sys.path only when loading the peer, so the
 #    device's own packages win everywhere else.
-PEER="no carried wheels (.carry/whl): SGLang's scorer will be unavailable"
-if ls .carry/whl/*.whl >/dev/null 2>&1; then
+PEER="no wheels from .peers/whl (.peers/whl): SGLang's scorer will be unavailable"
+if ls .peers/whl/*.whl >/dev/null 2>&1; then
   if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-       --target /tmp/site .carry/whl/*.whl >"$OUTDIR/pip.log" 2>&1; then
+       --target /tmp/site .peers/whl/*.whl >"$OUTDIR/pip.log" 2>&1; then
     export SGLANG_FP4_INDEXER_PEER_SITE=/tmp/site
-    PEER="carried wheels installed in /tmp/site: $(ls .carry/whl | wc -l) wheels"
+    PEER="wheels from .peers/whl installed in /tmp/site: $(ls .peers/whl | wc -l) wheels"
   else
-    PEER="pip install of .carry/whl failed (see pip.log): SGLang's scorer will be unavailable"
+    PEER="pip install of .peers/whl failed (see pip.log): SGLang's scorer will be unavailable"
   fi
 fi
 
 # 1b. DeepGEMM from source, in the background (about 75 s on 16 cores).
-DG="no DeepGEMM archive (.carry/deepgemm.tar.gz): DeepGEMM's scorers will be unavailable"
+DG="no DeepGEMM archive (.peers/deepgemm.tar.gz): DeepGEMM's scorers will be unavailable"
 DG_PID=
-if [ -f .carry/deepgemm.tar.gz ]; then
-  bash scripts/build_deepgemm.sh .carry/deepgemm.tar.gz /tmp/deepgemm >"$OUTDIR/deepgemm_build.txt" 2>&1 &
+if [ -f .peers/deepgemm.tar.gz ]; then
+  bash scripts/build_deepgemm.sh .peers/deepgemm.tar.gz /tmp/deepgemm >"$OUTDIR/deepgemm_build.txt" 2>&1 &
   DG_PID=$!
 fi
 
