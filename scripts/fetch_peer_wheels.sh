@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Download what the benchmark's SGLang peer needs on the device machine into .peers/whl
-# (git-ignored; carried with the device call, which has no network and no SGLang).
+# Download what the benchmark's SGLang peer needs on a GPU machine without network or SGLang
+# into .peers/whl (git-ignored; take it along with the checkout).
 #
 #   bash scripts/fetch_peer_wheels.sh          # SGLang's cp312 wheel + the wheels the device image lacks
 #   bash scripts/fetch_peer_wheels.sh --all    # also those the image already has (if it changes)
