@@ -138,6 +138,29 @@ def test_move_copies_tokens_not_pages(plugin):
         assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
 
 
+def test_move_is_sync_free_and_matches_the_checked_copy(plugin):
+    """``Fp4IndexKeyCache.move`` reads no tensor value on the host (no ``int()``/``bool()``/``.item()``: each is a
+    GPU sync), gives the bytes of the checked ``pool.copy_slots`` on in-range pairs, and skips a pair with a slot
+    outside the cache instead of raising (no sync to find out)."""
+    from test_pool import _forbid_host_reads
+
+    p = _fp4_pool(plugin)
+    for layer, buf in enumerate(p.index_key_cache.buffer):
+        _fill(buf, torch.arange(0, 5 * 64), seed=20 + layer)
+    src = torch.tensor([3, 70, 130, 319, 7])
+    dst = torch.tensor([200, 5, 64, 1, 5 * 64])  # the last pair's destination is past the cache
+    want = []
+    for buf in p.index_key_cache.buffer:
+        ref = buf.clone()
+        fp4_pool.copy_slots(ref, dst[:4], src[:4])  # the checked copy, on the in-range pairs
+        want.append(ref)
+    with pytest.MonkeyPatch.context() as mp:
+        _forbid_host_reads(mp)
+        p.index_key_cache.move(dst, src)
+    for buf, ref in zip(p.index_key_cache.buffer, want):
+        assert torch.equal(buf, ref)
+
+
 def test_cpu_copy_round_trip_and_state_buf_infos(plugin, monkeypatch):
     # SGLang's cpu_copy/load_cpu_copy call torch.cuda.synchronize(); there is no CUDA here.
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)

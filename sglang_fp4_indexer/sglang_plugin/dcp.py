@@ -97,6 +97,12 @@ class ShardedFp4IndexKeyCache(Fp4IndexKeyCache):
 
     def __init__(self, pool, index_buf_size: int, dcp_size: int, dcp_rank: int, group=None):
         core.check_world(dcp_size, dcp_rank)
+        if pool.page_size // pool.index_kpool != pool.index_page_size:
+            raise RuntimeError(
+                "sglang-fp4-indexer: the sharded FP4 index serves pools with one index page per row "
+                f"(page_size {pool.page_size}, index page {pool.index_page_size}); this pool is replicated "
+                "over DCP ranks and keeps the replicated FP4 index"
+            )
         self.dcp_size = dcp_size
         self.dcp_rank = dcp_rank
         self.global_buf_size = index_buf_size
@@ -171,7 +177,7 @@ class ShardedFp4IndexKeyCache(Fp4IndexKeyCache):
         orig = core.local_slot(src[mine], self.dcp_size)
         for buffer in self.buffer:
             if buffer.shape[0]:
-                fp4_pool.copy_slots(buffer, dst, orig, self.page_size)
+                fp4_pool.copy_slots(self._kernel_view(buffer), dst, orig, self.page_size)
 
     def cpu_copy(self, indices):
         """SGLang's page offload of the global ``indices``: this rank's local pages of them."""
