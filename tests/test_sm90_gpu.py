@@ -124,6 +124,20 @@ def test_unchecked_out_of_range_pages_are_masked_not_read():
     _within_bound(out, ref, good, out.shape[1], cols=~bad.unsqueeze(0))
 
 
+def test_unchecked_lengths_schedule_and_nan_queries():
+    # check=False: rows longer than the block table (nothing read past it, -inf columns), a schedule entry
+    # naming request -2 (clamped: nothing written before out), NaN e4m3 query bytes (read as 0) -- the CPU
+    # cases of test_paged_logits.py on the Hopper kernel, against its own bound.
+    from test_paged_logits import (unchecked_lengths_past_the_block_table, unchecked_nan_query_elements,
+                                   unchecked_negative_schedule_entry)
+
+    def within(got, ref, case, width):
+        _within_bound(got, ref, case, width)
+
+    for run in (unchecked_lengths_past_the_block_table, unchecked_negative_schedule_entry, unchecked_nan_query_elements):
+        run("wgmma", "cuda", within)
+
+
 @pytest.mark.parametrize("next_n", [1, 4])
 def test_full_size_h64_batch8_32k(next_n):
     lens = [32768 - 97 * i for i in range(8)]

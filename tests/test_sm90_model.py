@@ -346,12 +346,13 @@ def _entry_jobs(sched, lens, cta, block_kv, block_table=None, max_pages=None, nu
     max_pages = len(block_table[0]) if max_pages is None else max_pages
 
     def load(b, p):  # the warp's 32 lanes: entries p .. p + 31, -1 past max_pages
-        assert 0 <= b < batch
+        assert 0 <= b < batch and p >= 0
         return [block_table[b][q] if q < max_pages else -1 for q in range(p, p + 32)]
 
     if cta + 1 >= len(sched):
         return jobs
     (b, blk_lo), (b_end, blk_end) = sched[cta], sched[cta + 1]
+    b, blk_lo = max(b, 0), max(blk_lo, 0)  # the kernel clamps a corrupt entry's start
     while b < batch and (b < b_end or (b == b_end and blk_lo < blk_end)):
         p = blk_lo * ppb
         cached_p0, cached = p, load(b, p)
@@ -526,6 +527,47 @@ def test_producer_walk_with_block_table_cache_and_page_checks(data):
             assert not jobs or jobs[0][1] == b0
         got += jobs
     assert got == _all_jobs(lens, bt, max_pages, num_pages)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_producer_walk_of_a_corrupt_schedule_reads_in_bounds(data):
+    # A schedule that is not the planner's (negative or past-the-end requests and blocks): the walk still
+    # reads only block-table rows 0 .. batch - 1 (``load`` asserts it) and columns within max_pages, and every
+    # job it emits names a request of the batch, so the math side writes only rows of ``out``.
+    batch = data.draw(st.integers(1, 5))
+    lens = data.draw(st.lists(st.integers(0, 3000), min_size=batch, max_size=batch))
+    max_pages = max(1, -(-max(lens) // 64))
+    bt = [[data.draw(st.integers(-1, 60)) for _ in range(max_pages)] for _ in range(batch)]
+    entry = st.tuples(st.integers(-3, batch + 2), st.integers(-3, 60))
+    sched = [list(e) for e in data.draw(st.lists(entry, min_size=2, max_size=9))]
+    block_kv = 64 * data.draw(st.sampled_from([1, 4]))
+    for cta in range(len(sched) - 1):
+        for page, b, p, _ in _entry_jobs(sched, lens, cta, block_kv, bt, max_pages, 50):
+            assert 0 <= b < batch and -1 <= page < 50 and p >= -1
+
+
+def _zero_nan_e4m3(w: np.ndarray) -> np.ndarray:
+    """Mirror of zero_nan_e4m3() in the .cu file (uint32 words of four e4m3 bytes)."""
+    u = np.uint32
+    nan = ((w & u(0x7F7F7F7F)) + u(0x01010101)) & u(0x80808080)
+    return w & ~((nan >> u(7)) * u(0xFF))
+
+
+def test_query_nan_bytes_are_zeroed_and_every_other_byte_kept():
+    # Every byte value at every position of a word, next to random neighbours: 0x7F and 0xFF (e4m3's NaNs)
+    # become 0, every other byte is unchanged, and no byte affects its neighbours.
+    rng = np.random.default_rng(0)
+    for pos in range(4):
+        for _ in range(4):
+            others = rng.integers(0, 256, size=(256, 4), dtype=np.uint32)
+            others[:, pos] = np.arange(256, dtype=np.uint32)
+            words = (others[:, 0] | others[:, 1] << 8 | others[:, 2] << 16 | others[:, 3] << 24).astype(np.uint32)
+            got = _zero_nan_e4m3(words)
+            want = np.where((others & 0x7F) == 0x7F, 0, others).astype(np.uint32)
+            assert np.array_equal(got, want[:, 0] | want[:, 1] << 8 | want[:, 2] << 16 | want[:, 3] << 24)
+    nan_bytes = [b for b in range(256) if np.isnan(torch.tensor([b], dtype=torch.uint8).view(torch.float8_e4m3fn).float().item())]
+    assert nan_bytes == [0x7F, 0xFF]  # the bytes it zeroes are exactly e4m3fn's NaNs
 
 
 def _tf32_truncate(x: np.ndarray) -> np.ndarray:
