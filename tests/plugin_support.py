@@ -29,6 +29,9 @@ GLM5 = {
     "index_head_dim": 128, "index_n_heads": 32, "num_hidden_layers": 78,
     "kv_lora_rank": 512, "qk_rope_head_dim": 64,
 }
+#: GLM-5.2: GLM-5's geometry with interleaved indexer RoPE (SGLang's DeepSeek-V2 model reads
+#: ``indexer_rope_interleave`` and builds the Indexer with ``is_neox_style=False``).
+GLM52 = {**GLM5, "indexer_rope_interleave": True}
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plugin_support import DSV32, GLM5, H200, load, published, stand_in_kvc
+from plugin_support import DSV32, GLM5, GLM52, H200, load, published, stand_in_kvc
 from sglang_fp4_indexer import pool as fp4_pool
 from sglang_fp4_indexer.format import quantize_index_k
 
@@ -217,6 +217,34 @@ def test_capacity_with_fewer_index_layers():
     assert part.bytes_per_token_fp4 == 61 * 656 + 31 * 68
     with pytest.raises(ValueError, match="num_index_layers"):
         fp4_pool.capacity(10**9, num_index_layers=62)
+
+
+def test_interleaved_rope_model_keeps_fp8_with_one_warning(plugin, monkeypatch, caplog):
+    """GLM-5.2 (interleaved indexer RoPE): SGLang's fused indexer skips the Hadamard rotation, so the pool stays FP8
+    and the one warning says why and how to get FP4; with SGLANG_DISABLE_DSA_INDEXER_FUSION=1 the pool is FP4."""
+    import logging
+
+    from sglang_fp4_indexer import gate
+
+    monkeypatch.delenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", raising=False)
+    record = _server_args("--enable-fp4-indexer")
+    logging.getLogger().addHandler(caplog.handler)  # prepare_server_args' basicConfig(force=True) removed it
+    try:
+        with published(page_size=64), caplog.at_level(logging.WARNING, logger="sglang_fp4_indexer"):
+            p = _build(stand_in_kvc(GLM52, record, num_layers=2))
+            _build(stand_in_kvc(GLM52, record, num_layers=1, is_draft_worker=True))  # the MTP draft: no second line
+    finally:
+        logging.getLogger().removeHandler(caplog.handler)
+    assert not plugin.is_fp4_pool(p) and not plugin.fp4_active()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith("FP4 indexer disabled, SGLang keeps its FP8 indexer:")
+    assert "skip the Hadamard rotation of the index keys" in warnings[0]
+    assert "Fix: set SGLANG_DISABLE_DSA_INDEXER_FUSION=1" in warnings[0]
+    plugin.reset_state()
+    gate.reset_reports()
+    monkeypatch.setenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", "1")
+    with published(page_size=64):
+        assert plugin.is_fp4_pool(_build(stand_in_kvc(GLM52, record, num_layers=2)))
 
 
 def test_half_applied_plugin_keeps_fp8(plugin, monkeypatch, caplog):
