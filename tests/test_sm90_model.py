@@ -693,3 +693,122 @@ def test_tf32_head_sum_fragment_replay(heads):
     err = np.abs(got - want)
     assert np.all(err <= (2.0**-10 + 2.0**-11) * bound * 1.01 + 1e-12), err.max()
     assert err.max() > 0  # tf32 did round: the replay reads tf32, not the fp64 values
+
+
+class _StandInHopper:
+    """Stands for an H200 on the CPU machine: ``paged_logits`` resolves ``impl="auto"`` to the Hopper kernel
+    (``_wgmma_unavailable`` says nothing is missing), the CUDA ordinal is 0, and the kernel's NVRTC build, module
+    load and launch are replaced by the test; the Triton kernels run under the interpreter."""
+
+    def __init__(self, monkeypatch, build=None, launch=None):
+        from sglang_fp4_indexer.ops import paged_logits as pl
+
+        self.builds, self.launches = [], []
+        monkeypatch.setattr(pl, "_wgmma_unavailable", lambda *a, **k: None)
+        monkeypatch.setattr(sm90, "_device_index", lambda device: 0)
+        monkeypatch.setattr(sm90, "_SERVING_FAILED", {})
+
+        def fake_build(*args, **kwargs):
+            self.builds.append((args, kwargs))
+            if build is not None:
+                build(*args, **kwargs)
+            return b"cubin", ""
+
+        def fake_launch(*args, **kwargs):
+            self.launches.append((args, kwargs))
+            if launch is not None:
+                launch(*args, **kwargs)
+
+        monkeypatch.setattr(sm90, "build", fake_build)
+        monkeypatch.setattr(sm90.nvrtc, "get_function", lambda *a, **k: "fn")
+        monkeypatch.setattr(sm90.nvrtc, "launch", fake_launch)
+
+
+def _fallback_case():
+    from cases import make_paged_case
+
+    case = make_paged_case([70, 130], next_n=1, heads=32, seed=61)
+    case.context_lens = case.context_lens.view(2, 1).contiguous()  # SGLang's per-row [rows, 1] form
+    return case
+
+
+def _triton_reference(case):
+    """The Triton "folded" scorer's logits for ``case`` (what the fallback must give, bit for bit)."""
+    from sglang_fp4_indexer.ops.paged_logits import DEFAULT_BLOCK_KV, paged_logits
+    from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
+
+    return paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, impl="folded",
+                        block_kv=DEFAULT_BLOCK_KV, schedule=plan_paged_schedule(case.context_lens, DEFAULT_BLOCK_KV, 3))
+
+
+def test_failed_serving_build_is_warned_once_and_scored_by_triton(monkeypatch):
+    # The device probe built one configuration; this call's (2-D lengths, 32 heads) fails to compile: the call
+    # and every later one of that configuration run the Triton kernel, with one warning, and nothing is retried.
+    from sglang_fp4_indexer.ops.paged_logits import DEFAULT_BLOCK_KV, paged_logits
+    from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
+
+    def refuse(next_n, heads, out_kind, lens_2d, *rest):
+        if lens_2d:
+            raise RuntimeError("NVRTC could not compile paged_logits_sm90.cu for sm_90a (stand-in)")
+
+    hopper = _StandInHopper(monkeypatch, build=refuse)
+    case = _fallback_case()
+    want = _triton_reference(case)
+    sched = plan_paged_schedule(case.context_lens, DEFAULT_BLOCK_KV, 3)
+    with pytest.warns(UserWarning, match=r"next_n 1, 32 heads, torch.float32 logits, \[B, next_n\] lengths could not be "
+                                         r"built.*scoring it with the Triton kernels"):
+        got = paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, schedule=sched,
+                           block_kv=DEFAULT_BLOCK_KV, check=False)
+    assert torch.equal(got, want) and not hopper.launches
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        again = paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, schedule=sched,
+                             block_kv=DEFAULT_BLOCK_KV, check=False)
+    assert torch.equal(again, want) and len(hopper.builds) == 1
+    with pytest.raises(RuntimeError, match="impl: 'wgmma' cannot run this call: the Hopper kernel for next_n 1"):
+        paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, schedule=sched,
+                     block_kv=DEFAULT_BLOCK_KV, impl="wgmma")
+
+
+def test_failed_launch_is_warned_once_and_scored_by_triton(monkeypatch):
+    from sglang_fp4_indexer.ops.paged_logits import DEFAULT_BLOCK_KV, paged_logits
+    from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("cuLaunchKernel failed: CUDA_ERROR_INVALID_VALUE (stand-in)")
+
+    hopper = _StandInHopper(monkeypatch, launch=fail)
+    case = _fallback_case()
+    want = _triton_reference(case)
+    sched = plan_paged_schedule(case.context_lens, DEFAULT_BLOCK_KV, 3)
+    with pytest.warns(UserWarning, match="could not be built, loaded or launched .*cuLaunchKernel failed"):
+        got = paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, schedule=sched,
+                           block_kv=DEFAULT_BLOCK_KV, check=False)
+    assert torch.equal(got, want) and len(hopper.launches) == 1
+    paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, schedule=sched,
+                 block_kv=DEFAULT_BLOCK_KV, check=False)
+    assert len(hopper.launches) == 1  # not retried
+
+
+def test_serving_probe_builds_what_the_launch_builds(monkeypatch):
+    # The probe must compile the very configuration launch() then uses (same arguments: NVRTC's cache is hit,
+    # and a build the probe passed cannot fail later), for each serving shape: decode and verify, both head
+    # counts, SGLang's 2-D lengths and the [B] form.
+    from cases import make_paged_case
+
+    hopper = _StandInHopper(monkeypatch)
+    for next_n, heads, lens_2d in ((1, 64, True), (1, 32, True), (2, 32, True), (4, 64, True), (3, 32, False)):
+        case = make_paged_case([70, 5], next_n=next_n, heads=heads, seed=62)
+        lens = case.context_lens
+        if lens_2d:
+            lens = lens.view(-1, 1).expand(-1, next_n).contiguous()
+        hopper.builds.clear()
+        assert sm90.serving_unavailable("cpu", next_n, heads, torch.float32, lens_2d) is None
+        out = torch.empty(case.q.shape[0], 128)
+        sm90.launch(case.q, case.weights, case.cache, case.block_table, lens, torch.zeros(3, 2, dtype=torch.int32),
+                    out, batch=2, next_n=next_n, heads=heads, width=128, block_kv=64)
+        (probe_args, probe_kw), (launch_args, launch_kw) = hopper.builds
+        assert (probe_args, probe_kw) == (launch_args, launch_kw), (next_n, heads, lens_2d)
+        assert probe_args[:4] == (next_n, heads, 0, lens_2d)

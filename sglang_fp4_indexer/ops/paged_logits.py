@@ -378,6 +378,35 @@ def _wgmma_unavailable(q, cache, next_n, heads, block_kv, page_size, dot_mode) -
     return sm90.unavailable_reason(q.device) or sm90.supports(q, cache, next_n, heads)
 
 
+def _launch_wgmma(q, weights, cache, block_table, context_lens, schedule, out, batch, next_n, heads, width,
+                  block_kv, clean_logits, *, explicit: bool) -> bool:
+    """Run the Hopper kernel; False (nothing written) when this configuration's build, load or launch fails.
+
+    The serving build (this call's next_n, heads, logits dtype and lengths
+    form) is probed once (``sm90.serving_unavailable``); a failure there or at
+    the launch is warned about once and remembered, and the caller scores with
+    the Triton kernel -- the same schedule and ``block_kv`` serve it. With an
+    explicit ``impl="wgmma"`` a failure raises instead.
+
+    Raises:
+        RuntimeError: ``explicit`` and the kernel cannot run.
+    """
+    from . import sm90
+
+    lens_2d = context_lens.dim() == 2
+    why = sm90.serving_unavailable(q.device, next_n, heads, out.dtype, lens_2d)
+    if why is None:
+        try:
+            sm90.launch(q, weights, cache, block_table, context_lens, schedule, out, batch=batch, next_n=next_n,
+                        heads=heads, width=width, block_kv=block_kv, clean_logits=clean_logits)
+            return True
+        except RuntimeError as e:
+            why = sm90.record_serving_failure(q.device, next_n, heads, out.dtype, lens_2d, e)
+    if explicit:
+        raise RuntimeError(f"impl: 'wgmma' cannot run this call: {why}")
+    return False
+
+
 def _check_inputs(q, weights, cache, block_table, context_lens, page_size):
     check_cache(cache, page_size)
     dev = cache.device
@@ -485,7 +514,10 @@ def paged_logits(
             needs compute capability 9.0, ``cuda-bindings``, e4m3 q with
             ``next_n * H * 128 <= 32768`` bytes, 16-byte aligned q rows and
             cache, 64-token pages and ``block_kv`` a multiple of 64 (the
-            Triton knobs below do not apply to it). ``"group"``: one MMA per 32-element group on e4m3 bytes decoded
+            Triton knobs below do not apply to it). Each configuration
+            (next_n, heads, logits dtype, lengths form) is built at its first
+            call; with ``"auto"`` one whose build, load or launch fails is
+            warned about once and scored by ``"folded"`` from then on. ``"group"``: one MMA per 32-element group on e4m3 bytes decoded
             with integer ops, each partial product scaled by its UE8M0 factor;
             ``"scaled"``: Triton's ``tl.dot_scaled`` reading the E2M1 codes and
             UE8M0 scales natively (on Hopper Triton upcasts them to bf16);
@@ -507,6 +539,7 @@ def paged_logits(
 
     Raises:
         TypeError: an argument is not a tensor.
+        RuntimeError: ``impl="wgmma"`` given explicitly and its build, load or launch fails.
         ValueError: wrong dtype, shape, device or contiguity of any argument; with
             ``check=True`` also a row length over ``width`` or the block table, a
             page index outside the cache, NaN/Inf in q or weights, or a
@@ -525,6 +558,7 @@ def paged_logits(
     dot_mode = _DOT_MODES[select_mma(mma, q)]
     if impl != "auto" and impl not in IMPLS:
         raise ValueError(f"impl: expected 'auto' or one of {tuple(IMPLS)}, got {impl!r}")
+    explicit_wgmma = impl == "wgmma"
     impl = _resolve_impl(impl, q, cache, next_n, block_kv, page_size, dot_mode)
     if impl == "folded" and dot_mode != 0:
         raise ValueError("impl: 'folded' needs e4m3 queries and FP8 MMA (mma 'fp8' or 'auto' on such a device)")
@@ -581,12 +615,11 @@ def paged_logits(
         )
     if rows == 0:
         return out
-    if impl == "wgmma":
-        from . import sm90
-
-        sm90.launch(q, weights, cache, block_table, context_lens, schedule, out, batch=batch, next_n=next_n,
-                    heads=heads, width=width, block_kv=block_kv, clean_logits=clean_logits)
+    if impl == "wgmma" and _launch_wgmma(q, weights, cache, block_table, context_lens, schedule, out, batch, next_n,
+                                         heads, width, block_kv, clean_logits, explicit=explicit_wgmma):
         return out
+    if impl == "wgmma":  # this configuration's Hopper build failed (warned once): the Triton kernel scores it
+        impl, use_asm = "folded", use_ptx and q.device.type == "cuda" and torch.version.hip is None
     next_n_pad = triton.next_power_of_2(next_n)
     wide = next_n_pad * heads > 64
     if num_warps is None:
