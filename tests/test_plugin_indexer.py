@@ -177,11 +177,19 @@ def _bound(q, w, keys_per_row):
     return out
 
 
+def _page_end(n: int) -> int:
+    """The end of the page holding a row's last visible key: the paged hook scores with clean_logits=False
+    (as SGLang calls DeepGEMM), so columns from there to the width are left unwritten for the top-k's
+    length mask."""
+    return -(-n // 64) * 64
+
+
 def _check_logits(got, ref, bound_rows):
-    fin = torch.isfinite(ref)
-    assert torch.equal(fin, torch.isfinite(got)), "-inf columns differ from the reference"
     for r, bound in enumerate(bound_rows):
         n = bound.shape[0]
+        end = _page_end(n)
+        assert torch.equal(torch.isfinite(ref[r, :end]), torch.isfinite(got[r, :end])), \
+            f"row {r}: -inf columns differ from the reference within its last page"
         err = (got[r, :n].double() - ref[r, :n].double()).abs()
         assert torch.all(err <= REL * bound + 1e-30), f"row {r}: max err {err.max()}"
 
@@ -365,12 +373,52 @@ def test_draft_extend_and_padding_and_masks(env):
     ref = paged_logits_reference(q, w[:, :, 0], env.cache, table, per_row)
     ix._mask_init_and_local_tokens(ref, expanded)  # SGLang's own masking on the reference
     seen = md.seen[0]
-    assert torch.equal(torch.isposinf(seen), torch.isposinf(ref)) and int(torch.isposinf(ref).sum()) > 0
+    for r in range(4):
+        end = _page_end(int(expanded[r]))
+        assert torch.equal(torch.isposinf(seen[r, :end]), torch.isposinf(ref[r, :end]))
+    assert int(torch.isposinf(ref).sum()) > 0
     bound = _bound(q, w[:, :, 0], keys)
     _check_topk(idx[:4], ref, expanded, TOPK, [REL * b.max() for b in bound])
     for r in range(4):
         forced = torch.isposinf(ref[r]).nonzero().flatten()
         assert set(forced.tolist()) <= set(idx[r].tolist())
+
+
+def test_decode_leaves_the_tail_to_sglangs_length_mask(env, monkeypatch):
+    """The paged hook asks for clean_logits=False; SGLang's own top-k ignores whatever lies past each row's
+    length (here +inf planted in every column the scorer does not write), so the result is still the top-k."""
+    from sglang_fp4_indexer.ops import paged_logits as paged
+
+    seen_kwargs = []
+    original = paged.paged_logits
+
+    def poisoned(q, *args, **kwargs):
+        seen_kwargs.append(dict(kwargs))
+        kwargs["out"] = torch.full((q.shape[0], kwargs["width"]), float("inf"))
+        return original(q, *args, **kwargs)
+
+    monkeypatch.setattr(paged, "paged_logits", poisoned)
+    ix = _indexer(64)
+    lens = [3, 70, 200]  # rows end mid-page, so most of the width is never written
+    table = _store_requests(env, ix, lens, seed=11)
+    # A request table wider than the requests (as SGLang's CUDA graphs size it for the model's context).
+    table = torch.cat([table, table[:, :1].expand(-1, 8)], dim=1).contiguous()
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32)
+    ctx2d = cache_seqlens.view(-1, 1)
+    md = _metadata(cache_seqlens=cache_seqlens, seqlens_expanded=cache_seqlens, table=table,
+                   extend_lens=[1] * 3, ctx2d=ctx2d, schedule=_schedule(ctx2d))
+    q, w = _queries(3, 64, seed=12)
+    idx = _run_paged(env, ix, "DECODE", md, q, w)
+    assert seen_kwargs and all(k.get("clean_logits") is False for k in seen_kwargs)
+    seen = md.seen[0]
+    bkv = paged.default_block_kv(torch.device("cpu"))
+    for r, n in enumerate(lens):  # the columns past the request's last key block are left as they were
+        end = -(-n // bkv) * bkv
+        assert end < seen.shape[1] and torch.isposinf(seen[r, end:]).all(), f"row {r}: tail written"
+    ref = paged_logits_reference(q, w[:, :, 0], env.cache, table, cache_seqlens)
+    bound = _bound(q, w[:, :, 0], _keys(env, table, lens))
+    _check_logits(seen, ref, bound)
+    _check_topk(idx, ref, cache_seqlens, TOPK, [REL * b.max() for b in bound])
 
 
 def test_no_schedule_and_empty_batch(env):

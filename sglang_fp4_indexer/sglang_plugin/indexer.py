@@ -197,6 +197,7 @@ def get_topk_paged(original, self, forward_batch, layer_id, q_fp8, weights, meta
                 block_kv=paged.default_block_kv(cache.device),
                 page_size=page_size,
                 check=False,
+                clean_logits=False,  # as SGLang calls DeepGEMM: its top-k masks by length, so no -inf tail to width
             )
     self._mask_init_and_local_tokens(logits, seqlens_32)
     topk_result = metadata.topk_transform(logits, self.index_topk)
