@@ -542,7 +542,7 @@ def build_study_input(kind: str, cases: Sequence[tuple[int, int]], rows: int = D
 def fp4_keys_variant(keys: torch.Tensor, rule: str) -> torch.Tensor:
     """Keys through an MXFP4 encoder variant, decoded (fp32 ``[N, 128]``); for the study's findings.
 
-    - ``"ceil"``: the format's encoder (DESIGN section 3, ``format.quantize_index_k``):
+    - ``"ceil"``: the format's encoder (docs/format.md, ``format.quantize_index_k``):
       scale exponent ``e = ceil(log2(amax / 6))``, nothing clipped.
     - ``"ocp"``: the OCP MX v1.0 rule ``e = floor(log2(amax)) - 2`` (one less
       than ``"ceil"`` when ``amax > 6 * 2**(e - 1)`` lies in ``(1.5, 2) * 2**m``);
@@ -1138,7 +1138,7 @@ def render_markdown(result: StudyResult, command: str | None = None) -> str:
                              f"{a.lost_share:.4f} | {a.lost_in_last_quarter:.2f} | {a.lost_median_gap:.2f} | "
                              f"{a.lost_within_2sd:.2f} | {_pct(a.head_recall)} |")
         lines += ["", "### FP4 encoder variants (torch path; findings, not the format)", "",
-                  "| workload | context | H | FP8 | ceil (DESIGN §3) | ocp | mse | group16 (72 B) | ceil, bf16 q "
+                  "| workload | context | H | FP8 | ceil (the format's rule) | ocp | mse | group16 (72 B) | ceil, bf16 q "
                   "| FP4/FP8 error std | FP4 error must shrink × | key error FP8 | key error ceil | key error mse "
                   "| key error group16 |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
+from pathlib import Path
 
 import pytest
 
 from sglang_fp4_indexer import __version__
 from sglang_fp4_indexer.argtypes import MAX_MEMORY_GIB, int_list, integer, memory_gib, number
 from sglang_fp4_indexer.cli import SGLANG_VERSION, main
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _usage_error(capsys, argv) -> str:
@@ -103,3 +107,29 @@ def test_load_workload_of_a_foreign_file_is_one_line(tmp_path, capsys, command, 
         argv += ["--out-dir", str(tmp_path / "o")]
     err = _usage_error(capsys, argv)
     assert f"error: --load-workload: {path}: not " in err, err
+
+
+_INTERNAL = re.compile(r"\bissue \d|\bruns? \d|\bsession\b|\bCEO\b|DESIGN|METHOD\.md|device tool|\.carry\b|"
+                       r"\bcarry \[|huggingface-cli", re.IGNORECASE)
+#: What a user reads (docs/benchmarks.md and docs/perf-notes.md are the measurement logs, kept apart).
+_USER_DOCS = ("README.md", "CHANGELOG.md", "docs/user-guide.md", "docs/accuracy.md", "docs/demo.md",
+              "docs/format.md", "docs/sglang-seams.md")
+
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["check"], ["bench"], ["accuracy"]], ids=lambda c: " ".join(c) or "top")
+def test_help_names_things_by_what_they_are(capsys, command):
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exc.value.code == 0 and text.startswith("usage: sglang-fp4-indexer")
+    assert _INTERNAL.findall(text) == []
+    # Docs are pointed to in the source repository (the wheel does not ship docs/).
+    for mention in re.findall(r"docs/[\w.-]+\.md[^)]*", text):
+        assert "source repository" in mention, mention
+
+
+@pytest.mark.parametrize("name", _USER_DOCS)
+def test_user_docs_have_no_internal_terms(name):
+    lines = (REPO / name).read_text().splitlines()
+    found = [(i + 1, line) for i, line in enumerate(lines) if _INTERNAL.search(line)]
+    assert found == [], found
