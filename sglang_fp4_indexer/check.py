@@ -16,6 +16,13 @@ flags' ``--kv-cache-dtype``, else ``check``'s own, else SGLang's default for
 DSA models on that device (``sglang_kv_cache_dtype``). Under DCP the memory
 rows are per rank (``dcp.bytes_per_token`` / ``dcp.dcp_capacity``); when FP4
 is refused its rows are labelled as what it would give if the refusal were lifted.
+
+With ``--context N`` (and ``--batch``, ``--next-n``) it adds what FP4 gains and
+costs at that request length (``worth_it``): the requests that fit with each
+index format, the indexer scorer's time FP4 vs FP8 measured on an H200 at the
+nearest measured shape, and the top-k recall of each format at the nearest
+measured context (``tables``: the measured tables shipped in the package),
+then a one-line verdict.
 """
 
 from __future__ import annotations
