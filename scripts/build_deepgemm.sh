@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the DeepGEMM source packed by scripts/pack_deepgemm.sh on the GPU machine.
 #
-#   bash scripts/build_deepgemm.sh [ARCHIVE] [DEST]    # defaults: .carry/deepgemm.tar.gz, /tmp/deepgemm
+#   bash scripts/build_deepgemm.sh [ARCHIVE] [DEST]    # defaults: .peers/deepgemm.tar.gz, /tmp/deepgemm
 #
 # Prints the folder to put on the benchmark's peer path (SGLANG_FP4_INDEXER_PEER_SITE)
 # as its last line; exits non-zero when the build fails (its log: DEST/build.log).
@@ -9,10 +9,14 @@
 # builds a module that crashes in std::regex at import.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ARCHIVE="${1:-.carry/deepgemm.tar.gz}"
+ARCHIVE="${1:-.peers/deepgemm.tar.gz}"
 DEST="${2:-/tmp/deepgemm}"
 PY="${PYTHON:-python3}"
 [ -f "$ARCHIVE" ] || { echo "no DeepGEMM archive at $ARCHIVE (scripts/pack_deepgemm.sh makes it)" >&2; exit 3; }
+# A build already made from this archive in DEST (an earlier step of the same device call) is reused.
+STAMP="$DEST/DeepGEMM/.built-from"
+SUM="$(sha256sum "$ARCHIVE" | cut -d' ' -f1)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SUM" ]; then echo "$DEST/DeepGEMM"; exit 0; fi
 rm -rf "$DEST"; mkdir -p "$DEST"
 tar -xzf "$ARCHIVE" -C "$DEST"
 cd "$DEST/DeepGEMM"
@@ -24,4 +28,5 @@ if ! CC=/usr/bin/gcc CXX=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared" \
 fi
 PYTHONPATH="$DEST/DeepGEMM" "$PY" -c "import deep_gemm; deep_gemm.fp8_paged_mqa_logits; deep_gemm.fp8_mqa_logits" \
   >>"$DEST/build.log" 2>&1 || { tail -n 20 "$DEST/build.log" >&2; exit 1; }
+echo "$SUM" > "$STAMP"
 echo "$DEST/DeepGEMM"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Download what the benchmark's SGLang peer needs on the device machine into .carry/whl
-# (git-ignored; carried with the device call, which has no network and no SGLang).
+# Download what the benchmark's SGLang peer needs on a GPU machine without network or SGLang
+# into .peers/whl (git-ignored; take it along with the checkout).
 #
 #   bash scripts/fetch_peer_wheels.sh          # SGLang's cp312 wheel + the wheels the device image lacks
 #   bash scripts/fetch_peer_wheels.sh --all    # also those the image already has (if it changes)
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-DEST=.carry/whl
+DEST=.peers/whl
 ALL=0
 for arg in "$@"; do
   case "$arg" in

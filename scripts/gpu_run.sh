@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# One device call: the GPU tests, then the benchmark; full logs, JSON and plot under $OUT;
-# a short summary printed LAST (the device call returns the end of the output).
+# One call on a GPU machine: the GPU tests, then the decode and prefill benchmarks with the peers;
+# full logs, JSON and plot under $OUT; a short summary of each printed LAST.
 #
-# From the repository root on the device machine:
-#   bash scripts/gpu_run.sh [quick ARGS...] # pytest -m gpu (time-limited), then bench --quick ARGS
+# From the repository root on the GPU machine:
+#   bash scripts/gpu_run.sh [quick ARGS...] # pytest -m gpu (time-limited), bench --quick ARGS, bench --prefill
 #   bash scripts/gpu_run.sh full            # bench over the full grid (48 shapes); no pytest
 #   bash scripts/gpu_run.sh bench ARGS...   # bench with your own arguments (e.g. --shapes 64x8x128Kx1); no pytest
-# Carry .carry so the peers can run: scripts/fetch_peer_wheels.sh fills .carry/whl (SGLang's
-# Triton FP4 scorer), scripts/pack_deepgemm.sh writes .carry/deepgemm.tar.gz (DeepGEMM's FP8
+# With .peers/ in the checkout the peers run: scripts/fetch_peer_wheels.sh fills .peers/whl (SGLang's
+# Triton FP4 scorer), scripts/pack_deepgemm.sh writes .peers/deepgemm.tar.gz (DeepGEMM's FP8
 # scorers, built here by scripts/build_deepgemm.sh while the GPU tests run).
 # Environment: OUT (output folder; default ./out), PYTHON (default python3),
-# TEST_LIMIT / BENCH_LIMIT (seconds).
+# TEST_LIMIT / BENCH_LIMIT / PREFILL_LIMIT (seconds; quick mode's add up to under 10 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -22,7 +22,7 @@ unset TRITON_INTERPRET
 MODE="${1:-quick}"
 [ $# -gt 0 ] && shift
 case "$MODE" in
-  quick) BENCH_ARGS=(--quick "$@"); RUN_TESTS=1; : "${BENCH_LIMIT:=270}" ;;
+  quick) BENCH_ARGS=(--quick "$@"); RUN_TESTS=1; RUN_PREFILL=1; : "${BENCH_LIMIT:=210}" ;;
   full)  BENCH_ARGS=(); RUN_TESTS=0; : "${BENCH_LIMIT:=540}" ;;
   bench) BENCH_ARGS=("$@"); RUN_TESTS=0; : "${BENCH_LIMIT:=540}" ;;
   prefill) BENCH_ARGS=(--prefill "$@"); RUN_TESTS=0; PLOT=0; : "${BENCH_LIMIT:=240}" ;;
@@ -30,36 +30,37 @@ case "$MODE" in
 esac
 PLOT_ARGS=(--plot "$OUTDIR/bench.png")
 [ "${PLOT:-1}" = 0 ] && PLOT_ARGS=()
-: "${TEST_LIMIT:=280}"
+: "${TEST_LIMIT:=230}" "${PREFILL_LIMIT:=120}" "${RUN_PREFILL:=0}"
 
 # 1. Carried wheels (SGLang's scorer and what its import chain needs) -> /tmp/site.
 #    The bench appends /tmp/site to sys.path only when loading the peer, so the
 #    device's own packages win everywhere else.
-PEER="no carried wheels (.carry/whl): SGLang's scorer will be unavailable"
-if ls .carry/whl/*.whl >/dev/null 2>&1; then
+PEER="no wheels from .peers/whl (.peers/whl): SGLang's scorer will be unavailable"
+if ls .peers/whl/*.whl >/dev/null 2>&1; then
   if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-       --target /tmp/site .carry/whl/*.whl >"$OUTDIR/pip.log" 2>&1; then
+       --target /tmp/site .peers/whl/*.whl >"$OUTDIR/pip.log" 2>&1; then
     export SGLANG_FP4_INDEXER_PEER_SITE=/tmp/site
-    PEER="carried wheels installed in /tmp/site: $(ls .carry/whl | wc -l) wheels"
+    PEER="wheels from .peers/whl installed in /tmp/site: $(ls .peers/whl | wc -l) wheels"
   else
-    PEER="pip install of .carry/whl failed (see pip.log): SGLang's scorer will be unavailable"
+    PEER="pip install of .peers/whl failed (see pip.log): SGLang's scorer will be unavailable"
   fi
 fi
 
 # 1b. DeepGEMM from source, in the background (about 75 s on 16 cores).
-DG="no DeepGEMM archive (.carry/deepgemm.tar.gz): DeepGEMM's scorers will be unavailable"
+DG="no DeepGEMM archive (.peers/deepgemm.tar.gz): DeepGEMM's scorers will be unavailable"
 DG_PID=
-if [ -f .carry/deepgemm.tar.gz ]; then
-  bash scripts/build_deepgemm.sh .carry/deepgemm.tar.gz /tmp/deepgemm >"$OUTDIR/deepgemm_build.txt" 2>&1 &
+if [ -f .peers/deepgemm.tar.gz ]; then
+  bash scripts/build_deepgemm.sh .peers/deepgemm.tar.gz /tmp/deepgemm >"$OUTDIR/deepgemm_build.txt" 2>&1 &
   DG_PID=$!
 fi
 
 # 2. GPU tests.
 TESTS="skipped ($MODE mode)"
 if [ "$RUN_TESTS" = 1 ]; then
+  T0=$SECONDS
   timeout -k 10 "$TEST_LIMIT" "$PY" -m pytest -m gpu -q -p no:cacheprovider -rfE --continue-on-collection-errors >"$OUTDIR/pytest_gpu.log" 2>&1
   rc=$?
-  if [ $rc = 124 ] || [ $rc = 137 ]; then TESTS="TIMED OUT after ${TEST_LIMIT}s"; else TESTS="rc=$rc: $(tail -n 1 "$OUTDIR/pytest_gpu.log")"; fi
+  if [ $rc = 124 ] || [ $rc = 137 ]; then TESTS="TIMED OUT after ${TEST_LIMIT}s"; else TESTS="rc=$rc: $(tail -n 1 "$OUTDIR/pytest_gpu.log") ($((SECONDS - T0)) s)"; fi
 fi
 
 if [ -n "$DG_PID" ]; then
@@ -74,10 +75,22 @@ if [ -n "$DG_PID" ]; then
 fi
 
 # 3. The benchmark (its JSON is rewritten after every shape, so a time-out still leaves numbers).
-rm -f "$OUTDIR/bench.json"
+rm -f "$OUTDIR/bench.json" "$OUTDIR/prefill.json"
+T0=$SECONDS
 timeout -k 10 "$BENCH_LIMIT" "$PY" -m sglang_fp4_indexer.cli bench --device cuda "${BENCH_ARGS[@]}" \
   --json "$OUTDIR/bench.json" ${PLOT_ARGS[@]+"${PLOT_ARGS[@]}"} >"$OUTDIR/bench.log" 2>&1
 BENCH_RC=$?
+BENCH_S=$((SECONDS - T0))
+
+# 3b. Quick mode: the prefill rows too (their own JSON and log).
+PREFILL_RC=
+if [ "$RUN_PREFILL" = 1 ]; then
+  T0=$SECONDS
+  timeout -k 10 "$PREFILL_LIMIT" "$PY" -m sglang_fp4_indexer.cli bench --device cuda --prefill \
+    --json "$OUTDIR/prefill.json" >"$OUTDIR/prefill.log" 2>&1
+  PREFILL_RC=$?
+  PREFILL_S=$((SECONDS - T0))
+fi
 
 # 4. Summary, last.
 echo "== device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
@@ -85,14 +98,21 @@ echo "== peer: $PEER"
 echo "== DeepGEMM: $DG"
 echo "== pytest -m gpu: $TESTS"
 if [ "$RUN_TESTS" = 1 ]; then grep -E "^(FAILED|ERROR) " "$OUTDIR/pytest_gpu.log" | head -n 15; fi
-case $BENCH_RC in
-  0) echo "== bench: ok (every timed output passed its check)" ;;
-  1) echo "== bench: rc=1 (a check failed or a scorer errored; see the table)" ;;
-  124|137) echo "== bench: TIMED OUT after ${BENCH_LIMIT}s (partial results below)" ;;
-  *) echo "== bench: rc=$BENCH_RC; last lines of bench.log:"; tail -n 15 "$OUTDIR/bench.log" ;;
-esac
-echo "== logs: $OUTDIR (pytest_gpu.log, bench.log, bench.json, bench.png, pip.log)"
+bench_status() {  # name rc limit log seconds
+  case $2 in
+    0) echo "== $1: ok (every timed output passed its check; $5 s)" ;;
+    1) echo "== $1: rc=1 (a check failed or a scorer errored; see the table)" ;;
+    124|137) echo "== $1: TIMED OUT after $3 s (partial results below)" ;;
+    *) echo "== $1: rc=$2; last lines of $4:"; tail -n 15 "$OUTDIR/$4" ;;
+  esac
+}
+bench_status bench "$BENCH_RC" "$BENCH_LIMIT" bench.log "$BENCH_S"
+[ -n "$PREFILL_RC" ] && bench_status "bench --prefill" "$PREFILL_RC" "$PREFILL_LIMIT" prefill.log "$PREFILL_S"
+echo "== logs: $OUTDIR (pytest_gpu.log, bench.log, bench.json, bench.png, prefill.log, prefill.json, pip.log)"
 if [ -s "$OUTDIR/bench.json" ]; then
   "$PY" -m sglang_fp4_indexer.bench.report "$OUTDIR/bench.json"
 fi
-exit $BENCH_RC
+if [ -s "$OUTDIR/prefill.json" ]; then
+  "$PY" -m sglang_fp4_indexer.bench.report "$OUTDIR/prefill.json"
+fi
+[ "$BENCH_RC" = 0 ] && [ "${PREFILL_RC:-0}" = 0 ]

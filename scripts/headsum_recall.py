@@ -2,7 +2,7 @@
 
 HEADSUM 2 rounds each relu(q_h . k) to bf16 (relative error <= 2**-8, bf16's unit roundoff) and
 multiplies by the weight as hi + lo bf16 (w to 2**-16) with fp32 accumulation
-(docs/perf-notes.md, run 29). Rounding commutes with the kernel's per-key power-of-two fold, so it
+(benchmarks/results/PERF_LOG.md, run 29). Rounding commutes with the kernel's per-key power-of-two fold, so it
 is emulated here on the fp32 per-head scores of the MXFP4 keys (the format's torch oracle,
 ``format.quantize_index_k`` then ``dequantize_index_k``), with the accuracy study's workloads and
 e4m3 queries (``sglang_fp4_indexer.accuracy``). Printed per case: the top-k recall against the

@@ -9,8 +9,8 @@
 # FMT_GIT_DIR: one of github.com/fmtlib/fmt (the commit DeepGEMM pins as its
 # submodule is used when present). CUTLASS/CuTe headers come from the
 # sgl-deep-gemm wheel on PyPI (its deep_gemm/include/ holds cute/ and cutlass/).
-# Output: .carry/deepgemm.tar.gz (git-ignored, ~30 MB): carry .carry with the
-# device call; scripts/gpu_run.sh builds it there (scripts/build_deepgemm.sh).
+# Output: .peers/deepgemm.tar.gz (git-ignored, ~6 MB): take it along with the checkout to the
+# GPU machine; scripts/gpu_run.sh builds it there (scripts/build_deepgemm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -ne 2 ]; then
@@ -20,7 +20,7 @@ fi
 DG="$1"; FMT="$2"; PY="${PYTHON:-python3}"
 WHEEL_VERSION="${SGL_DEEP_GEMM_VERSION:-0.2.5}"
 STAGE="$(mktemp -d)"; trap 'rm -rf "$STAGE"' EXIT
-mkdir -p "$STAGE/DeepGEMM" .carry
+mkdir -p "$STAGE/DeepGEMM" .peers
 
 # 1. DeepGEMM: the files setup.py builds from.
 git --git-dir="$DG" archive HEAD csrc deep_gemm setup.py scripts LICENSE | tar -x -C "$STAGE/DeepGEMM"
@@ -53,6 +53,6 @@ cp -r "$STAGE/DeepGEMM/deep_gemm/include/cute" "$STAGE/DeepGEMM/deep_gemm/includ
   "$STAGE/DeepGEMM/third-party/cutlass/include/"
 echo "DeepGEMM $DG_COMMIT, fmt $(git --git-dir="$FMT" rev-parse "$FMT_REV"), cute/cutlass from sgl-deep-gemm $WHEEL_VERSION" \
   > "$STAGE/DeepGEMM/PACKED_FROM"
-tar -C "$STAGE" -czf .carry/deepgemm.tar.gz DeepGEMM
+tar -C "$STAGE" -czf .peers/deepgemm.tar.gz DeepGEMM
 cat "$STAGE/DeepGEMM/PACKED_FROM"
-du -h .carry/deepgemm.tar.gz
+du -h .peers/deepgemm.tar.gz

@@ -1,4 +1,4 @@
-"""Address-stable CTA-schedule buffers and their publish.
+"""Address-stable CTA-schedule buffers and their publish (DESIGN sections 4-5).
 
 A CUDA graph records the address of every tensor its kernels read. The paged
 scorer reads its CTA schedule, so the schedule must live in one buffer whose
@@ -32,7 +32,7 @@ CPU_NUM_CTAS = 4
 #: Persistent-grid CTAs per SM for the Triton paged scorers (measured on H200, docs/perf-notes.md).
 CTAS_PER_SM = 2
 #: Schedule entries per SM for the Hopper wgmma kernel: one per math warpgroup, four per SM (one
-#: CTA of four math warpgroups, measured faster than four CTAs of one: docs/perf-notes.md).
+#: CTA of four math warpgroups since run 15; four CTAs of one before; benchmarks/results/PERF_LOG.md, runs 10, 15).
 SM90_CTAS_PER_SM = 4
 
 
@@ -44,7 +44,7 @@ def default_num_ctas(device: torch.device | str | None = None, impl: str | None 
     ``SM90_CTAS_PER_SM`` (4) for the Hopper wgmma kernel, ``CTAS_PER_SM`` (2)
     for the Triton scorers: two CTAs per SM measured 1.6x faster than one for
     the Triton scorers on H200, and four (one per math warpgroup) fastest for
-    the wgmma kernel (docs/perf-notes.md).
+    the wgmma kernel (benchmarks/results/PERF_LOG.md, runs 1, 10, 15).
 
     Args:
         device: a torch device (``None``: the current CUDA device when CUDA is

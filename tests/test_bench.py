@@ -581,3 +581,15 @@ def test_gpu_bench_prefill_small_shape_checked():
         assert res["status"] == "ok", res
         assert res["timing"]["method"] == "cuda-graph" and res["check"]["rows_checked"] == 4
     assert report["failures"] == 0
+
+
+def test_write_plot_draws_decode_rows_and_refuses_a_report_without_them(tmp_path):
+    """The chart of a saved H200 report is a PNG; a report without timed decode rows (a prefill report) is refused."""
+    from sglang_fp4_indexer.bench.report import write_plot
+
+    report = load_json(REPO / "benchmarks" / "results" / "bench_h200_decode_first.json")
+    out = write_plot(report, tmp_path / "plot.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    prefill = load_json(REPO / "benchmarks" / "results" / "bench_h200_prefill_first.json")
+    with pytest.raises(ValueError, match="no decode rows"):
+        write_plot(prefill, tmp_path / "prefill.png")

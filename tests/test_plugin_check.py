@@ -381,3 +381,27 @@ def test_context_on_refused_and_non_dsa_models(tmp_path, capsys):
 def test_without_context_check_points_to_it(tmp_path, capsys):
     code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "9.0")
     assert code == 0 and "add --context N (and --batch, --next-n)" in out
+
+
+def test_context_quotes_both_deepgemm_columns_where_they_differ(tmp_path, capsys):
+    bench, _ = _sources()
+    ours = next(s["name"] for s in bench["scorers"] if s["name"] in ("ours", "ours[auto]"))
+    rows = [r for r in bench["rows"] if r["heads"] == 64 and r["results"].get(ours, {}).get("status") == "ok"]
+    row = max(rows, key=lambda r: (r["next_n"], r["batch"] * r["context"]))  # a target-verify row where there is one
+    shape = [str(row[k]) for k in ("context", "batch", "next_n")]
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "9.0", "--context", shape[0], "--batch",
+                     shape[1], "--next-n", shape[2])
+    assert code == 0 and "measured on NVIDIA H200 at this shape" in out
+    fp4 = row["results"][ours]["seconds"] * 1e6
+    fp8, native = (row["results"].get(n, {}) for n in ("deepgemm-fp8", "deepgemm-fp8-native"))
+    assert f"FP4 {fp4:.1f} us" in out
+    if fp8.get("status") == "ok":
+        fp8_us = fp8["seconds"] * 1e6
+        assert f"FP8 (DeepGEMM, as SGLang calls it) {fp8_us:.1f} us" in out
+        word = "faster" if fp4 <= fp8_us else "slower"
+        assert f"a {max(fp8_us, fp4) / min(fp8_us, fp4):.2f}x {word} indexer" in out
+        differs = native.get("status") == "ok" and abs(native["seconds"] * 1e6 - fp8_us) > 0.05 * fp8_us
+        line = "DeepGEMM with its native next_n, which SGLang 0.5.23 does not use on Hopper"
+        assert (f"{line}: {native['seconds'] * 1e6:.1f} us" in out) if differs else (line not in out)
+    else:
+        assert "FP8 time not measured" in out

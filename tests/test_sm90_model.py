@@ -321,7 +321,7 @@ def test_unsupported_configurations_are_refused():
         sm90.build(1, 48)
     with pytest.raises(ValueError, match="next_n"):
         sm90.build(8, 64)
-    # Measured and removed (docs/perf-notes.md, runs 21 and 27): five math warpgroups, decode-ahead.
+    # Measured and removed (benchmarks/results/PERF_LOG.md, runs 21 and 27): five math warpgroups, decode-ahead.
     with pytest.raises(ValueError, match="wgs"):
         sm90.build(1, 64, wgs=5)
     with pytest.raises(ValueError, match="pipeline"):

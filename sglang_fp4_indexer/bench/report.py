@@ -142,10 +142,10 @@ def render_summary(report: dict, rows: bool = True) -> str:
         if s["status"] != "available":
             lines.append(f"   {s['name']}: {s['status']}")
     if rows:
-        lines.append(f"{'shape':<18}{'floor':>8}" + "".join(f"{n[:16]:>18}" for n in names) + "  checks")
+        lines.append(f"{'shape':<22}{'floor':>8}" + "".join(f"{n[:20]:>21}" for n in names) + "  checks")
     failed_shapes = []
     for row in report.get("rows", []):
-        cells = f"{row['label']:<18}{_us(row.get('fp4_floor_s')):>8}"
+        cells = f"{row['label']:<22}{_us(row.get('fp4_floor_s')):>8}"
         fails = []
         for name in names:
             res = row["results"].get(name, {})
@@ -154,13 +154,13 @@ def render_summary(report: dict, rows: bool = True) -> str:
                     tag = f"({res['pct_floor']:.0f}%)" if "pct_floor" in res else ""
                 else:
                     sp = res.get("speedup_of_ours")
-                    tag = f"(x{sp:.1f})" if sp else ""
+                    tag = f"(x{sp:.2f})" if sp else ""
                 cell = f"{_us(res['seconds'])} {tag}"
             else:
                 cell = _status_cell(res) or "-"
             if res.get("status") not in ("ok", "unavailable"):
                 fails.append(name)
-            cells += f"{cell:>18}"
+            cells += f"{cell:>21}"
         if fails:
             failed_shapes.append(f"{row['label']}: FAIL " + ",".join(fails))
         if rows:
@@ -197,66 +197,111 @@ def load_json(path: str | Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def write_plot(report: dict, path: str | Path) -> Path:
-    """Plot time vs context, one subplot per (H, batch, next_n), one line per scorer, the floors dashed.
+#: Bar order and colours; scorers not listed here come after, in the report's order.
+PLOT_SCORERS = (
+    ("ours", "ours (FP4)", "#1f77b4"),
+    ("sglang-triton-fp4", "SGLang Triton FP4", "#2ca02c"),
+    ("deepgemm-fp8", "DeepGEMM FP8, as SGLang 0.5.23 calls it", "#d62728"),
+    ("deepgemm-fp8-native", "DeepGEMM FP8, native next_n", "#ff9896"),
+)
+#: Scorers whose time over ours is annotated.
+_RATIO_OF = ("deepgemm-fp8", "deepgemm-fp8-native", "sglang-triton-fp4")
 
-    Log-log axes; the FP4 floor dashed, the FP8 floor dotted (when an FP8
-    scorer is in the report). matplotlib is imported here (``Agg`` backend).
+
+def _shape_label(row: dict) -> str:
+    # "H64 8x128K n2 w160K" -> "8x128K n2" (the panel says H; the width is in the title).
+    parts = row["label"].split()
+    return " ".join(p for p in parts[1:] if not p.startswith("w"))
+
+
+def _width_note(rows: list[dict]) -> str:
+    widths = {p for r in rows for p in r["label"].split()[1:] if p.startswith("w")}
+    return f", logits {', '.join(sorted(w[1:] for w in widths))} wide" if widths else ""
+
+
+def write_plot(report: dict, path: str | Path) -> Path:
+    """Save a horizontal bar chart of ``report``'s decode rows to ``path`` (PNG); returns the path.
+
+    One panel per index-head count; y = shape, x = time per call in µs (log
+    scale); one bar per scorer that ran (status ``ok``), the shape's FP4 floor
+    a black tick; the peers' time over ours written next to their bars. A CPU
+    report says so in the title (its times are the interpreter's, not a
+    speed). matplotlib is imported here (``Agg`` backend).
 
     Raises:
         ModuleNotFoundError: matplotlib is not installed.
-        ValueError: the report has no scorer rows.
+        ValueError: the report has no decode rows with a timed scorer (a ``--prefill`` report).
     """
+    out = Path(path)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = report.get("rows", [])
+    rows = [r for r in report.get("rows", []) if any(v.get("seconds") for v in r.get("results", {}).values())]
     if not rows:
-        raise ValueError("report: no scorer rows to plot")
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["heads"], row["next_n"], row["batch"]), []).append(row)
-    keys = sorted(groups, key=lambda k: (-k[0], k[1], k[2]))
-    ncols = min(4, len(keys))
-    nrows = -(-len(keys) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows), squeeze=False)
-    names = _scorer_names(report)
-    has_fp8 = any(s.get("key_bytes") == 132 for s in report.get("scorers", []))
-    for ax, key in zip(axes.flat, keys):
-        group = sorted(groups[key], key=lambda r: r["context"])
-        ctx = [r["context"] for r in group]
-        for name in names:
-            pts = [(r["context"], r["results"].get(name, {}).get("seconds")) for r in group]
-            pts = [(c, t * 1e6) for c, t in pts if t]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=name)
-        ax.plot(ctx, [r["fp4_floor_s"] * 1e6 for r in group], "k--", marker="_", markersize=12, label="FP4 floor")
-        if has_fp8:
-            ax.plot(ctx, [r["fp8_floor_s"] * 1e6 for r in group], color="0.5", linestyle=":", marker="_",
-                    markersize=12, label="FP8 floor")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"H {key[0]}, batch {key[2]}, next_n {key[1]}")
-        ax.set_xlabel("context (tokens)")
-        ax.set_ylabel("time per call (us)")
-        ax.grid(True, which="both", alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels))
+        raise ValueError("no decode rows with a timed scorer (a --prefill report is not plotted here)")
+    known = [n for n, _, _ in PLOT_SCORERS]
+    others = [s["name"] for s in report.get("scorers", []) if s["name"] not in known]
+    names = [n for n in known + others if any(r["results"].get(n, {}).get("status") == "ok" for r in rows)]
+    style = {n: (label, colour) for n, label, colour in PLOT_SCORERS}
+    heads = sorted({r["heads"] for r in rows}, reverse=True)
+    by_heads = {h: [r for r in rows if r["heads"] == h] for h in heads}
+
+    bar = 0.8 / max(1, len(names))
+    fig, axes = plt.subplots(len(heads), 1, squeeze=False, sharex=True,
+                             figsize=(9.5, 0.22 * len(rows) * max(2, len(names)) + 2.4),
+                             gridspec_kw={"height_ratios": [len(by_heads[h]) for h in heads]})
+    times = [v["seconds"] * 1e6 for r in rows for v in r["results"].values() if v.get("seconds")]
+    times += [r["fp4_floor_s"] * 1e6 for r in rows]
+    lo, hi = min(times) / 1.6, max(times) * 3.0
+    for ax, h in zip(axes[:, 0], heads):
+        group = by_heads[h]
+        for i, row in enumerate(group):
+            ours = row["results"].get("ours", {}).get("seconds")
+            for j, name in enumerate(names):
+                res = row["results"].get(name, {})
+                if res.get("status") != "ok" or not res.get("seconds"):
+                    continue
+                y = i + (j - (len(names) - 1) / 2) * bar
+                t = res["seconds"] * 1e6
+                label, colour = style.get(name, (name, None))
+                ax.barh(y, t, height=bar * 0.92, color=colour, label=label if i == 0 else None)
+                if name in _RATIO_OF and ours:
+                    ax.text(t * 1.04, y, f"{res['seconds'] / ours:.2f}x", va="center", fontsize=7)
+                elif name == "ours":
+                    ax.text(t * 1.04, y, f"{t:.1f} µs", va="center", fontsize=7, color=colour)
+            floor = row["fp4_floor_s"] * 1e6
+            ax.plot([floor, floor], [i - 0.45, i + 0.45], color="black", linewidth=2,
+                    label="FP4 floor" if i == 0 else None)
+        ax.set_yticks(range(len(group)))
+        ax.set_yticklabels([_shape_label(r) for r in group])
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylabel(f"H {h}")
+        ax.grid(axis="x", which="both", alpha=0.3)
+    axes[-1, 0].set_xlabel("time per call, µs (log scale); DeepGEMM's bars: its time over ours")
     meta = report.get("meta", {})
-    title = f"paged scorer time vs context: {meta.get('device', '?')}"
+    bw = meta.get("copy_bandwidth_bytes_per_s")
+    title = f"Indexer decode scoring on {meta.get('device', '?')}{_width_note(rows)}"
     if _is_cpu(report):
-        title += f" ({CPU_TIMING_NOTE})"
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.96))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+        title += f"\n({CPU_TIMING_NOTE})"
+    elif bw:
+        title += f"\ncopy bandwidth {bw / 1e12:.2f} TB/s, CUDA graphs, median; every output checked"
+    axes[0, 0].set_title(title, fontsize=10)
+    handles, labels = [], []
+    for ax in axes[:, 0]:
+        for hnd, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(hnd)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=130)
     plt.close(fig)
-    return path
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

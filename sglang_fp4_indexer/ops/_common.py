@@ -39,7 +39,6 @@ scale_row_jit = triton.jit(
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def deep_gemm_module() -> types.ModuleType | None:
     """The ``deep_gemm`` package (DeepGEMM, installed beside SGLang on NVIDIA GPUs) when it imports and has
     ``fp8_mqa_logits``, else ``None``; looked up once per process. Nothing of SGLang is imported."""

@@ -1,4 +1,4 @@
-"""Paged FP4 scorer for decode and target verify.
+"""Paged FP4 scorer for decode and target verify (DESIGN.md section 5).
 
 ``logits[r, j] = sum_h weights[r, h] * relu(q[r, h] . k_j)`` for the keys
 ``j < len(r)`` of row ``r``'s request, read straight out of the paged MXFP4
@@ -7,7 +7,7 @@ written ``-inf`` (so a plain top-k over the row is correct without lengths).
 
 Method. Each E2M1 nibble is turned into the e4m3 byte ``sign << 7 | (code & 7) << 2``
 with integer ops; read as e4m3 that byte is exactly ``E2M1(code) * 2**-6``
-(docs/format.md). One MMA per 32-element group multiplies the decoded keys
+(DESIGN section 3). One MMA per 32-element group multiplies the decoded keys
 with the index query (FP8 MMA where the GPU has it, bf16 MMA otherwise: both
 are exact products with fp32 accumulation); the group's partial product is
 scaled by its UE8M0 factor ``2**(code - 127)``, built from the code's bits
@@ -36,10 +36,10 @@ __all__ = [
 ]
 
 #: Keys per tile of the Triton scorers (four pages), measured best for "folded" on H200
-#: (docs/perf-notes.md). The CTA schedule must be planned with the value the call uses.
+#: (benchmarks/results/PERF_LOG.md, runs 5-6). The CTA schedule must be planned with the value the call uses.
 DEFAULT_BLOCK_KV = 256
 #: Keys per tile of the Hopper wgmma kernel's schedule (one page): 1-3 % slower than 256-key
-#: tiles on long rows where measured side by side, 1.6x faster at batch 1 x 4K (docs/perf-notes.md).
+#: tiles on long rows where measured side by side, 1.6x faster at batch 1 x 4K (benchmarks/results/PERF_LOG.md, run 10).
 WGMMA_BLOCK_KV = 64
 
 
@@ -280,13 +280,13 @@ def _paged_logits_kernel(
             prow = kv % PAGE
             page_base = page.to(tl.int64) * PAGE_BYTES
             payload_base = page_base + prow * 64
-            scale_base = page_base + PAGE * 64 + scale_row_jit(prow, PAGE) * 4  # docs/format.md
+            scale_base = page_base + PAGE * 64 + scale_row_jit(prow, PAGE) * 4  # DESIGN section 3
             if IMPL == 2:
                 k_f8, key_factor = _folded_keys(cache_ptr, payload_base, scale_base, ok, BLOCK_KV, ASM)
                 acc = tl.dot(k_f8, q_t)
                 unit = 0.015625  # LUT entries hold E2M1 * 2**(s_g - s_max + 6)
             elif IMPL == 1:
-                # Triton's MX dot reads E2M1 codes and UE8M0 scales natively.
+                # Triton's MX dot reads E2M1 codes and UE8M0 scales natively (DESIGN section 5).
                 k_codes = tl.load(cache_ptr + payload_base[:, None] + offs_p[None, :], mask=ok[:, None], other=0)
                 k_scales = tl.load(cache_ptr + scale_base[:, None] + offs_g[None, :], mask=ok[:, None], other=127)
                 if DOT_MODE >= 2:  # bf16 index queries

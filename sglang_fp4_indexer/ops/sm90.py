@@ -6,8 +6,8 @@ operand of FP8 ``wgmma``, the index queries as its shared-memory B operand,
 pages copied by the bulk-copy engine into an mbarrier ring by a producer warp.
 By default (``DEFAULT_WGS``) one CTA per SM holds four math warpgroups, each
 with its own schedule entry, ring and producer warp, the producers' registers
-moved to the math warpgroups by ``setmaxnreg`` (docs/perf-notes.md).
-Why CUDA C++ and not Triton: docs/perf-notes.md.
+moved to the math warpgroups by ``setmaxnreg`` (benchmarks/results/PERF_LOG.md, run 15).
+Why CUDA C++ and not Triton: benchmarks/results/PERF_LOG.md (run 8 onwards).
 
 The kernel is compiled once per configuration (next_n, heads, logits dtype,
 lengths layout, pipeline depth, warpgroups) with NVRTC from ``cuda-bindings`` (an SGLang
@@ -40,7 +40,7 @@ SOURCE = Path(__file__).with_name("cuda") / "paged_logits_sm90.cu"
 #: Pages in flight per CTA (the ring depth).
 DEFAULT_STAGES = 4
 #: With ``wgs`` 1 only: CTAs per SM the register budget is set for (``__launch_bounds__``:
-#: 96 registers); H = 128 gets 2. Four resident CTAs measured fastest (docs/perf-notes.md).
+#: 96 registers); H = 128 gets 2. Four resident CTAs measured fastest (benchmarks/results/PERF_LOG.md, run 10).
 DEFAULT_MIN_CTAS = 4
 
 
@@ -49,17 +49,18 @@ def default_min_ctas(heads: int) -> int:
     return 2 if heads >= 128 else DEFAULT_MIN_CTAS
 
 
-#: Sign handling of the decode (build option SPLIT_SIGN; docs/perf-notes.md):
+#: Sign handling of the decode (build option SPLIT_SIGN; benchmarks/results/PERF_LOG.md, runs 12, 14, 15, 18, 21 and 22):
 #: 3, the signs by PRMT sign-replicate (7 ALU operations per payload word against 9).
 DEFAULT_SPLIT_SIGN = 3
 #: Head sum of the epilogue (build option HEADSUM): 0 fp32 FFMA, 1 tf32 wgmma, 2 bf16 wgmma
-#: (docs/perf-notes.md): 2, 3-4 % faster than 0 at long context; its rounding
+#: (benchmarks/results/PERF_LOG.md, runs 14, 29 and 31): 2, 3-4 % faster than 0 at long context; its rounding
 #: (``HEADSUM_REL[2]``) moves the top-k recall by at most 3.4e-4 (scripts/headsum_recall.py).
 DEFAULT_HEADSUM = 2
-#: Software pipeline of the math loop (build option PIPELINE; docs/perf-notes.md).
+#: Software pipeline of the math loop (build option PIPELINE; benchmarks/results/PERF_LOG.md, runs 14, 17 and 21).
 DEFAULT_PIPELINE = 0
 #: Math warpgroups per CTA (build option WGS): 1 with one producer warp, several CTAs per SM;
-#: 2-4 warp-specialised with a producer warpgroup and setmaxnreg, one CTA per SM (docs/perf-notes.md).
+#: 2-4 warp-specialised with a producer warpgroup and setmaxnreg, one CTA per SM (docs/perf-notes.md,
+#: runs 15 and 27).
 DEFAULT_WGS = 4
 #: Relative rounding per term of each head sum (build option HEADSUM): 0 fp32 FFMA (none beyond fp32),
 #: 1 tf32 (relu(S) truncated, weights rounded: 2**-10 + 2**-11), 2 bf16 (relu(S) rounded, bf16's unit
@@ -101,7 +102,7 @@ def threads(wgs: int) -> int:
 
 
 #: Relative error of a head score ``s_h`` from Hopper FP8 MMA's accumulation, narrower than fp32
-#: (DeepGEMM's notes; docs/perf-notes.md), relative to ``sum_d |q_hd k_d|``.
+#: (DeepGEMM's notes; benchmarks/results/PERF_LOG.md, run 26), relative to ``sum_d |q_hd k_d|``.
 MMA_REL = 1e-3
 
 
