@@ -13,7 +13,7 @@ DIST   ?= dist
 
 $(STAMP): pyproject.toml
 	@echo "Setting up $(VENV)/: SGLang 0.5.23 with its dependencies (torch, CUDA libraries) and this package."
-	@echo "This downloads several GB and takes about 6 minutes; $(VENV)/ ends at about 11 GB."
+	@echo "This downloads several GB and takes 6-10 minutes; $(VENV)/ ends at about 11 GB."
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install --progress-bar on -e '.[sglang,test,demo,plot]'
