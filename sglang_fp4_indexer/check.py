@@ -31,6 +31,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import shlex
 import sys
 from fractions import Fraction
@@ -39,7 +40,8 @@ from typing import Callable
 
 from .argtypes import MAX_MEMORY_GIB, integer, memory_gib
 from .dcp import REPLICATED, SHARDED, DcpCapacity, bytes_per_token, dcp_capacity
-from .gate import Decision, DeviceFacts, ModelFacts, ServerFacts, decide
+from .gate import (INDEXER_FUSION_ENV, INTERLEAVED_INDEXER_ARCHS, Decision, DeviceFacts, ModelFacts, ServerFacts,
+                   decide, index_key_rotation)
 
 __all__ = ["add_arguments", "main", "load_hf_config", "mla_kv_bytes_per_token", "sglang_kv_cache_dtype", "run_check",
            "worth_it"]
@@ -256,9 +258,11 @@ def _without_sglang(cfg: dict, flags: list[str], why: str):
         index_head_dim=cfg.get("index_head_dim"),
         index_n_heads=cfg.get("index_n_heads"),
         index_kpool=int(cfg.get("index_kpool", 1) or 1),
+        indexer_rope_interleave=archs[0] in INTERLEAVED_INDEXER_ARCHS or bool(cfg.get("indexer_rope_interleave", False)),
     )
     layers = int(cfg.get("num_hidden_layers", 0) or 0)
-    return model, ServerFacts(requested=True), layers, "auto"
+    fusion_off = os.environ.get(INDEXER_FUSION_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return model, ServerFacts(requested=True, indexer_fusion_disabled=fusion_off), layers, "auto"
 
 
 def _fmt(x: Fraction) -> str:
@@ -300,6 +304,8 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
     Returns:
         dict with ``decision`` (``Decision``), ``device`` (text), ``detection``
         (``"sglang"`` or ``"config keys (...)"``), ``model`` (``ModelFacts``),
+        for DSA models ``index_keys`` (whether SGLang Hadamard-rotates the
+        index keys, and why: ``gate.index_key_rotation``),
         ``model_text``, ``layers``, ``index_layers``, ``dcp_size``, and for DSA
         MLA models ``kv_dtype``, ``kv_dtype_why``, ``kv_bytes``, ``capacity``
         (``dcp.DcpCapacity``), ``fp4_mode`` (the DCP mode of the FP4 rows the
@@ -332,6 +338,7 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
            "model_text": arch, "layers": int(cfg.get("num_hidden_layers", 0) or 0), "index_layers": index_layers,
            "file": str(file), "dcp_size": server.dcp_size, "device_facts": device}
     if model_facts.is_dsa:
+        out["index_keys"] = index_key_rotation(model_facts, server)[1]
         if kv_cache_dtype is not None and server_kv != "auto":
             if _SGLANG_KV_DTYPES.get(server_kv) != kv_cache_dtype:
                 raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} conflicts with --kv-cache-dtype {server_kv} "
@@ -495,6 +502,8 @@ def main(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     console.print(f"model: {res['model_text']} ({res['file']}; classified by {res['detection']})")
     console.print(f"device: {res['device']}")
+    if "index_keys" in res:
+        console.print(f"index keys: {res['index_keys']}")
     if d.enabled:
         console.print(f"FP4 indexer: ENABLED - {d.reason}")
     else:

@@ -11,7 +11,9 @@ Enabled only when the user asked for it (``--enable-fp4-indexer``) and all of
 these hold: a DeepSeek Sparse Attention model (SGLang's ``is_deepseek_dsa``),
 ``index_head_dim == 128``, an index head count the paged scorer supports
 (``ops.paged_logits.SUPPORTED_HEADS``), a 64-token index page, ``index_kpool
-== 1``, a CUDA GPU with FP8 MMA (compute capability >= 8.9: Ada, Hopper,
+== 1``, index keys that SGLang Hadamard-rotates (not the fused indexer of
+interleaved-RoPE models such as GLM-5.2, unless SGLang's
+``SGLANG_DISABLE_DSA_INDEXER_FUSION`` selects its unfused one), a CUDA GPU with FP8 MMA (compute capability >= 8.9: Ada, Hopper,
 Blackwell), and none of the parallel or cache features the FP4 layout does not
 handle yet (prefill context parallelism, KV sharding, hierarchical cache, HiSparse, PD disaggregation, hybrid KV pools,
 unified memory pools, external KV stores). Every refusal names all the reasons that apply and the
@@ -33,11 +35,14 @@ from dataclasses import dataclass, field
 __all__ = [
     "FP4_INDEX_PAGE_SIZE",
     "MIN_CUDA_CAPABILITY",
+    "INTERLEAVED_INDEXER_ARCHS",
+    "INDEXER_FUSION_ENV",
     "ModelFacts",
     "ServerFacts",
     "DeviceFacts",
     "Decision",
     "supported_heads",
+    "index_key_rotation",
     "decide",
     "report",
     "reset_reports",
@@ -49,6 +54,11 @@ logger = logging.getLogger("sglang_fp4_indexer")
 FP4_INDEX_PAGE_SIZE = 64
 #: Smallest CUDA compute capability with FP8 (e4m3) MMA.
 MIN_CUDA_CAPABILITY = (8, 9)
+#: DSA architectures whose SGLang 0.5.23 model builds the indexer with interleaved RoPE whatever the
+#: config says (``models/dots3_common/modeling.py``: ``is_neox_style=False``).
+INTERLEAVED_INDEXER_ARCHS = frozenset({"Dots3NoteForCausalLM", "Dots3NoteForCausalLMNextN"})
+#: SGLang's environment switch to its unfused DSA indexer (which applies the Hadamard rotation).
+INDEXER_FUSION_ENV = "SGLANG_DISABLE_DSA_INDEXER_FUSION"
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,12 @@ class ModelFacts:
         index_head_dim: indexer head dimension (``index_head_dim``), None if absent.
         index_n_heads: index heads ``H`` (``index_n_heads``), None if absent.
         index_kpool: tokens pooled per index key (``index_kpool``, default 1).
+        indexer_rope_interleave: the indexer's RoPE is interleaved, so SGLang
+            builds its ``Indexer`` with ``is_neox_style=False`` (the config's
+            ``indexer_rope_interleave``, e.g. GLM-5.2, or an architecture whose
+            indexer always is: ``INTERLEAVED_INDEXER_ARCHS``). On CUDA SGLang
+            then runs its fused indexer kernels, which do not apply the Hadamard
+            rotation to the index keys.
     """
 
     architecture: str | None
@@ -70,6 +86,7 @@ class ModelFacts:
     index_head_dim: int | None = None
     index_n_heads: int | None = None
     index_kpool: int = 1
+    indexer_rope_interleave: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,9 @@ class ServerFacts:
             external linker (pools whose entries are sized by other code).
         external_kv_store: names of external KV stores in use (``"flexkv"``,
             ``"lmcache"``), empty if none.
+        indexer_fusion_disabled: SGLang's ``SGLANG_DISABLE_DSA_INDEXER_FUSION``
+            is set: its unfused indexer runs, which applies the Hadamard
+            rotation whatever the RoPE style.
     """
 
     requested: bool
@@ -110,6 +130,7 @@ class ServerFacts:
     hybrid_pool: str = ""
     unified_memory: bool = False
     external_kv_store: str = ""
+    indexer_fusion_disabled: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,6 +180,27 @@ def supported_heads() -> tuple[int, ...]:
     return tuple(SUPPORTED_HEADS)
 
 
+def index_key_rotation(model: ModelFacts, server: ServerFacts) -> tuple[bool, str]:
+    """Whether SGLang applies the Hadamard rotation to this model's index keys on CUDA, and why.
+
+    SGLang 0.5.23 (``layers/attention/dsa/dsa_indexer.py``) runs its fused
+    indexer kernels, which skip the rotation of q and k, exactly when the
+    indexer's RoPE is interleaved (``is_neox_style`` false) and
+    ``SGLANG_DISABLE_DSA_INDEXER_FUSION`` is not set; otherwise q and k are
+    rotated before quantization.
+
+    Returns:
+        ``(rotated, text)``.
+    """
+    if not model.indexer_rope_interleave:
+        return True, "rotated (NeoX-style indexer RoPE: SGLang's unfused indexer applies the Hadamard rotation)"
+    if server.indexer_fusion_disabled:
+        return True, (f"rotated (interleaved indexer RoPE with {INDEXER_FUSION_ENV}=1: SGLang's unfused indexer "
+                      "applies the Hadamard rotation)")
+    return False, ("not rotated (interleaved indexer RoPE: SGLang's fused indexer kernels skip the Hadamard "
+                   f"rotation; {INDEXER_FUSION_ENV}=1 selects the unfused indexer, which applies it)")
+
+
 def _check_types(model, server, device) -> None:
     for name, value, cls in (("model", model, ModelFacts), ("server", server, ServerFacts), ("device", device, DeviceFacts)):
         if not isinstance(value, cls):
@@ -171,8 +213,9 @@ def decide(model: ModelFacts, server: ServerFacts, device: DeviceFacts) -> Decis
     Checks, in this order, and collects every reason that applies: requested;
     DeepSeek-V4 (SGLang has its own FP4 indexer for it); DSA model; index head
     dim 128; index head count in ``supported_heads()``; ``index_kpool == 1``;
-    64-token index page; CUDA device with capability >= 8.9; then the parallel
-    and cache features the FP4 layout does not handle yet.
+    64-token index page; on CUDA, index keys Hadamard-rotated
+    (``index_key_rotation``); CUDA device with capability >= 8.9; then the
+    parallel and cache features the FP4 layout does not handle yet.
 
     Args:
         model: facts about the model (``ModelFacts``).
@@ -231,6 +274,15 @@ def decide(model: ModelFacts, server: ServerFacts, device: DeviceFacts) -> Decis
                 "page_size",
                 f"the index page is {server.page_size // kpool} tokens; the FP4 cache uses {FP4_INDEX_PAGE_SIZE}-token pages",
                 f"use --page-size {FP4_INDEX_PAGE_SIZE * kpool} (SGLang's default for DSA models)",
+            ))
+        if device.kind == "cuda" and not index_key_rotation(model, server)[0]:
+            reasons.append((
+                "unrotated_keys",
+                f"{arch}'s indexer uses interleaved RoPE, for which SGLang runs its fused indexer kernels, and "
+                "those skip the Hadamard rotation of the index keys; without it MXFP4's 32-element group scales "
+                "see the raw outlier channels and the top-k loses recall",
+                f"set {INDEXER_FUSION_ENV}=1 (SGLang's unfused indexer, which applies the rotation) to use the FP4 "
+                "indexer, or drop --enable-fp4-indexer",
             ))
 
     if device.kind != "cuda":

@@ -182,37 +182,75 @@ def read_index_k(
 
 
 def copy_slots(
-    cache: torch.Tensor, dst_slots: torch.Tensor, src_slots: torch.Tensor, page_size: int = PAGE_SIZE
+    cache: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    page_size: int = PAGE_SIZE,
+    *,
+    check: bool = True,
 ) -> None:
     """Copy whole tokens (payload and scale planes) from ``src_slots`` to ``dst_slots`` in place.
 
     The FP4 counterpart of SGLang's ``IndexKeyCache.move``: token-granular, so
     the other rows of a page are untouched. Scale rows go through ``scale_row``.
     All sources are read before any destination is written (torch advanced
-    indexing), as in SGLang's move.
+    indexing), as in SGLang's move; where two pairs name the same destination,
+    which source lands there is unspecified (as in SGLang's).
 
     Args:
         cache: uint8 ``[num_pages, page_size * 68]`` one layer's FP4 cache.
-        dst_slots, src_slots: integer ``[N]`` slots, ``0 <= s < num_pages * page_size``.
+        dst_slots, src_slots: integer ``[N]`` slots on the cache's device.
+        check: ``True``: validate the slots on the host (a sync) and raise on
+            a slot outside ``0 <= s < num_pages * page_size``. ``False`` (the
+            serving path: no host sync, capturable in a CUDA graph): a pair
+            with either slot outside that range is skipped on the device --
+            nothing is read or written for it -- and every other pair is copied.
 
     Raises:
-        ValueError: bad cache, mismatched lengths, or a slot out of range.
+        ValueError: bad cache, mismatched lengths, a non-integer slot tensor;
+            with ``check`` also a slot out of range.
     """
     check_cache(cache, page_size)
     dst = dst_slots.reshape(-1)
     src = src_slots.reshape(-1)
     if dst.shape[0] != src.shape[0]:
         raise ValueError(f"dst_slots, src_slots: lengths differ ({dst.shape[0]} vs {src.shape[0]})")
+    for name, t in (("dst_slots", dst), ("src_slots", src)):
+        if t.dtype.is_floating_point or t.dtype == torch.bool or t.dtype.is_complex:
+            raise ValueError(f"{name}: expected an integer tensor, got {t.dtype}")
     if dst.numel() == 0:
         return
-    dst_page, dst_row = slot_to_page_row(dst, page_size)
-    src_page, src_row = slot_to_page_row(src, page_size)
-    if max(int(dst_page.max()), int(src_page.max())) >= cache.shape[0]:
-        raise ValueError(f"slots: a slot is past the cache's {cache.shape[0] * page_size} slots")
+    if check:
+        dst_page, dst_row = slot_to_page_row(dst, page_size)
+        src_page, src_row = slot_to_page_row(src, page_size)
+        if max(int(dst_page.max()), int(src_page.max())) >= cache.shape[0]:
+            raise ValueError(f"slots: a slot is past the cache's {cache.shape[0] * page_size} slots")
+    else:
+        dst, src = _in_range_pairs(dst.to(torch.int64), src.to(torch.int64), cache.shape[0] * page_size)
+        dst_page, dst_row = dst // page_size, dst % page_size
+        src_page, src_row = src // page_size, src % page_size
     payload = payload_plane(cache, page_size)
     scales = scale_plane(cache, page_size)
     payload[dst_page, dst_row] = payload[src_page, src_row]
     scales[dst_page, scale_row(dst_row, page_size)] = scales[src_page, scale_row(src_row, page_size)]
+
+
+def _in_range_pairs(dst: torch.Tensor, src: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dst, src)`` int64 with every pair that has a slot outside ``[0, num_slots)`` replaced, on the device.
+
+    A replaced pair becomes a copy of the first in-range pair (the same source to
+    the same destination again: the scatter writes identical bytes twice), or,
+    when no pair is in range, slot 0 onto itself (all sources are read before
+    any write, so it writes the bytes slot 0 already holds). Either way it reads
+    and writes in bounds and changes nothing. No host sync.
+    """
+    ok = (dst >= 0) & (dst < num_slots) & (src >= 0) & (src < num_slots)
+    # The first in-range pair (0 when there is none), as a [1] index: index_select, not a Python scalar.
+    first = torch.argmax(ok.to(torch.int8)).reshape(1)
+    any_ok = ok.index_select(0, first)
+    fill_dst = torch.where(any_ok, dst.index_select(0, first), 0)
+    fill_src = torch.where(any_ok, src.index_select(0, first), 0)
+    return torch.where(ok, dst, fill_dst), torch.where(ok, src, fill_src)
 
 
 @dataclass(frozen=True)

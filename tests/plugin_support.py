@@ -29,6 +29,9 @@ GLM5 = {
     "index_head_dim": 128, "index_n_heads": 32, "num_hidden_layers": 78,
     "kv_lora_rank": 512, "qk_rope_head_dim": 64,
 }
+#: GLM-5.2: GLM-5's geometry with interleaved indexer RoPE (SGLang's DeepSeek-V2 model reads
+#: ``indexer_rope_interleave`` and builds the Indexer with ``is_neox_style=False``).
+GLM52 = {**GLM5, "indexer_rope_interleave": True}
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32}
 
 
@@ -59,8 +62,13 @@ def stand_in_kvc(cfg: dict, server_args, *, num_layers: int | None = None, is_dr
     gate's device facts are given separately (``H200``).
 
     Carries the attributes SGLang's ``_build_dsa_kv_pool`` / sizing methods and
-    the plugin's ``decision_for_kvc`` read.
+    the plugin's ``decision_for_kvc`` read. ``loc_space_scale`` and
+    ``pool_page_size`` are SGLang's own properties evaluated on it (under
+    ``--dcp-size W`` a draft worker's are ``W`` and ``64 * W``), so call it
+    inside the published runtime context the test describes.
     """
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+
     layers = cfg.get("num_hidden_layers", 2) if num_layers is None else num_layers
     model_config = types.SimpleNamespace(
         hf_config=hf_config(cfg),
@@ -68,9 +76,12 @@ def stand_in_kvc(cfg: dict, server_args, *, num_layers: int | None = None, is_dr
         qk_rope_head_dim=cfg.get("qk_rope_head_dim", 64),
     )
     layer_info = types.SimpleNamespace(start_layer=0, end_layer=layers, num_effective_layers=layers)
-    return types.SimpleNamespace(
+    kvc = types.SimpleNamespace(
         model_config=model_config, server_args=server_args, is_draft_worker=is_draft_worker,
-        device="cpu", gpu_id=0, page_size=64, pool_page_size=64, kv_shard_rank=None,
-        is_hybrid_swa=False, mambaish_config=None, layer_info=layer_info, loc_space_scale=1,
+        device="cpu", gpu_id=0, page_size=64, kv_shard_rank=None,
+        is_hybrid_swa=False, mambaish_config=None, layer_info=layer_info,
         kv_cache_dtype=torch.bfloat16, use_mla_backend=True,
     )
+    kvc.loc_space_scale = KVCacheConfigurator.loc_space_scale.fget(kvc)
+    kvc.pool_page_size = KVCacheConfigurator.pool_page_size.fget(kvc)
+    return kvc

@@ -137,6 +137,25 @@ def test_bad_input_raises(mutate, match):
         paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens)
 
 
+def test_index_tensor_errors_say_what_is_wrong():
+    # Each message names the argument and the one property that is off (dtype, shape, or contiguity).
+    case = make_paged_case([70, 5], heads=32, seed=1)
+    q, w, cache, bt, lens = case.q, case.weights, case.cache, case.block_table, case.context_lens
+    strided_lens = torch.stack([lens, lens], dim=1)[:, 0]  # int32 [2], stride 2
+    strided_bt = bt.t().contiguous().t()  # int32 [2, 2], column-major
+    assert strided_lens.dtype == torch.int32 and not strided_lens.is_contiguous() and not strided_bt.is_contiguous()
+    for args, match in (
+        ((q, w, cache, bt, strided_lens), r"^context_lens: expected a contiguous tensor, got shape \[2\] with strides \[2\]"),
+        ((q, w, cache, strided_bt, lens), r"^block_table: expected a contiguous tensor, got shape \[2, 2\]"),
+        ((q, w, cache, bt, lens.long()), r"^context_lens: expected int32, got torch.int64$"),
+        ((q, w, cache, bt.long(), lens), r"^block_table: expected int32, got torch.int64$"),
+        ((q, w, cache, bt, lens[:1]), r"^context_lens: expected shape \[2\] or \[2, 1\], got \[1\]$"),
+        ((q, w, cache, bt[0], lens), r"^block_table: expected shape \[B, max_pages\], got \[2\]$"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            paged_logits(*args)
+
+
 def test_bad_width_out_schedule_raise():
     case = make_paged_case([70, 5], heads=32, seed=1)
     args = (case.q, case.weights, case.cache, case.block_table, case.context_lens)
@@ -282,3 +301,119 @@ def test_clean_logits_false_leaves_the_tail_past_the_last_page(impl):
         assert torch.equal(out[r, :written], clean[r, :written])
         assert torch.isnan(out[r, written:]).all()
         assert torch.equal(torch.isfinite(clean[r]), torch.isfinite(ref[r]))
+
+
+def _rel_within(rel=REL):
+    """``within(got, ref, case, width)``: ``|got - ref| <= rel * term_bound`` on the finite reference entries."""
+    def within(got, ref, case, width):
+        fin = torch.isfinite(ref)
+        allowed = (rel * term_bound(case, width)).to(got.device)
+        assert torch.all((got.double() - ref.double()).abs()[fin] <= allowed[fin] + 1e-30)
+    return within
+
+
+def unchecked_lengths_past_the_block_table(impl, device="cpu", within=_rel_within()):
+    """check=False with rows longer than the block table holds: keys past max_pages * 64 are not read (not the
+    next request's row, not past the tensor for the last one) and their columns are -inf; the keys the table
+    holds are scored as the reference scores them (``within`` asserts the error bound)."""
+    from sglang_fp4_indexer.reference import expand_context_lens
+
+    case = make_paged_case([128, 100], next_n=2, heads=32, seed=51, device=device)  # 2 pages per row
+    assert case.block_table.shape[1] == 2
+    long_lens = torch.tensor([200, 190], dtype=torch.int32, device=device)
+    width = 256
+    out = torch.full((4, width), float("nan"), device=device)
+    paged_logits(case.q, case.weights, case.cache, case.block_table, long_lens, width=width, out=out, impl=impl,
+                 block_kv=64, schedule=plan_paged_schedule(long_lens, 64, 3), check=False)
+    # Oracle: row i of request b sees ctx - next_n + 1 + i keys, of which the table holds the first 128.
+    case.context_lens = expand_context_lens(long_lens.cpu(), 2).clamp(max=128).to(torch.int32).to(device)
+    assert case.context_lens.tolist() == [[128, 128], [128, 128]]
+    ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width)
+    assert torch.all(out[:, 128:] == float("-inf")), "a column past the block table was scored"
+    assert torch.equal(torch.isfinite(ref).to(out.device), torch.isfinite(out))
+    within(out, ref, case, width)
+
+
+def unchecked_negative_schedule_entry(impl, device="cpu", within=_rel_within()):
+    """A corrupt schedule whose first entry names request -2 and key block -1: the kernel clamps them to 0,
+    so nothing is written before ``out`` and the logits are the reference's."""
+    case = make_paged_case([70, 130], next_n=1, heads=32, seed=52, device=device)
+    sched = plan_paged_schedule(case.context_lens, 64, 3)
+    assert sched[0].tolist() == [0, 0]
+    sched[0] = torch.tensor([-2, -1], dtype=torch.int32, device=sched.device)
+    guard = 4
+    buf = torch.full((guard + 2, 192), 7.0, device=device)
+    out = buf[guard:]
+    paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, out=out, impl=impl,
+                 block_kv=64, schedule=sched, check=False)
+    assert torch.all(buf[:guard] == 7.0), "the kernel wrote before out"
+    ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=192)
+    assert torch.equal(torch.isfinite(ref).to(out.device), torch.isfinite(out))
+    within(out, ref, case, 192)
+
+
+def _nan_queries(q):
+    """e4m3 ``q`` with NaN bytes (0x7F and 0xFF) in a few elements of several heads, and the same queries
+    with those elements 0 (what check=False promises to read)."""
+    bits = q.view(torch.uint8).clone()
+    bits[0, 3, 7] = 0x7F
+    bits[0, 3, 100] = 0xFF
+    bits[1, 0, 0] = 0x7F
+    bits[-1, -1, 127] = 0xFF
+    zeroed = bits.clone()
+    zeroed[(zeroed & 0x7F) == 0x7F] = 0
+    return bits.view(torch.float8_e4m3fn), zeroed.view(torch.float8_e4m3fn)
+
+
+def unchecked_nan_query_elements(impl, device="cpu", within=_rel_within()):
+    """check=False reads a NaN element of e4m3 q as 0 (check=True refuses it)."""
+    case = make_paged_case([70, 130], next_n=2, heads=32, seed=53, device=device)
+    nan_q, zeroed = _nan_queries(case.q)
+    assert int(torch.isnan(nan_q.float()).sum()) == 4
+    sched = plan_paged_schedule(case.context_lens, 64, 3)
+    got = paged_logits(nan_q, case.weights, case.cache, case.block_table, case.context_lens, impl=impl,
+                       block_kv=64, schedule=sched, check=False)
+    case.q = zeroed
+    ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens)
+    assert torch.equal(torch.isfinite(ref).to(got.device), torch.isfinite(got))
+    within(got, ref, case, got.shape[1])
+    with pytest.raises(ValueError, match="q: holds NaN"):
+        paged_logits(nan_q, case.weights, case.cache, case.block_table, case.context_lens, impl=impl, block_kv=64)
+
+
+@pytest.mark.parametrize("impl", ["folded", "group", "scaled"])
+def test_unchecked_lengths_past_the_block_table_are_masked(impl):
+    unchecked_lengths_past_the_block_table(impl)
+
+
+@pytest.mark.parametrize("impl", ["folded", "group", "scaled"])
+def test_unchecked_negative_schedule_entry_writes_nothing_before_out(impl):
+    unchecked_negative_schedule_entry(impl)
+
+
+@pytest.mark.parametrize("impl", ["folded", "group", "scaled"])
+def test_unchecked_nan_query_elements_are_read_as_zero(impl):
+    unchecked_nan_query_elements(impl)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["folded", "group", "scaled"])
+def test_gpu_unchecked_reads_and_writes_stay_in_bounds(impl):
+    # The three check=False cases on the GPU's Triton kernels (FP8 MMA: the narrow-accumulation bound).
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    for run in (unchecked_lengths_past_the_block_table, unchecked_negative_schedule_entry, unchecked_nan_query_elements):
+        run(impl, "cuda", _rel_within(1e-3))
+
+
+def test_unchecked_nan_bf16_query_elements_are_read_as_zero():
+    case = make_paged_case([70], heads=32, seed=54, q_dtype=torch.bfloat16)
+    q = case.q.clone()
+    q[0, 5, 9] = float("nan")
+    zeroed = q.nan_to_num(nan=0.0)
+    got = paged_logits(q, case.weights, case.cache, case.block_table, case.context_lens, check=False,
+                       schedule=plan_paged_schedule(case.context_lens, DEFAULT_BLOCK_KV, 2), block_kv=DEFAULT_BLOCK_KV)
+    case.q = zeroed
+    ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens)
+    assert torch.equal(torch.isfinite(ref), torch.isfinite(got))
+    _rel_within()(got, ref, case, got.shape[1])

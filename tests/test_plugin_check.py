@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin_support import DSV32, GLM5, LLAMA
+from plugin_support import DSV32, GLM5, GLM52, LLAMA
 from sglang_fp4_indexer.cli import main
 
 pytestmark = pytest.mark.sglang
@@ -151,6 +151,32 @@ def test_refused_memory_rows_are_labelled_hypothetical(tmp_path, capsys, argv, c
     assert f"FP4 (refused) 68 724 {61 * 724} {t4}" in out and "what FP4 would give if the refusal were lifted" in out
     assert "extra KV tokens with FP4" not in out
     assert f"if the refusal were lifted, FP4 would add {t4 - t8} KV tokens (+{(t4 / t8 - 1) * 100:.1f} %)" in out
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["sglang", "config-keys"])
+def test_glm5_index_key_rotation_decides_and_is_reported(tmp_path, capsys, monkeypatch, blocked):
+    """GLM-5 / 5.1 (NeoX indexer RoPE): SGLang rotates the index keys, FP4 is enabled. GLM-5.2 (interleaved):
+    SGLang's fused indexer skips the rotation, so FP4 is refused with that reason and the fix; with SGLang's
+    SGLANG_DISABLE_DSA_INDEXER_FUSION=1 (its unfused, rotating indexer) it is enabled. ``check`` prints which."""
+    monkeypatch.delenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", raising=False)
+    if blocked:
+        monkeypatch.setitem(sys.modules, "sglang", None)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    code, out = _run(capsys, _write(tmp_path / "a", GLM5), "--capability", "9.0")
+    assert code == 0 and "ENABLED" in out
+    assert "index keys: rotated (NeoX-style indexer RoPE: SGLang's unfused indexer applies the Hadamard rotation)" in out
+    glm52 = _write(tmp_path / "b", GLM52)
+    code, out = _run(capsys, glm52, "--capability", "9.0")
+    assert code == 1 and "DISABLED" in out
+    assert "index keys: not rotated (interleaved indexer RoPE: SGLang's fused indexer kernels skip the Hadamard" in out
+    assert ("GlmMoeDsaForCausalLM's indexer uses interleaved RoPE, for which SGLang runs its fused indexer kernels, "
+            "and those skip the Hadamard rotation of the index keys") in out
+    assert "fix: set SGLANG_DISABLE_DSA_INDEXER_FUSION=1 (SGLang's unfused indexer, which applies the rotation)" in out
+    monkeypatch.setenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", "1")
+    code, out = _run(capsys, glm52, "--capability", "9.0")
+    assert code == 0 and "ENABLED" in out
+    assert "index keys: rotated (interleaved indexer RoPE with SGLANG_DISABLE_DSA_INDEXER_FUSION=1" in out
 
 
 def test_config_reporting(tmp_path, capsys):

@@ -226,6 +226,81 @@ def test_hooked_store_writes_owned_slots_and_move_cpu_copy(plugin, monkeypatch):
         assert torch.equal(cache[1:2], copy[0][0])
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_draft_pool_under_dcp_holds_every_slot(plugin, world, monkeypatch):
+    """Under --dcp-size W SGLang builds the MTP/EAGLE draft pool with ``page_size = 64 W`` and ``dcp_replicated``
+    (``loc_space_scale`` W): its index cache must hold W 64-token pages per pool row, as SGLang's FP8 one does.
+    Store, score and move reach the last slots of the widened space, and the bytes SGLang charges for the draft's
+    index cell in the target's sizing are the bytes the draft pool allocates."""
+    from test_plugin_indexer import _batch, _forward, _indexer, _metadata, _queries
+
+    from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
+
+    from sglang_fp4_indexer import pool as fp4_pool
+    from sglang_fp4_indexer.format import dequantize_index_k
+    from sglang_fp4_indexer.reference import paged_logits_reference
+
+    target_tokens = 512  # per-rank rows of the target pool; SGLang widens the draft's by loc_space_scale
+    with published(page_size=64, dcp_size=world, tp_size=world):
+        fp8_kvc = stand_in_kvc(DSV32, _server_args(), num_layers=1, is_draft_worker=True)
+        assert (fp8_kvc.loc_space_scale, fp8_kvc.pool_page_size) == (world, 64 * world)  # SGLang's own rule
+        draft_tokens = target_tokens * fp8_kvc.loc_space_scale  # as _derive_pool_sizes passes it
+        fp8 = _build(fp8_kvc, draft_tokens)
+        plugin.reset_state()
+        kvc = stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer"), num_layers=1, is_draft_worker=True)
+        p4 = _build(kvc, draft_tokens)
+        conf = object.__new__(DefaultPoolConfigurator)
+        target_kvc = stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer"), num_layers=61)
+        draft_cell = conf._compute_dsa_indexer_cell_size(kvc=target_kvc, num_layers=1, allocate_all_layers=True)
+    assert plugin.is_fp4_pool(p4) and p4.index_page_size == 64 and p4.page_size == 64 * world
+    cache8 = fp8.get_index_k_with_scale_buffer(0)
+    cache = p4.get_index_k_with_scale_buffer(0)
+    # SGLang's FP8 view and ours: the same number of 64-token pages, enough for every slot of the pool.
+    assert cache.shape == (cache8.shape[0], 64 * 68) and cache8.shape[1] == 64 * 132
+    assert cache.shape[0] * 64 >= p4.size + 1
+    assert cache.data_ptr() == p4.index_key_cache.buffer[0].data_ptr()
+    # Sizing: SGLang multiplies the draft's index cell (68 B for its one layer) by W per target token; that is
+    # what the draft pool allocates per target token (up to its one spare page row).
+    assert draft_cell == 68
+    allocated = p4.index_key_cache.buffer[0].nbytes
+    assert 0 <= allocated - target_tokens * draft_cell * world <= 2 * 64 * world * 68
+
+    # Store through the hooked Indexer at the first and the last slots of the widened space.
+    g = torch.Generator().manual_seed(world)
+    last = cache.shape[0] * 64
+    slots = torch.cat([torch.arange(0, 70), torch.arange(last - 192, last)])
+    keys = torch.randn(slots.numel(), 128, generator=g).to(torch.bfloat16)
+    ix = _indexer(64)
+    with _forward(p4):
+        ix._store_index_k_cache(_batch("EXTEND", out_cache_loc=slots), 0, keys, out_cache_loc=slots)
+    want = quantize_index_k(keys)
+    got = fp4_pool.read_index_k(cache, slots)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+    # Score a draft-decode request whose pages are the last ones of the pool (SGLang runs the draft without
+    # DCP: its page table is in 64-token pages of the widened space).
+    n = 130
+    table = torch.tensor([[last // 64 - 3, last // 64 - 2, last // 64 - 1]], dtype=torch.int32)
+    seqlens = torch.tensor([n], dtype=torch.int32)
+    md = _metadata(cache_seqlens=seqlens, seqlens_expanded=seqlens, table=table, extend_lens=[1])
+    q, w = _queries(1, 64, seed=world + 1)
+    with _forward(p4):
+        ix._get_topk_paged(_batch("DECODE"), 0, q, w, md)
+    ref = paged_logits_reference(q, w[:, :, 0], cache, table, seqlens)
+    key_vals = dequantize_index_k(*fp4_pool.read_index_k(cache, torch.arange(last - 192, last - 192 + n)))
+    bound = (key_vals.double().abs() @ q[0].double().abs().t()) @ w[0, :, 0].double().abs()
+    seen = md.seen[0]
+    assert torch.all(torch.isfinite(seen[0, :n])) and torch.all(seen[0, n:192] == float("-inf"))
+    assert torch.all((seen[0, :n].double() - ref[0, :n].double()).abs() <= 2e-5 * bound + 1e-30)
+
+    # Move (SGLang's move_kv_cache): from the last slots to the first ones, and back into the last page.
+    src, dst = torch.tensor([last - 1, last - 100, 5]), torch.tensor([3, 64, last - 2])
+    moved = fp4_pool.read_index_k(cache, src)
+    p4.move_kv_cache(dst, src)
+    after = fp4_pool.read_index_k(cache, dst)
+    assert torch.equal(after[0], moved[0]) and torch.equal(after[1], moved[1])
+
+
 # ---------------------------------------------------------------------------
 # Multi-process: the hooked Indexer on W = 2 sharded pools (gloo)
 # ---------------------------------------------------------------------------

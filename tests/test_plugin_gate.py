@@ -100,6 +100,7 @@ GOOD = ModelFacts("DeepseekV32ForCausalLM", True, False, 128, 64, 1)
         (GOOD, ServerFacts(True, 64, hybrid_pool="hybrid sliding-window (SWA)"), H200, "hybrid_pool"),
         (GOOD, ServerFacts(True, 64, unified_memory=True), H200, "unified_memory"),
         (GOOD, ServerFacts(True, 64, external_kv_store="flexkv"), H200, "external_kv_store"),
+        (ModelFacts("X", True, False, 128, 32, 1, True), ON, H200, "unrotated_keys"),
     ],
 )
 def test_each_refusal(model, server, device, code):
@@ -107,6 +108,44 @@ def test_each_refusal(model, server, device, code):
     assert not d.enabled
     assert d.codes == (code,)
     assert d.reason and d.fix
+
+
+def test_interleaved_indexer_rope_needs_sglangs_unfused_indexer():
+    interleaved = ModelFacts("GlmMoeDsaForCausalLM", True, False, 128, 32, 1, True)
+    refused = decide(interleaved, ON, H200)
+    assert "skip the Hadamard rotation" in refused.reason and "SGLANG_DISABLE_DSA_INDEXER_FUSION=1" in refused.fix
+    assert decide(interleaved, ServerFacts(True, 64, indexer_fusion_disabled=True), H200).enabled
+    assert gate.index_key_rotation(interleaved, ON)[0] is False
+    assert gate.index_key_rotation(GOOD, ON)[0] is True
+    # Off CUDA the device refusal alone applies (the fused kernels are CUDA's).
+    assert decide(interleaved, ON, DeviceFacts("rocm")).codes == ("device",)
+
+
+@pytest.mark.sglang
+def test_interleaved_indexer_rope_is_read_as_sglangs_models_read_it():
+    """The fact mirrors SGLang 0.5.23's choice of the fused (unrotated) indexer; if an upgrade moves it, this names
+    the site: DeepSeek-V2-family layers (DeepSeek-V3.2, GLM-5.x) take ``is_neox_style`` from
+    ``indexer_rope_interleave``, Dots3 always builds interleaved, the Indexer fuses (and skips the rotation)
+    exactly for interleaved RoPE on CUDA unless SGLANG_DISABLE_DSA_INDEXER_FUSION is set."""
+    import inspect
+
+    from sglang.srt.layers.attention.dsa import dsa_indexer
+    from sglang.srt.models import deepseek_v2
+    from sglang.srt.models.dots3_common import modeling as dots3
+
+    from sglang_fp4_indexer.sglang_plugin.facts import indexer_fusion_disabled, indexer_rope_interleaved
+
+    assert 'is_neox_style = not getattr(config, "indexer_rope_interleave", False)' in inspect.getsource(deepseek_v2)
+    assert "is_neox_style=False" in inspect.getsource(dots3)
+    init = " ".join(inspect.getsource(dsa_indexer.Indexer.__init__).split())
+    assert ("self.use_dsa_indexer_fusion = ( _is_cuda and not envs.SGLANG_DISABLE_DSA_INDEXER_FUSION.get() "
+            "and not is_neox_style )") in init
+    rotate = " ".join(inspect.getsource(dsa_indexer.Indexer._maybe_rotate).split())
+    assert "if self.use_dsa_indexer_fusion or self.use_aiter_fused_fp8_writer: return x" in rotate
+    for cfg, want in ((GLM5, False), ({**GLM5, "indexer_rope_interleave": True}, True), (DSV32, False),
+                      ({**DSV32, "architectures": ["Dots3NoteForCausalLM"]}, True)):
+        assert indexer_rope_interleaved(cfg) is want and _model(cfg).indexer_rope_interleave is want
+    assert indexer_fusion_disabled() is False
 
 
 def test_page_size_default_and_supported_heads():

@@ -252,27 +252,86 @@ def _verify_case(env, heads, next_n, lens, seed):
     return ix, table, table_rows, cache_seqlens, per_row, q, w, keys
 
 
+class _ScorerSpy:
+    """Records the ``context_lens`` / ``block_table`` / ``schedule`` of every ``ops.paged_logits.paged_logits`` call
+    (then calls it): which form of the lengths reached the scorer."""
+
+    def __init__(self, monkeypatch):
+        from sglang_fp4_indexer.ops import paged_logits as paged
+
+        self.calls = []
+        real = paged.paged_logits
+
+        def spy(q, weights, cache, block_table, context_lens, **kw):
+            self.calls.append((block_table.clone(), context_lens.clone(), kw.get("schedule")))
+            return real(q, weights, cache, block_table, context_lens, **kw)
+
+        monkeypatch.setattr(paged, "paged_logits", spy)
+
+
+@pytest.mark.parametrize("heads", [32, 64])
 @pytest.mark.parametrize("next_n", [2, 3, 4])
-def test_target_verify_per_row_lengths(env, next_n):
-    """SGLang's default verify form: ctx [rows, 1] = seqlens_expanded, page table repeat-interleaved."""
+def test_target_verify_reaches_the_scorer_in_the_request_form(env, next_n, heads, monkeypatch):
+    """Below SM100 SGLang builds verify lengths per row ([rows, 1], page table repeat-interleaved); with FP4 its
+    own _build_paged_mqa_schedule_2d_ctx_lens (hooked) gives [B, next_n], the published schedule is planned on
+    them, and one scorer call takes each request's next_n rows with one page-table row each (every key read
+    once per request). The logits are the per-row oracle's, -inf past each row's own causal length."""
     from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    ix, table, table_rows, cache_seqlens, per_row, q, w, keys = _verify_case(env, 32, next_n, [70, 130], 10 + next_n)
+    ix, table, table_rows, cache_seqlens, per_row, q, w, keys = _verify_case(env, heads, next_n, [70, 130],
+                                                                             10 + next_n + heads)
     expanded = per_row.reshape(-1).contiguous()
-    # SGLang's own choice of the 2-D lengths for this mode (no SM100 here: the per-row form).
-    backend = types.SimpleNamespace(speculative_num_draft_tokens=next_n)
+    backend = types.SimpleNamespace(speculative_num_draft_tokens=next_n)  # the fields the method reads
     ctx2d = DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens(
         backend, ForwardMode.TARGET_VERIFY, cache_seqlens, expanded, 2
     )
-    assert ctx2d.shape == (2 * next_n, 1)
+    assert ctx2d.shape == (2, next_n) and torch.equal(ctx2d, per_row)
+    assert ctx2d.data_ptr() == expanded.data_ptr()  # a view of SGLang's lengths, as its own [rows, 1] form is
+    sched = _schedule(ctx2d)
     md = _metadata(cache_seqlens=cache_seqlens, seqlens_expanded=expanded, table=table_rows,
-                   extend_lens=[next_n] * 2, ctx2d=ctx2d, schedule=_schedule(ctx2d))
+                   extend_lens=[next_n] * 2, ctx2d=ctx2d, schedule=sched)
+    spy = _ScorerSpy(monkeypatch)
     idx = _run_paged(env, ix, "TARGET_VERIFY", md, q, w)
+    assert len(spy.calls) == 1
+    got_table, got_lens, got_sched = spy.calls[0]
+    assert torch.equal(got_lens, per_row) and torch.equal(got_table, table)  # request form, one row per request
+    assert got_sched is sched
     ref = paged_logits_reference(q, w[:, :, 0], env.cache, table, per_row)
     bound = _bound(q, w[:, :, 0], keys)
     _check_logits(md.seen[0], ref, bound)
     _check_topk(idx, ref, expanded, TOPK, [REL * b.max() for b in bound])
+
+
+def test_request_form_only_for_fp4_verify_within_the_tile(env):
+    """The hook leaves SGLang's lengths alone for decode, draft extend, more draft tokens than one tile takes
+    (the per-row form), SGLang's own [B, next_n] form (SM100), and a process without the FP4 cache."""
+    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_fp4_indexer.ops.paged_logits import MAX_NEXT_N
+    from sglang_fp4_indexer.sglang_plugin import metadata as hooks
+    from sglang_fp4_indexer.sglang_plugin import pool as plugin_pool
+
+    build = DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens
+    lens = torch.tensor([40, 90], dtype=torch.int32)
+    for mode, next_n in ((ForwardMode.DECODE, 2), (ForwardMode.DRAFT_EXTEND_V2, 2),
+                         (ForwardMode.TARGET_VERIFY, MAX_NEXT_N + 1), (ForwardMode.TARGET_VERIFY, 1)):
+        expanded = expand_context_lens(lens, next_n).reshape(-1).to(torch.int32)
+        out = build(types.SimpleNamespace(speculative_num_draft_tokens=next_n), mode, lens, expanded, 2)
+        want = (lens if mode.is_decode() else expanded).view(-1, 1)
+        assert torch.equal(out, want), (mode, next_n)
+    full = lens.view(-1, 1).expand(-1, 3).contiguous()  # SGLang's SM100 form
+    assert hooks.build_paged_mqa_schedule_2d_ctx_lens(lambda *a: full, types.SimpleNamespace(speculative_num_draft_tokens=3),
+                                                      ForwardMode.TARGET_VERIFY, lens, full.reshape(-1), 2) is full
+    saved = dict(plugin_pool._state)
+    plugin_pool.reset_state()
+    try:
+        expanded = expand_context_lens(lens, 2).reshape(-1).to(torch.int32)
+        out = build(types.SimpleNamespace(speculative_num_draft_tokens=2), ForwardMode.TARGET_VERIFY, lens, expanded, 2)
+        assert out.shape == (4, 1)
+    finally:
+        plugin_pool._state.update(saved)
 
 
 def test_target_verify_request_form(env):

@@ -121,6 +121,10 @@ def test_sglang_publish_sites_go_through_the_hooked_seams():
         assert "resolve_paged_mqa_logits_metadata_fn()(" in src(getattr(B, name)), name
     for name in ("_apply_cuda_graph_metadata", "init_forward_metadata_replay_cuda_graph_from_precomputed"):
         assert "self._refresh_paged_mqa_schedule_metadata(" in src(getattr(B, name)), name
+    # Every site takes its lengths from the hooked builder (target verify in the request form with FP4).
+    for name in ("init_forward_metadata", "_build_forward_metadata_cuda_graph", "_apply_cuda_graph_metadata",
+                 "init_forward_metadata_replay_cuda_graph_from_precomputed"):
+        assert "self._build_paged_mqa_schedule_2d_ctx_lens(" in src(getattr(B, name)), name
     assert "resolve_paged_mqa_logits_metadata_fn()(" in src(B._refresh_paged_mqa_schedule_metadata)
     # Sibling copies copy the first step's schedule; the multi-step AFTER hook re-plans every step.
     assert "paged_mqa_schedule_metadata.copy_(" in src(DSAMetadataManagementMixin._copy_replay_metadata_from_sibling)

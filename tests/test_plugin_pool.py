@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plugin_support import DSV32, GLM5, H200, load, published, stand_in_kvc
+from plugin_support import DSV32, GLM5, GLM52, H200, load, published, stand_in_kvc
 from sglang_fp4_indexer import pool as fp4_pool
 from sglang_fp4_indexer.format import quantize_index_k
 
@@ -138,6 +138,29 @@ def test_move_copies_tokens_not_pages(plugin):
         assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
 
 
+def test_move_is_sync_free_and_matches_the_checked_copy(plugin):
+    """``Fp4IndexKeyCache.move`` reads no tensor value on the host (no ``int()``/``bool()``/``.item()``: each is a
+    GPU sync), gives the bytes of the checked ``pool.copy_slots`` on in-range pairs, and skips a pair with a slot
+    outside the cache instead of raising (no sync to find out)."""
+    from test_pool import _forbid_host_reads
+
+    p = _fp4_pool(plugin)
+    for layer, buf in enumerate(p.index_key_cache.buffer):
+        _fill(buf, torch.arange(0, 5 * 64), seed=20 + layer)
+    src = torch.tensor([3, 70, 130, 319, 7])
+    dst = torch.tensor([200, 5, 64, 1, 5 * 64])  # the last pair's destination is past the cache
+    want = []
+    for buf in p.index_key_cache.buffer:
+        ref = buf.clone()
+        fp4_pool.copy_slots(ref, dst[:4], src[:4])  # the checked copy, on the in-range pairs
+        want.append(ref)
+    with pytest.MonkeyPatch.context() as mp:
+        _forbid_host_reads(mp)
+        p.index_key_cache.move(dst, src)
+    for buf, ref in zip(p.index_key_cache.buffer, want):
+        assert torch.equal(buf, ref)
+
+
 def test_cpu_copy_round_trip_and_state_buf_infos(plugin, monkeypatch):
     # SGLang's cpu_copy/load_cpu_copy call torch.cuda.synchronize(); there is no CUDA here.
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
@@ -194,6 +217,34 @@ def test_capacity_with_fewer_index_layers():
     assert part.bytes_per_token_fp4 == 61 * 656 + 31 * 68
     with pytest.raises(ValueError, match="num_index_layers"):
         fp4_pool.capacity(10**9, num_index_layers=62)
+
+
+def test_interleaved_rope_model_keeps_fp8_with_one_warning(plugin, monkeypatch, caplog):
+    """GLM-5.2 (interleaved indexer RoPE): SGLang's fused indexer skips the Hadamard rotation, so the pool stays FP8
+    and the one warning says why and how to get FP4; with SGLANG_DISABLE_DSA_INDEXER_FUSION=1 the pool is FP4."""
+    import logging
+
+    from sglang_fp4_indexer import gate
+
+    monkeypatch.delenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", raising=False)
+    record = _server_args("--enable-fp4-indexer")
+    logging.getLogger().addHandler(caplog.handler)  # prepare_server_args' basicConfig(force=True) removed it
+    try:
+        with published(page_size=64), caplog.at_level(logging.WARNING, logger="sglang_fp4_indexer"):
+            p = _build(stand_in_kvc(GLM52, record, num_layers=2))
+            _build(stand_in_kvc(GLM52, record, num_layers=1, is_draft_worker=True))  # the MTP draft: no second line
+    finally:
+        logging.getLogger().removeHandler(caplog.handler)
+    assert not plugin.is_fp4_pool(p) and not plugin.fp4_active()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith("FP4 indexer disabled, SGLang keeps its FP8 indexer:")
+    assert "skip the Hadamard rotation of the index keys" in warnings[0]
+    assert "Fix: set SGLANG_DISABLE_DSA_INDEXER_FUSION=1" in warnings[0]
+    plugin.reset_state()
+    gate.reset_reports()
+    monkeypatch.setenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", "1")
+    with published(page_size=64):
+        assert plugin.is_fp4_pool(_build(stand_in_kvc(GLM52, record, num_layers=2)))
 
 
 def test_half_applied_plugin_keeps_fp8(plugin, monkeypatch, caplog):

@@ -210,3 +210,125 @@ def test_capacity_general_and_edge_cases():
 def test_capacity_rejects_bad_inputs(kwargs, name):
     with pytest.raises(ValueError, match=name):
         pool.capacity(**kwargs)
+
+
+def _move_oracle(cache: torch.Tensor, dst: list[int], src: list[int], page_size: int) -> torch.Tensor:
+    """Byte-level oracle of a token move: every source token's 64 + 4 bytes read first, then written at its
+    destination; a pair with a slot outside the cache is skipped."""
+    out = cache.clone()
+    slots = cache.shape[0] * page_size
+    taken = []
+    for d, s in zip(dst, src):
+        if 0 <= d < slots and 0 <= s < slots:
+            sp, sr = divmod(s, page_size)
+            taken.append((d, [int(cache[sp, _payload_offset(sr, i, page_size)]) for i in range(64)],
+                          [int(cache[sp, _scale_offset(sr, g, page_size)]) for g in range(4)]))
+    for d, payload, scales in taken:
+        dp, dr = divmod(d, page_size)
+        for i, v in enumerate(payload):
+            out[dp, _payload_offset(dr, i, page_size)] = v
+        for g, v in enumerate(scales):
+            out[dp, _scale_offset(dr, g, page_size)] = v
+    return out
+
+
+@pytest.mark.parametrize("page_size", [64, 16])
+def test_copy_slots_checked_and_unchecked_agree_on_in_range_pairs(page_size):
+    cache = _random_cache(4, page_size, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    slots = 4 * page_size
+    src = torch.randint(0, slots, (20,), generator=gen)
+    dst = torch.randperm(slots, generator=gen)[:20]  # distinct destinations (some of them also sources)
+    want = _move_oracle(cache, dst.tolist(), src.tolist(), page_size)
+    checked, unchecked = cache.clone(), cache.clone()
+    pool.copy_slots(checked, dst, src, page_size)
+    pool.copy_slots(unchecked, dst.to(torch.int32), src.to(torch.int32), page_size, check=False)
+    assert torch.equal(checked, want) and torch.equal(unchecked, want)
+
+
+def test_copy_slots_unchecked_skips_pairs_with_an_out_of_range_slot():
+    cache = _random_cache(3, 64, seed=7)
+    dst = [5, -1, 70, 191, 192, 130, 3]
+    src = [100, 9, -4, 2, 8, 10_000, 190]
+    got = cache.clone()
+    pool.copy_slots(got, torch.tensor(dst), torch.tensor(src), check=False)
+    want = _move_oracle(cache, dst, src, 64)
+    assert torch.equal(got, want)
+    changed = {s for s in range(3 * 64) if not torch.equal(pool.read_index_k(got, torch.tensor([s]))[0],
+                                                             pool.read_index_k(cache, torch.tensor([s]))[0])}
+    assert changed <= {5, 191, 3}  # only the destinations of the in-range pairs
+    # Nothing in range at all: nothing changes (also pair 0 is out of range).
+    none = cache.clone()
+    pool.copy_slots(none, torch.tensor([-1, 500]), torch.tensor([0, 1]), check=False)
+    assert torch.equal(none, cache)
+    # The checked form refuses the same input.
+    with pytest.raises(ValueError, match="past the cache"):
+        pool.copy_slots(cache.clone(), torch.tensor([5, 192]), torch.tensor([100, 8]))
+
+
+def test_copy_slots_unchecked_refuses_bad_arguments():
+    cache = _random_cache(2, 64)
+    with pytest.raises(ValueError, match="lengths differ"):
+        pool.copy_slots(cache, torch.tensor([1, 2]), torch.tensor([1]), check=False)
+    with pytest.raises(ValueError, match="src_slots: expected an integer tensor"):
+        pool.copy_slots(cache, torch.tensor([1]), torch.tensor([1.0]), check=False)
+    with pytest.raises(ValueError, match="cache"):
+        pool.copy_slots(cache[:, :100], torch.tensor([1]), torch.tensor([1]), check=False)
+
+
+class _HostSync(AssertionError):
+    pass
+
+
+def _forbid_host_reads(monkeypatch):
+    """Make every way a Python caller reads a tensor's value on the host raise (``int()``, ``bool()``, ``float()``,
+    ``.item()``, ``.tolist()``, use as an index, ``.cpu()``/``.numpy()``): on a GPU each is a device sync."""
+    def refuse(name):
+        def raiser(self, *args, **kwargs):
+            raise _HostSync(f"host read of a tensor value: Tensor.{name}")
+        return raiser
+
+    for name in ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "cpu", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, refuse(name))
+
+
+def test_forbid_host_reads_catches_the_checked_copy(monkeypatch):
+    # The detector itself: the checked copy reads max/min on the host, so it must trip.
+    cache = _random_cache(2, 64)
+    dst, src = torch.tensor([1, 2]), torch.tensor([3, 4])
+    _forbid_host_reads(monkeypatch)
+    with pytest.raises(_HostSync):
+        pool.copy_slots(cache, dst, src)
+
+
+def test_copy_slots_unchecked_reads_nothing_on_the_host():
+    cache = _random_cache(3, 64, seed=8)
+    dst, src = [5, -1, 191, 7], [100, 9, 2, 500]
+    want = _move_oracle(cache, dst, src, 64)
+    dst_t, src_t = torch.tensor(dst), torch.tensor(src)
+    with pytest.MonkeyPatch.context() as mp:
+        _forbid_host_reads(mp)
+        pool.copy_slots(cache, dst_t, src_t, check=False)
+    assert torch.equal(cache, want)
+
+
+@pytest.mark.gpu
+def test_gpu_copy_slots_unchecked_issues_no_device_sync():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cache = _random_cache(40, 64, seed=9)
+    gen = torch.Generator().manual_seed(10)
+    dst = torch.randperm(40 * 64, generator=gen)[:300]
+    src = torch.randint(0, 40 * 64, (300,), generator=gen)
+    dst[::7] = -1
+    src[::11] = 40 * 64 + 5
+    want = _move_oracle(cache, dst.tolist(), src.tolist(), 64)
+    got = cache.cuda()
+    dst_d, src_d = dst.cuda(), src.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pool.copy_slots(got, dst_d, src_d, check=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(got.cpu(), want)

@@ -363,13 +363,36 @@ def test_unchecked_windows_are_clamped():
     _assert_close(got, want, _bound(q, w, payload, scales, cks, cke), CPU_RTOL)
 
 
+def _small_args(seed: int) -> list[torch.Tensor]:
+    """``(q, w, payload, scales, ks, ke)`` on ``DEVICE``: 3 tokens x 16 heads over 20 keys, windows [0, 5 .. 7)."""
+    payload, scales = _keys(20, seed=seed)
+    q, w = _queries(3, 16, seed=seed)
+    ks, ke = _tensors([0, 0, 0], [5, 6, 7])
+    return [t.to(DEVICE) for t in (q, w, payload, scales, ks, ke)]
+
+
+@needs_kernel
+def test_nan_or_inf_queries_or_weights_are_refused_when_checked():
+    # As paged_logits: check=True reads q and weights on the host and refuses NaN/Inf, naming the argument.
+    q, w, *keys = _small_args(21)
+    bad_q = q.clone().view(torch.uint8)
+    bad_q[1, 2, 3] = 0x7F  # e4m3 NaN
+    bad_q = bad_q.view(q.dtype)
+    bad_w = w.clone()
+    bad_w[2, 0] = float("inf")
+    for qq, ww, name in ((bad_q, w, "q"), (q, bad_w, "weights")):
+        with pytest.raises(ValueError, match=f"^{name}: holds NaN or Inf"):
+            ragged_logits(qq, ww, *keys, impl="triton")
+        got = ragged_logits(qq, ww, *keys, impl="triton", check=False)  # check=False: no host read, no refusal
+        assert got.shape == (3, 20)
+    with pytest.raises(ValueError, match="^q: holds NaN or Inf"):
+        list(iter_ragged_logits(bad_q, w, *keys, budget_bytes=1 << 20, impl="triton"))
+
+
 @needs_kernel
 def test_bad_inputs_name_the_argument():
-    payload, scales = _keys(20, seed=20)
-    q, w = _queries(3, 16, seed=20)
-    ks, ke = _tensors([0, 0, 0], [5, 6, 7])
+    args = _small_args(20)
     d = DEVICE
-    args = [q.to(d), w.to(d), payload.to(d), scales.to(d), ks.to(d), ke.to(d)]
 
     def call(i=None, value=None, **kw):
         a = list(args)
@@ -390,12 +413,15 @@ def test_bad_inputs_name_the_argument():
         (5, args[5][:2], "ke"),
         (5, torch.tensor([5, 6, 21], dtype=torch.int32, device=d), "ks, ke"),
         (4, torch.tensor([-1, 0, 0], dtype=torch.int32, device=d), "ks, ke"),
+        (4, torch.zeros(3, 2, dtype=torch.int32, device=d)[:, 0], r"^ks: expected a contiguous tensor"),
+        (5, args[5].long(), r"^ke: expected int32, got torch.int64$"),
+        (5, args[5][:2], r"^ke: expected shape \[3\], got \[2\]$"),
     ]
     for i, value, name in cases:
         with pytest.raises(ValueError, match=name):
             call(i, value)
     with pytest.raises(TypeError, match="payload"):
-        call(2, payload.numpy())
+        call(2, args[2].cpu().numpy())
     with pytest.raises(ValueError, match="mode"):
         call(mode="fast")
     with pytest.raises(ValueError, match="mma"):

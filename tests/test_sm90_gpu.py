@@ -124,6 +124,20 @@ def test_unchecked_out_of_range_pages_are_masked_not_read():
     _within_bound(out, ref, good, out.shape[1], cols=~bad.unsqueeze(0))
 
 
+def test_unchecked_lengths_schedule_and_nan_queries():
+    # check=False: rows longer than the block table (nothing read past it, -inf columns), a schedule entry
+    # naming request -2 (clamped: nothing written before out), NaN e4m3 query bytes (read as 0) -- the CPU
+    # cases of test_paged_logits.py on the Hopper kernel, against its own bound.
+    from test_paged_logits import (unchecked_lengths_past_the_block_table, unchecked_nan_query_elements,
+                                   unchecked_negative_schedule_entry)
+
+    def within(got, ref, case, width):
+        _within_bound(got, ref, case, width)
+
+    for run in (unchecked_lengths_past_the_block_table, unchecked_negative_schedule_entry, unchecked_nan_query_elements):
+        run("wgmma", "cuda", within)
+
+
 @pytest.mark.parametrize("next_n", [1, 4])
 def test_full_size_h64_batch8_32k(next_n):
     lens = [32768 - 97 * i for i in range(8)]
@@ -241,3 +255,48 @@ def test_rows_per_wgmma_and_unclean_tail(next_n, heads, mma_rows, wgs):
         written = -(-int(case.context_lens[r // next_n]) // 64) * 64
         assert torch.equal(outs[1][r, :written], outs[0][r, :written])
         assert torch.isnan(outs[1][r, written:]).all()
+
+
+def test_every_serving_configuration_builds_and_loads():
+    # What SGLang hands the scorer: 2-D lengths ([rows, 1] decode, [B, next_n] verify), 64 (DeepSeek-V3.2) and
+    # 32 (GLM-5.x) heads, fp32 logits; the [B] form too.
+    for next_n, heads, lens_2d in ((1, 64, True), (1, 32, True), (2, 64, True), (4, 64, True), (2, 32, True),
+                                   (4, 32, True), (8, 32, True), (1, 64, False), (4, 64, False)):
+        assert sm90.serving_unavailable("cuda", next_n, heads, torch.float32, lens_2d) is None, (next_n, heads)
+
+
+def test_failed_serving_build_falls_back_to_triton_in_a_cuda_graph(monkeypatch):
+    # A configuration whose build fails (forced here) is warned about once and scored by the Triton kernel, in
+    # eager warm-up and inside a captured graph, with the same schedule; the result equals the Triton kernel's.
+    from sglang_fp4_indexer.ops.paged_logits import WGMMA_BLOCK_KV
+
+    real_build = sm90.build
+
+    def refuse(next_n, heads, out_kind=0, lens_2d=False, *rest, **kw):
+        if lens_2d and heads == 32:
+            raise RuntimeError("NVRTC could not compile (forced by the test)")
+        return real_build(next_n, heads, out_kind, lens_2d, *rest, **kw)
+
+    monkeypatch.setattr(sm90, "build", refuse)
+    monkeypatch.setattr(sm90, "_SERVING_FAILED", {})
+    case = make_paged_case([300, 70, 5], next_n=1, heads=32, seed=63, device="cuda")
+    lens = case.context_lens.view(-1, 1).contiguous()
+    sched = plan_paged_schedule(lens, WGMMA_BLOCK_KV, 8)
+    want = paged_logits(case.q, case.weights, case.cache, case.block_table, lens, schedule=sched,
+                        block_kv=WGMMA_BLOCK_KV, impl="folded", check=False)
+    out = torch.empty_like(want)
+
+    def step():
+        paged_logits(case.q, case.weights, case.cache, case.block_table, lens, schedule=sched, out=out,
+                     block_kv=WGMMA_BLOCK_KV, check=False)
+
+    with pytest.warns(UserWarning, match="could not be built, loaded or launched"):
+        step()
+    assert torch.equal(out, want)
+    out.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)

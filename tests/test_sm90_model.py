@@ -346,12 +346,13 @@ def _entry_jobs(sched, lens, cta, block_kv, block_table=None, max_pages=None, nu
     max_pages = len(block_table[0]) if max_pages is None else max_pages
 
     def load(b, p):  # the warp's 32 lanes: entries p .. p + 31, -1 past max_pages
-        assert 0 <= b < batch
+        assert 0 <= b < batch and p >= 0
         return [block_table[b][q] if q < max_pages else -1 for q in range(p, p + 32)]
 
     if cta + 1 >= len(sched):
         return jobs
     (b, blk_lo), (b_end, blk_end) = sched[cta], sched[cta + 1]
+    b, blk_lo = max(b, 0), max(blk_lo, 0)  # the kernel clamps a corrupt entry's start
     while b < batch and (b < b_end or (b == b_end and blk_lo < blk_end)):
         p = blk_lo * ppb
         cached_p0, cached = p, load(b, p)
@@ -528,6 +529,47 @@ def test_producer_walk_with_block_table_cache_and_page_checks(data):
     assert got == _all_jobs(lens, bt, max_pages, num_pages)
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_producer_walk_of_a_corrupt_schedule_reads_in_bounds(data):
+    # A schedule that is not the planner's (negative or past-the-end requests and blocks): the walk still
+    # reads only block-table rows 0 .. batch - 1 (``load`` asserts it) and columns within max_pages, and every
+    # job it emits names a request of the batch, so the math side writes only rows of ``out``.
+    batch = data.draw(st.integers(1, 5))
+    lens = data.draw(st.lists(st.integers(0, 3000), min_size=batch, max_size=batch))
+    max_pages = max(1, -(-max(lens) // 64))
+    bt = [[data.draw(st.integers(-1, 60)) for _ in range(max_pages)] for _ in range(batch)]
+    entry = st.tuples(st.integers(-3, batch + 2), st.integers(-3, 60))
+    sched = [list(e) for e in data.draw(st.lists(entry, min_size=2, max_size=9))]
+    block_kv = 64 * data.draw(st.sampled_from([1, 4]))
+    for cta in range(len(sched) - 1):
+        for page, b, p, _ in _entry_jobs(sched, lens, cta, block_kv, bt, max_pages, 50):
+            assert 0 <= b < batch and -1 <= page < 50 and p >= -1
+
+
+def _zero_nan_e4m3(w: np.ndarray) -> np.ndarray:
+    """Mirror of zero_nan_e4m3() in the .cu file (uint32 words of four e4m3 bytes)."""
+    u = np.uint32
+    nan = ((w & u(0x7F7F7F7F)) + u(0x01010101)) & u(0x80808080)
+    return w & ~((nan >> u(7)) * u(0xFF))
+
+
+def test_query_nan_bytes_are_zeroed_and_every_other_byte_kept():
+    # Every byte value at every position of a word, next to random neighbours: 0x7F and 0xFF (e4m3's NaNs)
+    # become 0, every other byte is unchanged, and no byte affects its neighbours.
+    rng = np.random.default_rng(0)
+    for pos in range(4):
+        for _ in range(4):
+            others = rng.integers(0, 256, size=(256, 4), dtype=np.uint32)
+            others[:, pos] = np.arange(256, dtype=np.uint32)
+            words = (others[:, 0] | others[:, 1] << 8 | others[:, 2] << 16 | others[:, 3] << 24).astype(np.uint32)
+            got = _zero_nan_e4m3(words)
+            want = np.where((others & 0x7F) == 0x7F, 0, others).astype(np.uint32)
+            assert np.array_equal(got, want[:, 0] | want[:, 1] << 8 | want[:, 2] << 16 | want[:, 3] << 24)
+    nan_bytes = [b for b in range(256) if np.isnan(torch.tensor([b], dtype=torch.uint8).view(torch.float8_e4m3fn).float().item())]
+    assert nan_bytes == [0x7F, 0xFF]  # the bytes it zeroes are exactly e4m3fn's NaNs
+
+
 def _tf32_truncate(x: np.ndarray) -> np.ndarray:
     """What wgmma .tf32 reads of an fp32 register: the low 13 mantissa bits dropped."""
     return (x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
@@ -651,3 +693,122 @@ def test_tf32_head_sum_fragment_replay(heads):
     err = np.abs(got - want)
     assert np.all(err <= (2.0**-10 + 2.0**-11) * bound * 1.01 + 1e-12), err.max()
     assert err.max() > 0  # tf32 did round: the replay reads tf32, not the fp64 values
+
+
+class _StandInHopper:
+    """Stands for an H200 on the CPU machine: ``paged_logits`` resolves ``impl="auto"`` to the Hopper kernel
+    (``_wgmma_unavailable`` says nothing is missing), the CUDA ordinal is 0, and the kernel's NVRTC build, module
+    load and launch are replaced by the test; the Triton kernels run under the interpreter."""
+
+    def __init__(self, monkeypatch, build=None, launch=None):
+        from sglang_fp4_indexer.ops import paged_logits as pl
+
+        self.builds, self.launches = [], []
+        monkeypatch.setattr(pl, "_wgmma_unavailable", lambda *a, **k: None)
+        monkeypatch.setattr(sm90, "_device_index", lambda device: 0)
+        monkeypatch.setattr(sm90, "_SERVING_FAILED", {})
+
+        def fake_build(*args, **kwargs):
+            self.builds.append((args, kwargs))
+            if build is not None:
+                build(*args, **kwargs)
+            return b"cubin", ""
+
+        def fake_launch(*args, **kwargs):
+            self.launches.append((args, kwargs))
+            if launch is not None:
+                launch(*args, **kwargs)
+
+        monkeypatch.setattr(sm90, "build", fake_build)
+        monkeypatch.setattr(sm90.nvrtc, "get_function", lambda *a, **k: "fn")
+        monkeypatch.setattr(sm90.nvrtc, "launch", fake_launch)
+
+
+def _fallback_case():
+    from cases import make_paged_case
+
+    case = make_paged_case([70, 130], next_n=1, heads=32, seed=61)
+    case.context_lens = case.context_lens.view(2, 1).contiguous()  # SGLang's per-row [rows, 1] form
+    return case
+
+
+def _triton_reference(case):
+    """The Triton "folded" scorer's logits for ``case`` (what the fallback must give, bit for bit)."""
+    from sglang_fp4_indexer.ops.paged_logits import DEFAULT_BLOCK_KV, paged_logits
+    from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
+
+    return paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, impl="folded",
+                        block_kv=DEFAULT_BLOCK_KV, schedule=plan_paged_schedule(case.context_lens, DEFAULT_BLOCK_KV, 3))
+
+
+def test_failed_serving_build_is_warned_once_and_scored_by_triton(monkeypatch):
+    # The device probe built one configuration; this call's (2-D lengths, 32 heads) fails to compile: the call
+    # and every later one of that configuration run the Triton kernel, with one warning, and nothing is retried.
+    from sglang_fp4_indexer.ops.paged_logits import DEFAULT_BLOCK_KV, paged_logits
+    from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
+
+    def refuse(next_n, heads, out_kind, lens_2d, *rest):
+        if lens_2d:
+            raise RuntimeError("NVRTC could not compile paged_logits_sm90.cu for sm_90a (stand-in)")
+
+    hopper = _StandInHopper(monkeypatch, build=refuse)
+    case = _fallback_case()
+    want = _triton_reference(case)
+    sched = plan_paged_schedule(case.context_lens, DEFAULT_BLOCK_KV, 3)
+    with pytest.warns(UserWarning, match=r"next_n 1, 32 heads, torch.float32 logits, \[B, next_n\] lengths could not be "
+                                         r"built.*scoring it with the Triton kernels"):
+        got = paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, schedule=sched,
+                           block_kv=DEFAULT_BLOCK_KV, check=False)
+    assert torch.equal(got, want) and not hopper.launches
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        again = paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, schedule=sched,
+                             block_kv=DEFAULT_BLOCK_KV, check=False)
+    assert torch.equal(again, want) and len(hopper.builds) == 1
+    with pytest.raises(RuntimeError, match="impl: 'wgmma' cannot run this call: the Hopper kernel for next_n 1"):
+        paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, schedule=sched,
+                     block_kv=DEFAULT_BLOCK_KV, impl="wgmma")
+
+
+def test_failed_launch_is_warned_once_and_scored_by_triton(monkeypatch):
+    from sglang_fp4_indexer.ops.paged_logits import DEFAULT_BLOCK_KV, paged_logits
+    from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("cuLaunchKernel failed: CUDA_ERROR_INVALID_VALUE (stand-in)")
+
+    hopper = _StandInHopper(monkeypatch, launch=fail)
+    case = _fallback_case()
+    want = _triton_reference(case)
+    sched = plan_paged_schedule(case.context_lens, DEFAULT_BLOCK_KV, 3)
+    with pytest.warns(UserWarning, match="could not be built, loaded or launched .*cuLaunchKernel failed"):
+        got = paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, schedule=sched,
+                           block_kv=DEFAULT_BLOCK_KV, check=False)
+    assert torch.equal(got, want) and len(hopper.launches) == 1
+    paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, schedule=sched,
+                 block_kv=DEFAULT_BLOCK_KV, check=False)
+    assert len(hopper.launches) == 1  # not retried
+
+
+def test_serving_probe_builds_what_the_launch_builds(monkeypatch):
+    # The probe must compile the very configuration launch() then uses (same arguments: NVRTC's cache is hit,
+    # and a build the probe passed cannot fail later), for each serving shape: decode and verify, both head
+    # counts, SGLang's 2-D lengths and the [B] form.
+    from cases import make_paged_case
+
+    hopper = _StandInHopper(monkeypatch)
+    for next_n, heads, lens_2d in ((1, 64, True), (1, 32, True), (2, 32, True), (4, 64, True), (3, 32, False)):
+        case = make_paged_case([70, 5], next_n=next_n, heads=heads, seed=62)
+        lens = case.context_lens
+        if lens_2d:
+            lens = lens.view(-1, 1).expand(-1, next_n).contiguous()
+        hopper.builds.clear()
+        assert sm90.serving_unavailable("cpu", next_n, heads, torch.float32, lens_2d) is None
+        out = torch.empty(case.q.shape[0], 128)
+        sm90.launch(case.q, case.weights, case.cache, case.block_table, lens, torch.zeros(3, 2, dtype=torch.int32),
+                    out, batch=2, next_n=next_n, heads=heads, width=128, block_kv=64)
+        (probe_args, probe_kw), (launch_args, launch_kw) = hopper.builds
+        assert (probe_args, probe_kw) == (launch_args, launch_kw), (next_n, heads, lens_2d)
+        assert probe_args[:4] == (next_n, heads, 0, lens_2d)

@@ -19,7 +19,7 @@ from ..pool import scale_row
 
 __all__ = [
     "interpreting", "scale_row_jit", "scale_row_is_identity", "fp8_mma_available", "select_mma", "MMA_DTYPES",
-    "check_index_queries", "to_logits_dtype", "deep_gemm_module",
+    "check_index_queries", "check_int32", "check_finite_queries", "to_logits_dtype", "deep_gemm_module",
 ]
 
 
@@ -138,6 +138,43 @@ def check_index_queries(q, weights, rows_name: str = "rows", heads_ok=None, head
     if weights.stride(1) != 1:
         raise ValueError("weights: the head dimension must be contiguous")
     return rows, heads
+
+
+def check_int32(t, name: str, shape_ok, expected_shape: str) -> None:
+    """Validate an int32 index tensor of an op (page table, lengths, windows); each error says what is wrong.
+
+    Args:
+        t: the argument.
+        name: its name in the messages.
+        shape_ok: predicate on ``tuple(t.shape)``.
+        expected_shape: what ``shape_ok`` accepts, for the message (e.g. ``"[B, max_pages]"``).
+
+    Raises:
+        TypeError: ``t`` is not a tensor.
+        ValueError: ``t`` is not int32, has another shape, or is not contiguous (in that order).
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise ValueError(f"{name}: expected int32, got {t.dtype}")
+    if not shape_ok(tuple(t.shape)):
+        raise ValueError(f"{name}: expected shape {expected_shape}, got {list(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(
+            f"{name}: expected a contiguous tensor, got shape {list(t.shape)} with strides {list(t.stride())} "
+            "(pass .contiguous())"
+        )
+
+
+def check_finite_queries(q: torch.Tensor, weights: torch.Tensor) -> None:
+    """Refuse index queries or head weights holding NaN or Inf (reads them on the host: a sync).
+
+    Raises:
+        ValueError: naming ``q`` or ``weights``.
+    """
+    for name, t in (("q", q), ("weights", weights)):
+        if t.numel() and not bool(torch.isfinite(t.float()).all()):
+            raise ValueError(f"{name}: holds NaN or Inf")
 
 
 @triton.jit

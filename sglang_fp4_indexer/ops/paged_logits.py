@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from ..pool import PAGE_SIZE, check_cache
-from ._common import MMA_DTYPES, check_index_queries, fp8_mma_available, scale_row_jit, select_mma, to_logits_dtype
+from ._common import (MMA_DTYPES, check_finite_queries, check_index_queries, check_int32, fp8_mma_available,
+                      scale_row_jit, select_mma, to_logits_dtype)
 
 __all__ = [
     "DEFAULT_BLOCK_KV", "WGMMA_BLOCK_KV", "IMPLS", "MAX_NEXT_N", "SUPPORTED_HEADS", "default_block_kv", "paged_logits",
@@ -195,6 +196,22 @@ def _folded_keys(cache_ptr, payload_base, scale_base, ok, BLOCK_KV: tl.constexpr
 
 
 @triton.jit
+def _nan_to_zero(x):
+    """Index queries with their NaN elements read as 0 (``paged_logits``, ``check=False``).
+
+    On the bits, so every backend agrees (e4m3's NaN is the magnitude byte
+    0x7F, which the CPU interpreter would read as 480 and a GPU's FP8 MMA as
+    NaN; bf16's NaNs are the magnitudes above 0x7F80).
+    """
+    if x.dtype == tl.float8e4nv:
+        bits = x.to(tl.uint8, bitcast=True)
+        return tl.where((bits & 0x7F) == 0x7F, 0, bits).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+    else:
+        bits = x.to(tl.uint16, bitcast=True)
+        return tl.where((bits & 0x7FFF) > 0x7F80, 0, bits).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _paged_logits_kernel(
     q_ptr,
     w_ptr,
@@ -205,6 +222,7 @@ def _paged_logits_kernel(
     out_ptr,
     num_requests,
     num_pages,
+    max_pages,
     width,
     stride_q_row,
     stride_q_head,
@@ -225,8 +243,9 @@ def _paged_logits_kernel(
     NH: tl.constexpr = NEXT_N_PAD * H
     PAGE_BYTES: tl.constexpr = PAGE * 68
     pid = tl.program_id(0)
-    b_first = tl.load(sched_ptr + pid * 2)
-    blk_first = tl.load(sched_ptr + pid * 2 + 1)
+    # Clamped at 0: a corrupt or foreign schedule entry never makes a row or key index negative.
+    b_first = tl.maximum(tl.load(sched_ptr + pid * 2), 0)
+    blk_first = tl.maximum(tl.load(sched_ptr + pid * 2 + 1), 0)
     b_last = tl.load(sched_ptr + pid * 2 + 2)
     blk_last = tl.load(sched_ptr + pid * 2 + 3)
 
@@ -263,18 +282,19 @@ def _paged_logits_kernel(
         w = tl.load(w_ptr + q_rows * stride_w_row + n_head, mask=n_ok, other=0.0)
         q_base = q_ptr + q_rows * stride_q_row + n_head * stride_q_head
         if IMPL == 1:
-            q_t = tl.load(q_base[None, :] + offs_d[:, None], mask=n_ok[None, :], other=0.0)
+            q_t = _nan_to_zero(tl.load(q_base[None, :] + offs_d[:, None], mask=n_ok[None, :], other=0.0))
         elif IMPL == 2:
-            q_t = tl.load(q_base[None, :] + offs_d[:, None], mask=n_ok[None, :], other=0.0)
+            q_t = _nan_to_zero(tl.load(q_base[None, :] + offs_d[:, None], mask=n_ok[None, :], other=0.0))
         else:
-            q_0 = tl.load(q_base[None, :] + offs_k[:, None], mask=n_ok[None, :], other=0.0)
-            q_1 = tl.load(q_base[None, :] + 32 + offs_k[:, None], mask=n_ok[None, :], other=0.0)
-            q_2 = tl.load(q_base[None, :] + 64 + offs_k[:, None], mask=n_ok[None, :], other=0.0)
-            q_3 = tl.load(q_base[None, :] + 96 + offs_k[:, None], mask=n_ok[None, :], other=0.0)
+            q_0 = _nan_to_zero(tl.load(q_base[None, :] + offs_k[:, None], mask=n_ok[None, :], other=0.0))
+            q_1 = _nan_to_zero(tl.load(q_base[None, :] + 32 + offs_k[:, None], mask=n_ok[None, :], other=0.0))
+            q_2 = _nan_to_zero(tl.load(q_base[None, :] + 64 + offs_k[:, None], mask=n_ok[None, :], other=0.0))
+            q_3 = _nan_to_zero(tl.load(q_base[None, :] + 96 + offs_k[:, None], mask=n_ok[None, :], other=0.0))
 
         for blk in range(blk_start, blk_stop):
             kv = blk * BLOCK_KV + offs_kv
-            in_req = kv < max_len
+            # Keys past the block table's width are not in the request (never read past its row).
+            in_req = (kv < max_len) & (kv < max_pages * PAGE)
             page = tl.load(bt_ptr + b * stride_bt + kv // PAGE, mask=in_req, other=0)
             ok = in_req & (page >= 0) & (page < num_pages)
             prow = kv % PAGE
@@ -358,6 +378,35 @@ def _wgmma_unavailable(q, cache, next_n, heads, block_kv, page_size, dot_mode) -
     return sm90.unavailable_reason(q.device) or sm90.supports(q, cache, next_n, heads)
 
 
+def _launch_wgmma(q, weights, cache, block_table, context_lens, schedule, out, batch, next_n, heads, width,
+                  block_kv, clean_logits, *, explicit: bool) -> bool:
+    """Run the Hopper kernel; False (nothing written) when this configuration's build, load or launch fails.
+
+    The serving build (this call's next_n, heads, logits dtype and lengths
+    form) is probed once (``sm90.serving_unavailable``); a failure there or at
+    the launch is warned about once and remembered, and the caller scores with
+    the Triton kernel -- the same schedule and ``block_kv`` serve it. With an
+    explicit ``impl="wgmma"`` a failure raises instead.
+
+    Raises:
+        RuntimeError: ``explicit`` and the kernel cannot run.
+    """
+    from . import sm90
+
+    lens_2d = context_lens.dim() == 2
+    why = sm90.serving_unavailable(q.device, next_n, heads, out.dtype, lens_2d)
+    if why is None:
+        try:
+            sm90.launch(q, weights, cache, block_table, context_lens, schedule, out, batch=batch, next_n=next_n,
+                        heads=heads, width=width, block_kv=block_kv, clean_logits=clean_logits)
+            return True
+        except RuntimeError as e:
+            why = sm90.record_serving_failure(q.device, next_n, heads, out.dtype, lens_2d, e)
+    if explicit:
+        raise RuntimeError(f"impl: 'wgmma' cannot run this call: {why}")
+    return False
+
+
 def _check_inputs(q, weights, cache, block_table, context_lens, page_size):
     check_cache(cache, page_size)
     dev = cache.device
@@ -367,20 +416,15 @@ def _check_inputs(q, weights, cache, block_table, context_lens, page_size):
     for name, t in (("block_table", block_table), ("context_lens", context_lens)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if block_table.dtype != torch.int32 or block_table.dim() != 2 or not block_table.is_contiguous():
-        raise ValueError(
-            f"block_table: expected contiguous int32 [B, max_pages], got {block_table.dtype} {list(block_table.shape)}"
-        )
+    check_int32(block_table, "block_table", lambda shape: len(shape) == 2, "[B, max_pages]")
     batch = block_table.shape[0]
     if (batch == 0) != (rows == 0) or (batch and rows % batch):
         raise ValueError(f"q: rows ({rows}) must be a multiple of the block_table batch ({batch}), both 0 or both positive")
     next_n = rows // batch if batch else 1
     if next_n > MAX_NEXT_N:
         raise ValueError(f"q: next_n = {next_n} rows per request; at most {MAX_NEXT_N} supported")
-    if context_lens.dtype != torch.int32 or not context_lens.is_contiguous():
-        raise ValueError(f"context_lens: expected contiguous int32, got {context_lens.dtype}")
-    if tuple(context_lens.shape) not in ((batch,), (batch, next_n)):
-        raise ValueError(f"context_lens: expected [{batch}] or [{batch}, {next_n}], got {list(context_lens.shape)}")
+    check_int32(context_lens, "context_lens", lambda shape: shape in ((batch,), (batch, next_n)),
+                f"[{batch}] or [{batch}, {next_n}]")
     for name, t in (("q", q), ("weights", weights), ("block_table", block_table), ("context_lens", context_lens)):
         if t.device != dev:
             raise ValueError(f"{name}: on {t.device}, but the cache is on {dev}")
@@ -438,11 +482,15 @@ def paged_logits(
         check: validate lengths and page indices against the cache, q and
             weights for NaN/Inf, and a given schedule against the lengths and
             ``block_kv`` (reads them on the host: a sync). With ``check=False``
-            (the serving path, CUDA graphs) keys on out-of-range pages are
-            masked by the kernel, never read out of bounds, and their columns
-            are written ``-inf``; a stale schedule leaves columns unwritten (the
-            caller re-plans before each call, as the plugin does); a NaN in q
-            becomes a 0 term (relu drops it), a NaN in weights a NaN logit.
+            (the serving path, CUDA graphs) keys on out-of-range pages (a page
+            index outside the cache, or a key past the block table's
+            ``max_pages * page_size``) are masked by the kernel, never read out
+            of bounds, and their columns are written ``-inf``; schedule entries
+            are clamped to request and key-block indices ``>= 0`` (a corrupt
+            entry writes nothing outside ``out``); a stale schedule leaves
+            columns unwritten (the caller re-plans before each call, as the
+            plugin does); a NaN element of q is read as 0 (its products drop out
+            of that head's score), a NaN in weights gives a NaN logit.
         clean_logits: write ``-inf`` at every column from the end of a request's
             last page to ``width`` (default). ``False`` leaves those columns
             untouched (like DeepGEMM's ``clean_logits=False``, which SGLang
@@ -466,7 +514,10 @@ def paged_logits(
             needs compute capability 9.0, ``cuda-bindings``, e4m3 q with
             ``next_n * H * 128 <= 32768`` bytes, 16-byte aligned q rows and
             cache, 64-token pages and ``block_kv`` a multiple of 64 (the
-            Triton knobs below do not apply to it). ``"group"``: one MMA per 32-element group on e4m3 bytes decoded
+            Triton knobs below do not apply to it). Each configuration
+            (next_n, heads, logits dtype, lengths form) is built at its first
+            call; with ``"auto"`` one whose build, load or launch fails is
+            warned about once and scored by ``"folded"`` from then on. ``"group"``: one MMA per 32-element group on e4m3 bytes decoded
             with integer ops, each partial product scaled by its UE8M0 factor;
             ``"scaled"``: Triton's ``tl.dot_scaled`` reading the E2M1 codes and
             UE8M0 scales natively (on Hopper Triton upcasts them to bf16);
@@ -488,6 +539,7 @@ def paged_logits(
 
     Raises:
         TypeError: an argument is not a tensor.
+        RuntimeError: ``impl="wgmma"`` given explicitly and its build, load or launch fails.
         ValueError: wrong dtype, shape, device or contiguity of any argument; with
             ``check=True`` also a row length over ``width`` or the block table, a
             page index outside the cache, NaN/Inf in q or weights, or a
@@ -506,6 +558,7 @@ def paged_logits(
     dot_mode = _DOT_MODES[select_mma(mma, q)]
     if impl != "auto" and impl not in IMPLS:
         raise ValueError(f"impl: expected 'auto' or one of {tuple(IMPLS)}, got {impl!r}")
+    explicit_wgmma = impl == "wgmma"
     impl = _resolve_impl(impl, q, cache, next_n, block_kv, page_size, dot_mode)
     if impl == "folded" and dot_mode != 0:
         raise ValueError("impl: 'folded' needs e4m3 queries and FP8 MMA (mma 'fp8' or 'auto' on such a device)")
@@ -529,10 +582,8 @@ def paged_logits(
             pages = block_table[used]
             if int(pages.min()) < 0 or int(pages.max()) >= cache.shape[0]:
                 raise ValueError(f"block_table: a page index in use lies outside the cache's {cache.shape[0]} pages")
-    if check and rows:
-        for name, t in (("q", q), ("weights", weights)):
-            if not bool(torch.isfinite(t.float()).all()):
-                raise ValueError(f"{name}: holds NaN or Inf (with check=False such a row's relu drops NaN terms)")
+    if check:
+        check_finite_queries(q, weights)
     if schedule is not None and not isinstance(schedule, torch.Tensor):
         raise TypeError(f"schedule: expected a torch.Tensor, got {type(schedule).__name__}")
     if schedule is not None and check and schedule.dtype == torch.int32 and schedule.dim() == 2 and schedule.shape[0] >= 2:
@@ -564,12 +615,11 @@ def paged_logits(
         )
     if rows == 0:
         return out
-    if impl == "wgmma":
-        from . import sm90
-
-        sm90.launch(q, weights, cache, block_table, context_lens, schedule, out, batch=batch, next_n=next_n,
-                    heads=heads, width=width, block_kv=block_kv, clean_logits=clean_logits)
+    if impl == "wgmma" and _launch_wgmma(q, weights, cache, block_table, context_lens, schedule, out, batch, next_n,
+                                         heads, width, block_kv, clean_logits, explicit=explicit_wgmma):
         return out
+    if impl == "wgmma":  # this configuration's Hopper build failed (warned once): the Triton kernel scores it
+        impl, use_asm = "folded", use_ptx and q.device.type == "cuda" and torch.version.hip is None
     next_n_pad = triton.next_power_of_2(next_n)
     wide = next_n_pad * heads > 64
     if num_warps is None:
@@ -587,6 +637,7 @@ def paged_logits(
         out,
         batch,
         cache.shape[0],
+        max_pages,
         width,
         q.stride(0),
         q.stride(1),

@@ -60,7 +60,9 @@ import triton.language as tl
 from ..format import INDEX_HEAD_DIM, PAYLOAD_BYTES, SCALE_BYTES
 from ._common import (
     MMA_DTYPES,
+    check_finite_queries,
     check_index_queries,
+    check_int32,
     deep_gemm_module,
     fp8_mma_available,
     interpreting,
@@ -399,12 +401,7 @@ def _check_queries(q, weights, ks, ke, device):
         q, weights, "T", heads_ok=lambda h: h >= 1 and not h & (h - 1), heads_expected="a power of two"
     )
     for name, t in (("ks", ks), ("ke", ke)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != (tokens,):
-            raise ValueError(
-                f"{name}: expected int32 [{tokens}], got {getattr(t, 'dtype', None)} {list(getattr(t, 'shape', []))}"
-            )
-        if not t.is_contiguous():
-            raise ValueError(f"{name}: expected a contiguous tensor")
+        check_int32(t, name, lambda shape: shape == (tokens,), f"[{tokens}]")
     for name, t in (("q", q), ("weights", weights), ("ks", ks), ("ke", ke)):
         if t.device != device:
             raise ValueError(f"{name}: on {t.device}, but the keys are on {device}")
@@ -507,6 +504,8 @@ def _setup(q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block
         raise ValueError(f"num_splits: expected an int >= 1, got {num_splits!r}")
     if check and tokens and (int(ks.min()) < 0 or int(ke.max()) > width):
         raise ValueError(f"ks, ke: windows must lie in [0, {width}]")
+    if check:
+        check_finite_queries(q, weights)
     if impl != "triton":
         why = deepgemm_reason(q, heads)
         if impl == "deepgemm" and why:
@@ -600,9 +599,9 @@ def ragged_logits(
         mma: ``"auto"``, ``"fp8"``, ``"fp16"``, ``"bf16"`` or ``"fp32"``
             (``_common.select_mma``): FP8 MMA on compute capability >= 8.9 and
             under the interpreter, a portable fp16/bf16 MMA elsewhere.
-        check: validate the windows on the host (a sync). With ``False`` the
-            kernel clamps each window to ``[0, S]`` and never reads or writes out
-            of bounds.
+        check: validate the windows, and q and weights for NaN/Inf, on the host
+            (a sync). With ``False`` the kernel clamps each window to ``[0, S]``
+            and never reads or writes out of bounds.
         block_m, block_n: query tokens and keys per tile (powers of two; defaults
             ``256 // H``, and 128 keys ``"folded"`` / 64 ``"grouped"``), for tuning.
         num_splits: programs per query block over the key range (default: enough
@@ -624,7 +623,7 @@ def ragged_logits(
     Raises:
         TypeError / ValueError: bad dtype, shape, device or contiguity of any
             argument, a bad option, ``impl="deepgemm"`` where it cannot run, or
-            (``check=True``) a window outside ``[0, S]``.
+            (``check=True``) a window outside ``[0, S]`` or NaN/Inf in q or weights.
     """
     tokens, width, mode, mma, block_m, block_n, impl = _setup(
         q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits, logits_dtype, impl

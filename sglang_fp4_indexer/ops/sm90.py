@@ -30,7 +30,7 @@ from ..pool import PAGE_SIZE
 from . import nvrtc
 from ._common import scale_row_is_identity
 
-__all__ = ["available", "unavailable_reason", "build", "launch", "supports", "SOURCE", "DEFAULT_STAGES", "DEFAULT_MIN_CTAS",
+__all__ = ["available", "unavailable_reason", "serving_unavailable", "record_serving_failure", "build", "launch", "supports", "SOURCE", "DEFAULT_STAGES", "DEFAULT_MIN_CTAS",
            "default_min_ctas", "smem_bytes", "wg_smem_bytes", "threads", "launch_regs", "math_regs", "HEADS", "MAX_Q_BYTES",
            "HEADSUM_REL", "MMA_REL", "rel_bound", "logit_error_bound", "MMA_ROWS_DEFAULTS", "MAX_MMA_N",
            "default_mma_rows"]
@@ -322,6 +322,66 @@ def unavailable_reason(device: torch.device | str) -> str | None:
             _PROBED[index] = f"the kernel could not be built or loaded ({e})"
             warnings.warn(f"sglang-fp4-indexer: {_PROBED[index]}; scoring with the Triton kernels", stacklevel=2)
     return _PROBED[index]
+
+
+_SERVING_FAILED: dict[tuple, str | None] = {}
+
+
+def _device_index(device: torch.device) -> int:
+    """CUDA ordinal of ``device`` (the current device for a bare ``"cuda"``)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def serving_unavailable(device: torch.device | str, next_n: int, heads: int, out_dtype: torch.dtype,
+                        lens_2d: bool) -> str | None:
+    """Why the scorer build that ``launch`` would use for this call cannot run (``None``: it is built and loaded).
+
+    ``unavailable_reason`` probes one build (``next_n`` 1, 64 heads, ``[B]``
+    lengths); serving runs others (SGLang's lengths are 2-D, GLM-5.x has 32
+    heads, verify has ``next_n`` > 1). This builds and loads exactly the
+    configuration of the call, with ``launch``'s default options (NVRTC's
+    result is cached, so the launch then reuses it), once per device and
+    configuration. A failure is remembered and warned about once, and
+    ``paged_logits`` scores that configuration with the Triton kernel instead.
+
+    Args:
+        device: the CUDA device of the call.
+        next_n, heads: rows per request and index heads of the call.
+        out_dtype: the logits dtype (fp32, bf16 or fp16).
+        lens_2d: ``context_lens`` is ``[B, next_n]`` (or SGLang's per-row ``[rows, 1]``).
+    """
+    device = torch.device(device)
+    index = _device_index(device)
+    key = (index, next_n, heads, out_dtype, bool(lens_2d))
+    if key in _SERVING_FAILED:
+        return _SERVING_FAILED[key]
+    try:
+        mma_rows = default_mma_rows(next_n, heads)
+        cubin, _ = build(next_n, heads, _OUT_KINDS[out_dtype], bool(lens_2d), DEFAULT_STAGES, None, "sm_90a", 0,
+                         DEFAULT_SPLIT_SIGN, DEFAULT_HEADSUM, DEFAULT_PIPELINE, DEFAULT_WGS, mma_rows)
+        nvrtc.get_function(torch.device("cuda", index), cubin, "fp4_paged_logits_sm90",
+                           smem_bytes(next_n, heads, DEFAULT_STAGES, DEFAULT_HEADSUM, DEFAULT_WGS))
+    except (RuntimeError, ValueError) as e:
+        return record_serving_failure(device, next_n, heads, out_dtype, lens_2d, e)
+    _SERVING_FAILED[key] = None
+    return None
+
+
+def record_serving_failure(device: torch.device | str, next_n: int, heads: int, out_dtype: torch.dtype,
+                           lens_2d: bool, error: Exception) -> str:
+    """Remember that this configuration cannot run (its build, load or launch raised ``error``), warn once.
+
+    Returns:
+        The reason (what ``serving_unavailable`` returns for it from now on).
+    """
+    index = _device_index(torch.device(device))
+    key = (index, next_n, heads, out_dtype, bool(lens_2d))
+    if not _SERVING_FAILED.get(key):
+        why = (f"the Hopper kernel for next_n {next_n}, {heads} heads, {out_dtype} logits, "
+               f"{'[B, next_n]' if lens_2d else '[B]'} lengths could not be built, loaded or launched ({error})")
+        _SERVING_FAILED[key] = why
+        warnings.warn(f"sglang-fp4-indexer: {why}; scoring it with the Triton kernels", stacklevel=3)
+    return _SERVING_FAILED[key]
 
 
 def available(device: torch.device | str) -> bool:

@@ -60,6 +60,8 @@ def hooks() -> tuple[Hook, ...]:
         Hook(f"{_INDEXER}._get_topk_ragged", indexer.get_topk_ragged, "AROUND"),
         Hook(f"{_UTILS}.resolve_paged_mqa_logits_metadata_fn", metadata.resolve_paged_mqa_logits_metadata_fn, "AROUND"),
         Hook(f"{_BACKEND}._refresh_paged_mqa_schedule_metadata", metadata.refresh_paged_mqa_schedule_metadata, "AROUND"),
+        Hook(f"{_BACKEND}._build_paged_mqa_schedule_2d_ctx_lens", metadata.build_paged_mqa_schedule_2d_ctx_lens,
+             "AROUND"),
         Hook(f"{_MULTI}.init_forward_metadata_out_graph", metadata.multi_step_init_forward_metadata_out_graph, "AFTER"),
     )
 

@@ -97,6 +97,12 @@ class ShardedFp4IndexKeyCache(Fp4IndexKeyCache):
 
     def __init__(self, pool, index_buf_size: int, dcp_size: int, dcp_rank: int, group=None):
         core.check_world(dcp_size, dcp_rank)
+        if pool.page_size // pool.index_kpool != pool.index_page_size:
+            raise RuntimeError(
+                "sglang-fp4-indexer: the sharded FP4 index serves pools with one index page per row "
+                f"(page_size {pool.page_size}, index page {pool.index_page_size}); this pool is replicated "
+                "over DCP ranks and keeps the replicated FP4 index"
+            )
         self.dcp_size = dcp_size
         self.dcp_rank = dcp_rank
         self.global_buf_size = index_buf_size
@@ -151,6 +157,10 @@ class ShardedFp4IndexKeyCache(Fp4IndexKeyCache):
     def move(self, tgt_loc, src_loc) -> None:
         """Move tokens ``src_loc -> tgt_loc`` (global slots) that this rank owns.
 
+        One host read per call (the owner check below); the copies themselves
+        are sync-free (``pool.copy_slots(check=False)``, the pairs of other
+        ranks skipped on the device).
+
         Raises:
             RuntimeError: a pair whose two slots have different owners (a move
                 across ranks would need a data exchange this cache does not do).
@@ -164,14 +174,12 @@ class ShardedFp4IndexKeyCache(Fp4IndexKeyCache):
                 "sglang-fp4-indexer: an index-key move between slots of different DCP ranks; "
                 "the sharded FP4 index cannot move keys across ranks (drop --fp4-indexer-dcp-shard)"
             )
-        mine = core.owner_rank(tgt, self.dcp_size) == self.dcp_rank
-        if not bool(mine.any()):
-            return
-        dst = core.local_slot(tgt[mine], self.dcp_size)
-        orig = core.local_slot(src[mine], self.dcp_size)
+        # Both slots of a pair have one owner (checked): -1 on the other ranks' pairs, skipped by the copy.
+        dst = core.local_store_slots(tgt, self.dcp_size, self.dcp_rank)
+        orig = core.local_store_slots(src, self.dcp_size, self.dcp_rank)
         for buffer in self.buffer:
             if buffer.shape[0]:
-                fp4_pool.copy_slots(buffer, dst, orig, self.page_size)
+                fp4_pool.copy_slots(self._kernel_view(buffer), dst, orig, self.page_size, check=False)
 
     def cpu_copy(self, indices):
         """SGLang's page offload of the global ``indices``: this rank's local pages of them."""

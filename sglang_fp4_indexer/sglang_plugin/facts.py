@@ -36,6 +36,8 @@ __all__ = [
     "server_args_from_flags",
     "server_field",
     "index_layer_count",
+    "indexer_rope_interleaved",
+    "indexer_fusion_disabled",
 ]
 
 #: Environment variable that also asks for the FP4 indexer ("1"/"true"/"yes"/"on").
@@ -172,7 +174,26 @@ def model_facts(hf_config) -> ModelFacts:
         index_head_dim=head_dim,
         index_n_heads=n_heads,
         index_kpool=int(kpool) if kpool is not None else 1,
+        indexer_rope_interleave=indexer_rope_interleaved(cfg),
     )
+
+
+def indexer_rope_interleaved(hf_config) -> bool:
+    """Whether SGLang 0.5.23 builds this model's DSA ``Indexer`` with interleaved RoPE (``is_neox_style=False``).
+
+    The DeepSeek-V2 family (DeepSeek-V3.2, GLM-5.x) reads the config's
+    ``indexer_rope_interleave`` (``models/deepseek_v2.py``:
+    ``is_neox_style = not getattr(config, "indexer_rope_interleave", False)``);
+    ``gate.INTERLEAVED_INDEXER_ARCHS`` always are.
+
+    Args:
+        hf_config: a ``transformers.PretrainedConfig``, a dict or any object with the config's attributes.
+    """
+    from ..gate import INTERLEAVED_INDEXER_ARCHS
+
+    get = hf_config.get if isinstance(hf_config, dict) else lambda key, default=None: getattr(hf_config, key, default)
+    archs = get("architectures", None) or [None]
+    return archs[0] in INTERLEAVED_INDEXER_ARCHS or bool(get("indexer_rope_interleave", False))
 
 
 def server_field(server_args, name: str, default):
@@ -240,7 +261,15 @@ def server_facts(
             name for name, field in (("flexkv", "enable_flexkv"), ("lmcache", "enable_lmcache"))
             if server_field(server_args, field, False)
         ),
+        indexer_fusion_disabled=indexer_fusion_disabled(),
     )
+
+
+def indexer_fusion_disabled() -> bool:
+    """SGLang's ``SGLANG_DISABLE_DSA_INDEXER_FUSION``, read through SGLang's own ``envs`` (its parsing rules)."""
+    from sglang.srt.environ import envs
+
+    return bool(envs.SGLANG_DISABLE_DSA_INDEXER_FUSION.get())
 
 
 def device_facts(device: str | torch.device = "cuda", gpu_id: int | None = None) -> DeviceFacts:

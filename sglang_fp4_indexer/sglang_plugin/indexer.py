@@ -108,8 +108,11 @@ def paged_scorer_inputs(block_tables, seqlens_2d, schedule, rows: int, max_next_
     """Pick the paged scorer's ``(block_table, context_lens, schedule)`` from SGLang's metadata.
 
     SGLang hands the paged-MQA path either per-row lengths ``[rows, 1]`` with a
-    per-row (repeat-interleaved) page table, or, for target verify on some
-    GPUs, ``[B, next_n]`` lengths whose page table rows repeat ``next_n`` times.
+    per-row (repeat-interleaved) page table, or, for target verify (SGLang's
+    own form on SM100; the plugin's everywhere else, ``metadata.py``),
+    ``[B, next_n]`` lengths whose page table rows repeat ``next_n`` times: then
+    the scorer gets one page-table row per request and scores its ``next_n``
+    rows in one tile (each key read once per request).
     The published schedule was planned on exactly ``seqlens_2d``, so it is kept
     when the scorer gets that same tensor and dropped (the scorer plans its own)
     otherwise.

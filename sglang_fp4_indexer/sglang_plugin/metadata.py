@@ -20,11 +20,21 @@ planner has the same call signature and result shape, so:
   step's; with FP4 every draft step's schedule is re-planned from its own
   current lengths, in place.
 
-All three act only on DSA classes or DSA call sites, so a non-DSA target with
+- ``DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens``
+  (AROUND): the lengths every one of those paths plans from and stores in
+  ``metadata.paged_mqa_ctx_lens_2d``. Below SM100 SGLang gives target verify
+  per-row lengths ``[B * next_n, 1]``; with FP4 they are handed over in the
+  request form ``[B, next_n]`` (the same per-row lengths), so the scorer takes
+  all ``next_n`` rows of a request in one tile and reads each key once per
+  request instead of once per row.
+
+All four act only on DSA classes or DSA call sites, so a non-DSA target with
 a draft model (e.g. Llama + EAGLE3) never reaches them.
 """
 
 from __future__ import annotations
+
+import torch
 
 from .pool import fp4_active
 
@@ -34,6 +44,7 @@ __all__ = [
     "refresh_paged_mqa_schedule_metadata",
     "multi_step_init_forward_metadata_out_graph",
     "replan_in_place",
+    "build_paged_mqa_schedule_2d_ctx_lens",
 ]
 
 
@@ -111,3 +122,31 @@ def multi_step_init_forward_metadata_out_graph(result, self, forward_batch, in_c
             ctx.copy_(lens)
         replan_in_place(lens, schedule)
     return result
+
+
+def build_paged_mqa_schedule_2d_ctx_lens(original, self, forward_mode, cache_seqlens_int32, seqlens_expanded,
+                                         batch_size):
+    """AROUND hook of ``DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens``: verify in the request form.
+
+    SGLang's result unless this process holds the FP4 cache, the batch is
+    target verify with ``2 <= next_n <= ops.paged_logits.MAX_NEXT_N`` draft
+    tokens (``self.speculative_num_draft_tokens``), and SGLang chose per-row
+    lengths ``[B * next_n, 1]``. Then it returns the first ``B * next_n`` of
+    ``seqlens_expanded`` (SGLang's per-row causal lengths, request-major) as
+    int32 ``[B, next_n]``, a view as SGLang's own ``[B * next_n, 1]`` is. Every publish site (eager, capture,
+    replay, ``*_from_precomputed``) plans the schedule from it and stores it
+    as ``paged_mqa_ctx_lens_2d``; the indexer hook then scores each request's
+    rows in one tile (``indexer.paged_scorer_inputs``: the page table's first
+    row of each request). SGLang's own ``[B, next_n]`` form (SM100) is kept.
+    """
+    result = original(self, forward_mode, cache_seqlens_int32, seqlens_expanded, batch_size)
+    if not fp4_active() or not forward_mode.is_target_verify():
+        return result
+    from ..ops.paged_logits import MAX_NEXT_N
+
+    next_n = int(getattr(self, "speculative_num_draft_tokens", 0) or 0)
+    rows = batch_size * next_n
+    per_row = result.dim() == 2 and result.shape[1] == 1
+    if not 2 <= next_n <= MAX_NEXT_N or not per_row or seqlens_expanded.numel() < rows:
+        return result
+    return seqlens_expanded.reshape(-1)[:rows].to(torch.int32).contiguous().view(batch_size, next_n)

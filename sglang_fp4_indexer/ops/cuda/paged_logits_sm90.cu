@@ -313,6 +313,14 @@ typedef float out_t;
 typedef unsigned short out_t;
 #endif
 
+// Four e4m3 query bytes with each NaN (magnitude byte 0x7F) made 0: a NaN element of q is read as 0
+// (paged_logits' check=False contract). Adding 1 to the 7-bit magnitudes sets bit 7 exactly in those
+// bytes (no carry leaves a byte); that bit, spread over its byte, masks it.
+__device__ __forceinline__ u32 zero_nan_e4m3(u32 w) {
+    const u32 nan = ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+    return w & ~((nan >> 7) * 0xFFu);
+}
+
 // Longest row of request b (the rows of [B] lengths see ctx - next_n + 1 + i keys).
 __device__ __forceinline__ int request_len(const int* lens, int b) {
 #if LENS_2D
@@ -390,9 +398,9 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         // schedule entry: one dependent global load fewer before its first page copy).
         int stage = 0, parity = 1;  // the next slot, and the parity of its empty barrier's phase to wait for
         int b = batch, blk_lo = 0, b_end = 0, blk_end = 0;  // an entry past the schedule's end: no job
-        if (vcta < num_ctas) {
-            b = __ldg(schedule + 2 * vcta);
-            blk_lo = __ldg(schedule + 2 * vcta + 1);
+        if (vcta < num_ctas) {  // clamped at 0: a corrupt entry never names a negative request or block
+            b = max(__ldg(schedule + 2 * vcta), 0);
+            blk_lo = max(__ldg(schedule + 2 * vcta + 1), 0);
             b_end = __ldg(schedule + 2 * vcta + 2);
             blk_end = __ldg(schedule + 2 * vcta + 3);
         }
@@ -516,7 +524,8 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
                 const int idx = tid + (k0 + k) * MATH_THREADS;
                 const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;
                 unsigned char* row = q_smem + i * Q_BYTES + h * 128;
-                const u32 words[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+                const u32 words[4] = {zero_nan_e4m3(v[k].x), zero_nan_e4m3(v[k].y), zero_nan_e4m3(v[k].z),
+                                      zero_nan_e4m3(v[k].w)};
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk) {
                     // Source word wi = 8 cc + 2 s + hi holds elements 32 cc + 8 s + 4 hi + 0..3: k step s,
@@ -604,7 +613,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     // The first job's request is the schedule entry's first request: its queries and weights are
     // loaded while the producer fetches the first page, not after it arrives.
     if (vcta < num_ctas) {
-        const int b0 = __ldg(schedule + 2 * vcta), blk0 = __ldg(schedule + 2 * vcta + 1);
+        const int b0 = max(__ldg(schedule + 2 * vcta), 0), blk0 = max(__ldg(schedule + 2 * vcta + 1), 0);  // as the producer
         const int b1 = __ldg(schedule + 2 * vcta + 2), blk1 = __ldg(schedule + 2 * vcta + 3);
         if (b0 < batch && (b0 < b1 || (b0 == b1 && blk0 < blk1))) {  // the producer's loop condition: a non-empty entry
             cur_b = b0;
