@@ -1,17 +1,22 @@
 # Two user commands. Each does its own set-up from a fresh clone.
 #   make demo   - the main job: FP4 vs FP8 vs exact indexer scoring on real text
 #   make test   - the CPU test suite (Triton kernels under TRITON_INTERPRET=1)
+# and one for installing elsewhere:
+#   make wheel  - build dist/sglang_fp4_indexer-VERSION-py3-none-any.whl (the package is not on PyPI)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DIST   ?= dist
 
-.PHONY: demo test venv
+.PHONY: demo test venv wheel
 
 $(STAMP): pyproject.toml
+	@echo "Setting up $(VENV)/: SGLang 0.5.23 with its dependencies (torch, CUDA libraries) and this package."
+	@echo "This downloads several GB and takes 6-10 minutes; $(VENV)/ ends at about 11 GB."
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[sglang,test,demo,plot]'
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install --progress-bar on -e '.[sglang,test,demo,plot]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -21,3 +26,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q $(ARGS)
+
+wheel:
+	$(PYTHON) -m pip wheel --no-deps -w $(DIST) .
+	@echo "Install it next to SGLang 0.5.23: pip install '$$(ls -t $(DIST)/sglang_fp4_indexer-*.whl | head -1)[sglang]'"

@@ -2,7 +2,7 @@
 
 The core (``format``, ``pool``, ``reference``, ``ops``, ``schedule``, ``gate``,
 ``dcp``) imports torch and Triton only; everything that touches SGLang lives in
-``sglang_fp4_indexer.sglang_plugin``. See DESIGN.md section 4 and docs/.
+``sglang_fp4_indexer.sglang_plugin``. See the docs/ folder of the source repository.
 """
 
 __version__ = "0.1.0"

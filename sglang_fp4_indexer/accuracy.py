@@ -95,6 +95,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from . import format as fmt
+from .argtypes import int_list, integer, number
 from .demo import FP8_KEY_SCALE_FMT, _device, dense_logits, quantize_queries, request_slots, shuffled_block_table
 from .metrics import average_ranks, percentile, relative_l2_error_rows, spearman_rows, topk_recall_rows
 from .pool import allocate_index_k_cache, read_index_k
@@ -102,6 +103,7 @@ from .reference import fp8_dequantize_rows, fp8_quantize_rows, logits_from_keys,
 from .workload import (
     apply_rope,
     check_input_path,
+    check_output_dir,
     check_output_path,
     gaussian_workload,
     head_weights,
@@ -540,7 +542,7 @@ def build_study_input(kind: str, cases: Sequence[tuple[int, int]], rows: int = D
 def fp4_keys_variant(keys: torch.Tensor, rule: str) -> torch.Tensor:
     """Keys through an MXFP4 encoder variant, decoded (fp32 ``[N, 128]``); for the study's findings.
 
-    - ``"ceil"``: the format's encoder (DESIGN section 3, ``format.quantize_index_k``):
+    - ``"ceil"``: the format's encoder (docs/format.md, ``format.quantize_index_k``):
       scale exponent ``e = ceil(log2(amax / 6))``, nothing clipped.
     - ``"ocp"``: the OCP MX v1.0 rule ``e = floor(log2(amax)) - 2`` (one less
       than ``"ceil"`` when ``amax > 6 * 2**(e - 1)`` lies in ``(1.5, 2) * 2**m``);
@@ -1136,7 +1138,7 @@ def render_markdown(result: StudyResult, command: str | None = None) -> str:
                              f"{a.lost_share:.4f} | {a.lost_in_last_quarter:.2f} | {a.lost_median_gap:.2f} | "
                              f"{a.lost_within_2sd:.2f} | {_pct(a.head_recall)} |")
         lines += ["", "### FP4 encoder variants (torch path; findings, not the format)", "",
-                  "| workload | context | H | FP8 | ceil (DESIGN §3) | ocp | mse | group16 (72 B) | ceil, bf16 q "
+                  "| workload | context | H | FP8 | ceil (the format's rule) | ocp | mse | group16 (72 B) | ceil, bf16 q "
                   "| FP4/FP8 error std | FP4 error must shrink × | key error FP8 | key error ceil | key error mse "
                   "| key error group16 |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
@@ -1252,16 +1254,6 @@ def write_outputs(result: StudyResult, out_dir: str | os.PathLike, command: str 
 # --------------------------------------------------------------------------- command line
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one value")
-    return values
-
-
 def _name_list(choices: Sequence[str]) -> Callable[[str], list[str]]:
     def parse(text: str) -> list[str]:
         values = [v.strip() for v in text.split(",") if v.strip()]
@@ -1277,21 +1269,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="'cpu' (default; Triton interpreter) or 'cuda' / 'cuda:N'")
     parser.add_argument("--workloads", type=_name_list(STUDY_WORKLOADS), default=list(STUDY_WORKLOADS),
                         help=f"comma-separated subset of {','.join(STUDY_WORKLOADS)} (default: all)")
-    parser.add_argument("--contexts", type=_int_list, default=None,
+    parser.add_argument("--contexts", type=int_list(1), default=None,
                         help="comma-separated context lengths (default 1024,4096,16384,65536; "
                              "with --device cuda also 131072)")
-    parser.add_argument("--heads", type=_int_list, default=list(STUDY_HEADS),
+    parser.add_argument("--heads", type=int_list(1), default=list(STUDY_HEADS),
                         help="comma-separated index head counts (default 64,32)")
-    parser.add_argument("--rows", type=int, default=None,
+    parser.add_argument("--rows", type=integer(1), default=None,
                         help=f"decode rows per case (default {DEFAULT_ROWS}, or the --load-workload file's)")
-    parser.add_argument("--topk", type=int, default=DEFAULT_TOPK, help=f"top-k (default {DEFAULT_TOPK})")
+    parser.add_argument("--topk", type=integer(1), default=DEFAULT_TOPK, help=f"top-k (default {DEFAULT_TOPK})")
     parser.add_argument("--seed", type=int, default=0, help="projection / sampling / page-order seed (default 0)")
     parser.add_argument("--logits-dtypes", type=_name_list(tuple(LOGITS_DTYPES)), default=list(LOGITS_DTYPES),
                         help="FP4 logits dtypes to measure (default fp32,bf16,fp16)")
-    parser.add_argument("--triton-max-context", type=int, default=None,
+    parser.add_argument("--triton-max-context", type=integer(0), default=None,
                         help="run the Triton kernels for contexts up to this (default: the smallest context on "
                              "the CPU, every context on CUDA; 0: never)")
-    parser.add_argument("--needle-margin", type=float, default=NEEDLE_MARGIN,
+    parser.add_argument("--needle-margin", type=number(0, exclusive_minimum=True), default=NEEDLE_MARGIN,
                         help=f"needle's exact logit over the best other key's, minus 1 (default {NEEDLE_MARGIN})")
     parser.add_argument("--no-diagnostics", action="store_true", help="skip the diagnostics")
     parser.add_argument("--save-workload", metavar="PATH", default=None,
@@ -1311,10 +1303,16 @@ def main(args: argparse.Namespace, console: Console | None = None) -> int:
     """Run the ``accuracy`` subcommand from parsed arguments. Returns the exit code (1 if a Triton check failed).
 
     Raises:
-        ValueError: bad or conflicting options (see ``build_study_input``, ``run_accuracy``).
+        ValueError: bad or conflicting options, each checked before any slow
+            work: an ``--out-dir`` that is a file or cannot be created, contexts
+            shorter than twice the rows (see also ``build_study_input``, ``run_accuracy``).
     """
     console = console or Console()
     started = time.perf_counter()
+    try:
+        check_output_dir(args.out_dir)  # before any work whose results go there
+    except ValueError as exc:
+        raise ValueError(f"--out-dir: {exc}") from None
     if args.from_json is not None:
         try:
             result, command = load_result(args.from_json)
@@ -1361,6 +1359,10 @@ def main(args: argparse.Namespace, console: Console | None = None) -> int:
                              f"drop --rows or rebuild the file")
         rows = file_rows.pop()
     rows = rows or DEFAULT_ROWS
+    short = [c for c in contexts if c < 2 * rows]
+    if short:
+        raise ValueError(f"--contexts: {short} below 2 x {rows} rows = {2 * rows} keys (each case needs twice "
+                         "as many keys as decode rows); give longer contexts or fewer --rows")
     inputs = []
     for kind in args.workloads:
         if kind in loaded:

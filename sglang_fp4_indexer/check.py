@@ -16,22 +16,35 @@ flags' ``--kv-cache-dtype``, else ``check``'s own, else SGLang's default for
 DSA models on that device (``sglang_kv_cache_dtype``). Under DCP the memory
 rows are per rank (``dcp.bytes_per_token`` / ``dcp.dcp_capacity``); when FP4
 is refused its rows are labelled as what it would give if the refusal were lifted.
+
+With ``--context N`` (and ``--batch``, ``--next-n``) it adds what FP4 gains and
+costs at that request length (``worth_it``): the requests that fit with each
+index format, the indexer scorer's time FP4 vs FP8 measured on an H200 at the
+nearest measured shape, and the top-k recall of each format at the nearest
+measured context (``tables``: the measured tables shipped in the package),
+then a one-line verdict.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
 import os
 import shlex
+import sys
 from fractions import Fraction
 from pathlib import Path
+from typing import Callable
 
+from .argtypes import MAX_MEMORY_GIB, integer, memory_gib
 from .dcp import REPLICATED, SHARDED, DcpCapacity, bytes_per_token, dcp_capacity
 from .gate import (INDEXER_FUSION_ENV, INTERLEAVED_INDEXER_ARCHS, Decision, DeviceFacts, ModelFacts, ServerFacts,
                    decide, index_key_rotation)
 
-__all__ = ["add_arguments", "main", "load_hf_config", "mla_kv_bytes_per_token", "sglang_kv_cache_dtype", "run_check"]
+__all__ = ["add_arguments", "main", "load_hf_config", "mla_kv_bytes_per_token", "sglang_kv_cache_dtype", "run_check",
+           "worth_it"]
 
 _V4_ARCHS = ("DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "DeepseekV4ForCausalLMDSpark")
 #: Architectures whose DSA KV-cache dtype SGLang 0.5.23 defaults (``arg_groups/model_hook.py`` calls
@@ -46,14 +59,28 @@ _SGLANG_KV_DTYPES = {"fp8_e4m3": "fp8", "bf16": "bf16", "bfloat16": "bf16"}
 #: Config keys that must be integers when present (SGLang uses them as such, without coercion).
 _INT_KEYS = ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim", "index_topk", "index_head_dim",
              "index_n_heads", "index_kpool", "index_topk_freq")
+#: Config keys a DSA model needs for the memory rows (MLA KV size, layer count).
+_DSA_SIZE_KEYS = ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim")
+#: Architectures that are DeepSeek Sparse Attention by name: SGLang classes them as DSA only when the config
+#: has ``index_topk`` (``is_deepseek_dsa``), so a config of one of these without it is incomplete.
+_DSA_BY_NAME = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "GlmMoeDsaForCausalLMNextN")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``check``."""
     parser.add_argument("model", help="local model directory (with config.json) or a Hugging Face config JSON file; "
-                                      "a hub id needs its config first: huggingface-cli download REPO config.json")
-    parser.add_argument("--memory-gib", type=float, default=100.0,
+                                      "a hub id needs its config first: hf download REPO config.json --local-dir DIR")
+    parser.add_argument("--memory-gib", type=memory_gib(), default=100.0,
                         help="KV-pool memory budget per GPU in GiB for the token counts (default 100)")
+    parser.add_argument("--context", type=integer(1), default=None, metavar="N",
+                        help="tokens per request (e.g. 131072): adds what FP4 gains and costs at that length -- "
+                             "requests that fit, the indexer's time FP4 vs FP8 (measured on H200) and the top-k "
+                             "recall FP4 vs FP8 (measured accuracy study) -- and a one-line verdict")
+    parser.add_argument("--batch", type=integer(1), default=1, metavar="B",
+                        help="with --context: requests decoded together (default 1)")
+    parser.add_argument("--next-n", type=integer(1), default=1, metavar="N",
+                        help="with --context: query tokens per request and step: 1 for plain decode, draft "
+                             "tokens + 1 with MTP / EAGLE speculative decoding (default 1)")
     parser.add_argument("--capability", default=None,
                         help="CUDA compute capability to assume, e.g. 9.0 (default: the local GPU, else 9.0)")
     parser.add_argument("--kv-cache-dtype", choices=("fp8", "bf16"), default=None,
@@ -74,9 +101,11 @@ def load_hf_config(path: str | Path) -> tuple[dict, Path]:
 
     Raises:
         ValueError: the path does not exist (with a hint for a Hugging Face hub
-            id), has no ``config.json``, is not a JSON object, or one of the
+            id), has no ``config.json``, is not UTF-8 JSON text (a binary file),
+            is not a JSON object, or one of the
             integer keys (``index_n_heads``, ``kv_lora_rank``, ...) holds
-            something else (SGLang does not coerce them).
+            something else (SGLang does not coerce them) or a size key
+            (``num_hidden_layers``, ``kv_lora_rank``, ...) is below 1.
     """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
@@ -85,13 +114,18 @@ def load_hf_config(path: str | Path) -> tuple[dict, Path]:
         if not path.exists():
             name = str(path) if str(path).count("/") == 1 and not str(path).endswith(".json") else "REPO"
             hint = (f". check reads a local config.json or model directory, not the hub; "
-                    f"get the config with: huggingface-cli download {name} config.json --local-dir DIR, "
+                    f"get the config with: hf download {name} config.json --local-dir DIR, "
                     f"then run check DIR")
         raise ValueError(f"model: no config file at {file}{hint}")
     try:
-        cfg = json.loads(file.read_text())
+        cfg = json.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"model: {file} is not a JSON text file (it holds binary data, not UTF-8 text); "
+                         "give the model's config.json") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"model: {file} is not JSON ({exc})") from None
+    except OSError as exc:
+        raise ValueError(f"model: {file} cannot be read ({exc.strerror or exc})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"model: {file} does not hold a JSON object")
     for key in _INT_KEYS:
@@ -99,6 +133,8 @@ def load_hf_config(path: str | Path) -> tuple[dict, Path]:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise ValueError(f"model: {file}: {key} must be an integer (SGLang uses it as one), "
                              f"got {value!r} ({type(value).__name__})")
+        if value is not None and value < 1 and key in _DSA_SIZE_KEYS + ("index_n_heads", "index_head_dim"):
+            raise ValueError(f"model: {file}: {key} must be >= 1, got {value}")
     return cfg, file
 
 
@@ -177,14 +213,17 @@ def _device(capability: str | None) -> tuple[DeviceFacts, str]:
     return DeviceFacts("cuda", (9, 0), "assumed H200"), "CUDA 9.0 (assumed: no local GPU; --capability to change)"
 
 
-def _with_sglang(cfg: dict, model_path: str, flags: list[str]):
+def _with_sglang(cfg: dict, model_path: str, flags: list[str], announce: Callable[[str], None]):
     """``(model facts, server facts, index layers, SGLang's --kv-cache-dtype)`` through SGLang.
 
-    Returns ``(None, why)`` when SGLang cannot be imported. SGLang's import-time
-    UserWarnings (AWQ, GGUF on a machine without a GPU) are suppressed.
+    Returns ``(None, why)`` when SGLang cannot be imported. ``announce`` gets
+    one line before SGLang's (slow) import when SGLang is installed. SGLang's
+    import-time UserWarnings (AWQ, GGUF on a machine without a GPU) are suppressed.
     """
     from .sglang_plugin.facts import sglang_import_error
 
+    if importlib.util.find_spec("sglang") is not None:
+        announce("loading SGLang to classify the model and parse its flags (about 20 s)...")
     why = sglang_import_error()
     if why is not None:
         return None, why
@@ -230,9 +269,31 @@ def _fmt(x: Fraction) -> str:
     return str(x.numerator) if x.denominator == 1 else f"{float(x):g}"
 
 
+def _check_complete(cfg: dict, file: Path, model: ModelFacts) -> None:
+    """Refuse a config that cannot be sized or classified as its architecture says.
+
+    Raises:
+        ValueError: a DSA-by-name architecture (``_DSA_BY_NAME``) without
+            ``index_topk``; a DSA model without one of ``_DSA_SIZE_KEYS``.
+    """
+    if not model.is_dsa and model.architecture in _DSA_BY_NAME and cfg.get("index_topk") is None:
+        raise ValueError(f"model: {file}: index_topk is missing; a {model.architecture} config has it (the "
+                         "indexer's top-k, 2048 for DeepSeek-V3.2 and GLM-5), and without it SGLang does not "
+                         "treat the model as DeepSeek Sparse Attention")
+    if model.is_dsa:
+        missing = [key for key in _DSA_SIZE_KEYS if cfg.get(key) is None]
+        if missing:
+            raise ValueError(f"model: {file}: {', '.join(missing)} missing; a DeepSeek Sparse Attention config "
+                             "needs num_hidden_layers, kv_lora_rank and qk_rope_head_dim to size its caches")
+
+
 def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None = None,
-              kv_cache_dtype: str | None = None, server_flags: list[str] | None = None) -> dict:
+              kv_cache_dtype: str | None = None, server_flags: list[str] | None = None,
+              announce: Callable[[str], None] = lambda line: None) -> dict:
     """Do the check and return its findings (what ``main`` prints).
+
+    ``announce`` is called with one progress line before SGLang's slow import
+    (``main`` prints it to stderr).
 
     The MLA KV format is ``kv_cache_dtype`` (``"fp8"``/``"bf16"``) when given,
     else the ``--kv-cache-dtype`` of the server flags, else SGLang's default
@@ -251,30 +312,33 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
         gain refers to: the decision's, or what the flags would give when refused)
         and ``rows``: ``(label, index bytes per rank, KV + index bytes per layer
         per rank, KV + index bytes of all layers per rank, tokens)``, bytes as
-        ``Fraction``.
+        ``Fraction``; also ``device_facts`` (``DeviceFacts``).
 
     Raises:
-        ValueError: unreadable config, bad options, rejected server flags, a
-            KV dtype conflict between ``kv_cache_dtype`` and the server flags.
+        ValueError: unreadable or incomplete config (a DSA model without its
+            layer count or MLA sizes, a DSA-by-name architecture without
+            ``index_topk``), bad options (``memory_gib`` not a finite number in
+            ``(0, MAX_MEMORY_GIB]``), rejected server flags, a KV dtype conflict
+            between ``kv_cache_dtype`` and the server flags.
     """
-    if memory_gib <= 0:
-        raise ValueError(f"--memory-gib: expected > 0, got {memory_gib}")
+    if not (isinstance(memory_gib, (int, float)) and math.isfinite(memory_gib) and 0 < memory_gib <= MAX_MEMORY_GIB):
+        raise ValueError(f"--memory-gib: expected a finite number > 0 and <= {MAX_MEMORY_GIB}, got {memory_gib}")
     flags = list(server_flags or [])
     cfg, file = load_hf_config(model)
-    found, why = _with_sglang(cfg, str(file.parent), flags)
+    found, why = _with_sglang(cfg, str(file.parent), flags, announce)
     detection = "sglang"
     if found is None:
         found, detection = _without_sglang(cfg, flags, why), f"config keys (SGLang not importable: {why})"
     model_facts, server, index_layers, server_kv = found
+    _check_complete(cfg, file, model_facts)
     device, device_text = _device(capability)
     decision: Decision = decide(model_facts, server, device)
     arch = model_facts.architecture or f"no architectures in config, model_type {cfg.get('model_type')!r}"
     out = {"decision": decision, "device": device_text, "detection": detection, "model": model_facts,
            "model_text": arch, "layers": int(cfg.get("num_hidden_layers", 0) or 0), "index_layers": index_layers,
-           "file": str(file), "dcp_size": server.dcp_size}
+           "file": str(file), "dcp_size": server.dcp_size, "device_facts": device}
     if model_facts.is_dsa:
         out["index_keys"] = index_key_rotation(model_facts, server)[1]
-    if model_facts.is_dsa and out["layers"] > 0 and "kv_lora_rank" in cfg:
         if kv_cache_dtype is not None and server_kv != "auto":
             if _SGLANG_KV_DTYPES.get(server_kv) != kv_cache_dtype:
                 raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} conflicts with --kv-cache-dtype {server_kv} "
@@ -306,13 +370,134 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
     return out
 
 
+def _k(tokens: int) -> str:
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
+
+
+def _shape_text(heads: int, batch: int, context: int, next_n: int) -> str:
+    return f"H {heads}, batch {batch} x {_k(context)}, next_n {next_n}"
+
+
+def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tables: dict | None = None) -> dict:
+    """What FP4 gains and costs at one serving shape, from ``run_check``'s findings and the measured tables.
+
+    Args:
+        found: ``run_check``'s result for a DSA model (with ``capacity``).
+        context: tokens per request.
+        batch: requests decoded together.
+        next_n: query tokens per request and step (1: decode; draft tokens + 1: speculative verify).
+        tables: measured tables (default: the packaged ones, ``tables.load_tables``).
+
+    Returns:
+        dict: ``requests_fp8`` / ``requests_fp4`` (requests of ``context`` tokens
+        that fit), ``tokens_needed`` (``batch * context``), ``timing`` (the
+        nearest measured row, ``tables.nearest_timing``), ``timing_exact``,
+        ``timing_gpu``, ``recall`` (rows at the nearest measured context,
+        ``tables.nearest_recall``), ``recall_exact``, ``recall_device``,
+        ``topk``, ``gpu_note`` (how the measured GPU relates to this one, or
+        empty) and ``verdict`` (one line).
+
+    Raises:
+        ValueError: ``found`` has no memory rows (not a DSA model), a
+            non-positive shape, or ``context < next_n``.
+    """
+    from .tables import load_tables, nearest_recall, nearest_timing
+
+    cap: DcpCapacity | None = found.get("capacity")
+    if cap is None:
+        raise ValueError("--context: the model has no DSA index-key cache, so FP4 changes nothing at any context")
+    if context < next_n:
+        raise ValueError(f"--context: {context} tokens cannot hold --next-n {next_n} query tokens")
+    tables = load_tables() if tables is None else tables
+    heads = found["model"].index_n_heads or 64
+    sharded = found["fp4_mode"] == SHARDED
+    tokens_fp4 = cap.tokens_fp4_sharded if sharded else cap.tokens_fp4_replicated
+    gain = cap.gain_sharded if sharded else cap.gain_replicated
+    row = nearest_timing(tables, heads, batch, context, next_n)
+    recall = nearest_recall(tables, heads, context)
+    topk = int(tables["recall"]["topk"])
+    gpu = tables["timing"]["gpu"]
+    dev: DeviceFacts = found["device_facts"]
+    if dev.name in ("assumed H200", "given"):
+        gpu_note = "" if tuple(dev.capability or ()) == (9, 0) else f" (not on a CUDA {dev.capability[0]}.{dev.capability[1]} GPU)"
+    else:
+        gpu_note = "" if "H200" in (dev.name or "") else f" (not on this {dev.name}: times differ)"
+    out = {
+        "requests_fp8": cap.tokens_fp8 // context, "requests_fp4": tokens_fp4 // context,
+        "tokens_needed": batch * context, "tokens_fp8": cap.tokens_fp8, "tokens_fp4": tokens_fp4, "gain": gain,
+        "timing": row, "timing_gpu": gpu, "gpu_note": gpu_note,
+        "timing_exact": (row["heads"], row["batch"], row["context"], row["next_n"]) == (heads, batch, context, next_n),
+        "recall": recall, "recall_exact": recall[0]["context"] == context, "recall_device": tables["recall"]["device"],
+        "topk": topk, "heads": heads,
+    }
+    fp4, fp8 = row["fp4_us"], row["fp8_us"]
+    if fp8 is not None:
+        speed = f"a {fp8 / fp4:.2f}x faster indexer" if fp4 <= fp8 else f"a {fp4 / fp8:.2f}x slower indexer"
+    elif row.get("fp8_floor_us") and fp4 < row["fp8_floor_us"]:
+        speed = "a faster indexer (FP4 under FP8's bandwidth floor)"
+    else:
+        speed = "an indexer time vs FP8 not measured"
+    text = next((r for r in recall if r["workload"] == "text"), recall[0])
+    if context <= topk:
+        cost = f"no recall cost (top-{topk} keeps all {_k(context)} keys)"
+    else:
+        cost = (f"{(text['fp8'] - text['fp4']) * 100:.1f} points less top-{topk} recall at "
+                f"{_k(text['context'])} ({text['workload']} workload)")
+    fits = ""
+    if out["tokens_needed"] > cap.tokens_fp8:
+        fits = "; the batch fits only with FP4" if out["tokens_needed"] <= tokens_fp4 else "; the batch fits neither"
+    out["verdict"] = f"+{gain * 100:.1f} % KV tokens and {speed}, for {cost}{fits}: worth it where KV memory limits you"
+    return out
+
+
+def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, context: int) -> None:
+    row, heads = w["timing"], w["heads"]
+    layers = res["index_layers"]
+    console.print(f"at {_k(context)} tokens per request: requests that fit: FP8 {w['requests_fp8']}, FP4 "
+                  f"{w['requests_fp4']} (a batch of {batch} needs {w['tokens_needed']} KV tokens; "
+                  f"FP8 holds {w['tokens_fp8']}, FP4 {w['tokens_fp4']})")
+    where = ("at this shape" if w["timing_exact"]
+             else f"at the nearest measured shape, {_shape_text(row['heads'], row['batch'], row['context'], row['next_n'])}")
+    fp8 = (f"FP8 (DeepGEMM, as SGLang calls it) {row['fp8_us']:.1f} us" if row["fp8_us"] is not None
+           else "FP8 time not measured" + (f" (its memory-bandwidth floor there: {row['fp8_floor_us']:.1f} us)"
+                                           if row.get("fp8_floor_us") else ""))
+    native = row.get("fp8_native_us")
+    if native is not None and row["fp8_us"] is not None and abs(native - row["fp8_us"]) > 0.05 * row["fp8_us"]:
+        fp8 += f"; DeepGEMM with its native next_n, which SGLang 0.5.23 does not use on Hopper: {native:.1f} us"
+    console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']}{w['gpu_note']} {where}: "
+                  f"FP4 {row['fp4_us']:.1f} us (x {layers} index layers = {row['fp4_us'] * layers / 1000:.2f} ms "
+                  f"per step); {fp8}")
+    if res["dcp_size"] > 1 and res["fp4_mode"] == SHARDED:
+        console.print("  (single-GPU times; the sharded index adds a candidate exchange per step: see the user guide)")
+    ctx = w["recall"][0]["context"]
+    where = f"at {_k(ctx)}" + ("" if w["recall_exact"] else f" (the nearest measured context to {_k(context)})")
+    parts = ", ".join(f"{r['workload']} {r['fp4']:.3f} vs {r['fp8']:.3f}" for r in w["recall"])
+    if context <= w["topk"]:
+        console.print(f"top-{w['topk']} recall: 1 for FP4 and FP8 (a {_k(context)} context has at most "
+                      f"{w['topk']} keys, all of them selected)")
+    else:
+        console.print(f"top-{w['topk']} recall against exact scoring, FP4 vs FP8, {where}, H {w['recall'][0]['heads']} "
+                      f"(accuracy study on {w['recall_device']}; its effect on answers is not measured): {parts}")
+    console.print(f"verdict: {w['verdict']}")
+
+
 def main(args: argparse.Namespace) -> int:
     """Print the check; exit code 0 when the FP4 indexer would be enabled, 1 when refused."""
     from rich.console import Console
     from rich.table import Table
 
+    def announce(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        flags = shlex.split(args.sglang_args)
+    except ValueError as exc:
+        raise ValueError(f"--sglang-args: cannot split {args.sglang_args!r} into flags ({exc})") from None
+    context = getattr(args, "context", None)
+    if context is not None and context < args.next_n:
+        raise ValueError(f"--context: {context} tokens cannot hold --next-n {args.next_n} query tokens")
     res = run_check(args.model, memory_gib=args.memory_gib, capability=args.capability,
-                    kv_cache_dtype=args.kv_cache_dtype, server_flags=shlex.split(args.sglang_args))
+                    kv_cache_dtype=args.kv_cache_dtype, server_flags=flags, announce=announce)
     d: Decision = res["decision"]
     console = Console(highlight=False)
     console.print(f"model: {res['model_text']} ({res['file']}; classified by {res['detection']})")
@@ -327,6 +512,8 @@ def main(args: argparse.Namespace) -> int:
     cap: DcpCapacity | None = res.get("capacity")
     if cap is None:
         console.print("memory effect: none (no DSA index-key cache)")
+        if context is not None:
+            console.print("verdict: FP4 changes nothing for this model at any context (no DSA index-key cache)")
         return 0 if d.enabled else 1
     w = res["dcp_size"]
     where = "per GPU" if w == 1 else f"per rank, DCP {w} (MLA KV sharded over the {w} ranks)"
@@ -357,4 +544,11 @@ def main(args: argparse.Namespace) -> int:
     else:
         console.print(f"FP4 is not used; if the refusal were lifted, FP4{mode} would add "
                       f"{tokens - cap.tokens_fp8} KV tokens (+{gain * 100:.1f} %)")
+    if context is None:
+        console.print("add --context N (and --batch, --next-n) for the time and recall FP4 costs or saves at that length")
+    elif d.enabled:
+        _print_worth_it(console, res, worth_it(res, context=context, batch=args.batch, next_n=args.next_n),
+                        args.batch, args.next_n, context)
+    else:
+        console.print("verdict: FP4 is refused for this deployment (above), so SGLang keeps FP8 at any context")
     return 0 if d.enabled else 1

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+__all__ = ["SUBCOMMANDS", "SGLANG_VERSION", "build_parser", "main"]
 
 
 @dataclass(frozen=True)
@@ -40,11 +40,25 @@ SUBCOMMANDS: tuple[_Subcommand, ...] = (
                 "would --enable-fp4-indexer serve this model (and these SGLang flags)? decision and memory effect"),
     _Subcommand("bench", ".bench",
                 "benchmark: the paged scorer vs SGLang's Triton FP4 and DeepGEMM FP8 vs the HBM floor, "
-                "the store op and the planner (docs/benchmarks.md)"),
+                "the store op and the planner (method: docs/benchmarks.md in the source repository)"),
     _Subcommand("accuracy", ".accuracy",
                 "accuracy study: FP4 vs FP8 top-k recall, rank correlation and logit error against exact scoring "
-                "over workloads, contexts and H (docs/accuracy.md)"),
+                "over workloads, contexts and H (results: docs/accuracy.md in the source repository)"),
 )
+
+#: The SGLang release the plugin is built and tested against.
+SGLANG_VERSION = "0.5.23"
+
+
+class _Parser(argparse.ArgumentParser):
+    """``ArgumentParser`` whose usage errors are one line (``PROG: error: MESSAGE``, exit 2).
+
+    argparse prints the whole usage text before the error by default; for
+    subcommands with many options that buries the line that matters.
+    """
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
 def _module(sub: _Subcommand):
@@ -52,15 +66,21 @@ def _module(sub: _Subcommand):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command's parser, one subparser per entry of ``SUBCOMMANDS``.
+    """The command's parser: ``--version`` and one subparser per entry of ``SUBCOMMANDS``.
 
+    Usage errors print one line naming the option and exit with code 2.
     Building it imports each subcommand's module but not Triton (the modules
     import their kernels lazily).
     """
-    parser = argparse.ArgumentParser(
+    from . import __version__
+
+    parser = _Parser(
         prog="sglang-fp4-indexer",
-        description="MXFP4 index-key cache and Triton scorers for SGLang's DSA lightning indexer.",
+        description="MXFP4 index-key cache and Triton scorers for SGLang's DSA lightning indexer. "
+                    "The documentation is the docs/ folder of the source repository.",
     )
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {__version__} (for SGLang {SGLANG_VERSION})")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for sub in SUBCOMMANDS:
         sp = subparsers.add_parser(sub.name, help=sub.help, description=sub.help)

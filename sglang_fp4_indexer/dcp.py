@@ -10,7 +10,7 @@ allocator pages by ``64 * W`` global slots (``allocation_sizing``:
 64-token index pages (global page ``W * P + t``, ``t < W``) whose owned slots
 fill exactly one 64-token local page ``P`` on every rank.
 
-Two modes (DESIGN section 6, issue 6):
+Two modes:
 
 - **replicated**: every rank keeps the whole FP4 index (68 B per token per
   layer) in SGLang's widened global slot space; the numerics are the

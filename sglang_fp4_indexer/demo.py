@@ -48,6 +48,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from . import format as fmt
+from .argtypes import integer, memory_gib
 from .pool import (
     DEEPSEEK_V32_NUM_LAYERS,
     FP4_INDEX_BYTES_PER_TOKEN,
@@ -468,15 +469,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="'cpu' (Triton interpreter; the default) or 'cuda' / 'cuda:N'")
     parser.add_argument("--workload", choices=WORKLOAD_KINDS, default=None,
                         help="'text' (default: MiniLM over stdlib docstrings) or 'gaussian'")
-    parser.add_argument("--context", type=int, default=None, help="keys per request (default 8192)")
-    parser.add_argument("--batch", type=int, default=None, help="decode requests (default 2)")
-    parser.add_argument("--heads", type=int, default=None, help=f"index heads H (default {DEFAULT_HEADS})")
+    parser.add_argument("--context", type=integer(1), default=None, help="keys per request (default 8192)")
+    parser.add_argument("--batch", type=integer(1), default=None, help="decode requests (default 2)")
+    parser.add_argument("--heads", type=integer(1), default=None, help=f"index heads H (default {DEFAULT_HEADS})")
     parser.add_argument("--seed", type=int, default=None, help="projection / sampling / page-order seed (default 0)")
-    parser.add_argument("--topk", type=int, default=DEFAULT_TOPK, help=f"top-k (default {DEFAULT_TOPK}; "
+    parser.add_argument("--topk", type=integer(1), default=DEFAULT_TOPK, help=f"top-k (default {DEFAULT_TOPK}; "
                         "capped at the context)")
-    parser.add_argument("--memory-gib", type=float, default=_DEFAULT_MEMORY_GIB,
+    parser.add_argument("--memory-gib", type=memory_gib(), default=_DEFAULT_MEMORY_GIB,
                         help=f"KV-pool budget for the capacity row, GiB (default {_DEFAULT_MEMORY_GIB:g})")
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls per scorer on a GPU (default 20)")
+    parser.add_argument("--repeats", type=integer(1), default=20, help="timed calls per scorer on a GPU (default 20)")
     parser.add_argument("--save-workload", metavar="PATH", default=None,
                         help="save the workload tensors to PATH (.pt) after building them")
     parser.add_argument("--load-workload", metavar="PATH", default=None,

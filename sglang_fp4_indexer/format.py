@@ -1,6 +1,6 @@
 """MXFP4 index-key format: the exact torch reference encoder and decoder.
 
-This module is the contract of DESIGN.md section 3. One index key is 128
+This module is the contract of docs/format.md. One index key is 128
 values; it is stored as 64 payload bytes (E2M1 codes, two per byte) and four
 UE8M0 scale bytes (one per group of 32 elements): 68 bytes in all.
 
@@ -120,7 +120,7 @@ def e2m1_to_e4m3_byte(codes: torch.Tensor) -> torch.Tensor:
     """Map E2M1 codes to the e4m3 byte ``sign << 7 | (code & 7) << 2``.
 
     Read as ``float8_e4m3fn`` the byte equals ``E2M1(code) * 2**-6`` exactly for
-    all 16 codes (DESIGN section 3). This is what the Hopper scorer computes with
+    all 16 codes (docs/format.md). This is what the Hopper scorer computes with
     integer ops on packed words.
 
     Args:
@@ -165,7 +165,7 @@ def _first_nonfinite_row(k: torch.Tensor) -> int | None:
 
 
 def quantize_index_k(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize index keys to MXFP4 (DESIGN section 3), exactly.
+    """Quantize index keys to MXFP4 (docs/format.md), exactly.
 
     Per group of 32 elements: ``e = ceil(log2(amax / 6))`` clamped to
     ``[-126, 127]`` (``e = -126`` for an all-zero or subnormal group), UE8M0

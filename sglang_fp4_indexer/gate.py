@@ -1,7 +1,7 @@
 """The gate: decide whether the FP4 index-key cache can serve a deployment.
 
 ``decide(model, server, device) -> Decision`` is a pure function of three
-fact records (DESIGN.md section 4), so it is deterministic and gives the same
+fact records, so it is deterministic and gives the same
 answer on every rank that sees the same configuration. The SGLang plugin
 (``sglang_plugin/facts.py``) fills the records from SGLang's objects; the
 ``check`` command fills them from a Hugging Face ``config.json``. Nothing here

@@ -1,6 +1,6 @@
 """Page math, plane views and capacity accounting for the FP4 index-key cache.
 
-Layout (DESIGN.md section 3): one ``uint8`` buffer per layer of shape
+Layout (docs/format.md): one ``uint8`` buffer per layer of shape
 ``[num_pages, page_size * 68]``. The first ``page_size * 64`` bytes of a page
 are its payload plane (row-major by row), the last ``page_size * 4`` bytes its
 scale plane. Token slot ``s`` lives on page ``s // page_size`` at row
@@ -64,7 +64,7 @@ def page_bytes(page_size: int = PAGE_SIZE) -> int:
 def scale_row(row, page_size: int = PAGE_SIZE):
     """Row of the scale plane that holds the scales of the token at ``row`` of its page.
 
-    The single mapping every scale-plane access goes through (DESIGN section 3).
+    The single mapping every scale-plane access goes through (docs/format.md).
     Identity in the NVIDIA layout; a layout with a transposed scale plane changes
     only this function. Works on Python ints, torch tensors and Triton values
     (it is plain arithmetic so kernels can inline the same expression).

@@ -7,7 +7,7 @@ They are written for clarity, not speed: keys are decoded with the exact
 Semantics follow SGLang's FP8 paged MQA logits (DeepGEMM ``fp8_paged_mqa_logits``):
 ``logits[r, j] = sum_h weights[r, h] * relu(q[r, h] . k_j)`` for the keys
 ``j < len(r)`` of the row's request, read through its block table. Columns at
-or past ``len(r)`` are ``-inf`` (DESIGN section 5: this project writes them).
+or past ``len(r)`` are ``-inf`` (this project writes them).
 """
 
 from __future__ import annotations

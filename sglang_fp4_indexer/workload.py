@@ -97,6 +97,7 @@ __all__ = [
     "load_saved_file",
     "check_input_path",
     "check_output_path",
+    "check_output_dir",
 ]
 
 #: Dims of an index key/query that carry RoPE: the first 64 of 128 (DeepSeek-V3.2 ``qk_rope_head_dim``).
@@ -251,7 +252,9 @@ def load_saved_file(path: str | os.PathLike) -> object:
     except pickle.UnpicklingError:
         raise ValueError(f"{name}: not a .pt file this package wrote (torch.load with weights_only=True "
                          f"cannot unpickle it)") from None
-    except (RuntimeError, EOFError, ValueError, AttributeError, ImportError) as exc:
+    except Exception as exc:  # noqa: BLE001 -- torch's unpickler fails on foreign bytes in many ways
+        # (RuntimeError, EOFError, KeyError, IndexError, UnicodeDecodeError, ... on a text file):
+        # each means the same thing here, so one message.
         first = (str(exc).strip().splitlines() or [""])[0][:160]
         raise ValueError(f"{name}: not a .pt file this package wrote ({type(exc).__name__}: {first})") from None
 
@@ -271,6 +274,26 @@ def check_output_path(path: str | os.PathLike) -> None:
         raise ValueError(f"{name}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{name}: the directory {parent} is not writable")
+
+
+def check_output_dir(path: str | os.PathLike) -> None:
+    """Check that ``path`` is, or can be created as, a writable directory, before slow work that writes there.
+
+    Raises:
+        ValueError: ``path`` exists and is not a directory (a file), or its
+            nearest existing ancestor is not a writable directory; the message
+            starts with ``path``.
+    """
+    name = os.fspath(path)
+    if os.path.exists(name) and not os.path.isdir(name):
+        raise ValueError(f"{name}: exists and is not a directory")
+    ancestor = os.path.abspath(name)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise ValueError(f"{name}: {ancestor} is not a directory, so the directory cannot be created")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}: the directory {ancestor} is not writable")
 
 
 def _check_geometry(batch: int, context: int, heads: int) -> None:

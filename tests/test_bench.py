@@ -237,6 +237,28 @@ def test_cpu_run_reports_broken_scorers(cpu_report):
     assert "FAIL broken-swap,broken-tail,broken-scale" in summary and CPU_TIMING_NOTE in summary
 
 
+def test_summary_never_puts_a_cpu_time_beside_a_gpu_target(cpu_report):
+    import copy
+
+    lines = render_summary(cpu_report).splitlines()
+    planner = next(line for line in lines if line.startswith("planner, batch 8"))
+    store = next(line for line in lines if line.startswith("store_index_k x 96 tokens"))
+    assert "(its 5.00 us target is for a GPU; no CPU target) [check ok]" in planner and "met" not in planner
+    assert "floor" not in store and store.endswith("[check ok]")
+    # Without the per-shape lines (bench prints them in the wide table) the failing shapes are still named.
+    short = render_summary(cpu_report, rows=False).splitlines()
+    assert [line for line in short if line.startswith(SHAPES[0].label)] == [
+        f"{SHAPES[0].label}: FAIL broken-swap,broken-tail,broken-scale"]
+    gpu = copy.deepcopy(cpu_report)
+    gpu["meta"]["device_type"] = "cuda"
+    for seconds, word in ((2.4e-6, "met"), (6e-6, "missed")):
+        gpu["planner"]["seconds"] = seconds
+        planner = next(line for line in render_summary(gpu).splitlines() if line.startswith("planner"))
+        assert f"(target 5.00 us: {word}) [check ok]" in planner, planner
+    store = next(line for line in render_summary(gpu).splitlines() if line.startswith("store_index_k"))
+    assert "% of its floor" in store
+
+
 def test_cpu_run_store_and_planner_rows(cpu_report, tmp_path):
     store, planner = cpu_report["store"], cpu_report["planner"]
     assert store["status"] == "ok" and store["bytes"] == 96 * 324
@@ -314,6 +336,11 @@ def test_cli_bench_cpu_end_to_end(tmp_path):
     tail = proc.stdout.strip().splitlines()
     assert tail[-2].startswith("failures: 0") or tail[-1].startswith("failures: 0")
     assert "unavailable: needs a CUDA device" in proc.stdout
+    # The shape's row appears once, in the wide table (the summary after it does not repeat the rows).
+    assert sum(line.startswith("│ H32 1x64 n1") for line in tail) == 1
+    assert not any(line.startswith("H32 1x64 n1") for line in tail)
+    planner = next(line for line in tail if line.startswith("planner, batch 4"))
+    assert "target is for a GPU; no CPU target" in planner and "[check ok]" in planner, planner
 
 
 def test_cli_bench_bad_options():

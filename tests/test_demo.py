@@ -365,14 +365,14 @@ def test_cli_demo_file_and_option_errors_are_one_line_naming_the_flag(capsys, tm
         (["--load-workload", str(h48)], "--load-workload", "H = 48"),
         (small + ["--save-workload", str(tmp_path / "no" / "dir" / "w.pt")], "--save-workload", "does not exist"),
         (small + ["--save-workload", str(tmp_path)], "--save-workload", "is a directory"),
-        (["--context", "0"], "--context", ">= 1"),
-        (["--batch", "-1"], "--batch", ">= 1"),
+        (["--context", "0"], "argument --context", ">= 1"),
+        (["--batch", "-1"], "argument --batch", ">= 1"),
         (["--heads", "48"], "--heads", "(16, 32, 64, 128)"),
-        (["--topk", "0"], "--topk", ">= 1"),
-        (["--memory-gib", "0"], "--memory-gib", "> 0"),
-        (["--memory-gib", "-3"], "--memory-gib", "> 0"),
-        (["--memory-gib", "inf"], "--memory-gib", "finite"),
-        (["--memory-gib", "nan"], "--memory-gib", "finite"),
+        (["--topk", "0"], "argument --topk", ">= 1"),
+        (["--memory-gib", "0"], "argument --memory-gib", "> 0"),
+        (["--memory-gib", "-3"], "argument --memory-gib", "> 0"),
+        (["--memory-gib", "inf"], "argument --memory-gib", "finite"),
+        (["--memory-gib", "nan"], "argument --memory-gib", "finite"),
     ):
         with pytest.raises(SystemExit) as exc:
             main(["demo"] + argv)

@@ -191,7 +191,8 @@ def test_config_reporting(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["check", "deepseek-ai/DeepSeek-V3.2"])
     err = " ".join(capsys.readouterr().err.split())
-    assert exc.value.code == 2 and "huggingface-cli download deepseek-ai/DeepSeek-V3.2 config.json" in err
+    assert exc.value.code == 2 and "hf download deepseek-ai/DeepSeek-V3.2 config.json --local-dir DIR" in err
+    assert "huggingface-cli" not in err
     with pytest.raises(SystemExit) as exc:
         main(["check", _write(tmp_path, DSV32), "--sglang-args=--model-path foo"])
     err = " ".join(capsys.readouterr().err.split())
@@ -227,6 +228,7 @@ def test_without_sglang_subprocess(tmp_path):
                                     capture_output=True, text=True, env=env, timeout=300)
     res = run()
     assert res.returncode == 0 and "ENABLED" in res.stdout and "Traceback" not in res.stderr, res.stderr
+    assert "loading SGLang" not in res.stderr  # not installed: nothing to wait for
     assert "MLA KV 656 B/token/layer (fp8: SGLang's default" in " ".join(res.stdout.split())
     res = run("--sglang-args=--dcp-size 2")
     lines = res.stderr.strip().splitlines()
@@ -239,6 +241,8 @@ def test_no_sglang_import_warnings(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert res.returncode == 0 and "classified by sglang" in res.stdout
     assert "UserWarning" not in res.stderr and "AWQ" not in res.stderr, res.stderr
+    # SGLang's import takes ~20 s: check says so first, on stderr (stdout stays the report).
+    assert res.stderr.startswith("loading SGLang to classify the model"), res.stderr
 
 
 def test_bad_input(tmp_path, capsys):
@@ -257,3 +261,173 @@ def test_bad_input(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(SystemExit):
         main(["check", str(tmp_path / "bad.json")])
+
+
+def _one_line_error(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(["check", *argv])
+    captured = capsys.readouterr()
+    err = captured.err.replace("loading SGLang to classify the model and parse its flags (about 20 s)...\n", "")
+    assert exc.value.code == 2, (argv, captured)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "ENABLED" not in captured.out
+    return " ".join(err.split())
+
+
+def test_binary_config_file_is_named(tmp_path, capsys):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(bytes(range(256)) * 4)
+    err = _one_line_error(capsys, [str(path)])
+    assert f"model: {path} is not a JSON text file (it holds binary data" in err
+
+
+@pytest.mark.parametrize("drop, text", [
+    ("num_hidden_layers", "num_hidden_layers missing"),
+    ("kv_lora_rank", "kv_lora_rank missing"),
+    ("qk_rope_head_dim", "qk_rope_head_dim missing"),
+])
+@pytest.mark.parametrize("cfg", [DSV32, GLM5], ids=["deepseek-v3.2", "glm-5"])
+def test_dsa_config_without_a_size_key_is_an_error_not_enabled(tmp_path, capsys, cfg, drop, text):
+    path = _write(tmp_path, {k: v for k, v in cfg.items() if k != drop}, as_dir=False)
+    err = _one_line_error(capsys, [path, "--capability", "9.0"])
+    assert f"model: {path}: {text}; a DeepSeek Sparse Attention config needs" in err
+
+
+@pytest.mark.parametrize("layers", [-3, 0])
+def test_non_positive_layer_count_is_an_error(tmp_path, capsys, layers):
+    path = _write(tmp_path, {**DSV32, "num_hidden_layers": layers}, as_dir=False)
+    err = _one_line_error(capsys, [path])
+    assert f"model: {path}: num_hidden_layers must be >= 1, got {layers}" in err
+
+
+@pytest.mark.parametrize("cfg", [DSV32, GLM5], ids=["deepseek-v3.2", "glm-5"])
+def test_dsa_architecture_without_index_topk_names_the_key(tmp_path, capsys, cfg):
+    path = _write(tmp_path, {k: v for k, v in cfg.items() if k != "index_topk"}, as_dir=False)
+    err = _one_line_error(capsys, [path])
+    assert f"model: {path}: index_topk is missing; a {cfg['architectures'][0]} config has it" in err
+
+
+def test_deepseek_v3_without_index_topk_is_refused_not_an_error(tmp_path, capsys):
+    # DeepSeek-V3 (same family, no sparse indexer) has no index_topk: a plain refusal, not a config error.
+    cfg = {k: v for k, v in DSV32.items() if k != "index_topk"}
+    code, out = _run(capsys, _write(tmp_path, {**cfg, "architectures": ["DeepseekV3ForCausalLM"]}), "--capability", "9.0")
+    assert code == 1 and "not a DeepSeek Sparse Attention model" in out and "memory effect: none" in out
+
+
+def test_bad_environment_value_is_an_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_ENABLE_FP4_INDEXER", "maybe")
+    err = _one_line_error(capsys, [_write(tmp_path, DSV32)])
+    assert "SGLANG_ENABLE_FP4_INDEXER='maybe': expected 1, true, yes or on to enable" in err
+
+
+def test_context_shorter_than_next_n_is_an_error(tmp_path, capsys):
+    err = _one_line_error(capsys, [_write(tmp_path, DSV32), "--context", "2", "--next-n", "4"])
+    assert "error: --context: 2 tokens cannot hold --next-n 4 query tokens" in err
+
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def _sources():
+    from sglang_fp4_indexer.tables import load_tables
+
+    bench_src, acc_src = load_tables()["sources"]
+    return json.loads((_REPO / bench_src).read_text()), json.loads((_REPO / acc_src).read_text())
+
+
+def _bench_us(bench, heads, batch, context, next_n, column):
+    row = next(r for r in bench["rows"]
+               if (r["heads"], r["batch"], r["context"], r["next_n"]) == (heads, batch, context, next_n))
+    res = row["results"].get(column, {})
+    return res["seconds"] * 1e6 if res.get("status") == "ok" else None, row["fp8_floor_s"] * 1e6
+
+
+def _recall(acc, workload, context, heads):
+    case = next(c for c in acc["cases"] if (c["workload"], c["context"], c["heads"]) == (workload, context, heads))
+    return case["formats"]["FP4"]["recall_mean"], case["formats"]["FP8"]["recall_mean"]
+
+
+@pytest.mark.parametrize("cfg, layers, heads, kv", [(DSV32, 61, 64, 1152), (GLM5, 78, 32, 1152)],
+                         ids=["deepseek-v3.2", "glm-5"])
+def test_context_adds_what_fp4_gains_and_costs(tmp_path, capsys, cfg, layers, heads, kv):
+    bench, acc = _sources()
+    ours = next(s["name"] for s in bench["scorers"] if s["name"] in ("ours", "ours[auto]"))
+    code, out = _run(capsys, _write(tmp_path, cfg), "--capability", "9.0", "--context", "131072", "--batch", "8")
+    assert code == 0 and "ENABLED" in out
+    # Tokens: SGLang's Hopper default MLA KV is bf16 (1152 B); requests of 128K that fit.
+    t8, t4 = 100 * GIB // (layers * (kv + 132)), 100 * GIB // (layers * (kv + 68))
+    assert (f"at 128K tokens per request: requests that fit: FP8 {t8 // 131072}, FP4 {t4 // 131072} "
+            f"(a batch of 8 needs {8 * 131072} KV tokens; FP8 holds {t8}, FP4 {t4})") in out
+    # Time: the benchmark's own number at this exact shape, labelled as measured on H200.
+    fp4_us, fp8_floor = _bench_us(bench, heads, 8, 131072, 1, ours)
+    fp8_us, _ = _bench_us(bench, heads, 8, 131072, 1, "deepgemm-fp8")
+    assert f"measured on NVIDIA H200 at this shape: FP4 {fp4_us:.1f} us (x {layers} index layers = " \
+           f"{fp4_us * layers / 1000:.2f} ms per step)" in out
+    if fp8_us is None:
+        assert f"FP8 time not measured (its memory-bandwidth floor there: {fp8_floor:.1f} us)" in out
+    else:
+        assert f"FP8 (DeepGEMM, as SGLang calls it) {fp8_us:.1f} us" in out
+    # Recall: the accuracy study's numbers at 128K for this H, every workload.
+    text4, text8 = _recall(acc, "text", 131072, heads)
+    assert f"at 128K, H {heads} (accuracy study on NVIDIA H200" in out
+    assert f"text {text4:.3f} vs {text8:.3f}" in out
+    gain = f"+{(t4 / t8 - 1) * 100:.1f} %"
+    assert gain == "+5.2 %"
+    verdict = out[out.index("verdict: "):]
+    assert verdict.startswith(f"verdict: {gain} KV tokens and ")
+    assert f"for {(text8 - text4) * 100:.1f} points less top-2048 recall at 128K (text workload)" in verdict
+    assert verdict.endswith("worth it where KV memory limits you")
+
+
+def test_context_names_the_nearest_measured_shape(tmp_path, capsys):
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "10.0", "--context", "100000", "--batch", "6",
+                     "--next-n", "3")
+    assert code == 0
+    assert "(not on a CUDA 10.0 GPU) at the nearest measured shape, H 64, batch 8 x 128K, next_n 4" in out
+    assert "at 128K (the nearest measured context to 100000)" in out
+    code, out = _run(capsys, _write_dir(tmp_path, "short", DSV32), "--capability", "9.0", "--context", "2048")
+    assert "top-2048 recall: 1 for FP4 and FP8 (a 2K context has at most 2048 keys" in out
+    assert "no recall cost (top-2048 keeps all 2K keys)" in out
+
+
+def _write_dir(tmp_path, name, cfg):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+def test_context_on_refused_and_non_dsa_models(tmp_path, capsys):
+    code, out = _run(capsys, _write(tmp_path, LLAMA, as_dir=False), "--context", "131072")
+    assert code == 1 and "verdict: FP4 changes nothing for this model at any context" in out
+    code, out = _run(capsys, _write_dir(tmp_path, "v32", DSV32), "--capability", "8.0", "--context", "131072")
+    assert code == 1 and "verdict: FP4 is refused for this deployment" in out
+
+
+def test_without_context_check_points_to_it(tmp_path, capsys):
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "9.0")
+    assert code == 0 and "add --context N (and --batch, --next-n)" in out
+
+
+def test_context_quotes_both_deepgemm_columns_where_they_differ(tmp_path, capsys):
+    bench, _ = _sources()
+    ours = next(s["name"] for s in bench["scorers"] if s["name"] in ("ours", "ours[auto]"))
+    rows = [r for r in bench["rows"] if r["heads"] == 64 and r["results"].get(ours, {}).get("status") == "ok"]
+    row = max(rows, key=lambda r: (r["next_n"], r["batch"] * r["context"]))  # a target-verify row where there is one
+    shape = [str(row[k]) for k in ("context", "batch", "next_n")]
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "9.0", "--context", shape[0], "--batch",
+                     shape[1], "--next-n", shape[2])
+    assert code == 0 and "measured on NVIDIA H200 at this shape" in out
+    fp4 = row["results"][ours]["seconds"] * 1e6
+    fp8, native = (row["results"].get(n, {}) for n in ("deepgemm-fp8", "deepgemm-fp8-native"))
+    assert f"FP4 {fp4:.1f} us" in out
+    if fp8.get("status") == "ok":
+        fp8_us = fp8["seconds"] * 1e6
+        assert f"FP8 (DeepGEMM, as SGLang calls it) {fp8_us:.1f} us" in out
+        word = "faster" if fp4 <= fp8_us else "slower"
+        assert f"a {max(fp8_us, fp4) / min(fp8_us, fp4):.2f}x {word} indexer" in out
+        differs = native.get("status") == "ok" and abs(native["seconds"] * 1e6 - fp8_us) > 0.05 * fp8_us
+        line = "DeepGEMM with its native next_n, which SGLang 0.5.23 does not use on Hopper"
+        assert (f"{line}: {native['seconds'] * 1e6:.1f} us" in out) if differs else (line not in out)
+    else:
+        assert "FP8 time not measured" in out

@@ -133,6 +133,28 @@ def test_environment_variable_asks_too(monkeypatch):
     assert requested(off)
     monkeypatch.setenv("SGLANG_ENABLE_FP4_INDEXER", "0")
     assert not requested(off)
+    for value in ("TRUE", " on ", "yes"):
+        monkeypatch.setenv("SGLANG_ENABLE_FP4_INDEXER", value)
+        assert requested(off)
+    for value in ("", "off", "No", "false"):
+        monkeypatch.setenv("SGLANG_ENABLE_FP4_INDEXER", value)
+        assert not requested(off)
+
+
+@pytest.mark.parametrize("var", ["SGLANG_ENABLE_FP4_INDEXER", "SGLANG_FP4_INDEXER_DCP_SHARD"])
+def test_a_typo_in_the_environment_variable_stops_the_launch(monkeypatch, var):
+    load()
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_fp4_indexer.sglang_plugin.facts import dcp_shard_requested, requested
+
+    monkeypatch.setenv(var, "maybe")
+    # SGLang's own parser runs the plugin's from_cli_args hook: the launch fails there, naming the variable.
+    with pytest.raises(ValueError, match=f"^{var}='maybe': expected 1, true, yes or on to enable, or 0, false"):
+        prepare_server_args(["--model-path", "dummy"])
+    ask = requested if var == "SGLANG_ENABLE_FP4_INDEXER" else dcp_shard_requested
+    with pytest.raises(ValueError, match=f"^{var}='maybe'"):
+        ask(None)
 
 
 @pytest.mark.parametrize("value", [True, False])

@@ -1,4 +1,4 @@
-"""``sglang-fp4-indexer bench``: the benchmark harness and its peers (issue 3, DESIGN.md section 8).
+"""``sglang-fp4-indexer bench``: the benchmark harness and its peers.
 
 Times, side by side, per scorer shape: this project's paged FP4 scorer,
 SGLang's own Triton FP4 scorer and DeepGEMM's FP8 scorer (each when it can
@@ -11,9 +11,9 @@ Modules: ``shapes`` (the grid), ``floor`` (byte counts and floors), ``timing``
 (CUDA graphs, copy bandwidth, L2 rotation), ``inputs`` (random caches on the
 device), ``checks`` (the oracle comparisons), ``scorers`` (ours and the peers),
 ``peers`` (loading SGLang's kernel module and DeepGEMM), ``runner`` (one run),
-``report`` (table, summary, JSON, plot), ``prefill`` (the ``--prefill`` rows of
-issue 4: gather and ragged scoring, TFLOP/s against the FP8 MMA rate measured
-in the same run).
+``report`` (table, summary, JSON, plot), ``prefill`` (the ``--prefill`` rows:
+gather and ragged scoring, TFLOP/s against the FP8 MMA rate measured in the
+same run).
 
 This package module imports nothing heavy: ``cli.py`` builds its parser
 before deciding whether Triton must run in interpreter mode. SGLang is loaded
@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where to run: cuda (CUDA graphs), cpu (Triton interpreter, tiny shapes, "
                              "not a speed figure) or auto (cuda when available)")
     parser.add_argument("--quick", action="store_true",
-                        help="a first look: issue 3's target shapes only (default on a GPU: the full grid); "
+                        help="a first look: a short list of headline serving shapes only (the 'quick' set; "
+                             "default on a GPU: the full grid); "
                              "GPU-sized, so refused with --device cpu")
     parser.add_argument("--shapes", default=None, metavar="LIST",
                         help="comma-separated HxBATCHxCONTEXTxNEXT_N shapes (K = 1024, e.g. 64x8x128Kx1) "
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--copy-mib", type=int, default=None, metavar="MIB",
                         help="size of the bandwidth-measuring copy (default 1024 on a GPU, 64 on the CPU)")
     parser.add_argument("--prefill", action="store_true",
-                        help="run only the prefill rows (issue 4): gather and ragged scoring of 4K/16K/32K new tokens "
+                        help="run only the prefill rows: gather and ragged scoring of 4K/16K/32K new tokens "
                              "with 0 and 32K prefix, H 64, TFLOP/s against the FP8 MMA rate measured in the same run")
     parser.add_argument("--prefill-shapes", default=None, metavar="LIST",
                         help="with --prefill: comma-separated HxNEWxPREFIX shapes (K = 1024, e.g. 64x16Kx32K) "
@@ -144,7 +145,8 @@ def _check_scorer_options(shapes) -> None:
 
 
 def main(args: argparse.Namespace, console=None) -> int:
-    """Run the benchmark with parsed ``args``; print the table, then a short summary last.
+    """Run the benchmark with parsed ``args``; print the table once, then a short summary last
+    (versions, failed shapes, the store op and the planner).
 
     Returns:
         0 when every timed output passed its check, 1 otherwise.
@@ -203,7 +205,7 @@ def main(args: argparse.Namespace, console=None) -> int:
         console.print(f"report: {write_json(report, args.json)}")
     if args.plot:
         console.print(f"plot: {write_plot(report, args.plot)}")
-    console.print(render_summary(report), highlight=False, markup=False, soft_wrap=True)
+    console.print(render_summary(report, rows=False), highlight=False, markup=False, soft_wrap=True)
     return 0 if report["failures"] == 0 else 1
 
 

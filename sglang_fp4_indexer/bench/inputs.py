@@ -6,7 +6,7 @@ payload bytes uniform over 0..255 (all 16 E2M1 codes, both signs), UE8M0
 scale codes uniform over ``SCALE_CODES`` (a spread of 7 binades, as real keys
 have: every key's group scales lie within ``2**7`` of each other, so the
 scorer's folded-scale path and the FP8 copy of the keys are exact). These are
-valid MXFP4 keys; never zeros (METHOD.md: zeros hide unwritten outputs and can
+valid MXFP4 keys; never zeros (zeros hide unwritten outputs and can
 run faster than real data).
 
 Rotation sets (``timing.rotation_sets``) are byte copies of the first cache:

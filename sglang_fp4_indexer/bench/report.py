@@ -88,16 +88,47 @@ def render_table(report: dict) -> Table:
 
 
 def _op_line(name: str, row: dict | None, extra: str) -> str | None:
+    """One op's summary line: time, ``extra`` (its floor or target; empty on the CPU), then its check."""
     if not row:
         return None
     if "seconds" not in row:
         return f"{name}: {row.get('status')}"
     check = row.get("check", {})
-    return f"{name}: {_us(row['seconds'])} us {extra} [{row.get('status')}{': ' + check.get('detail', '') if check and not check.get('ok') else ''}]"
+    status = row.get("status")
+    detail = f": {check.get('detail', '')}" if check and not check.get("ok") else ""
+    return f"{name}: {_us(row['seconds'])} us{' ' + extra if extra else ''} [check {status}{detail}]"
 
 
-def render_summary(report: dict) -> str:
-    """A short plain-text summary (fits a log tail): one line per shape, then the store op and the planner."""
+def _op_lines(report: dict, cpu: bool) -> list[str | None]:
+    """The store op's and the planner's lines. A CPU time is not compared with a GPU floor or target."""
+    lines: list[str | None] = []
+    store = report.get("store")
+    if store:
+        pct = ("" if cpu or "pct_floor" not in store
+               else f"= {store['pct_floor']:.0f}% of its floor {_us(store.get('floor_s'))} us")
+        lines.append(_op_line(f"store_index_k x {store.get('tokens')} tokens", store, pct))
+    planner = report.get("planner")
+    if planner:
+        target = planner.get("target_s")
+        if cpu or not target or "seconds" not in planner:
+            extra = "" if not cpu else f"(its {_us(target)} us target is for a GPU; no CPU target)"
+        else:
+            extra = f"(target {_us(target)} us: {'met' if planner['seconds'] <= target else 'missed'})"
+        lines.append(_op_line(f"planner, batch {planner.get('batch')}", planner, extra))
+    return lines
+
+
+def render_summary(report: dict, rows: bool = True) -> str:
+    """A short plain-text summary (fits a log tail): one line per shape, then the store op and the planner.
+
+    Args:
+        report: from ``runner.run_benchmark`` (or ``load_json``).
+        rows: include the per-shape lines; ``bench`` passes False because it
+            has just printed them in the wide table (``render_table``).
+
+    On the CPU (the Triton interpreter) times are not speed figures: the store
+    op's floor and the planner's GPU target are left out of its lines.
+    """
     cpu = _is_cpu(report)
     meta = report.get("meta", {})
     names = _scorer_names(report)
@@ -110,8 +141,9 @@ def render_summary(report: dict) -> str:
     for s in report.get("scorers", []):
         if s["status"] != "available":
             lines.append(f"   {s['name']}: {s['status']}")
-    head = f"{'shape':<22}{'floor':>8}" + "".join(f"{n[:20]:>21}" for n in names) + "  checks"
-    lines.append(head)
+    if rows:
+        lines.append(f"{'shape':<22}{'floor':>8}" + "".join(f"{n[:20]:>21}" for n in names) + "  checks")
+    failed_shapes = []
     for row in report.get("rows", []):
         cells = f"{row['label']:<22}{_us(row.get('fp4_floor_s')):>8}"
         fails = []
@@ -129,16 +161,15 @@ def render_summary(report: dict) -> str:
             if res.get("status") not in ("ok", "unavailable"):
                 fails.append(name)
             cells += f"{cell:>21}"
-        lines.append(cells + "  " + ("ok" if not fails else "FAIL " + ",".join(fails)))
-    store = report.get("store")
-    if store:
-        pct = f"= {store['pct_floor']:.0f}% of its floor {_us(store.get('floor_s'))} us" if "pct_floor" in store else ""
-        lines.append(_op_line(f"store_index_k x {store.get('tokens')} tokens", store, pct))
-    planner = report.get("planner")
-    if planner:
-        lines.append(_op_line(f"planner, batch {planner.get('batch')}", planner, f"(target {_us(planner.get('target_s'))} us)"))
+        if fails:
+            failed_shapes.append(f"{row['label']}: FAIL " + ",".join(fails))
+        if rows:
+            lines.append(cells + "  " + ("ok" if not fails else "FAIL " + ",".join(fails)))
+    if not rows:
+        lines.extend(failed_shapes)
+    lines.extend(_op_lines(report, cpu))
     lines.append(f"failures: {report.get('failures', 0)}")
-    if any(n.startswith("ours") for n in names):
+    if rows and any(n.startswith("ours") for n in names):
         lines.append("   ours: (% of FP4 floor); peers: (x = peer time / ours)")
     return "\n".join(line for line in lines if line is not None)
 

@@ -1,6 +1,6 @@
 """Timing: CUDA graphs of many calls on the GPU, wall clock under the CPU interpreter; copy bandwidth; L2 rotation.
 
-GPU method (the device tool's METHOD.md): warm up on a side stream (so Triton
+GPU method: warm up on a side stream (so Triton
 compilation and lazy initialisation stay out of the numbers and out of the
 capture), estimate one call's time eagerly, capture ``calls`` calls (20 to
 ``MAX_CALLS``, enough for a replay of ~``TARGET_GRAPH_S``) into one CUDA

@@ -1,1 +1,1 @@
-"""Triton kernels, one public op per module (DESIGN section 4)."""
+"""Triton kernels, one public op per module (the package layout: README, Layout)."""

@@ -30,7 +30,7 @@ def interpreting() -> bool:
 
 # pool.scale_row is plain arithmetic; compiled as a Triton function it is the one
 # row mapping the kernels use for the scale plane, so changing pool.scale_row
-# changes every kernel too (DESIGN section 3). Triton's interpreter wants
+# changes every kernel too (docs/format.md). Triton's interpreter wants
 # triton.language among a jit function's globals, hence the copy with ``tl`` added
 # (pool itself imports no Triton).
 scale_row_jit = triton.jit(
@@ -54,7 +54,7 @@ def scale_row_is_identity(page_size: int) -> bool:
 
     The CUDA kernels address the scale plane at the token's own row; where this
     is False (a layout with another row mapping) their callers run the Triton
-    kernels, which call ``scale_row`` (DESIGN section 3).
+    kernels, which call ``scale_row`` (docs/format.md).
     """
     return all(scale_row(r, page_size) == r for r in range(page_size))
 

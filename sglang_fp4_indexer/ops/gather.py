@@ -131,7 +131,7 @@ def gather_index_k(
     page_indices, seq_len_sum, max_seq_len)``: request ``b``'s key ``j`` (slot
     ``block_table[b, j // page_size] * page_size + j % page_size``) goes to flat
     row ``sum(seq_lens[:b]) + j``. Scale bytes are read at the page's scale-plane
-    row ``pool.scale_row(j % page_size)`` (DESIGN section 3). Bit-exact copy.
+    row ``pool.scale_row(j % page_size)`` (docs/format.md). Bit-exact copy.
 
     Args:
         cache: uint8 ``[num_pages, page_size * 68]`` one layer's FP4 index-key

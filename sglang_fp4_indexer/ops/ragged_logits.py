@@ -9,8 +9,7 @@ Method (two launches):
 
 1. ``prepare_keys`` decodes the flat MXFP4 planes once into MMA operands
    (``S x 128`` values): the E2M1 nibble ``c`` becomes the e4m3 byte
-   ``sign << 7 | (c & 7) << 2``, which is exactly ``E2M1(c) * 2**-6`` (DESIGN
-   section 3). In the ``"grouped"`` mode with FP8 MMA this runs on packed int32
+   ``sign << 7 | (c & 7) << 2``, which is exactly ``E2M1(c) * 2**-6`` (docs/format.md). In the ``"grouped"`` mode with FP8 MMA this runs on packed int32
    words -- ``lo = w & 0x0F0F0F0F``, ``hi = (w >> 4) & 0x0F0F0F0F``, then
    ``((x & 0x08080808) << 4) | ((x & 0x07070707) << 2)`` gives four e4m3 bytes
    (even elements from ``lo``, odd from ``hi``). Within each 32-element group

@@ -1,6 +1,6 @@
 """CTA-schedule planner: a Triton kernel that splits a paged scorer call over a persistent grid.
 
-The schedule (DESIGN section 5, op API contract) is an int32 tensor
+The schedule (the op API contract) is an int32 tensor
 ``[num_ctas + 1, 2]``, shape- and dtype-compatible with DeepGEMM's
 ``get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms)`` so SGLang's
 existing publish paths (``resolve_paged_mqa_logits_metadata_fn()``) can hold it.

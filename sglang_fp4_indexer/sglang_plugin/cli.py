@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .facts import mark_dcp_shard, mark_requested
+from .facts import DCP_SHARD_ENV_VAR, ENV_VAR, env_flag, mark_dcp_shard, mark_requested
 
 __all__ = ["FLAG", "HELP", "DCP_SHARD_FLAG", "DCP_SHARD_HELP", "add_flag", "carry_flag", "install_engine_kwarg"]
 
@@ -65,8 +65,20 @@ def add_flag(result, parser: argparse.ArgumentParser):
     return result
 
 
+def _check_env() -> None:
+    """Read the plugin's environment variables once at launch, so a bad value stops it there (``facts.env_flag``)."""
+    env_flag(ENV_VAR)
+    env_flag(DCP_SHARD_ENV_VAR)
+
+
 def carry_flag(result, cls, args: argparse.Namespace):
-    """AFTER hook of ``ServerArgs.from_cli_args(args)``: record the parsed flag on the new record."""
+    """AFTER hook of ``ServerArgs.from_cli_args(args)``: record the parsed flag on the new record.
+
+    Raises:
+        ValueError: ``SGLANG_ENABLE_FP4_INDEXER`` or ``SGLANG_FP4_INDEXER_DCP_SHARD``
+            holds neither an on nor an off value (``facts.env_flag``).
+    """
+    _check_env()
     value = getattr(args, "enable_fp4_indexer", None)
     if value is not None:
         mark_requested(result, bool(value))
@@ -78,6 +90,7 @@ def carry_flag(result, cls, args: argparse.Namespace):
 
 def _factory(base):
     def build(**kwargs):
+        _check_env()
         flag = kwargs.pop("enable_fp4_indexer", None)
         shard = kwargs.pop("fp4_indexer_dcp_shard", None)
         server_args = base(**kwargs)

@@ -23,6 +23,7 @@ __all__ = [
     "ATTR",
     "DCP_SHARD_ENV_VAR",
     "DCP_SHARD_ATTR",
+    "env_flag",
     "requested",
     "mark_requested",
     "dcp_shard_requested",
@@ -49,8 +50,26 @@ DCP_SHARD_ENV_VAR = "SGLANG_FP4_INDEXER_DCP_SHARD"
 DCP_SHARD_ATTR = "_fp4_indexer_dcp_shard"
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+#: Values of the plugin's environment variables (case-insensitive, surrounding blanks ignored).
+_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str) -> bool:
+    """The boolean value of the environment variable ``name`` (unset or empty: False).
+
+    Raises:
+        ValueError: a value that is neither on (``1``/``true``/``yes``/``on``) nor
+            off (``0``/``false``/``no``/``off``/empty), naming the variable: a
+            typo must not silently leave the FP4 indexer off.
+    """
+    raw = os.environ.get(name)
+    value = (raw or "").strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise ValueError(f"{name}={raw!r}: expected 1, true, yes or on to enable, or 0, false, no, off or empty "
+                     "to disable")
 
 
 def requested(server_args) -> bool:
@@ -58,18 +77,21 @@ def requested(server_args) -> bool:
 
     True when ``server_args._enable_fp4_indexer`` is set, or (in a scheduler
     process, where SGLang has published its record) the published record
-    carries it, or ``$SGLANG_ENABLE_FP4_INDEXER`` is truthy.
+    carries it, or ``$SGLANG_ENABLE_FP4_INDEXER`` is on (``env_flag``).
 
     Args:
         server_args: a ``ServerArgs`` record (or None: the published record and
             the environment count).
+
+    Raises:
+        ValueError: ``$SGLANG_ENABLE_FP4_INDEXER`` holds neither an on nor an off value.
     """
     return _flag(server_args, ATTR, ENV_VAR)
 
 
 def _flag(server_args, attr: str, env_var: str) -> bool:
     """A plugin flag: on the record, on the record SGLang published in this process, or in the environment."""
-    if getattr(server_args, attr, False) or _truthy(os.environ.get(env_var)):
+    if env_flag(env_var) or getattr(server_args, attr, False):
         return True
     try:
         from sglang.srt.runtime_context import get_server_args
@@ -85,6 +107,9 @@ def dcp_shard_requested(server_args) -> bool:
 
     Args:
         server_args: a ``ServerArgs`` record (or None).
+
+    Raises:
+        ValueError: ``$SGLANG_FP4_INDEXER_DCP_SHARD`` holds neither an on nor an off value.
     """
     return _flag(server_args, DCP_SHARD_ATTR, DCP_SHARD_ENV_VAR)
 

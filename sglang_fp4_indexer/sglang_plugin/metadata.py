@@ -8,7 +8,7 @@ the indexer's own fallback -- by calling
 ``resolve_paged_mqa_logits_metadata_fn()(context_lens_2d, 64, num_sms)`` and
 storing the result in ``metadata.paged_mqa_schedule_metadata`` (captured
 buffers are refreshed with ``copy_``, so their addresses stay fixed). Our
-planner has the same call signature and result shape (DESIGN section 5), so:
+planner has the same call signature and result shape, so:
 
 - ``dsa.utils.resolve_paged_mqa_logits_metadata_fn`` (AROUND): returns
   ``plan_fp4_schedule`` while this process holds the FP4 index cache.

@@ -5,8 +5,7 @@ Seams (docs/sglang-seams.md):
 - ``KVCacheConfigurator._build_dsa_kv_pool`` (AROUND): asks the gate for this
   configurator's pools; when enabled, the pool is built inside an FP4 scope.
 - ``DSATokenToKVPool._create_index_key_cache`` (AROUND): inside the scope it
-  returns ``Fp4IndexKeyCache`` (``[pages, 64 * 68]`` uint8 per layer, DESIGN
-  section 3) instead of SGLang's 132-byte ``IndexKeyCache``.
+  returns ``Fp4IndexKeyCache`` (``[pages, 64 * 68]`` uint8 per layer, docs/format.md) instead of SGLang's 132-byte ``IndexKeyCache``.
 - ``DefaultPoolConfigurator._compute_dsa_indexer_cell_size`` (AROUND): the
   one place SGLang turns index bytes into ``max_total_num_tokens`` for plain
   DSA pools (target and EAGLE/MTP draft share); with FP4 enabled it counts 68

@@ -5,8 +5,7 @@
 // configuration (#define NEXT_N, HEADS, STAGES, OUT_KIND, LENS_2D, MIN_CTAS,
 // PROBE, SPLIT_SIGN, HEADSUM, PIPELINE, WGS, PRODUCER_REGS, MATH_REGS,
 // THREADS, WG_BYTES, and PROBE 64's record layout TL_JOBS, TL_STAMPS) and the
-// wgmma wrappers for N = HEADS. Semantics are those of ops.paged_logits (DESIGN
-// section 5); the numerics are the "folded" form of that module:
+// wgmma wrappers for N = HEADS. Semantics are those of ops.paged_logits; the numerics are the "folded" form of that module:
 //
 // * Each key's group scales are folded into the e4m3 bytes relative to its
 //   largest group scale s_max: for a group with A = s_g - s_max + 12 >= 1 the

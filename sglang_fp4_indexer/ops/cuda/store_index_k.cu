@@ -1,5 +1,5 @@
 // Quantize index keys to MXFP4 and store them into the paged FP4 cache (ops/quantize.py,
-// DESIGN section 3). Bit-exact with format.quantize_index_k on finite input and with the
+// docs/format.md). Bit-exact with format.quantize_index_k on finite input and with the
 // Triton kernel's documented NaN/Inf handling; built by NVRTC (ops/nvrtc.py), any NVIDIA GPU.
 //
 // 8 lanes per token, 16 elements per lane (two 16-byte loads of bf16/fp16, four of fp32),

@@ -1,0 +1,62 @@
+"""Rebuild the measured tables that ``sglang-fp4-indexer check --context`` quotes.
+
+    PYTHONPATH=. python3 scripts/update_check_tables.py BENCH_JSON ACCURACY_JSON [--out PATH]
+
+BENCH_JSON: a ``sglang-fp4-indexer bench --device cuda --json`` report measured
+on an H200 (the FP8 times come from its ``deepgemm-fp8`` column when it has
+one; without it the table says the FP8 time is not measured). ACCURACY_JSON:
+an ``accuracy.json`` written by ``sglang-fp4-indexer accuracy`` (the GPU study
+reaches 128K contexts). Writes ``sglang_fp4_indexer/data/h200_tables.json``
+(shipped inside the wheel) unless ``--out`` says otherwise, and prints what it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sglang_fp4_indexer.tables import TABLES_RESOURCE, build_tables
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "sglang_fp4_indexer" / TABLES_RESOURCE
+
+
+def _source(path: str) -> str:
+    """The path as recorded: relative to the repository root when inside it (tests rebuild from it)."""
+    full = Path(path).resolve()
+    return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else full.name
+
+
+def _read(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"update_check_tables: {path}: cannot be read as JSON ({exc})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the tables from the two reports and write them; exit code 0, or 2 on a bad input."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bench_json", metavar="BENCH_JSON")
+    parser.add_argument("accuracy_json", metavar="ACCURACY_JSON")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
+    args = parser.parse_args(argv)
+    try:
+        tables = build_tables(_read(args.bench_json), _read(args.accuracy_json),
+                              bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json))
+    except ValueError as exc:
+        parser.exit(2, f"update_check_tables: {exc}\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(tables, indent=1) + "\n")
+    timing = tables["timing"]
+    print(f"{out}: {len(timing['rows'])} timing rows ({timing['gpu']}, {timing['date']}, FP4 column "
+          f"{timing['fp4_column']}, FP8 {'measured' if timing['fp8_measured'] else 'not measured'}), "
+          f"{len(tables['recall']['rows'])} recall rows ({tables['recall']['device']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The measured tables ``check --context`` quotes: indexer scorer times on H200 and top-k recall.
+
+``sglang_fp4_indexer/data/h200_tables.json`` ships inside the package. It is
+made by ``scripts/update_check_tables.py BENCH_JSON ACCURACY_JSON`` from a
+``sglang-fp4-indexer bench --json`` report measured on an H200 and an
+``accuracy.json`` of ``sglang-fp4-indexer accuracy`` (``build_tables``); nothing
+in it is estimated. ``check`` looks up the measured shape nearest the user's
+(``nearest_timing``) and the measured context nearest theirs
+(``nearest_recall``), and names what it picked.
+
+Timing rows (per scorer call of one layer, microseconds):
+
+- ``fp4_us``: this package's paged FP4 scorer (the report's default ``ours``
+  column: ``ours`` or ``ours[auto]``, else the first ``ours[...]`` column);
+- ``fp8_us``: DeepGEMM's FP8 scorer as SGLang 0.5.23 calls it on that GPU (the
+  ``deepgemm-fp8`` column), ``None`` when the report has no such measurement;
+- ``fp8_native_us``: DeepGEMM with its native next_n (``deepgemm-fp8-native``), or ``None``;
+- ``fp4_floor_us`` / ``fp8_floor_us``: the HBM floors of the two formats at
+  that shape (bytes over the copy bandwidth measured in the same run), a lower
+  bound for any scorer of that format, not a measurement of one.
+
+Recall rows: mean top-k recall against exact scoring of ``FP4`` and ``FP8`` per
+(workload, context, H).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from pathlib import Path
+
+__all__ = [
+    "TABLES_FORMAT",
+    "TABLES_RESOURCE",
+    "build_tables",
+    "load_tables",
+    "nearest_timing",
+    "nearest_recall",
+]
+
+#: ``format`` field of the tables file.
+TABLES_FORMAT = "sglang-fp4-indexer check tables 1"
+#: The packaged file, relative to the package.
+TABLES_RESOURCE = "data/h200_tables.json"
+#: Benchmark columns: DeepGEMM FP8 as SGLang calls it, and with its native next_n.
+_FP8_COLUMN = "deepgemm-fp8"
+_FP8_NATIVE_COLUMN = "deepgemm-fp8-native"
+
+
+def _us(seconds) -> float | None:
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds):
+        return None
+    return round(seconds * 1e6, 3)
+
+
+def _ok_us(results: dict, name: str | None) -> float | None:
+    res = results.get(name or "", {})
+    return _us(res.get("seconds")) if res.get("status") == "ok" else None
+
+
+def _ours_column(names: list[str]) -> str | None:
+    for name in ("ours", "ours[auto]"):
+        if name in names:
+            return name
+    return next((n for n in names if n.startswith("ours")), None)
+
+
+def _timing(bench: dict, source: str) -> dict:
+    try:
+        meta, scorers, rows = bench["meta"], bench["scorers"], bench["rows"]
+        names = [s["name"] for s in scorers]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{source}: not a 'sglang-fp4-indexer bench --json' report (missing {exc})") from None
+    if meta.get("device_type") != "cuda":
+        raise ValueError(f"{source}: measured on {meta.get('device', '?')}, not on a GPU; "
+                         "the table quotes GPU times only")
+    ours = _ours_column(names)
+    if ours is None:
+        raise ValueError(f"{source}: no column of this package's scorer ('ours'); columns: {names}")
+    out = []
+    for row in rows:
+        try:
+            results = row["results"]
+            entry = {key: int(row[key]) for key in ("heads", "batch", "context", "next_n")}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: a scorer row lacks {exc}") from None
+        entry["fp4_us"] = _ok_us(results, ours)
+        if entry["fp4_us"] is None:
+            continue  # no passing measurement of ours at this shape
+        entry["fp8_us"] = _ok_us(results, _FP8_COLUMN)
+        entry["fp8_native_us"] = _ok_us(results, _FP8_NATIVE_COLUMN)
+        entry["fp4_floor_us"] = _us(row.get("fp4_floor_s"))
+        entry["fp8_floor_us"] = _us(row.get("fp8_floor_s"))
+        out.append(entry)
+    if not out:
+        raise ValueError(f"{source}: no shape where this package's scorer ({ours}) passed its check")
+    return {"gpu": meta.get("device", "?"), "date": str(meta.get("date", ""))[:10], "fp4_column": ours,
+            "fp8_measured": any(r["fp8_us"] is not None for r in out), "rows": out}
+
+
+def _recall(accuracy: dict, source: str) -> dict:
+    try:
+        cases, topk = accuracy["cases"], int(accuracy["topk"])
+        rows = [{"workload": str(c["workload"]), "context": int(c["context"]), "heads": int(c["heads"]),
+                 "fp4": float(c["formats"]["FP4"]["recall_mean"]), "fp8": float(c["formats"]["FP8"]["recall_mean"])}
+                for c in cases]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: not an accuracy.json of 'sglang-fp4-indexer accuracy' (missing {exc})") from None
+    if not rows:
+        raise ValueError(f"{source}: no accuracy cases")
+    env = accuracy.get("environment") or {}
+    return {"device": env.get("gpu") or env.get("device") or accuracy.get("device", "?"), "topk": topk, "rows": rows}
+
+
+def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench report",
+                 accuracy_source: str = "accuracy.json") -> dict:
+    """The tables file's content from a GPU benchmark report and an accuracy result.
+
+    Args:
+        bench: a ``sglang-fp4-indexer bench --json`` report (``meta``, ``scorers``,
+            ``rows`` with per-scorer ``results``), measured on a CUDA device.
+        accuracy: an ``accuracy.json`` (``topk``, ``cases`` with ``formats``
+            ``FP4``/``FP8`` ``recall_mean``).
+        bench_source, accuracy_source: names for messages and the record.
+
+    Returns:
+        ``{"format", "timing": {...}, "recall": {...}, "sources": [...]}`` (module docstring).
+
+    Raises:
+        ValueError: a report of the wrong kind or without usable rows, naming the source.
+    """
+    return {"format": TABLES_FORMAT, "timing": _timing(bench, bench_source),
+            "recall": _recall(accuracy, accuracy_source), "sources": [bench_source, accuracy_source]}
+
+
+def load_tables(path: str | Path | None = None) -> dict:
+    """Read a tables file (default: the one packaged with ``sglang_fp4_indexer``).
+
+    Raises:
+        ValueError: the file is missing, not JSON or not a tables file.
+    """
+    try:
+        text = (Path(path).read_text() if path is not None
+                else resources.files("sglang_fp4_indexer").joinpath(TABLES_RESOURCE).read_text())
+        data = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"measured tables ({path or TABLES_RESOURCE}): cannot be read ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != TABLES_FORMAT:
+        raise ValueError(f"measured tables ({path or TABLES_RESOURCE}): not a {TABLES_FORMAT!r} file")
+    return data
+
+
+def _log_gap(a: int, b: int) -> float:
+    return abs(math.log2(a) - math.log2(b))
+
+
+def nearest_timing(tables: dict, heads: int, batch: int, context: int, next_n: int) -> dict:
+    """The measured timing row nearest a shape.
+
+    The scorer's time is mostly the bytes it reads, so the distance is the sum
+    of ``|log2|`` gaps in index heads, keys read (``batch * context``) and
+    next_n, plus half the gap in batch (how those keys split into requests);
+    the smallest wins (ties: more heads, then the larger shape).
+
+    Args:
+        tables: from ``load_tables``.
+        heads, batch, context, next_n: the shape asked about (positive ints).
+
+    Returns:
+        The row (``heads``, ``batch``, ``context``, ``next_n``, ``fp4_us``, ``fp8_us``, ...).
+
+    Raises:
+        ValueError: a non-positive argument, or a table without timing rows.
+    """
+    for name, value in (("heads", heads), ("batch", batch), ("context", context), ("next_n", next_n)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    rows = tables["timing"]["rows"]
+    if not rows:
+        raise ValueError("measured tables: no timing rows")
+    return min(rows, key=lambda r: (_log_gap(r["heads"], heads) + _log_gap(r["batch"] * r["context"], batch * context)
+                                    + _log_gap(r["next_n"], next_n) + 0.5 * _log_gap(r["batch"], batch),
+                                    -r["heads"], -r["batch"] * r["context"] * r["next_n"]))
+
+
+def nearest_recall(tables: dict, heads: int, context: int) -> list[dict]:
+    """The recall rows (one per workload) at the measured context nearest ``context``.
+
+    Same index-head count preferred (else the nearest); context by ``|log2|``
+    gap (ties: the longer context).
+
+    Returns:
+        Rows ``{"workload", "context", "heads", "fp4", "fp8"}`` in the table's workload order.
+
+    Raises:
+        ValueError: a non-positive argument, or a table without recall rows.
+    """
+    for name, value in (("heads", heads), ("context", context)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    rows = tables["recall"]["rows"]
+    if not rows:
+        raise ValueError("measured tables: no recall rows")
+    best_heads = min({r["heads"] for r in rows}, key=lambda h: (_log_gap(h, heads), -h))
+    same = [r for r in rows if r["heads"] == best_heads]
+    best_context = min({r["context"] for r in same}, key=lambda c: (_log_gap(c, context), -c))
+    return [r for r in same if r["context"] == best_context]

@@ -1,0 +1,135 @@
+"""Usage errors a new user meets: one line, exit code 2, naming the option (argparse ``type=`` validators
+in ``sglang_fp4_indexer.argtypes`` and the checks run before any slow work); ``--version``."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from sglang_fp4_indexer import __version__
+from sglang_fp4_indexer.argtypes import MAX_MEMORY_GIB, int_list, integer, memory_gib, number
+from sglang_fp4_indexer.cli import SGLANG_VERSION, main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _usage_error(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, (argv, err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_validators_accept_and_refuse_by_their_bounds():
+    assert integer(1)("7") == 7 and integer(0)("0") == 0 and integer(1, 3)("3") == 3
+    for bad in ("0", "-5", "x", "1.5", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected an integer >= 1"):
+            integer(1)(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="<= 3"):
+        integer(1, 3)("4")
+    gib = memory_gib()
+    assert gib("80") == 80.0 and gib(str(MAX_MEMORY_GIB)) == MAX_MEMORY_GIB
+    for bad in ("inf", "-inf", "nan", "0", "-1", "1e30", "lots"):
+        with pytest.raises(argparse.ArgumentTypeError, match="finite number > 0 and <= 1.04858e\\+06"):
+            gib(bad)
+    assert number(0)("0") == 0.0 and math.isclose(number(0, exclusive_minimum=True)("1e-9"), 1e-9)
+    with pytest.raises(argparse.ArgumentTypeError, match="> 0"):
+        number(0, exclusive_minimum=True)("0")
+    assert int_list(1)("1024, 4096,") == [1024, 4096]
+    for bad in ("-5", "1,-5", "1,x", ",", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="comma-separated integers >= 1"):
+            int_list(1)(bad)
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"sglang-fp4-indexer {__version__} (for SGLang {SGLANG_VERSION})"
+
+
+@pytest.mark.parametrize("argv, option, detail", [
+    (["accuracy", "--triton-max-context", "-1"], "--triton-max-context", "expected an integer >= 0, got '-1'"),
+    (["accuracy", "--needle-margin", "-1"], "--needle-margin", "expected a finite number > 0, got '-1'"),
+    (["accuracy", "--needle-margin", "nan"], "--needle-margin", "finite number > 0"),
+    (["accuracy", "--contexts", "-5"], "--contexts", "comma-separated integers >= 1, got '-5'"),
+    (["accuracy", "--heads", "0"], "--heads", ">= 1"),
+    (["accuracy", "--rows", "0"], "--rows", "expected an integer >= 1"),
+    (["demo", "--context", "0"], "--context", "expected an integer >= 1, got '0'"),
+    (["demo", "--batch", "-1"], "--batch", "expected an integer >= 1"),
+    (["demo", "--memory-gib", "inf"], "--memory-gib", "finite number > 0"),
+    (["demo", "--memory-gib", "nan"], "--memory-gib", "finite number > 0"),
+    (["demo", "--repeats", "0"], "--repeats", ">= 1"),
+    (["check", "m", "--memory-gib", "inf"], "--memory-gib", "got 'inf'"),
+    (["check", "m", "--memory-gib", "nan"], "--memory-gib", "got 'nan'"),
+    (["check", "m", "--memory-gib", "1e30"], "--memory-gib", "<= 1.04858e+06, got '1e30'"),
+    (["check", "m", "--context", "-5"], "--context", "expected an integer >= 1, got '-5'"),
+    (["check", "m", "--batch", "0"], "--batch", ">= 1"),
+    (["check", "m", "--next-n", "0"], "--next-n", ">= 1"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_bad_values_are_refused_while_parsing(capsys, argv, option, detail):
+    err = _usage_error(capsys, argv)
+    assert f"error: argument {option}: expected " in err and detail in err, err
+    assert "building" not in err and "loading SGLang" not in err  # nothing ran
+
+
+def test_accuracy_out_dir_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
+    existing = tmp_path / "results.txt"
+    existing.write_text("keep me\n")
+    err = _usage_error(capsys, ["accuracy", "--workloads", "gaussian", "--contexts", "64", "--heads", "32",
+                                "--rows", "4", "--out-dir", str(existing)])
+    assert f"error: --out-dir: {existing}: exists and is not a directory" in err
+    assert "building" not in capsys.readouterr().out and existing.read_text() == "keep me\n"
+    err = _usage_error(capsys, ["accuracy", "--from-json", str(existing), "--out-dir", str(existing / "sub")])
+    assert f"--out-dir: {existing / 'sub'}: {existing} is not a directory" in err
+
+
+def test_accuracy_contexts_shorter_than_twice_the_rows_refused_before_building(capsys):
+    err = _usage_error(capsys, ["accuracy", "--workloads", "gaussian", "--contexts", "64,16", "--rows", "16"])
+    assert "error: --contexts: [16] below 2 x 16 rows = 32 keys" in err
+    assert "building" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["demo", "accuracy"])
+@pytest.mark.parametrize("content", [b"hello world\n", b"e\x00\x01 not pickle", b"\x80\x02}q\x00."],
+                         ids=["text", "binary", "pickle-of-nothing"])
+def test_load_workload_of_a_foreign_file_is_one_line(tmp_path, capsys, command, content):
+    path = tmp_path / "notes.txt"
+    path.write_bytes(content)
+    argv = [command, "--load-workload", str(path)]
+    if command == "accuracy":
+        argv += ["--out-dir", str(tmp_path / "o")]
+    err = _usage_error(capsys, argv)
+    assert f"error: --load-workload: {path}: not " in err, err
+
+
+_INTERNAL = re.compile(r"\bissue \d|\bruns? \d|\bsession\b|\bCEO\b|DESIGN|METHOD\.md|device tool|\.carry\b|"
+                       r"\bcarry \[|huggingface-cli", re.IGNORECASE)
+#: What a user reads (docs/benchmarks.md and docs/perf-notes.md are the measurement logs, kept apart).
+_USER_DOCS = ("README.md", "CHANGELOG.md", "docs/user-guide.md", "docs/accuracy.md", "docs/demo.md",
+              "docs/format.md", "docs/sglang-seams.md")
+
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["check"], ["bench"], ["accuracy"]], ids=lambda c: " ".join(c) or "top")
+def test_help_names_things_by_what_they_are(capsys, command):
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exc.value.code == 0 and text.startswith("usage: sglang-fp4-indexer")
+    assert _INTERNAL.findall(text) == []
+    # Docs are pointed to in the source repository (the wheel does not ship docs/).
+    for mention in re.findall(r"docs/[\w.-]+\.md[^)]*", text):
+        assert "source repository" in mention, mention
+
+
+@pytest.mark.parametrize("name", _USER_DOCS)
+def test_user_docs_have_no_internal_terms(name):
+    lines = (REPO / name).read_text().splitlines()
+    found = [(i + 1, line) for i, line in enumerate(lines) if _INTERNAL.search(line)]
+    assert found == [], found

@@ -1,0 +1,113 @@
+"""The measured tables ``check --context`` quotes (``sglang_fp4_indexer.tables``, scripts/update_check_tables.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_fp4_indexer.tables import build_tables, load_tables, nearest_recall, nearest_timing
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _bench(columns: dict[str, dict], device_type: str = "cuda") -> dict:
+    """A bench report in the schema ``bench.runner.run_benchmark`` writes; ``columns``: name -> {shape: us}."""
+    shapes = sorted({shape for times in columns.values() for shape in times})
+    rows = []
+    for heads, batch, context, next_n in shapes:
+        results = {}
+        for name, times in columns.items():
+            us = times.get((heads, batch, context, next_n))
+            results[name] = {"status": "ok", "seconds": us * 1e-6} if us is not None else {"status": "unavailable"}
+        keys = batch * context
+        rows.append({"heads": heads, "batch": batch, "context": context, "next_n": next_n, "results": results,
+                     "fp4_floor_s": keys * 68 / 4e12, "fp8_floor_s": keys * 132 / 4e12})
+    return {"meta": {"device": "NVIDIA H200", "device_type": device_type, "date": "2026-12-01T10:00:00+00:00"},
+            "scorers": [{"name": n} for n in columns], "rows": rows}
+
+
+def _accuracy() -> dict:
+    cases = [{"workload": w, "context": c, "heads": h,
+              "formats": {"FP4": {"recall_mean": 0.9 - c / 2**20}, "FP8": {"recall_mean": 0.97 - c / 2**22}}}
+             for w in ("text", "gaussian") for c in (4096, 131072) for h in (64, 32)]
+    return {"topk": 2048, "cases": cases, "environment": {"gpu": "NVIDIA H200"}}
+
+
+A, B = (64, 8, 131072, 1), (64, 1, 4096, 1)
+
+
+def test_today_schema_without_fp8_times():
+    bench = _bench({"ours[auto]": {A: 32.0, B: 3.3}, "ours[folded]": {A: 71.6}, "deepgemm-fp8": {}})
+    t = build_tables(bench, _accuracy())
+    assert t["timing"]["fp4_column"] == "ours[auto]" and t["timing"]["fp8_measured"] is False
+    row = nearest_timing(t, 64, 8, 131072, 1)
+    assert row["fp4_us"] == 32.0 and row["fp8_us"] is None and row["fp8_native_us"] is None
+    assert row["fp8_floor_us"] == pytest.approx(8 * 131072 * 132 / 4e12 * 1e6, abs=1e-3)
+
+
+def test_deepgemm_columns_are_read():
+    bench = _bench({"ours": {A: 30.0, B: 3.0}, "sglang-triton-fp4": {A: 900.0},
+                    "deepgemm-fp8": {A: 38.0}, "deepgemm-fp8-native": {A: 36.5}})
+    t = build_tables(bench, _accuracy())
+    row = nearest_timing(t, 64, 8, 131072, 1)
+    assert (row["fp4_us"], row["fp8_us"], row["fp8_native_us"]) == (30.0, 38.0, 36.5)
+    assert t["timing"]["fp8_measured"] is True and t["timing"]["fp4_column"] == "ours"
+    assert nearest_timing(t, 64, 1, 4096, 1)["fp8_us"] is None  # not measured there: not invented
+
+
+def test_nearest_shapes():
+    t = build_tables(_bench({"ours": {A: 30.0, B: 3.0, (32, 8, 131072, 1): 27.0, (64, 8, 131072, 4): 80.0}}),
+                     _accuracy())
+    pick = lambda *shape: tuple(nearest_timing(t, *shape)[k] for k in ("heads", "batch", "context", "next_n"))  # noqa: E731
+    assert pick(64, 8, 131072, 1) == A
+    assert pick(32, 4, 100000, 1) == (32, 8, 131072, 1)
+    assert pick(64, 2, 2048, 1) == B
+    assert pick(64, 8, 131072, 3) == (64, 8, 131072, 4)
+    rows = nearest_recall(t, 32, 100000)
+    assert [(r["workload"], r["context"], r["heads"]) for r in rows] == [("text", 131072, 32), ("gaussian", 131072, 32)]
+    assert rows[0]["fp4"] == pytest.approx(0.9 - 131072 / 2**20)
+    with pytest.raises(ValueError, match="context: expected a positive int"):
+        nearest_recall(t, 64, 0)
+
+
+def test_bad_reports_are_refused_by_name():
+    with pytest.raises(ValueError, match="cpu.json: measured on .*not on a GPU"):
+        build_tables(_bench({"ours": {A: 1.0}}, device_type="cpu"), _accuracy(), bench_source="cpu.json")
+    with pytest.raises(ValueError, match="b.json: no column of this package's scorer"):
+        build_tables(_bench({"deepgemm-fp8": {A: 1.0}}), _accuracy(), bench_source="b.json")
+    with pytest.raises(ValueError, match="a.json: not an accuracy.json"):
+        build_tables(_bench({"ours": {A: 1.0}}), {"topk": 2048, "cases": [{"workload": "text"}]}, accuracy_source="a.json")
+
+
+def test_packaged_tables_are_built_from_their_recorded_sources():
+    tables = load_tables()
+    bench_src, acc_src = tables["sources"]
+    bench = json.loads((REPO / bench_src).read_text())
+    acc = json.loads((REPO / acc_src).read_text())
+    # Up to date: re-running scripts/update_check_tables.py on the recorded sources changes nothing.
+    assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src)
+    assert tables["timing"]["gpu"] == "NVIDIA H200" and tables["recall"]["topk"] == 2048
+
+
+def test_update_script_writes_the_tables(tmp_path):
+    bench, acc, out = tmp_path / "bench.json", tmp_path / "acc.json", tmp_path / "t.json"
+    bench.write_text(json.dumps(_bench({"ours": {A: 30.0}, "deepgemm-fp8": {A: 38.0}})))
+    acc.write_text(json.dumps(_accuracy()))
+    script = str(REPO / "scripts" / "update_check_tables.py")
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, script, str(bench), str(acc), "--out", str(out)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "1 timing rows" in res.stdout and "FP8 measured" in res.stdout
+    written = json.loads(out.read_text())
+    assert written == build_tables(json.loads(bench.read_text()), _accuracy(), bench_source="bench.json",
+                                   accuracy_source="acc.json")
+    assert load_tables(out) == written
+    bench.write_text(json.dumps(_bench({"ours": {A: 30.0}}, device_type="cpu")))
+    res = subprocess.run([sys.executable, script, str(bench), str(acc), "--out", str(out)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2 and "not on a GPU" in res.stderr and "Traceback" not in res.stderr

@@ -1,0 +1,111 @@
+"""The install route the README gives: a wheel built from the checkout, installed next to SGLang 0.5.23.
+
+The wheel is built from a copy of the checkout (``pip wheel --no-deps``, as
+``make wheel`` does) and installed with ``pip install --no-index WHEEL[sglang]``
+into a new virtual environment that sees this test environment's packages
+(SGLang, torch, ...) but not this checkout or its editable install: a
+``.pth`` file points at a folder of links to every entry of this
+environment's site-packages except ``sglang_fp4_indexer`` and its metadata.
+``--no-index`` means pip installs nothing but the wheel and must find every
+requirement (``sglang>=0.5.23,<0.6``, torch, ...) satisfied by what is installed.
+Then, in that environment and outside the checkout, SGLang's own
+``load_plugins()`` must find the entry point of the installed wheel and apply
+every hook, SGLang's parser must take ``--enable-fp4-indexer``, and the
+console script must run ``--version`` and ``check --context`` with the
+measured tables read from the wheel. About a minute (SGLang's import is most of it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+from plugin_support import DSV32
+
+pytestmark = [pytest.mark.slow, pytest.mark.sglang]
+REPO = Path(__file__).resolve().parents[1]
+
+_PROBE = r"""
+import json, os, sys
+os.environ["SGLANG_PLUGINS"] = "fp4_indexer"
+import importlib.metadata as md
+import sglang_fp4_indexer
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+from sglang_fp4_indexer.sglang_plugin import missing_hooks
+from sglang_fp4_indexer.sglang_plugin.facts import requested
+eps = [(e.name, e.value, e.dist.name, str(e.dist.locate_file(""))) for e in md.entry_points(group="sglang.srt.plugins")]
+record = prepare_server_args(["--model-path", "dummy", "--enable-fp4-indexer"])
+print(json.dumps({"file": sglang_fp4_indexer.__file__, "entry_points": eps, "missing": missing_hooks(),
+                  "requested": requested(record)}))
+"""
+
+
+def _copy_checkout(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for name in files:
+        src = REPO / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def _shadow_site_packages(dest: Path) -> None:
+    """Links to every entry of this environment's site-packages but this package's own (and .pth files)."""
+    dest.mkdir()
+    dirs = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    for folder in dirs:
+        for entry in Path(folder).iterdir():
+            if "sglang_fp4_indexer" in entry.name or entry.suffix == ".pth" or (dest / entry.name).exists():
+                continue
+            (dest / entry.name).symlink_to(entry)
+
+
+def test_wheel_installs_next_to_sglang_and_sglang_loads_it(tmp_path):
+    src, dist, env_dir = tmp_path / "src", tmp_path / "dist", tmp_path / "env"
+    _copy_checkout(src)
+    run = lambda *cmd, **kw: subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)  # noqa: E731
+    built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), ".",
+                cwd=src)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = dist.glob("sglang_fp4_indexer-*-py3-none-any.whl")
+
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    site = Path(run(str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+    _shadow_site_packages(tmp_path / "shared")
+    (site / "_test_shared_packages.pth").write_text(f"{tmp_path / 'shared'}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET", "VIRTUAL_ENV")}
+    installed = run(sys.executable, "-m", "pip", "--python", str(py), "install", "--no-index", f"{wheel}[sglang]",
+                    env=env)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert "Successfully installed sglang-fp4-indexer" in installed.stdout
+
+    probe = run(str(py), "-c", _PROBE, cwd=tmp_path, env=env)
+    assert probe.returncode == 0, probe.stderr
+    found = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert Path(found["file"]).is_relative_to(site), found["file"]  # the wheel's copy, not the checkout
+    ours = [ep for ep in found["entry_points"] if ep[2] == "sglang-fp4-indexer" or ep[0] == "fp4_indexer"]
+    assert ours == [["fp4_indexer", "sglang_fp4_indexer.sglang_plugin:register", "sglang-fp4-indexer", str(site)]]
+    assert found["missing"] == [] and found["requested"] is True
+
+    script = env_dir / "bin" / "sglang-fp4-indexer"
+    version = run(str(script), "--version", cwd=tmp_path, env=env)
+    from sglang_fp4_indexer import __version__
+
+    assert version.returncode == 0 and version.stdout.strip().startswith(f"sglang-fp4-indexer {__version__}")
+    (tmp_path / "v32.json").write_text(json.dumps(DSV32))
+    check = run(str(script), "check", "v32.json", "--context", "131072", "--batch", "8", cwd=tmp_path, env=env)
+    out = " ".join(check.stdout.split())
+    assert check.returncode == 0 and "Traceback" not in check.stderr, check.stdout + check.stderr
+    assert "ENABLED" in out and "measured on NVIDIA H200 at this shape" in out and "verdict: +5.2 % KV tokens" in out
