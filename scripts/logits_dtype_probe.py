@@ -1,4 +1,4 @@
-"""Speed of the paged scorer's logits dtype (fp32 / bf16 / fp16) on the GPU (issue 7 item 2).
+"""Speed of the paged scorer's logits dtype (fp32 / bf16 / fp16) on the GPU.
 
 Not product code: a measurement for docs/accuracy.md. CUDA-graph timing through
 ``bench.timing.time_calls``, caches rotated past L2 as the bench does; the

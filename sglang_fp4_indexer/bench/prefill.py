@@ -1,7 +1,7 @@
 """Prefill rows of ``sglang-fp4-indexer bench --prefill``: gather and ragged scoring against the FP8 MMA rate.
 
 One prefill shape is one request of ``new`` query tokens on top of a cached
-``prefix`` (issue 4: H 64, 4 K / 16 K / 32 K new tokens, prefix 0 and 32 K).
+``prefix`` (H 64, 4 K / 16 K / 32 K new tokens, prefix 0 and 32 K).
 Its keys live in a paged FP4 cache with shuffled pages (``inputs.random_index_k_cache``,
 random valid keys); query token ``t`` sees the flat keys ``[0, prefix + t + 1)``
 (causal, as SGLang's ``Indexer._get_topk_ragged`` windows them). Per shape:
@@ -157,7 +157,7 @@ def _k(n: int) -> str:
     return f"{n // 1024}K" if n and n % 1024 == 0 else str(n)
 
 
-#: Issue 4's prefill rows: H 64, 4 K / 16 K / 32 K new tokens, prefix 0 and 32 K.
+#: The prefill rows: H 64, 4 K / 16 K / 32 K new tokens, prefix 0 and 32 K.
 GPU_PREFILL_SHAPES: tuple[PrefillShape, ...] = tuple(
     PrefillShape(PREFILL_HEADS, n, p) for n in (4096, 16384, 32768) for p in (0, 32768)
 )

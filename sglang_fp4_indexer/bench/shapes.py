@@ -1,4 +1,4 @@
-"""The benchmark's scorer shapes: the full grid of issue 3, the quick subset, the CPU set, and parsing.
+"""The benchmark's scorer shapes: the full grid, the quick (serving) set, the CPU set, and parsing.
 
 A scorer shape is ``(H, batch, context, next_n)``: ``batch`` requests, each
 with ``context`` tokens in the cache (the request's length including its
