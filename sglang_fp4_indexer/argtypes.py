@@ -21,7 +21,7 @@ MAX_MEMORY_GIB = 2**20
 
 def _bounds(minimum, maximum, exclusive_minimum: bool) -> str:
     low = "" if minimum is None else f"{'>' if exclusive_minimum else '>='} {minimum:g}"
-    high = "" if maximum is None else f"<= {maximum:g}"
+    high = "" if maximum is None else f"<= {maximum:,.0f}" if maximum >= 1e5 and float(maximum).is_integer() else f"<= {maximum:g}"
     return " and ".join(part for part in (low, high) if part)
 
 

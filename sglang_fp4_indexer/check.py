@@ -78,9 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "recall FP4 vs FP8 (measured accuracy study) -- and a one-line verdict")
     parser.add_argument("--batch", type=integer(1), default=1, metavar="B",
                         help="with --context: requests decoded together (default 1)")
-    parser.add_argument("--next-n", type=integer(1), default=1, metavar="N",
+    parser.add_argument("--next-n", type=integer(1, 8), default=1, metavar="N",
                         help="with --context: query tokens per request and step: 1 for plain decode, draft "
-                             "tokens + 1 with MTP / EAGLE speculative decoding (default 1)")
+                             "tokens + 1 with MTP / EAGLE speculative decoding, at most 8 (default 1)")
     parser.add_argument("--capability", default=None,
                         help="CUDA compute capability to assume, e.g. 9.0 (default: the local GPU, else 9.0)")
     parser.add_argument("--kv-cache-dtype", choices=("fp8", "bf16"), default=None,
@@ -446,7 +446,10 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     fits = ""
     if out["tokens_needed"] > cap.tokens_fp8:
         fits = "; the batch fits only with FP4" if out["tokens_needed"] <= tokens_fp4 else "; the batch fits neither"
-    out["verdict"] = f"+{gain * 100:.1f} % KV tokens and {speed}, for {cost}{fits}: worth it where KV memory limits you"
+    where = ("worth it where KV memory limits you" if out["requests_fp4"] > out["requests_fp8"] else
+             f"at this length the extra tokens fit no extra request ({out['requests_fp8']} either way): worth it for "
+             f"the indexer time alone only if that recall cost is acceptable")
+    out["verdict"] = f"+{gain * 100:.1f} % KV tokens and {speed}, for {cost}{fits}: {where}"
     return out
 
 

@@ -36,7 +36,7 @@ def test_validators_accept_and_refuse_by_their_bounds():
     gib = memory_gib()
     assert gib("80") == 80.0 and gib(str(MAX_MEMORY_GIB)) == MAX_MEMORY_GIB
     for bad in ("inf", "-inf", "nan", "0", "-1", "1e30", "lots"):
-        with pytest.raises(argparse.ArgumentTypeError, match="finite number > 0 and <= 1.04858e\\+06"):
+        with pytest.raises(argparse.ArgumentTypeError, match="finite number > 0 and <= 1,048,576"):
             gib(bad)
     assert number(0)("0") == 0.0 and math.isclose(number(0, exclusive_minimum=True)("1e-9"), 1e-9)
     with pytest.raises(argparse.ArgumentTypeError, match="> 0"):
@@ -68,10 +68,11 @@ def test_version(capsys):
     (["demo", "--repeats", "0"], "--repeats", ">= 1"),
     (["check", "m", "--memory-gib", "inf"], "--memory-gib", "got 'inf'"),
     (["check", "m", "--memory-gib", "nan"], "--memory-gib", "got 'nan'"),
-    (["check", "m", "--memory-gib", "1e30"], "--memory-gib", "<= 1.04858e+06, got '1e30'"),
+    (["check", "m", "--memory-gib", "1e30"], "--memory-gib", "<= 1,048,576, got '1e30'"),
     (["check", "m", "--context", "-5"], "--context", "expected an integer >= 1, got '-5'"),
     (["check", "m", "--batch", "0"], "--batch", ">= 1"),
     (["check", "m", "--next-n", "0"], "--next-n", ">= 1"),
+    (["check", "m", "--next-n", "9"], "--next-n", "<= 8, got '9'"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_bad_values_are_refused_while_parsing(capsys, argv, option, detail):
     err = _usage_error(capsys, argv)

@@ -376,7 +376,11 @@ def test_context_adds_what_fp4_gains_and_costs(tmp_path, capsys, cfg, layers, he
     verdict = out[out.index("verdict: "):]
     assert verdict.startswith(f"verdict: {gain} KV tokens and ")
     assert f"for {(text8 - text4) * 100:.1f} points less top-2048 recall at 128K (text workload)" in verdict
-    assert verdict.endswith("worth it where KV memory limits you")
+    if t4 // 131072 > t8 // 131072:  # FP4 fits more requests of this length
+        assert verdict.endswith("worth it where KV memory limits you")
+    else:
+        assert verdict.endswith(f"at this length the extra tokens fit no extra request ({t8 // 131072} either way): "
+                                "worth it for the indexer time alone only if that recall cost is acceptable")
 
 
 def test_context_names_the_nearest_measured_shape(tmp_path, capsys):

@@ -40,7 +40,7 @@ __all__ = ["FLAG", "HELP", "DCP_SHARD_FLAG", "DCP_SHARD_HELP", "add_flag", "carr
 FLAG = "--enable-fp4-indexer"
 HELP = (
     "Store the DSA lightning indexer's key cache in MXFP4 (68 B/token/layer instead "
-    "of 132) and score it with the sglang-fp4-indexer Triton kernels. DeepSeek Sparse "
+    "of 132) and score it with the sglang-fp4-indexer kernels (CUDA C++ on Hopper, Triton elsewhere). DeepSeek Sparse "
     "Attention models only (DeepSeek-V3.2, GLM-5.x); on anything the FP4 path does "
     "not serve, one warning names the reason and SGLang keeps its FP8 indexer."
 )
