@@ -327,6 +327,24 @@ def unavailable_reason(device: torch.device | str) -> str | None:
 _SERVING_FAILED: dict[tuple, str | None] = {}
 
 
+def _kernel(device: torch.device, next_n: int, heads: int, out_dtype: torch.dtype, lens_2d: bool,
+            stages: int = DEFAULT_STAGES, min_ctas: int | None = None, probe: int = 0,
+            split_sign: int = DEFAULT_SPLIT_SIGN, headsum: int = DEFAULT_HEADSUM, pipeline: int = DEFAULT_PIPELINE,
+            wgs: int = DEFAULT_WGS, mma_rows: int | None = None):
+    """The loaded kernel of one build configuration on ``device`` and its dynamic shared memory in bytes
+    (``build`` and ``nvrtc.get_function`` cache both): what ``launch`` runs and ``serving_unavailable`` probes.
+
+    Raises:
+        ValueError / RuntimeError: as ``build`` and ``nvrtc.get_function``.
+    """
+    if mma_rows is None:
+        mma_rows = default_mma_rows(next_n, heads)
+    cubin, _ = build(next_n, heads, _OUT_KINDS[out_dtype], lens_2d, stages, min_ctas, "sm_90a", probe, split_sign,
+                     headsum, pipeline, wgs, mma_rows)
+    smem = smem_bytes(next_n, heads, stages, headsum, wgs)
+    return nvrtc.get_function(device, cubin, "fp4_paged_logits_sm90", smem), smem
+
+
 def _device_index(device: torch.device) -> int:
     """CUDA ordinal of ``device`` (the current device for a bare ``"cuda"``)."""
     return device.index if device.index is not None else torch.cuda.current_device()
@@ -356,11 +374,7 @@ def serving_unavailable(device: torch.device | str, next_n: int, heads: int, out
     if key in _SERVING_FAILED:
         return _SERVING_FAILED[key]
     try:
-        mma_rows = default_mma_rows(next_n, heads)
-        cubin, _ = build(next_n, heads, _OUT_KINDS[out_dtype], bool(lens_2d), DEFAULT_STAGES, None, "sm_90a", 0,
-                         DEFAULT_SPLIT_SIGN, DEFAULT_HEADSUM, DEFAULT_PIPELINE, DEFAULT_WGS, mma_rows)
-        nvrtc.get_function(torch.device("cuda", index), cubin, "fp4_paged_logits_sm90",
-                           smem_bytes(next_n, heads, DEFAULT_STAGES, DEFAULT_HEADSUM, DEFAULT_WGS))
+        _kernel(torch.device("cuda", index), next_n, heads, out_dtype, bool(lens_2d))
     except (RuntimeError, ValueError) as e:
         return record_serving_failure(device, next_n, heads, out_dtype, lens_2d, e)
     _SERVING_FAILED[key] = None
@@ -448,13 +462,8 @@ def launch(q, weights, cache, block_table, context_lens, schedule, out, *, batch
         RuntimeError: the build, the load or the launch fails.
     """
     device = q.device
-    out_kind = _OUT_KINDS[out.dtype]
-    if mma_rows is None:
-        mma_rows = default_mma_rows(next_n, heads)
-    cubin, _ = build(next_n, heads, out_kind, context_lens.dim() == 2, stages, min_ctas, "sm_90a", probe, split_sign,
-                     headsum, pipeline, wgs, mma_rows)
-    smem = smem_bytes(next_n, heads, stages, headsum, wgs)
-    fn = nvrtc.get_function(device, cubin, "fp4_paged_logits_sm90", smem)
+    fn, smem = _kernel(device, next_n, heads, out.dtype, context_lens.dim() == 2, stages, min_ctas, probe, split_sign,
+                       headsum, pipeline, wgs, mma_rows)
     args = [
         ctypes.c_void_p(q.data_ptr()),
         ctypes.c_void_p(weights.data_ptr()),
