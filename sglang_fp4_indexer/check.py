@@ -66,6 +66,11 @@ _DSA_SIZE_KEYS = ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim")
 _DSA_BY_NAME = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "GlmMoeDsaForCausalLMNextN")
 
 
+#: Largest --next-n: the paged scorer's ``ops.paged_logits.MAX_NEXT_N`` (restated, not imported: that module
+#: loads Triton, which ``check`` never needs; tests/test_cli_errors.py keeps the two equal).
+MAX_NEXT_N = 8
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``check``."""
     parser.add_argument("model", help="local model directory (with config.json) or a Hugging Face config JSON file; "
@@ -78,9 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "recall FP4 vs FP8 (measured accuracy study) -- and a one-line verdict")
     parser.add_argument("--batch", type=integer(1), default=1, metavar="B",
                         help="with --context: requests decoded together (default 1)")
-    parser.add_argument("--next-n", type=integer(1, 8), default=1, metavar="N",
+    parser.add_argument("--next-n", type=integer(1, MAX_NEXT_N), default=1, metavar="N",
                         help="with --context: query tokens per request and step: 1 for plain decode, draft "
-                             "tokens + 1 with MTP / EAGLE speculative decoding, at most 8 (default 1)")
+                             "tokens + 1 with MTP / EAGLE speculative decoding, at most %d (default 1)" % MAX_NEXT_N)
     parser.add_argument("--capability", default=None,
                         help="CUDA compute capability to assume, e.g. 9.0 (default: the local GPU, else 9.0)")
     parser.add_argument("--kv-cache-dtype", choices=("fp8", "bf16"), default=None,

@@ -134,3 +134,10 @@ def test_user_docs_have_no_internal_terms(name):
     lines = (REPO / name).read_text().splitlines()
     found = [(i + 1, line) for i, line in enumerate(lines) if _INTERNAL.search(line)]
     assert found == [], found
+
+
+def test_checks_next_n_bound_is_the_scorers():
+    from sglang_fp4_indexer import check
+    from sglang_fp4_indexer.ops import paged_logits
+
+    assert check.MAX_NEXT_N == paged_logits.MAX_NEXT_N
