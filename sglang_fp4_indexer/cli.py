@@ -10,7 +10,7 @@ before its module -- and so Triton and the kernels -- is imported, because
 Triton reads that variable when a kernel is defined.
 
 Subcommands now: ``demo`` (``demo.py``), ``check`` (``check.py``), ``bench`` (``bench/``),
-``accuracy`` (``accuracy.py``).
+``accuracy`` (``accuracy.py``), ``model-accuracy`` (``model_study/study.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ SUBCOMMANDS: tuple[_Subcommand, ...] = (
     _Subcommand("accuracy", ".accuracy",
                 "accuracy study: FP4 vs FP8 top-k recall, rank correlation and logit error against exact scoring "
                 "over workloads, contexts and H (results: docs/accuracy.md in the source repository)"),
+    _Subcommand("model-accuracy", ".model_study.study",
+                "real-model study: Gemma 3 270M with DSA-style sparse attention selected over exact, FP8 and FP4 "
+                "index keys -- loss, passkey retrieval and top-k recall (CPU; docs/accuracy.md)"),
 )
 
 #: The SGLang release the plugin is built and tested against.

