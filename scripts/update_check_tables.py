@@ -1,12 +1,14 @@
 """Rebuild the measured tables that ``sglang-fp4-indexer check --context`` quotes.
 
-    PYTHONPATH=. python3 scripts/update_check_tables.py BENCH_JSON ACCURACY_JSON [--out PATH]
+    PYTHONPATH=. python3 scripts/update_check_tables.py BENCH_JSON ACCURACY_JSON [--model-accuracy JSON] [--out PATH]
 
 BENCH_JSON: a ``sglang-fp4-indexer bench --device cuda --json`` report measured
 on an H200 (the FP8 times come from its ``deepgemm-fp8`` column when it has
 one; without it the table says the FP8 time is not measured). ACCURACY_JSON:
 an ``accuracy.json`` written by ``sglang-fp4-indexer accuracy`` (the GPU study
-reaches 128K contexts). Writes ``sglang_fp4_indexer/data/h200_tables.json``
+reaches 128K contexts). ``--model-accuracy``: a ``model-accuracy.json`` of
+``sglang-fp4-indexer model-accuracy`` (the real-model study; its loss and
+passkey numbers are what check's verdict quotes as the measured cost). Writes ``sglang_fp4_indexer/data/h200_tables.json``
 (shipped inside the wheel) unless ``--out`` says otherwise, and prints what it took.
 """
 
@@ -41,11 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bench_json", metavar="BENCH_JSON")
     parser.add_argument("accuracy_json", metavar="ACCURACY_JSON")
+    parser.add_argument("--model-accuracy", default=None, metavar="JSON",
+                        help="model-accuracy.json of the real-model study (adds the model section)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     try:
+        model = _read(args.model_accuracy) if args.model_accuracy else None
         tables = build_tables(_read(args.bench_json), _read(args.accuracy_json),
-                              bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json))
+                              bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json),
+                              model_accuracy=model,
+                              model_source=_source(args.model_accuracy) if args.model_accuracy else "")
     except ValueError as exc:
         parser.exit(2, f"update_check_tables: {exc}\n")
     out = Path(args.out)
@@ -54,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     timing = tables["timing"]
     print(f"{out}: {len(timing['rows'])} timing rows ({timing['gpu']}, {timing['date']}, FP4 column "
           f"{timing['fp4_column']}, FP8 {'measured' if timing['fp8_measured'] else 'not measured'}), "
-          f"{len(tables['recall']['rows'])} recall rows ({tables['recall']['device']})")
+          f"{len(tables['recall']['rows'])} recall rows ({tables['recall']['device']})"
+          + (f", {len(tables['model']['rows'])} model rows" if "model" in tables else ""))
     return 0
 
 

@@ -20,9 +20,10 @@ is refused its rows are labelled as what it would give if the refusal were lifte
 With ``--context N`` (and ``--batch``, ``--next-n``) it adds what FP4 gains and
 costs at that request length (``worth_it``): the requests that fit with each
 index format, the indexer scorer's time FP4 vs FP8 measured on an H200 at the
-nearest measured shape, and the top-k recall of each format at the nearest
-measured context (``tables``: the measured tables shipped in the package),
-then a one-line verdict.
+nearest measured shape with the asked next_n, the top-k recall of each format
+and the real-model study's loss and passkey numbers at the nearest measured
+context (``tables``: the measured tables shipped in the package), then a
+verdict that decides, with its exit code (``worth_it``, ``main``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from .gate import (INDEXER_FUSION_ENV, INTERLEAVED_INDEXER_ARCHS, Decision, Devi
                    decide, index_key_rotation)
 
 __all__ = ["add_arguments", "main", "load_hf_config", "mla_kv_bytes_per_token", "sglang_kv_cache_dtype", "run_check",
-           "worth_it"]
+           "worth_it", "EXIT_FP4_FITS_MORE", "EXIT_REFUSED", "EXIT_SAME_REQUESTS", "EXIT_FITS_NEITHER"]
 
 _V4_ARCHS = ("DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "DeepseekV4ForCausalLMDSpark")
 #: Architectures whose DSA KV-cache dtype SGLang 0.5.23 defaults (``arg_groups/model_hook.py`` calls
@@ -80,7 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=integer(1), default=None, metavar="N",
                         help="tokens per request (e.g. 131072): adds what FP4 gains and costs at that length -- "
                              "requests that fit, the indexer's time FP4 vs FP8 (measured on H200) and the top-k "
-                             "recall FP4 vs FP8 (measured accuracy study) -- and a one-line verdict")
+                             "recall FP4 vs FP8 (measured accuracy study), the loss cost on a real model -- and a "
+                             "verdict, also as the exit code: 0 FP4 fits more requests of that length, 3 the same "
+                             "number either way (FP4 buys only indexer time, at the measured cost), 4 the batch "
+                             "fits neither; 1 FP4 refused")
     parser.add_argument("--batch", type=integer(1), default=1, metavar="B",
                         help="with --context: requests decoded together (default 1)")
     parser.add_argument("--next-n", type=integer(1, MAX_NEXT_N), default=1, metavar="N",
@@ -383,8 +387,47 @@ def _shape_text(heads: int, batch: int, context: int, next_n: int) -> str:
     return f"H {heads}, batch {batch} x {_k(context)}, next_n {next_n}"
 
 
+#: ``check --context`` exit codes: the verdict as a number (``main``).
+EXIT_FP4_FITS_MORE = 0
+EXIT_REFUSED = 1
+EXIT_SAME_REQUESTS = 3
+EXIT_FITS_NEITHER = 4
+
+
+def _pm(ms) -> str:
+    m, se = ms
+    return f"{m:+.4f}" if se != se else f"{m:+.4f} ± {se:.4f}"  # se != se: NaN (one window)
+
+
+def _model_cost_text(row: dict | None, context: int, topk: int) -> str:
+    if row is None:
+        return "the effect on a model's loss is not in these tables"
+    text = (f"Δ loss vs dense attention FP4 {_pm(row['delta_fp4'])}, FP8 {_pm(row['delta_fp8'])} nats/token "
+            f"(FP4 - FP8 {_pm(row['fp4_minus_fp8'])})")
+    if "passkey_fp4" in row:
+        text += f", passkey {row['passkey_fp4'][0]}/{row['passkey_fp4'][1]} vs {row['passkey_fp8'][0]}/{row['passkey_fp8'][1]}"
+    return text + f" on Gemma 3 270M at {_k(row['context'])}, top-{row['topk']} (real-model study, stand-in indexer)"
+
+
 def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tables: dict | None = None) -> dict:
-    """What FP4 gains and costs at one serving shape, from ``run_check``'s findings and the measured tables.
+    """What FP4 gains and costs at one serving shape, and the decision, from ``run_check``'s findings and the tables.
+
+    The decision (``decision``, and the exit code ``main`` returns for it):
+
+    - ``"neither"`` (``EXIT_FITS_NEITHER``): ``batch`` requests of ``context``
+      tokens fit the KV pool with neither index format;
+    - ``"more"`` (``EXIT_FP4_FITS_MORE``): FP4 fits more requests of this
+      length than FP8 (the verdict says how many more, and whether the batch
+      fits only with FP4);
+    - ``"same"`` (``EXIT_SAME_REQUESTS``): both fit the same number of
+      requests, so FP4 buys only its indexer time, at the measured cost.
+
+    The time is the measured row nearest the shape among rows with the asked
+    ``next_n`` (``tables.nearest_timing``); without such a row none is quoted.
+    The cost is the top-k recall at the nearest measured context
+    (``tables.nearest_recall``) and the real-model study's loss and passkey
+    numbers at the nearest measured context (``tables.nearest_model_cost``,
+    at the tables' top-k, 2048, DSA's ``index_topk``).
 
     Args:
         found: ``run_check``'s result for a DSA model (with ``capacity``).
@@ -396,17 +439,18 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     Returns:
         dict: ``requests_fp8`` / ``requests_fp4`` (requests of ``context`` tokens
         that fit), ``tokens_needed`` (``batch * context``), ``timing`` (the
-        nearest measured row, ``tables.nearest_timing``), ``timing_exact``,
-        ``timing_gpu``, ``recall`` (rows at the nearest measured context,
-        ``tables.nearest_recall``), ``recall_exact``, ``recall_device``,
-        ``topk``, ``gpu_note`` (how the measured GPU relates to this one, or
-        empty) and ``verdict`` (one line).
+        nearest measured row with this next_n, or None), ``timing_next_n``
+        (the measured next_n values), ``timing_exact``, ``timing_gpu``,
+        ``recall`` (rows at the nearest measured context), ``recall_exact``,
+        ``recall_device``, ``model_cost`` (``tables.nearest_model_cost`` or
+        None), ``topk``, ``gpu_note``, ``decision``, ``exit_code`` and
+        ``verdict`` (one line).
 
     Raises:
         ValueError: ``found`` has no memory rows (not a DSA model), a
             non-positive shape, or ``context < next_n``.
     """
-    from .tables import load_tables, nearest_recall, nearest_timing
+    from .tables import load_tables, nearest_model_cost, nearest_recall, nearest_timing
 
     cap: DcpCapacity | None = found.get("capacity")
     if cap is None:
@@ -418,9 +462,12 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     sharded = found["fp4_mode"] == SHARDED
     tokens_fp4 = cap.tokens_fp4_sharded if sharded else cap.tokens_fp4_replicated
     gain = cap.gain_sharded if sharded else cap.gain_replicated
-    row = nearest_timing(tables, heads, batch, context, next_n)
+    measured_n = sorted({r["next_n"] for r in tables["timing"]["rows"]})
+    same_n = [r for r in tables["timing"]["rows"] if r["next_n"] == next_n]
+    row = nearest_timing({"timing": {"rows": same_n}}, heads, batch, context, next_n) if same_n else None
     recall = nearest_recall(tables, heads, context)
     topk = int(tables["recall"]["topk"])
+    model_cost = nearest_model_cost(tables, context, topk)
     gpu = tables["timing"]["gpu"]
     dev: DeviceFacts = found["device_facts"]
     if dev.name in ("assumed H200", "given"):
@@ -430,31 +477,45 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     out = {
         "requests_fp8": cap.tokens_fp8 // context, "requests_fp4": tokens_fp4 // context,
         "tokens_needed": batch * context, "tokens_fp8": cap.tokens_fp8, "tokens_fp4": tokens_fp4, "gain": gain,
-        "timing": row, "timing_gpu": gpu, "gpu_note": gpu_note,
-        "timing_exact": (row["heads"], row["batch"], row["context"], row["next_n"]) == (heads, batch, context, next_n),
+        "timing": row, "timing_next_n": measured_n, "timing_gpu": gpu, "gpu_note": gpu_note,
+        "timing_exact": row is not None and (row["heads"], row["batch"], row["context"]) == (heads, batch, context),
         "recall": recall, "recall_exact": recall[0]["context"] == context, "recall_device": tables["recall"]["device"],
-        "topk": topk, "heads": heads,
+        "model_cost": model_cost, "topk": topk, "heads": heads,
     }
-    fp4, fp8 = row["fp4_us"], row["fp8_us"]
-    if fp8 is not None:
+    if row is None:
+        speed = (f"an indexer time at next_n {next_n} that is not measured (measured: next_n "
+                 f"{', '.join(map(str, measured_n))})")
+    elif row["fp8_us"] is not None:
+        fp4, fp8 = row["fp4_us"], row["fp8_us"]
         speed = f"a {fp8 / fp4:.2f}x faster indexer" if fp4 <= fp8 else f"a {fp4 / fp8:.2f}x slower indexer"
-    elif row.get("fp8_floor_us") and fp4 < row["fp8_floor_us"]:
+    elif row.get("fp8_floor_us") and row["fp4_us"] < row["fp8_floor_us"]:
         speed = "a faster indexer (FP4 under FP8's bandwidth floor)"
     else:
         speed = "an indexer time vs FP8 not measured"
     text = next((r for r in recall if r["workload"] == "text"), recall[0])
     if context <= topk:
-        cost = f"no recall cost (top-{topk} keeps all {_k(context)} keys)"
+        cost = f"no cost (top-{topk} keeps all {_k(context)} keys, so the selection cannot change)"
     else:
         cost = (f"{(text['fp8'] - text['fp4']) * 100:.1f} points less top-{topk} recall at "
-                f"{_k(text['context'])} ({text['workload']} workload)")
-    fits = ""
-    if out["tokens_needed"] > cap.tokens_fp8:
-        fits = "; the batch fits only with FP4" if out["tokens_needed"] <= tokens_fp4 else "; the batch fits neither"
-    where = ("worth it where KV memory limits you" if out["requests_fp4"] > out["requests_fp8"] else
-             f"at this length the extra tokens fit no extra request ({out['requests_fp8']} either way): worth it for "
-             f"the indexer time alone only if that recall cost is acceptable")
-    out["verdict"] = f"+{gain * 100:.1f} % KV tokens and {speed}, for {cost}{fits}: {where}"
+                f"{_k(text['context'])} ({text['workload']} workload); {_model_cost_text(model_cost, context, topk)}")
+    rf8, rf4 = out["requests_fp8"], out["requests_fp4"]
+    if out["tokens_needed"] > tokens_fp4:
+        out["decision"], out["exit_code"] = "neither", EXIT_FITS_NEITHER
+        out["verdict"] = (f"neither format fits the batch: {batch} x {_k(context)} needs {out['tokens_needed']} KV "
+                          f"tokens, FP8 holds {cap.tokens_fp8} ({rf8} such requests), FP4 {tokens_fp4} ({rf4}); "
+                          f"lower --batch or add memory")
+    elif rf4 > rf8:
+        only = "; your batch fits only with FP4" if out["tokens_needed"] > cap.tokens_fp8 else ""
+        out["decision"], out["exit_code"] = "more", EXIT_FP4_FITS_MORE
+        out["verdict"] = (f"turn FP4 on where KV memory limits you: it fits {rf4 - rf8} more {_k(context)}-token "
+                          f"request{'s' if rf4 - rf8 > 1 else ''} ({rf8} -> {rf4}, +{gain * 100:.1f} % KV tokens)"
+                          f"{only}, with {speed}; "
+                          f"measured cost: {cost}")
+    else:
+        out["decision"], out["exit_code"] = "same", EXIT_SAME_REQUESTS
+        out["verdict"] = (f"FP4 fits no more {_k(context)}-token requests ({rf8} either way; +{gain * 100:.1f} % KV "
+                          f"tokens), so it buys only {speed}, at a measured cost of {cost}: turn it on if that "
+                          f"cost is acceptable")
     return out
 
 
@@ -464,17 +525,21 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
     console.print(f"at {_k(context)} tokens per request: requests that fit: FP8 {w['requests_fp8']}, FP4 "
                   f"{w['requests_fp4']} (a batch of {batch} needs {w['tokens_needed']} KV tokens; "
                   f"FP8 holds {w['tokens_fp8']}, FP4 {w['tokens_fp4']})")
-    where = ("at this shape" if w["timing_exact"]
-             else f"at the nearest measured shape, {_shape_text(row['heads'], row['batch'], row['context'], row['next_n'])}")
-    fp8 = (f"FP8 (DeepGEMM, as SGLang calls it) {row['fp8_us']:.1f} us" if row["fp8_us"] is not None
-           else "FP8 time not measured" + (f" (its memory-bandwidth floor there: {row['fp8_floor_us']:.1f} us)"
-                                           if row.get("fp8_floor_us") else ""))
-    native = row.get("fp8_native_us")
-    if native is not None and row["fp8_us"] is not None and abs(native - row["fp8_us"]) > 0.05 * row["fp8_us"]:
-        fp8 += f"; DeepGEMM with its native next_n, which SGLang 0.5.23 does not use on Hopper: {native:.1f} us"
-    console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']}{w['gpu_note']} {where}: "
-                  f"FP4 {row['fp4_us']:.1f} us (x {layers} index layers = {row['fp4_us'] * layers / 1000:.2f} ms "
-                  f"per step); {fp8}")
+    if row is None:
+        console.print(f"indexer scorer time at next_n {next_n}: not measured (the {w['timing_gpu']} tables have "
+                      f"next_n {', '.join(map(str, w['timing_next_n']))}; no other next_n is quoted for it)")
+    else:
+        where = ("at this shape" if w["timing_exact"]
+                 else f"at the nearest measured shape, {_shape_text(row['heads'], row['batch'], row['context'], row['next_n'])}")
+        fp8 = (f"FP8 (DeepGEMM, as SGLang calls it) {row['fp8_us']:.1f} us" if row["fp8_us"] is not None
+               else "FP8 time not measured" + (f" (its memory-bandwidth floor there: {row['fp8_floor_us']:.1f} us)"
+                                               if row.get("fp8_floor_us") else ""))
+        native = row.get("fp8_native_us")
+        if native is not None and row["fp8_us"] is not None and abs(native - row["fp8_us"]) > 0.05 * row["fp8_us"]:
+            fp8 += f"; DeepGEMM with its native next_n, which SGLang 0.5.23 does not use on Hopper: {native:.1f} us"
+        console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']}{w['gpu_note']} {where}: "
+                      f"FP4 {row['fp4_us']:.1f} us (x {layers} index layers = {row['fp4_us'] * layers / 1000:.2f} ms "
+                      f"per step); {fp8}")
     if res["dcp_size"] > 1 and res["fp4_mode"] == SHARDED:
         console.print("  (single-GPU times; the sharded index adds a candidate exchange per step: see the user guide)")
     ctx = w["recall"][0]["context"]
@@ -485,12 +550,27 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
                       f"{w['topk']} keys, all of them selected)")
     else:
         console.print(f"top-{w['topk']} recall against exact scoring, FP4 vs FP8, {where}, H {w['recall'][0]['heads']} "
-                      f"(accuracy study on {w['recall_device']}; its effect on answers is not measured): {parts}")
+                      f"(accuracy study on {w['recall_device']}): {parts}")
+        m = w["model_cost"]
+        if m is not None:
+            console.print(f"on a real model (Gemma 3 270M, sparse attention in its 3 global layers over a stand-in "
+                          f"indexer, CPU), at {_k(m['context'])}, top-{m['topk']}, {m['windows']} text windows "
+                          f"(the nearest measured context to {_k(context)}): Δ loss vs dense attention exact selection "
+                          f"{_pm(m['delta_exact'])}, FP8 {_pm(m['delta_fp8'])}, FP4 {_pm(m['delta_fp4'])} nats/token"
+                          + (f"; passkey retrieved dense {m['passkey_dense'][0]}/{m['passkey_dense'][1]}, FP8 "
+                             f"{m['passkey_fp8'][0]}/{m['passkey_fp8'][1]}, FP4 {m['passkey_fp4'][0]}/{m['passkey_fp4'][1]}"
+                             if "passkey_fp4" in m else ""))
     console.print(f"verdict: {w['verdict']}")
 
 
 def main(args: argparse.Namespace) -> int:
-    """Print the check; exit code 0 when the FP4 indexer would be enabled, 1 when refused."""
+    """Print the check and return its exit code.
+
+    Without ``--context``: 0 when the FP4 indexer would be enabled, 1 when refused (or the model
+    has no DSA index cache). With ``--context`` and FP4 enabled, the verdict's code
+    (``worth_it``): 0 FP4 fits more requests of that length, 3 both fit the same number (FP4 buys
+    only indexer time), 4 the batch fits neither; 1 when refused. 2: a usage error (``cli.main``).
+    """
     from rich.console import Console
     from rich.table import Table
 
@@ -555,8 +635,9 @@ def main(args: argparse.Namespace) -> int:
     if context is None:
         console.print("add --context N (and --batch, --next-n) for the time and recall FP4 costs or saves at that length")
     elif d.enabled:
-        _print_worth_it(console, res, worth_it(res, context=context, batch=args.batch, next_n=args.next_n),
-                        args.batch, args.next_n, context)
+        verdict = worth_it(res, context=context, batch=args.batch, next_n=args.next_n)
+        _print_worth_it(console, res, verdict, args.batch, args.next_n, context)
+        return verdict["exit_code"]
     else:
         console.print("verdict: FP4 is refused for this deployment (above), so SGLang keeps FP8 at any context")
     return 0 if d.enabled else 1

@@ -46,7 +46,7 @@ SUBCOMMANDS: tuple[_Subcommand, ...] = (
                 "over workloads, contexts and H (results: docs/accuracy.md in the source repository)"),
     _Subcommand("model-accuracy", ".model_study.study",
                 "real-model study: Gemma 3 270M with DSA-style sparse attention selected over exact, FP8 and FP4 "
-                "index keys -- loss, passkey retrieval and top-k recall (CPU; docs/accuracy.md)"),
+                "index keys -- loss, passkey retrieval and top-k recall (CPU; docs/accuracy.md in the source repository)"),
 )
 
 #: The SGLang release the plugin is built and tested against.

@@ -21,6 +21,14 @@ Timing rows (per scorer call of one layer, microseconds):
 
 Recall rows: mean top-k recall against exact scoring of ``FP4`` and ``FP8`` per
 (workload, context, H).
+
+Model rows (optional, ``model``): what FP4 and FP8 index keys cost a real
+model, from a ``model-accuracy.json`` of ``sglang-fp4-indexer model-accuracy``
+(Gemma 3 270M with sparse attention in its global layers over a stand-in
+indexer, measured on a CPU): per (context, top-k) the loss difference to dense
+attention of each format and FP4 - FP8, each ``[mean, standard error]`` in
+nats per token over the windows, and passkey retrieval counts
+(``nearest_model_cost``).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ __all__ = [
     "load_tables",
     "nearest_timing",
     "nearest_recall",
+    "nearest_model_cost",
 ]
 
 #: ``format`` field of the tables file.
@@ -113,8 +122,33 @@ def _recall(accuracy: dict, source: str) -> dict:
     return {"device": env.get("gpu") or env.get("device") or accuracy.get("device", "?"), "topk": topk, "rows": rows}
 
 
+def _model(doc: dict, source: str) -> dict:
+    from .model_study.report import summarize
+
+    try:
+        summary = summarize(doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: not a model-accuracy.json of 'sglang-fp4-indexer model-accuracy' ({exc})") from None
+    rows = []
+    for ctx, case in sorted(summary["loss"].items()):
+        for k, row in sorted(case["topk"].items()):
+            entry = {"context": ctx, "topk": k, "windows": case["windows"],
+                     **{f"delta_{f}": list(row["delta"][f]) for f in ("exact", "fp8", "fp4")},
+                     "fp4_minus_fp8": list(row["fp4_minus_fp8"]),
+                     **{f"recall_{f}": row["recall"][f][0] for f in ("fp8", "fp4") if f in row["recall"]}}
+            pk = summary["passkey"].get(ctx)
+            if pk and k in pk["topk"]:
+                for name, key in (("dense", "dense"), (f"fp8 k={k}", "fp8"), (f"fp4 k={k}", "fp4")):
+                    entry[f"passkey_{key}"] = list(pk["variants"][name]["retrieved"])
+            rows.append(entry)
+    if not rows:
+        raise ValueError(f"{source}: no complete loss case")
+    return {"model": str(doc.get("model", "?")), "device": "CPU", "rows": rows}
+
+
 def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench report",
-                 accuracy_source: str = "accuracy.json") -> dict:
+                 accuracy_source: str = "accuracy.json", model_accuracy: dict | None = None,
+                 model_source: str = "model-accuracy.json") -> dict:
     """The tables file's content from a GPU benchmark report and an accuracy result.
 
     Args:
@@ -122,7 +156,8 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
             ``rows`` with per-scorer ``results``), measured on a CUDA device.
         accuracy: an ``accuracy.json`` (``topk``, ``cases`` with ``formats``
             ``FP4``/``FP8`` ``recall_mean``).
-        bench_source, accuracy_source: names for messages and the record.
+        bench_source, accuracy_source, model_source: names for messages and the record.
+        model_accuracy: a ``model-accuracy.json`` (the real-model study), or None (no ``model`` section).
 
     Returns:
         ``{"format", "timing": {...}, "recall": {...}, "sources": [...]}`` (module docstring).
@@ -130,8 +165,12 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
     Raises:
         ValueError: a report of the wrong kind or without usable rows, naming the source.
     """
-    return {"format": TABLES_FORMAT, "timing": _timing(bench, bench_source),
-            "recall": _recall(accuracy, accuracy_source), "sources": [bench_source, accuracy_source]}
+    out = {"format": TABLES_FORMAT, "timing": _timing(bench, bench_source),
+           "recall": _recall(accuracy, accuracy_source), "sources": [bench_source, accuracy_source]}
+    if model_accuracy is not None:
+        out["model"] = _model(model_accuracy, model_source)
+        out["sources"].append(model_source)
+    return out
 
 
 def load_tables(path: str | Path | None = None) -> dict:
@@ -206,3 +245,29 @@ def nearest_recall(tables: dict, heads: int, context: int) -> list[dict]:
     same = [r for r in rows if r["heads"] == best_heads]
     best_context = min({r["context"] for r in same}, key=lambda c: (_log_gap(c, context), -c))
     return [r for r in same if r["context"] == best_context]
+
+
+def nearest_model_cost(tables: dict, context: int, topk: int) -> dict | None:
+    """The real-model study's row nearest a request length, or None when the tables have no model section.
+
+    Rule: the measured context nearest ``context`` by ``|log2|`` gap (ties: the
+    longer), then at that context the row with the model's ``topk`` if measured,
+    else the measured top-k nearest it by ``|log2|`` gap (ties: the larger).
+
+    Returns:
+        ``{"context", "topk", "windows", "delta_exact" | "delta_fp8" | "delta_fp4" | "fp4_minus_fp8":
+        [mean, standard error], "recall_fp8", "recall_fp4", "passkey_dense" | ..._fp8 | ..._fp4: [retrieved,
+        prompts] (when measured)}``.
+
+    Raises:
+        ValueError: a non-positive argument.
+    """
+    for name, value in (("context", context), ("topk", topk)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    rows = (tables.get("model") or {}).get("rows") or []
+    if not rows:
+        return None
+    best = min({r["context"] for r in rows}, key=lambda c: (_log_gap(c, context), -c))
+    same = [r for r in rows if r["context"] == best]
+    return min(same, key=lambda r: (_log_gap(r["topk"], topk), -r["topk"]))

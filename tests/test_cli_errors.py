@@ -117,7 +117,7 @@ _USER_DOCS = ("README.md", "CHANGELOG.md", "docs/user-guide.md", "docs/accuracy.
               "docs/format.md", "docs/sglang-seams.md")
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["check"], ["bench"], ["accuracy"]], ids=lambda c: " ".join(c) or "top")
+@pytest.mark.parametrize("command", [[], ["demo"], ["check"], ["bench"], ["accuracy"], ["model-accuracy"]], ids=lambda c: " ".join(c) or "top")
 def test_help_names_things_by_what_they_are(capsys, command):
     with pytest.raises(SystemExit) as exc:
         main([*command, "--help"])

@@ -331,8 +331,18 @@ _REPO = Path(__file__).resolve().parents[1]
 def _sources():
     from sglang_fp4_indexer.tables import load_tables
 
-    bench_src, acc_src = load_tables()["sources"]
+    bench_src, acc_src = load_tables()["sources"][:2]
     return json.loads((_REPO / bench_src).read_text()), json.loads((_REPO / acc_src).read_text())
+
+
+def _model_cost(context):
+    from sglang_fp4_indexer.tables import load_tables, nearest_model_cost
+
+    return nearest_model_cost(load_tables(), context, 2048)
+
+
+def _pm(ms):
+    return f"{ms[0]:+.4f} ± {ms[1]:.4f}"
 
 
 def _bench_us(bench, heads, batch, context, next_n, column):
@@ -353,7 +363,7 @@ def test_context_adds_what_fp4_gains_and_costs(tmp_path, capsys, cfg, layers, he
     bench, acc = _sources()
     ours = next(s["name"] for s in bench["scorers"] if s["name"] in ("ours", "ours[auto]"))
     code, out = _run(capsys, _write(tmp_path, cfg), "--capability", "9.0", "--context", "131072", "--batch", "8")
-    assert code == 0 and "ENABLED" in out
+    assert "ENABLED" in out  # the exit code is the verdict's (below)
     # Tokens: SGLang's Hopper default MLA KV is bf16 (1152 B); requests of 128K that fit.
     t8, t4 = 100 * GIB // (layers * (kv + 132)), 100 * GIB // (layers * (kv + 68))
     assert (f"at 128K tokens per request: requests that fit: FP8 {t8 // 131072}, FP4 {t4 // 131072} "
@@ -374,24 +384,73 @@ def test_context_adds_what_fp4_gains_and_costs(tmp_path, capsys, cfg, layers, he
     gain = f"+{(t4 / t8 - 1) * 100:.1f} %"
     assert gain == "+5.2 %"
     verdict = out[out.index("verdict: "):]
-    assert verdict.startswith(f"verdict: {gain} KV tokens and ")
-    assert f"for {(text8 - text4) * 100:.1f} points less top-2048 recall at 128K (text workload)" in verdict
-    if t4 // 131072 > t8 // 131072:  # FP4 fits more requests of this length
-        assert verdict.endswith("worth it where KV memory limits you")
-    else:
-        assert verdict.endswith(f"at this length the extra tokens fit no extra request ({t8 // 131072} either way): "
-                                "worth it for the indexer time alone only if that recall cost is acceptable")
+    r8, r4 = t8 // 131072, t4 // 131072
+    speed = f"a {fp8_us / fp4_us:.2f}x faster indexer" if fp8_us is not None else "a faster indexer"
+    if r4 > r8:  # FP4 fits more requests of this length: exit 0
+        assert code == 0
+        assert verdict.startswith(f"verdict: turn FP4 on where KV memory limits you: it fits {r4 - r8} more "
+                                  f"128K-token request{'s' if r4 - r8 > 1 else ''} ({r8} -> {r4}, {gain} KV tokens), "
+                                  f"with {speed}; measured cost: ")
+    else:  # the same number either way: exit 3
+        assert code == 3
+        assert verdict.startswith(f"verdict: FP4 fits no more 128K-token requests ({r8} either way; {gain} KV tokens), "
+                                  f"so it buys only {speed}, at a measured cost of ")
+    assert f"{(text8 - text4) * 100:.1f} points less top-2048 recall at 128K (text workload)" in verdict
+    # The real-model study's numbers at its context nearest 128K, as measured (tables.nearest_model_cost).
+    m = _model_cost(131072)
+    assert m is not None and m["topk"] == 2048
+    assert (f"Δ loss vs dense attention FP4 {_pm(m['delta_fp4'])}, FP8 {_pm(m['delta_fp8'])} nats/token "
+            f"(FP4 - FP8 {_pm(m['fp4_minus_fp8'])})") in verdict
+    assert f"on Gemma 3 270M at {m['context'] // 1024}K, top-2048 (real-model study, stand-in indexer)" in verdict
+    assert (f"on a real model (Gemma 3 270M, sparse attention in its 3 global layers over a stand-in indexer, CPU), "
+            f"at {m['context'] // 1024}K, top-2048, {m['windows']} text windows (the nearest measured context to 128K)") in out
+
+
+def test_context_verdict_decides_and_its_exit_code_says_which(tmp_path, capsys):
+    cfg = _write(tmp_path, DSV32)
+    t8, t4 = 100 * GIB // (61 * (1152 + 132)), 100 * GIB // (61 * (1152 + 68))
+    # Neither format fits 64 requests of 128K: exit 4.
+    code, out = _run(capsys, cfg, "--capability", "9.0", "--context", "131072", "--batch", "64")
+    assert code == 4
+    assert out[out.index("verdict: "):] == (
+        f"verdict: neither format fits the batch: 64 x 128K needs {64 * 131072} KV tokens, FP8 holds {t8} "
+        f"({t8 // 131072} such requests), FP4 {t4} ({t4 // 131072}); lower --batch or add memory")
+    # One request of 1.3M tokens fits either way and no second one does: exit 3, the trade stated.
+    context = t8 - 1000
+    assert t4 // context == t8 // context == 1
+    code, out = _run(capsys, cfg, "--capability", "9.0", "--context", str(context))
+    assert code == 3 and "verdict: FP4 fits no more" in out and "(1 either way; +5.2 % KV tokens)" in out
+    # The batch fits only with FP4: exit 0, said.
+    batch = t8 // 131072 + 1
+    assert batch * 131072 <= t4
+    code, out = _run(capsys, cfg, "--capability", "9.0", "--context", "131072", "--batch", str(batch))
+    assert code == 0 and "; your batch fits only with FP4, with " in out
+
+
+def test_context_quotes_only_the_asked_next_n(tmp_path, capsys):
+    from sglang_fp4_indexer.tables import load_tables
+
+    measured = sorted({r["next_n"] for r in load_tables()["timing"]["rows"]})
+    assert 8 not in measured
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "9.0", "--context", "131072", "--batch", "8",
+                     "--next-n", "8")
+    assert code == 0
+    assert (f"indexer scorer time at next_n 8: not measured (the NVIDIA H200 tables have next_n "
+            f"{', '.join(map(str, measured))}; no other next_n is quoted for it)") in out
+    assert "next_n 1" not in out.replace(f"next_n {', '.join(map(str, measured))}", "")
+    assert (f"with an indexer time at next_n 8 that is not measured (measured: next_n "
+            f"{', '.join(map(str, measured))})") in out
 
 
 def test_context_names_the_nearest_measured_shape(tmp_path, capsys):
     code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "10.0", "--context", "100000", "--batch", "6",
-                     "--next-n", "3")
-    assert code == 0
+                     "--next-n", "4")
+    assert code in (0, 3)
     assert "(not on a CUDA 10.0 GPU) at the nearest measured shape, H 64, batch 8 x 128K, next_n 4" in out
     assert "at 128K (the nearest measured context to 100000)" in out
     code, out = _run(capsys, _write_dir(tmp_path, "short", DSV32), "--capability", "9.0", "--context", "2048")
     assert "top-2048 recall: 1 for FP4 and FP8 (a 2K context has at most 2048 keys" in out
-    assert "no recall cost (top-2048 keeps all 2K keys)" in out
+    assert "no cost (top-2048 keeps all 2K keys, so the selection cannot change)" in out
 
 
 def _write_dir(tmp_path, name, cfg):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fp4_indexer.tables import build_tables, load_tables, nearest_recall, nearest_timing
+from sglang_fp4_indexer.tables import build_tables, load_tables, nearest_model_cost, nearest_recall, nearest_timing
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,11 +85,13 @@ def test_bad_reports_are_refused_by_name():
 
 def test_packaged_tables_are_built_from_their_recorded_sources():
     tables = load_tables()
-    bench_src, acc_src = tables["sources"]
+    bench_src, acc_src, model_src = tables["sources"]
     bench = json.loads((REPO / bench_src).read_text())
     acc = json.loads((REPO / acc_src).read_text())
+    model = json.loads((REPO / model_src).read_text())
     # Up to date: re-running scripts/update_check_tables.py on the recorded sources changes nothing.
-    assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src)
+    assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src, model_accuracy=model,
+                                  model_source=model_src)
     assert tables["timing"]["gpu"] == "NVIDIA H200" and tables["recall"]["topk"] == 2048
 
 
@@ -111,3 +113,35 @@ def test_update_script_writes_the_tables(tmp_path):
     res = subprocess.run([sys.executable, script, str(bench), str(acc), "--out", str(out)],
                          capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 2 and "not on a GPU" in res.stderr and "Traceback" not in res.stderr
+
+
+def _model_doc():
+    w = lambda d8, d4: {"nll": {"dense": 2.0, "exact k=2048": 2.001, "fp8 k=2048": 2.0 + d8,  # noqa: E731
+                                "fp4 k=2048": 2.0 + d4}, "recall": {"fp8 k=2048": {"5": 0.9}, "fp4 k=2048": {"5": 0.8}}}
+    return {"model": "gemma3-270m", "loss": {
+        "4096": {"topk": [2048], "windows": [w(0.001, 0.002), w(0.003, 0.002)]},
+        "8192": {"topk": [2048, 256], "windows": [{"nll": {**w(0.001, 0.004)["nll"], "exact k=256": 2.03,
+                                                            "fp8 k=256": 2.03, "fp4 k=256": 2.04}, "recall": {}}] * 2}},
+        "passkey": {"4096": {"topk": [2048], "prompts": [
+            {"depth": 0.1, "retrieved": {"dense": True, "exact k=2048": True, "fp8 k=2048": True, "fp4 k=2048": False},
+             "logprob": {"dense": -1.0, "exact k=2048": -1.0, "fp8 k=2048": -1.1, "fp4 k=2048": -2.0}}]}}}
+
+
+def test_model_rows_and_the_nearest_model_cost():
+    t = build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy=_model_doc(), model_source="m.json")
+    assert t["sources"][-1] == "m.json" and t["model"]["device"] == "CPU"
+    rows = {(r["context"], r["topk"]): r for r in t["model"]["rows"]}
+    assert set(rows) == {(4096, 2048), (8192, 256), (8192, 2048)}
+    r = rows[(4096, 2048)]
+    assert r["delta_fp8"][0] == pytest.approx(0.002) and r["delta_fp8"][1] == pytest.approx(0.001)
+    assert r["fp4_minus_fp8"][0] == pytest.approx(0.0) and r["windows"] == 2
+    assert r["passkey_fp4"] == [0, 1] and r["passkey_fp8"] == [1, 1] and r["passkey_dense"] == [1, 1]
+    assert r["recall_fp4"] == pytest.approx(0.8)
+    # Nearest context by |log2| gap (ties: the longer), then the asked top-k, else the nearest one.
+    pick = lambda c, k: (nearest_model_cost(t, c, k)["context"], nearest_model_cost(t, c, k)["topk"])  # noqa: E731
+    assert pick(131072, 2048) == (8192, 2048)
+    assert pick(4096, 2048) == (4096, 2048) and pick(5793, 2048) == (4096, 2048) and pick(5794, 2048) == (8192, 2048)
+    assert pick(8192, 300) == (8192, 256) and pick(4096, 300) == (4096, 2048)
+    assert nearest_model_cost({"timing": {}, "recall": {}}, 4096, 2048) is None
+    with pytest.raises(ValueError, match="m.json: no complete loss case"):
+        build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy={"loss": {}}, model_source="m.json")

@@ -108,4 +108,4 @@ def test_wheel_installs_next_to_sglang_and_sglang_loads_it(tmp_path):
     check = run(str(script), "check", "v32.json", "--context", "131072", "--batch", "8", cwd=tmp_path, env=env)
     out = " ".join(check.stdout.split())
     assert check.returncode == 0 and "Traceback" not in check.stderr, check.stdout + check.stderr
-    assert "ENABLED" in out and "measured on NVIDIA H200 at this shape" in out and "verdict: +5.2 % KV tokens" in out
+    assert "ENABLED" in out and "measured on NVIDIA H200 at this shape" in out and "verdict: turn FP4 on where KV memory limits you: it fits 1 more 128K-token request (10 -> 11, +5.2 % KV tokens)" in out
