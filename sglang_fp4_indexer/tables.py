@@ -25,7 +25,7 @@ Recall rows: mean top-k recall against exact scoring of ``FP4`` and ``FP8`` per
 Model rows (optional, ``model``): what FP4 and FP8 index keys cost a real
 model, from a ``model-accuracy.json`` of ``sglang-fp4-indexer model-accuracy``
 (Gemma 3 270M with sparse attention in its global layers over a stand-in
-indexer, measured on a CPU): per (context, top-k) the loss difference to dense
+indexer, measured on a CPU): per complete (context, top-k) case, the loss difference to dense
 attention of each format and FP4 - FP8, each ``[mean, standard error]`` in
 nats per token over the windows, and passkey retrieval counts
 (``nearest_model_cost``).
@@ -131,6 +131,8 @@ def _model(doc: dict, source: str) -> dict:
         raise ValueError(f"{source}: not a model-accuracy.json of 'sglang-fp4-indexer model-accuracy' ({exc})") from None
     rows = []
     for ctx, case in sorted(summary["loss"].items()):
+        if case["windows"] < int(doc.get("windows") or 0):
+            continue  # an interrupted case: not quoted
         for k, row in sorted(case["topk"].items()):
             entry = {"context": ctx, "topk": k, "windows": case["windows"],
                      **{f"delta_{f}": list(row["delta"][f]) for f in ("exact", "fp8", "fp4")},

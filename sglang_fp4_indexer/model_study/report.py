@@ -85,6 +85,12 @@ def summarize(doc: dict) -> dict:
     return out
 
 
+def _compute_seconds(doc: dict) -> float:
+    """Wall seconds the scored sequences took, summed over windows and prompts (across resumed runs)."""
+    total = sum(sum(w.get("seconds", {}).values()) for e in doc.get("loss", {}).values() for w in e["windows"])
+    return total + sum(p.get("seconds", 0) for e in doc.get("passkey", {}).values() for p in e["prompts"])
+
+
 def _pm(ms: tuple[float, float], digits: int = 4, signed: bool = True) -> str:
     m, se = ms
     sign = "+" if signed else ""
@@ -101,20 +107,21 @@ def render_markdown(doc: dict) -> str:
     """The study's tables as markdown: loss and recall per context and top-k, then passkey retrieval."""
     s = summarize(doc)
     lines = ["# Gemma 3 270M with DSA-style sparse attention: exact, FP8 and FP4 index keys", ""]
-    if doc.get("command"):
-        lines += ["```", doc["command"], "```", ""]
+    if doc.get("command"):  # a resumed run records each command, "; "-separated
+        lines += ["```", *doc["command"].split("; "), "```", ""]
     env = doc.get("environment", {})
     lines += [f"Text: Newton's *Opticks*, {doc.get('windows')} disjoint windows per context, loss over the last "
               f"{doc.get('scored')} positions of each; mean ± standard error over the windows; Δ = variant minus "
               f"dense attention, paired per window (nats/token). torch {env.get('torch', '?')}, transformers "
               f"{env.get('transformers', '?')}, {env.get('threads', '?')} CPU threads; "
-              f"wall time {doc.get('seconds') or '(interrupted)'} s.", ""]
+              + f"{_compute_seconds(doc) / 60:,.0f} minutes of wall time over the sequences"
+              + ("." if doc.get("seconds") else " (the last run was interrupted; what it measured is below)."), ""]
     lines += ["| context | windows | k | k / context | dense loss | Δ exact selection | Δ FP8 | Δ FP4 | FP4 − FP8 | "
               "recall FP8 | recall FP4 |",
               "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for ctx, case in sorted(s["loss"].items()):
         for k, row in case["topk"].items():
-            rec = lambda f: _pm(row["recall"][f], 3, False) if f in row["recall"] else "1 (all kept)"  # noqa: E731
+            rec = lambda f: _pm(row["recall"][f], 4, False) if f in row["recall"] else "1 (all kept)"  # noqa: E731
             lines.append(f"| {_ctx(ctx)} | {case['windows']} | {k} | 1/{ctx // k if k < ctx else 1} | "
                          f"{_pm(case['dense'], 3, False)} | {_pm(row['delta']['exact'])} | {_pm(row['delta']['fp8'])} | "
                          f"{_pm(row['delta']['fp4'])} | {_pm(row['fp4_minus_fp8'])} | {rec('fp8')} | {rec('fp4')} |")
@@ -123,7 +130,7 @@ def render_markdown(doc: dict) -> str:
     for ctx, case in sorted(s["loss"].items()):
         for k, row in case["topk"].items():
             for form, layers in row["recall_layers"].items():
-                cells = " | ".join(_pm(layers[la], 3, False) for la in sorted(layers))
+                cells = " | ".join(_pm(layers[la], 4, False) for la in sorted(layers))
                 lines.append(f"| {_ctx(ctx)} | {k} | {_FORM_LABEL[form]} | {cells} |")
     if s["passkey"]:
         lines += ["", "Passkey retrieval (the five digits all the argmax under teacher forcing; prompts per depth; "
@@ -141,7 +148,7 @@ def render_markdown(doc: dict) -> str:
 
 
 def plot(doc: dict, path: str | os.PathLike) -> bool:
-    """Δ loss vs top-k per context (exact, FP8, FP4 with standard-error bars) and FP4 − FP8.
+    """Δ loss vs top-k per context (exact, FP8, FP4 with standard-error bars), and FP4 − FP8 in a last panel.
 
     Returns:
         False (nothing written) when matplotlib is not installed or there is nothing to plot.
@@ -157,27 +164,41 @@ def plot(doc: dict, path: str | os.PathLike) -> bool:
     if not s:
         return False
     ctxs = sorted(s)
-    fig, axes = plt.subplots(1, len(ctxs), figsize=(4.6 * len(ctxs), 4.0), squeeze=False)
+    fig, axes = plt.subplots(1, len(ctxs) + 1, figsize=(4.4 * (len(ctxs) + 1), 4.2), squeeze=False)
     styles = {"exact": ("k", "o", "exact selection"), "fp8": ("tab:blue", "s", "FP8 index keys"),
               "fp4": ("tab:red", "^", "FP4 index keys (MXFP4)")}
-    for ax, ctx in zip(axes[0], ctxs):
-        ks = sorted(s[ctx]["topk"])
-        for i, form in enumerate(("exact", "fp8", "fp4")):
-            color, marker, label = styles[form]
-            xs = [k * (1 + 0.04 * (i - 1)) for k in ks]
-            ms = [s[ctx]["topk"][k]["delta"][form] for k in ks]
-            ax.errorbar(xs, [m for m, _ in ms], yerr=[0 if math.isnan(e) else e for _, e in ms], color=color,
-                        marker=marker, ms=5, capsize=3, lw=1.2, label=label)
-        ax.axhline(0, color="0.6", lw=0.8)
+
+    def log_ticks(ax, ks):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ks, [str(k) for k in ks])
         ax.minorticks_off()
         ax.set_xlabel("top-k")
-        ax.set_title(f"context {_ctx(ctx)} ({s[ctx]['windows']} windows)")
         ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("Δ loss vs dense attention (nats/token)")
+        ax.axhline(0, color="0.6", lw=0.8)
+
+    for ax, ctx in zip(axes[0], ctxs):
+        ks = sorted(s[ctx]["topk"])
+        for i, form in enumerate(("exact", "fp8", "fp4")):
+            color, marker, label = styles[form]
+            ms = [s[ctx]["topk"][k]["delta"][form] for k in ks]
+            ax.errorbar([k * (1 + 0.04 * (i - 1)) for k in ks], [m for m, _ in ms],
+                        yerr=[0 if math.isnan(e) else e for _, e in ms], color=color, marker=marker, ms=5,
+                        capsize=3, lw=1.2, label=label)
+        log_ticks(ax, ks)
+        ax.set_title(f"Δ loss vs dense, context {_ctx(ctx)} ({s[ctx]['windows']} windows)", fontsize=10)
+    axes[0][0].set_ylabel("nats/token")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle("Gemma 3 270M, sparse attention in the 3 global layers over a stand-in indexer "
+    ax = axes[0][-1]
+    all_ks = sorted({k for c in ctxs for k in s[c]["topk"]})
+    for i, ctx in enumerate(ctxs):
+        ks = sorted(s[ctx]["topk"])
+        ms = [s[ctx]["topk"][k]["fp4_minus_fp8"] for k in ks]
+        ax.errorbar([k * (1 + 0.04 * i) for k in ks], [m for m, _ in ms], yerr=[0 if math.isnan(e) else e for _, e in ms],
+                    marker="D", ms=5, capsize=3, lw=1.2, label=f"context {_ctx(ctx)}")
+    log_ticks(ax, all_ks)
+    ax.set_title("FP4 − FP8, paired per window", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.suptitle("Gemma 3 270M, sparse attention in its 3 global layers over a stand-in indexer\n"
                  "(mean ± standard error over windows)", fontsize=10)
     fig.tight_layout()
     fig.savefig(os.fspath(path), dpi=110)

@@ -75,6 +75,7 @@ __all__ = [
     "IndexerProjection",
     "calibrate_projection",
     "index_keys",
+    "store_op_bytes",
     "index_logits",
     "Selection",
     "KVCache",

