@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 
 from .pool import fp4_active
+from .seams import passthrough_after, passthrough_around
 
 __all__ = [
     "plan_fp4_schedule",
@@ -69,11 +70,10 @@ def plan_fp4_schedule(context_lens, block_kv, num_sms):
     return plan_paged_schedule(context_lens.contiguous(), default_block_kv(dev), default_num_ctas(dev))
 
 
+@passthrough_around(fp4_active)
 def resolve_paged_mqa_logits_metadata_fn(original):
     """AROUND hook: SGLang's schedule function, or ``plan_fp4_schedule`` when this process holds the FP4 cache."""
-    if fp4_active():
-        return plan_fp4_schedule
-    return original()
+    return plan_fp4_schedule
 
 
 def replan_in_place(context_lens, schedule) -> bool:
@@ -91,14 +91,16 @@ def replan_in_place(context_lens, schedule) -> bool:
     return True
 
 
+@passthrough_around(fp4_active)
 def refresh_paged_mqa_schedule_metadata(original, self, metadata, seqlens_32_2d):
     """AROUND hook of ``DeepseekSparseAttnBackend._refresh_paged_mqa_schedule_metadata``: plan in place with FP4."""
-    if fp4_active() and metadata.paged_mqa_schedule_metadata is not None:
+    if metadata.paged_mqa_schedule_metadata is not None:
         replan_in_place(seqlens_32_2d, metadata.paged_mqa_schedule_metadata)
         return None
     return original(self, metadata, seqlens_32_2d)
 
 
+@passthrough_after(fp4_active)
 def multi_step_init_forward_metadata_out_graph(result, self, forward_batch, in_capture=False):
     """AFTER hook of ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph``.
 
@@ -107,7 +109,7 @@ def multi_step_init_forward_metadata_out_graph(result, self, forward_batch, in_c
     lengths (``cache_seqlens_int32``, which every copy path refreshes), and its
     ``paged_mqa_ctx_lens_2d`` is brought in line with them.
     """
-    if in_capture or not fp4_active():
+    if in_capture:
         return result
     bs = forward_batch.batch_size
     for backend in self.attn_backends:
@@ -124,6 +126,7 @@ def multi_step_init_forward_metadata_out_graph(result, self, forward_batch, in_c
     return result
 
 
+@passthrough_around(fp4_active)
 def build_paged_mqa_schedule_2d_ctx_lens(original, self, forward_mode, cache_seqlens_int32, seqlens_expanded,
                                          batch_size):
     """AROUND hook of ``DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens``: verify in the request form.
@@ -140,7 +143,7 @@ def build_paged_mqa_schedule_2d_ctx_lens(original, self, forward_mode, cache_seq
     row of each request). SGLang's own ``[B, next_n]`` form (SM100) is kept.
     """
     result = original(self, forward_mode, cache_seqlens_int32, seqlens_expanded, batch_size)
-    if not fp4_active() or not forward_mode.is_target_verify():
+    if not forward_mode.is_target_verify():
         return result
     from ..ops.paged_logits import MAX_NEXT_N
 
