@@ -24,9 +24,9 @@ planner has the same call signature and result shape, so:
   (AROUND): the lengths every one of those paths plans from and stores in
   ``metadata.paged_mqa_ctx_lens_2d``. Below SM100 SGLang gives target verify
   per-row lengths ``[B * next_n, 1]``; with FP4 they are handed over in the
-  request form ``[B, next_n]`` (the same per-row lengths), so the scorer takes
-  all ``next_n`` rows of a request in one tile and reads each key once per
-  request instead of once per row.
+  request form ``[B, next_n]`` (the same per-row lengths) where the scorer takes
+  all ``next_n`` rows of a request in one tile (``ops.serving.verify_request_form``),
+  so it reads each key once per request instead of once per row.
 
 All four act only on DSA classes or DSA call sites, so a non-DSA target with
 a draft model (e.g. Llama + EAGLE3) never reaches them.
@@ -126,14 +126,33 @@ def multi_step_init_forward_metadata_out_graph(result, self, forward_batch, in_c
     return result
 
 
+_request_forms: dict[tuple, bool] = {}
+
+
+def _request_form(device, next_n: int) -> bool:
+    """``ops.serving.verify_request_form`` for this process's FP4 pool (its index heads), once per device and next_n."""
+    from ..ops.serving import verify_request_form
+    from .pool import serving_geometry
+
+    geometry = serving_geometry()
+    heads = geometry[1] if geometry else None
+    key = (str(device), heads, next_n)
+    if key not in _request_forms:
+        _request_forms[key] = heads is not None and verify_request_form(device, heads, next_n)
+    return _request_forms[key]
+
+
 @passthrough_around(fp4_active)
 def build_paged_mqa_schedule_2d_ctx_lens(original, self, forward_mode, cache_seqlens_int32, seqlens_expanded,
                                          batch_size):
     """AROUND hook of ``DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens``: verify in the request form.
 
     SGLang's result unless this process holds the FP4 cache, the batch is
-    target verify with ``2 <= next_n <= ops.paged_logits.MAX_NEXT_N`` draft
-    tokens (``self.speculative_num_draft_tokens``), and SGLang chose per-row
+    target verify with ``next_n`` rows per request (``self.speculative_num_draft_tokens``)
+    that the scorer takes in one tile (``ops.serving.verify_request_form``: on
+    Hopper only where the CUDA kernel takes ``next_n`` x heads of index queries,
+    at 64 heads up to 4; above that SGLang's per-row form stays, which the
+    Hopper kernel runs as next_n 1), and SGLang chose per-row
     lengths ``[B * next_n, 1]``. Then it returns the first ``B * next_n`` of
     ``seqlens_expanded`` (SGLang's per-row causal lengths, request-major) as
     int32 ``[B, next_n]``, a view as SGLang's own ``[B * next_n, 1]`` is. Every publish site (eager, capture,
@@ -145,11 +164,9 @@ def build_paged_mqa_schedule_2d_ctx_lens(original, self, forward_mode, cache_seq
     result = original(self, forward_mode, cache_seqlens_int32, seqlens_expanded, batch_size)
     if not forward_mode.is_target_verify():
         return result
-    from ..ops.paged_logits import MAX_NEXT_N
-
     next_n = int(getattr(self, "speculative_num_draft_tokens", 0) or 0)
     rows = batch_size * next_n
     per_row = result.dim() == 2 and result.shape[1] == 1
-    if not 2 <= next_n <= MAX_NEXT_N or not per_row or seqlens_expanded.numel() < rows:
+    if not _request_form(seqlens_expanded.device, next_n) or not per_row or seqlens_expanded.numel() < rows:
         return result
     return seqlens_expanded.reshape(-1)[:rows].to(torch.int32).contiguous().view(batch_size, next_n)

@@ -40,6 +40,8 @@ __all__ = [
     "build_dsa_kv_pool",
     "create_index_key_cache",
     "compute_dsa_indexer_cell_size",
+    "serving_device",
+    "serving_geometry",
 ]
 
 _fp4_scope: contextvars.ContextVar[bool] = contextvars.ContextVar("fp4_index_pool_scope", default=False)
@@ -55,6 +57,7 @@ def reset_state() -> None:
     """Forget the pools built in this process (for tests)."""
     _state["fp4_pools"] = 0
     _state["fp8_pools"] = 0
+    _state.pop("serving", None)
 
 
 def is_fp4_pool(pool) -> bool:
@@ -215,8 +218,42 @@ _MIXED = ("sglang-fp4-indexer: this process already holds an FP4 DSA index cache
           "DSA pools. Fix: make the draft and target agree, or drop --enable-fp4-indexer.")
 
 
+def serving_device(kvc):
+    """The torch device a ``KVCacheConfigurator``'s pools live on (its ``device`` and ``gpu_id``)."""
+    import torch
+
+    device = torch.device(kvc.device)
+    if device.type == "cuda" and device.index is None and getattr(kvc, "gpu_id", None) is not None:
+        device = torch.device("cuda", int(kvc.gpu_id))
+    return device
+
+
+def _with_kernels(decision: Decision, kvc) -> Decision:
+    """An enabled decision whose reason also names the kernels that will serve (``ops.serving.describe``).
+
+    Records the index heads and device for the schedule hooks (``serving_geometry``).
+    """
+    import dataclasses
+
+    from ..ops.serving import describe
+    from .facts import model_facts, server_field
+
+    heads = model_facts(kvc.model_config.hf_config).index_n_heads
+    next_n = int(server_field(kvc.server_args, "speculative_num_draft_tokens", 1) or 1)
+    device = serving_device(kvc)
+    _state["serving"] = (device, heads)
+    return dataclasses.replace(decision, reason=f"{decision.reason}; {describe(device, heads, next_n)}")
+
+
+def serving_geometry():
+    """``(device, index heads)`` of this process's FP4 pool (None before one is built)."""
+    return _state.get("serving")
+
+
 def _build_dsa_kv_pool(original, self, *, max_total_num_tokens, max_running_requests, dsa_pool_class):
     decision = pool_decision(self)
+    if decision.enabled:
+        decision = _with_kernels(decision, self)
     report(decision, rank=global_rank())
     kwargs = dict(
         max_total_num_tokens=max_total_num_tokens,
