@@ -268,10 +268,12 @@ class _ScorerSpy:
         from sglang_fp4_indexer.ops import paged_logits as paged
 
         self.calls = []
+        self.tables = []  # (data_ptr, strides) of each call's block_table: a view of SGLang's table or a copy
         real = paged.paged_logits
 
         def spy(q, weights, cache, block_table, context_lens, **kw):
             self.calls.append((block_table.clone(), context_lens.clone(), kw.get("schedule")))
+            self.tables.append((block_table.data_ptr(), block_table.stride()))
             return real(q, weights, cache, block_table, context_lens, **kw)
 
         monkeypatch.setattr(paged, "paged_logits", spy)
@@ -305,6 +307,9 @@ def test_target_verify_reaches_the_scorer_in_the_request_form(env, next_n, heads
     got_table, got_lens, got_sched = spy.calls[0]
     assert torch.equal(got_lens, per_row) and torch.equal(got_table, table)  # request form, one row per request
     assert got_sched is sched
+    # ... read in place through a row stride: every next_n-th row of SGLang's table, no copy per layer.
+    assert table_rows.dtype == torch.int32
+    assert spy.tables[0] == (table_rows.data_ptr(), (next_n * table_rows.shape[1], 1))
     ref = paged_logits_reference(q, w[:, :, 0], env.cache, table, per_row)
     bound = _bound(q, w[:, :, 0], keys)
     _check_logits(md.seen[0], ref, bound)

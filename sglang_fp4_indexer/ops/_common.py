@@ -140,7 +140,7 @@ def check_index_queries(q, weights, rows_name: str = "rows", heads_ok=None, head
     return rows, heads
 
 
-def check_int32(t, name: str, shape_ok, expected_shape: str) -> None:
+def check_int32(t, name: str, shape_ok, expected_shape: str, *, row_strided: bool = False) -> None:
     """Validate an int32 index tensor of an op (page table, lengths, windows); each error says what is wrong.
 
     Args:
@@ -148,10 +148,14 @@ def check_int32(t, name: str, shape_ok, expected_shape: str) -> None:
         name: its name in the messages.
         shape_ok: predicate on ``tuple(t.shape)``.
         expected_shape: what ``shape_ok`` accepts, for the message (e.g. ``"[B, max_pages]"``).
+        row_strided: also accept a 2-D tensor whose rows are contiguous at any row stride
+            (``t.stride(1) == 1``, e.g. every ``next_n``-th row of a table): for kernels
+            that address rows through ``t.stride(0)``.
 
     Raises:
         TypeError: ``t`` is not a tensor.
-        ValueError: ``t`` is not int32, has another shape, or is not contiguous (in that order).
+        ValueError: ``t`` is not int32, has another shape, or is not contiguous (its rows, with
+            ``row_strided``) (in that order).
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -159,6 +163,13 @@ def check_int32(t, name: str, shape_ok, expected_shape: str) -> None:
         raise ValueError(f"{name}: expected int32, got {t.dtype}")
     if not shape_ok(tuple(t.shape)):
         raise ValueError(f"{name}: expected shape {expected_shape}, got {list(t.shape)}")
+    if row_strided and t.dim() == 2 and (t.shape[1] <= 1 or t.stride(1) == 1):
+        return
+    if row_strided and not t.is_contiguous():
+        raise ValueError(
+            f"{name}: expected contiguous rows (column stride 1), got shape {list(t.shape)} with strides "
+            f"{list(t.stride())} (pass .contiguous())"
+        )
     if not t.is_contiguous():
         raise ValueError(
             f"{name}: expected a contiguous tensor, got shape {list(t.shape)} with strides {list(t.stride())} "

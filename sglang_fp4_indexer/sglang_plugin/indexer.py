@@ -131,7 +131,8 @@ def paged_scorer_inputs(block_tables, seqlens_2d, schedule, rows: int, max_next_
         max_next_n: most rows per request the scorer takes in one tile.
 
     Returns:
-        ``(block_table int32 [B', max_pages] contiguous, context_lens int32 contiguous, schedule or None)``.
+        ``(block_table int32 [B', max_pages] with contiguous rows (in the request form a
+        row-strided view of ``block_tables``), context_lens int32 contiguous, schedule or None)``.
 
     Raises:
         ValueError: the page table has fewer rows than the call, or the lengths
@@ -147,7 +148,8 @@ def paged_scorer_inputs(block_tables, seqlens_2d, schedule, rows: int, max_next_
     if seqlens_2d.dim() == 2 and seqlens_2d.shape[1] > 1:
         next_n = seqlens_2d.shape[1]
         if next_n <= max_next_n:
-            return table[::next_n].contiguous(), seqlens_2d.to(torch.int32).contiguous(), schedule
+            # Every request's first row, a row-strided view (the scorers take a row stride): no copy per layer.
+            return table[::next_n], seqlens_2d.to(torch.int32).contiguous(), schedule
         # Too many rows per request for one tile: score row by row, own schedule.
         return table.contiguous(), seqlens_2d.reshape(rows, 1).to(torch.int32).contiguous(), None
     return table.contiguous(), seqlens_2d.reshape(rows, 1).to(torch.int32).contiguous(), schedule
