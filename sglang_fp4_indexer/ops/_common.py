@@ -6,7 +6,6 @@ Nothing here is public API; the ops re-export what they document.
 
 from __future__ import annotations
 
-import functools
 import os
 import types
 
@@ -19,7 +18,7 @@ from ..pool import scale_row
 
 __all__ = [
     "interpreting", "scale_row_jit", "scale_row_is_identity", "fp8_mma_available", "select_mma", "MMA_DTYPES",
-    "check_index_queries", "check_int32", "check_finite_queries", "to_logits_dtype", "deep_gemm_module",
+    "check_index_queries", "check_int32", "check_finite_queries", "to_logits_dtype",
 ]
 
 
@@ -36,17 +35,6 @@ def interpreting() -> bool:
 scale_row_jit = triton.jit(
     types.FunctionType(scale_row.__code__, {**scale_row.__globals__, "tl": tl}, "scale_row", scale_row.__defaults__)
 )
-
-
-@functools.lru_cache(maxsize=None)
-def deep_gemm_module() -> types.ModuleType | None:
-    """The ``deep_gemm`` package (DeepGEMM, installed beside SGLang on NVIDIA GPUs) when it imports and has
-    ``fp8_mqa_logits``, else ``None``; looked up once per process. Nothing of SGLang is imported."""
-    try:
-        import deep_gemm
-    except Exception:  # missing, or built for another torch / CUDA: the Triton scorers serve
-        return None
-    return deep_gemm if hasattr(deep_gemm, "fp8_mqa_logits") else None
 
 
 def scale_row_is_identity(page_size: int) -> bool:
