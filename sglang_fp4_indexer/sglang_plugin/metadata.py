@@ -16,9 +16,9 @@ planner has the same call signature and result shape, so:
   with FP4, plans in place into the captured buffer (no allocation, no copy).
 - ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph``
   (AFTER): SGLang's fused three-backend metadata copy (more than 3 draft steps)
-  refreshes lengths but not the schedule, and sibling copies take the first
-  step's; with FP4 every draft step's schedule is re-planned from its own
-  current lengths, in place.
+  refreshes lengths but neither the schedule nor the top-k v2 plan of those
+  three steps; with FP4 exactly those are re-planned in place (every other
+  replay path already re-plans through the hooked refresh).
 
 - ``DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens``
   (AROUND): the lengths every one of those paths plans from and stores in
@@ -100,19 +100,38 @@ def refresh_paged_mqa_schedule_metadata(original, self, metadata, seqlens_32_2d)
     return original(self, metadata, seqlens_32_2d)
 
 
+#: Draft-step backends SGLang 0.5.23's fused metadata copy refreshes (``fused_metadata_copy_multi_cuda``).
+FUSED_COPY_STEPS = 3
+
+
 @passthrough_after(fp4_active)
 def multi_step_init_forward_metadata_out_graph(result, self, forward_batch, in_capture=False):
-    """AFTER hook of ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph``.
+    """AFTER hook of ``DeepseekSparseAttnMultiStepBackend.init_forward_metadata_out_graph``: the one replay branch
+    SGLang leaves stale.
 
-    With FP4, after SGLang has refreshed every draft step's metadata for a
-    replay, each step's schedule is re-planned from that step's own decode
-    lengths (``cache_seqlens_int32``, which every copy path refreshes), and its
-    ``paged_mqa_ctx_lens_2d`` is brought in line with them.
+    SGLang 0.5.23 refreshes every draft step's replay metadata through
+    ``init_forward_metadata_replay_cuda_graph_from_precomputed`` (whose schedule
+    refresh is hooked: planned in place) or, with
+    ``experimental_kpool_metadata_fusion``, a sibling copy of step 0's (all
+    steps share one precomputed length set, and every schedule buffer is
+    ours, so the copy is right). The exception: with more than 3 draft steps
+    (``speculative_num_steps > 3``) the first ``FUSED_COPY_STEPS`` steps are
+    refreshed by its fused metadata copy, which writes their lengths but
+    neither their paged-MQA schedule nor their top-k v2 plan. Only there, with
+    FP4, this hook re-plans those steps' schedules from their own decode
+    lengths (``cache_seqlens_int32``), in place, brings their
+    ``paged_mqa_ctx_lens_2d`` in line, and refreshes their top-k v2 plans with
+    SGLang's own ``_refresh_topk_v2_plan`` (one planner call each: without it
+    SGLang's level-3 top-k reads indices planned for the captured lengths; a
+    server without FP4 keeps SGLang's behaviour, the plugin being invisible
+    there). Nothing is done during capture.
     """
-    if in_capture:
+    if in_capture or self.speculative_num_steps <= FUSED_COPY_STEPS:
+        return result
+    if getattr(self.attn_backends[0], "experimental_kpool_metadata_fusion", False):
         return result
     bs = forward_batch.batch_size
-    for backend in self.attn_backends:
+    for backend in self.attn_backends[:FUSED_COPY_STEPS]:
         metadata = getattr(backend, "forward_metadata", None)
         schedule = getattr(metadata, "paged_mqa_schedule_metadata", None)
         if schedule is None:
@@ -123,6 +142,7 @@ def multi_step_init_forward_metadata_out_graph(result, self, forward_batch, in_c
         if ctx is not None and ctx.shape == lens.shape and ctx.data_ptr() != lens.data_ptr():
             ctx.copy_(lens)
         replan_in_place(lens, schedule)
+        backend._refresh_topk_v2_plan(metadata)
     return result
 
 

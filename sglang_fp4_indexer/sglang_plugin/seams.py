@@ -166,11 +166,11 @@ def version_problem(version: str | None = None) -> str | None:
             f"{', '.join(TESTED_SGLANG_VERSIONS)} only")
 
 
-#: ``(class, attribute, names its code must use)``: what the FP4 cache relies on in SGLang's classes.
+#: ``(class, attribute, names its code must use)``: what the FP4 path relies on in SGLang's classes.
 #: ``Fp4IndexKeyCache`` overrides ``_buffer_shape`` (called by ``IndexKeyCache.__init__``) and
 #: ``_kernel_view`` (called by ``get_local_buffer``); a rename upstream would silently allocate and
 #: read 132-byte rows after 68-byte sizing.
-_POOL_ATTRIBUTES = (
+_RELIED_ON = (
     ("sglang.srt.mem_cache.index_key_cache:IndexKeyCache", "__init__", ("_buffer_shape", "_layer_num_pages")),
     ("sglang.srt.mem_cache.index_key_cache:IndexKeyCache", "get_local_buffer", ("_kernel_view",)),
     ("sglang.srt.mem_cache.index_key_cache:IndexKeyCache", "_buffer_shape", ()),
@@ -184,6 +184,9 @@ _POOL_ATTRIBUTES = (
     ("sglang.srt.mem_cache.memory_pool:DSATokenToKVPool", "get_index_k_with_scale_buffer", ("index_key_cache",)),
     ("sglang.srt.layers.attention.dsa.dsa_indexer:Indexer", "_get_index_k_read_buffer", ()),
     ("sglang.srt.layers.attention.dsa.dsa_indexer:Indexer", "_mask_init_and_local_tokens", ()),
+    ("sglang.srt.layers.attention.dsa_backend:DeepseekSparseAttnBackend", "_refresh_topk_v2_plan", ()),
+    ("sglang.srt.layers.attention.dsa_backend:DeepseekSparseAttnMultiStepBackend",
+     "init_forward_metadata_out_graph", ("fused_metadata_copy_multi_cuda", "experimental_kpool_metadata_fusion")),
 )
 
 
@@ -202,9 +205,9 @@ def _code_names(fn) -> set[str]:
 
 
 def pool_attribute_problems() -> list[str]:
-    """What is missing from SGLang's ``IndexKeyCache`` / ``DSATokenToKVPool`` / ``Indexer`` for the FP4 cache.
+    """What is missing from SGLang's ``IndexKeyCache`` / ``DSATokenToKVPool`` / ``Indexer`` / DSA backends for FP4.
 
-    Each entry of ``_POOL_ATTRIBUTES`` must exist on its class, and its code
+    Each entry of ``_RELIED_ON`` must exist on its class, and its code
     must still use the names the FP4 cache relies on (e.g.
     ``IndexKeyCache.__init__`` sizes its rows through ``_buffer_shape``).
 
@@ -212,7 +215,7 @@ def pool_attribute_problems() -> list[str]:
         One text per problem (empty: as in SGLang 0.5.23). Never raises.
     """
     problems = []
-    for owner_path, attr, uses in _POOL_ATTRIBUTES:
+    for owner_path, attr, uses in _RELIED_ON:
         where = f"{owner_path.replace(':', '.')}.{attr}"
         try:
             owner = pkgutil.resolve_name(owner_path)
