@@ -242,7 +242,11 @@ def _with_kernels(decision: Decision, kvc) -> Decision:
     next_n = int(server_field(kvc.server_args, "speculative_num_draft_tokens", 1) or 1)
     device = serving_device(kvc)
     _state["serving"] = (device, heads)
-    return dataclasses.replace(decision, reason=f"{decision.reason}; {describe(device, heads, next_n)}")
+    try:
+        kernels = describe(device, heads, next_n)
+    except Exception as exc:  # the line must never fail the launch; each op still picks its kernel at first use
+        kernels = f"kernels chosen at first use ({type(exc).__name__}: {exc})"
+    return dataclasses.replace(decision, reason=f"{decision.reason}; {kernels}")
 
 
 def serving_geometry():
