@@ -77,8 +77,9 @@ print("RESULT" + json.dumps(out))
 
 
 def test_changed_and_renamed_sglang_targets_leave_sglang_as_it_is():
-    """The reproduction of the review: a target that gains a keyword stays SGLang's own (its calls work), a renamed one
-    is not hooked (no 'Failed to apply hooks' traceback), and an FP4 server keeps FP8 with one warning naming both."""
+    """A target that gains a keyword stays SGLang's own (its calls work; hooked with the old parameter list, every
+    call raised TypeError), a renamed one is not hooked (no 'Failed to apply hooks' traceback), and an FP4 server
+    keeps FP8 with one warning naming both."""
     env = {**os.environ, "SGLANG_PLUGINS": ENTRY}
     env.pop("SGLANG_ENABLE_FP4_INDEXER", None)
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(TESTS)], capture_output=True, text=True, env=env,
