@@ -70,6 +70,7 @@ def test_sgl_deep_gemm_0_2_3_calls():
     q, kv, w, ks, ke = "q", ("values", "scales"), "w", "ks", "ke"
     assert found.ragged(q, kv, w, ks, ke, False, torch.float32) == "fp8_mqa_logits"
     assert calls[-1] == ("fp8_mqa_logits", {"q": q, "kv": kv, "weights": w, "ks": ks, "ke": ke, "clean_logits": False})
+    assert found.ragged(q, kv, w, ks, ke, True, torch.float32) == "fp8_mqa_logits" and calls[-1][1]["clean_logits"]
     assert found.ragged(q, kv, w, ks, ke, True, torch.bfloat16) == "fp8_fp4_mqa_logits"
     assert calls[-1] == ("fp8_fp4_mqa_logits", {
         "q": (q, None), "kv": kv, "weights": w, "cu_seq_len_k_start": ks, "cu_seq_len_k_end": ke,
@@ -96,6 +97,26 @@ def test_sgl_deep_gemm_0_2_5_calls():
         "schedule_meta": "sched", "max_context_len": 4096})
     with pytest.raises(ValueError, match="^clean_logits: DeepGEMM 0.2.5's fp8_fp4_paged_mqa_logits does not clean"):
         found.paged("q", "cache", "w", "lens", "bt", "sched", 4096, True)
+
+
+def test_compiled_entry_points_without_a_signature_are_called_as_0_2_3s():
+    """A DeepGEMM build whose functions are compiled (no readable Python signature) is called positionally, as
+    sgl-deep-gemm 0.2.3's are."""
+    calls = []
+    module = types.ModuleType("deep_gemm")
+    for name in ("fp8_mqa_logits", "fp8_paged_mqa_logits"):
+        def fn(*args, _name=name):
+            calls.append((_name, args))
+            return _name
+
+        fn.__signature__ = "compiled"  # inspect.signature raises on it, as on a compiled function
+        setattr(module, name, fn)
+    assert deepgemm._params(module.fp8_mqa_logits) == ()
+    found = deepgemm.read_api(module, "0.2.3")
+    assert found.ragged("q", "kv", "w", "ks", "ke", True, torch.float32) == "fp8_mqa_logits"
+    assert calls[-1] == ("fp8_mqa_logits", ("q", "kv", "w", "ks", "ke", True))
+    assert found.paged("q", "c", "w", "l", "bt", "s", 64, False) == "fp8_paged_mqa_logits"
+    assert calls[-1] == ("fp8_paged_mqa_logits", ("q", "c", "w", "l", "bt", "s", 64, False))
 
 
 def test_no_deep_gemm_and_an_unknown_one():

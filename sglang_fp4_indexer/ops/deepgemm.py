@@ -64,6 +64,15 @@ def _params(fn) -> tuple[str, ...]:
         return ()
 
 
+def _legacy_form(fn, before: int) -> bool:
+    """Whether ``fn`` takes ``clean_logits`` as its argument after the first ``before`` (0.2.3's form).
+
+    A compiled function without a readable signature counts as that form (called positionally, as before).
+    """
+    params = _params(fn)
+    return not params or (len(params) > before and params[before] == "clean_logits")
+
+
 def _version(module) -> str:
     for dist in ("sgl-deep-gemm", "deep-gemm", "deep_gemm"):
         try:
@@ -79,10 +88,10 @@ def _ragged(module, version: str):
     fp8_fp4 = getattr(module, "fp8_fp4_mqa_logits", None)
     fp8_fp4_params = _params(fp8_fp4)
     typed = fp8_fp4 is not None and {"clean_logits", "logits_dtype"} <= set(fp8_fp4_params)
-    if legacy is not None and "clean_logits" in _params(legacy):
+    if legacy is not None and _legacy_form(legacy, 5):
         def ragged(q, kv, weights, ks, ke, clean_logits, logits_dtype):
             if logits_dtype == torch.float32 or not typed:
-                out = legacy(q, kv, weights, ks, ke, clean_logits=clean_logits)
+                out = legacy(q, kv, weights, ks, ke, clean_logits)
                 return out if logits_dtype == torch.float32 else out.to(logits_dtype)
             return fp8_fp4((q, None), kv, weights, ks, ke, clean_logits=clean_logits, max_seqlen_k=0,
                            logits_dtype=logits_dtype)
@@ -104,10 +113,9 @@ def _ragged(module, version: str):
 def _paged(module, version: str):
     """The paged entry point, or ``(None, reason)``."""
     legacy = getattr(module, "fp8_paged_mqa_logits", None)
-    if legacy is not None and "clean_logits" in _params(legacy):
+    if legacy is not None and _legacy_form(legacy, 7):
         def paged(q, kv_cache, weights, context_lens, block_table, schedule, max_context_len, clean_logits):
-            return legacy(q, kv_cache, weights, context_lens, block_table, schedule, max_context_len,
-                          clean_logits=clean_logits)
+            return legacy(q, kv_cache, weights, context_lens, block_table, schedule, max_context_len, clean_logits)
 
         return paged, None
     fp8_fp4 = getattr(module, "fp8_fp4_paged_mqa_logits", None)
