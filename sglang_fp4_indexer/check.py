@@ -41,7 +41,7 @@ from typing import Callable
 from .argtypes import MAX_MEMORY_GIB, integer, memory_gib
 from .dcp import REPLICATED, SHARDED, DcpCapacity, bytes_per_token, dcp_capacity
 from .gate import (INDEXER_FUSION_ENV, INTERLEAVED_INDEXER_ARCHS, Decision, DeviceFacts, ModelFacts, ServerFacts,
-                   decide, index_key_rotation)
+                   dcp_mode_for, decide, index_key_rotation)
 
 __all__ = ["add_arguments", "main", "load_hf_config", "mla_kv_bytes_per_token", "sglang_kv_cache_dtype", "run_check",
            "worth_it"]
@@ -356,7 +356,7 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
         w, layers = server.dcp_size, out["layers"]
         cap: DcpCapacity = dcp_capacity(int(memory_gib * 2**30), w, kv_bytes=kv, num_layers=layers,
                                         num_index_layers=index_layers)
-        fp4_mode = SHARDED if server.dcp_shard and w > 1 else REPLICATED  # gate.decide's rule, refused or not
+        fp4_mode = dcp_mode_for(server) or REPLICATED  # gate.decide's rule, refused or not
 
         def row(label, index, mode, tokens):
             per_layer = bytes_per_token(w, index=index, mode=mode, kv_bytes=kv)

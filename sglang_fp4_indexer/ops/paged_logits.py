@@ -416,7 +416,7 @@ def _check_inputs(q, weights, cache, block_table, context_lens, page_size):
     for name, t in (("block_table", block_table), ("context_lens", context_lens)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    check_int32(block_table, "block_table", lambda shape: len(shape) == 2, "[B, max_pages]")
+    check_int32(block_table, "block_table", lambda shape: len(shape) == 2, "[B, max_pages]", row_strided=True)
     batch = block_table.shape[0]
     if (batch == 0) != (rows == 0) or (batch and rows % batch):
         raise ValueError(f"q: rows ({rows}) must be a multiple of the block_table batch ({batch}), both 0 or both positive")
@@ -465,7 +465,9 @@ def paged_logits(
             last dim contiguous; ``H`` in ``SUPPORTED_HEADS``.
         weights: fp32 ``[B * next_n, H]`` head weights (q scale folded in).
         cache: uint8 ``[num_pages, page_size * 68]`` one layer's FP4 index-key cache.
-        block_table: int32 ``[B, max_pages]`` page indices.
+        block_table: int32 ``[B, max_pages]`` page indices; its rows contiguous, at any
+            row stride (e.g. ``table[::next_n]``, every request's first row of
+            SGLang's per-row table: both kernels address rows through ``stride(0)``).
         context_lens: int32 ``[B]`` or ``[B, next_n]``.
         width: logits columns (default ``max_pages * page_size``); keys past
             ``width`` are not scored.
