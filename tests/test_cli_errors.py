@@ -142,3 +142,15 @@ def test_checks_next_n_bound_is_the_scorers():
     from sglang_fp4_indexer.ops import paged_logits
 
     assert check.MAX_NEXT_N == paged_logits.MAX_NEXT_N
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_bench_output_file_in_a_missing_folder_is_refused_not_created(tmp_path, capsys, flag):
+    """One rule for every file option (as demo --save-workload): the folder must exist; nothing is created."""
+    folder = tmp_path / "nonexistent"
+    target = folder / ("x.json" if flag == "--json" else "x.png")
+    err = _usage_error(capsys, ["bench", "--device", "cpu", flag, str(target)])
+    assert f"error: {flag}: {target}: the directory {folder} does not exist" in err
+    assert not folder.exists()
+    err = _usage_error(capsys, ["demo", "--save-workload", str(folder / "w.pt")])
+    assert f"error: --save-workload: {folder / 'w.pt'}: the directory {folder} does not exist" in err
