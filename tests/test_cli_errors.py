@@ -118,16 +118,37 @@ _USER_DOCS = ("README.md", "CHANGELOG.md", "docs/user-guide.md", "docs/accuracy.
               "docs/format.md", "docs/sglang-seams.md")
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["check"], ["bench"], ["accuracy"]], ids=lambda c: " ".join(c) or "top")
+@pytest.mark.parametrize("command", [[], ["demo"], ["check"], ["bench"], ["accuracy"], ["docs"]],
+                         ids=lambda c: " ".join(c) or "top")
 def test_help_names_things_by_what_they_are(capsys, command):
+    from sglang_fp4_indexer.guide import doc_path, docs_dir
+
     with pytest.raises(SystemExit) as exc:
         main([*command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert exc.value.code == 0 and text.startswith("usage: sglang-fp4-indexer")
     assert _INTERNAL.findall(text) == []
-    # Docs are pointed to in the source repository (the wheel does not ship docs/).
-    for mention in re.findall(r"docs/[\w.-]+\.md[^)]*", text):
-        assert "source repository" in mention, mention
+    assert "source repository" not in text  # there is none to point to: the docs travel with the package
+    for name in re.findall(r"([\w.-]+\.md)\b", text):  # every page a help text names is installed
+        assert doc_path(name) is not None, name
+    if not command:  # the top-level help says where the documentation is
+        assert f"Theuserdocumentationisin{docs_dir()}(" in "".join(text.split()) and "sglang-fp4-indexer docs" in text
+
+
+def test_docs_lists_the_installed_documents_and_how_to_report(capsys):
+    from sglang_fp4_indexer.guide import DOCS, REPORT, docs_dir
+
+    assert main(["docs"]) == 0
+    out = capsys.readouterr().out
+    folder = docs_dir()
+    assert folder == REPO / "docs" and f"the user documentation is in {folder}" in out  # from the checkout
+    for name, what in DOCS:
+        shown = name if (folder / name).is_file() else f"../{name}"
+        assert (folder / shown).resolve().is_file() and f"{shown}" in out and what in out, name
+    assert " ".join(REPORT.split()) in " ".join(out.split()) and "no public issue tracker" in REPORT
+    assert main(["docs", "--path"]) == 0 and capsys.readouterr().out == f"{folder}\n"
+    guide = (REPO / "docs" / "user-guide.md").read_text()
+    assert "There is no public issue tracker" in guide and "Open an issue" not in guide
 
 
 @pytest.mark.parametrize("name", _USER_DOCS)
