@@ -10,7 +10,7 @@ before its module -- and so Triton and the kernels -- is imported, because
 Triton reads that variable when a kernel is defined.
 
 Subcommands now: ``demo`` (``demo.py``), ``check`` (``check.py``), ``bench`` (``bench/``),
-``accuracy`` (``accuracy.py``).
+``accuracy`` (``accuracy.py``), ``docs`` (``guide.py``).
 """
 
 from __future__ import annotations
@@ -40,10 +40,13 @@ SUBCOMMANDS: tuple[_Subcommand, ...] = (
                 "would --enable-fp4-indexer serve this model (and these SGLang flags)? decision and memory effect"),
     _Subcommand("bench", ".bench",
                 "benchmark: the paged scorer vs SGLang's Triton FP4 and DeepGEMM FP8 vs the HBM floor, "
-                "the store op and the planner (method: docs/benchmarks.md in the source repository)"),
+                "the store op and the planner (method and H200 results: benchmarks.md of the installed docs)"),
     _Subcommand("accuracy", ".accuracy",
                 "accuracy study: FP4 vs FP8 top-k recall, rank correlation and logit error against exact scoring "
-                "over workloads, contexts and H (results: docs/accuracy.md in the source repository)"),
+                "over workloads, contexts and H (results: accuracy.md of the installed docs)"),
+    _Subcommand("docs", ".guide",
+                "where the user documentation is installed (user guide, benchmarks, accuracy study, ...), "
+                "and how to report a result"),
 )
 
 #: The SGLang release the plugin is built and tested against.
@@ -73,11 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
     import their kernels lazily).
     """
     from . import __version__
+    from .guide import docs_dir
 
+    folder = docs_dir()
+    where = (f"The user documentation is in {folder} ('sglang-fp4-indexer docs' lists it and says how to "
+             "report a result)." if folder is not None else
+             "The user documentation is not installed with this copy (a wheel built with 'make wheel' carries it).")
     parser = _Parser(
         prog="sglang-fp4-indexer",
-        description="MXFP4 index-key cache and Triton scorers for SGLang's DSA lightning indexer. "
-                    "The documentation is the docs/ folder of the source repository.",
+        description="MXFP4 index-key cache and Triton scorers for SGLang's DSA lightning indexer. " + where,
     )
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s {__version__} (for SGLang {SGLANG_VERSION})")
