@@ -108,9 +108,12 @@ PAD_KEY = -(2**63)
 _LOW = 2**32  # the position lives in the low 32 bits of a packed candidate
 _POS_LIMIT = 2**32 - 1
 #: Bytes the sharded decode top-k's packing may hold at once beyond the local logits (its row chunks are
-#: sized to it): 17 bytes per local column and row (int64 keys, fp32 and int32 scratch, a bool mask).
+#: sized to it): 33 bytes per local column and row -- 17 for the packing (int64 keys, fp32 and int32
+#: scratch, a bool mask) and 16 for ``torch.topk``'s workspace over the chunk (int64 values and indices of
+#: a sort). On an H200 the peak was 25.7 bytes per element (256 rows x 40960 columns, 96-row chunks:
+#: 101 MB beyond the logits) when only the 17 were counted.
 LOCAL_TOPK_CHUNK_BYTES = 64 << 20
-_PACK_BYTES_PER_ELEMENT = 17
+_PACK_BYTES_PER_ELEMENT = 33
 
 
 # ---------------------------------------------------------------------------
@@ -816,7 +819,8 @@ def sharded_decode_topk(
 
 def local_topk_chunk_rows(rows: int, width: int) -> int:
     """Query rows per chunk of the sharded decode top-k's packing: at most ``LOCAL_TOPK_CHUNK_BYTES`` of
-    temporaries (17 bytes per local column and row), at least one row, at most ``rows``."""
+    temporaries (``_PACK_BYTES_PER_ELEMENT`` = 33 bytes per local column and row: the packing and
+    ``torch.topk``'s workspace), at least one row, at most ``rows``."""
     return max(1, min(rows, LOCAL_TOPK_CHUNK_BYTES // max(1, width * _PACK_BYTES_PER_ELEMENT)))
 
 
