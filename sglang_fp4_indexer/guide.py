@@ -23,6 +23,7 @@ DOCS = (
     ("benchmarks.md", "the measured H200 times, the method and the bench commands"),
     ("perf-notes.md", "why the Hopper scorer is built as it is, and what limits it"),
     ("format.md", "the MXFP4 index-key format, byte by byte"),
+    ("design.md", "the design the code relies on: terms, contracts, module map, departures from the original design"),
     ("sglang-seams.md", "where the plugin meets SGLang's code"),
     ("CHANGELOG.md", "changes per version"),
 )

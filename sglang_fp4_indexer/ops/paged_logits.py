@@ -1,4 +1,4 @@
-"""Paged FP4 scorer for decode and target verify (DESIGN.md section 5).
+"""Paged FP4 scorer for decode and target verify (docs/design.md, The paged scorer).
 
 ``logits[r, j] = sum_h weights[r, h] * relu(q[r, h] . k_j)`` for the keys
 ``j < len(r)`` of row ``r``'s request, read straight out of the paged MXFP4
@@ -7,7 +7,7 @@ written ``-inf`` (so a plain top-k over the row is correct without lengths).
 
 Method. Each E2M1 nibble is turned into the e4m3 byte ``sign << 7 | (code & 7) << 2``
 with integer ops; read as e4m3 that byte is exactly ``E2M1(code) * 2**-6``
-(DESIGN section 3). One MMA per 32-element group multiplies the decoded keys
+(docs/design.md, The index-key format). One MMA per 32-element group multiplies the decoded keys
 with the index query (FP8 MMA where the GPU has it, bf16 MMA otherwise: both
 are exact products with fp32 accumulation); the group's partial product is
 scaled by its UE8M0 factor ``2**(code - 127)``, built from the code's bits
@@ -300,13 +300,13 @@ def _paged_logits_kernel(
             prow = kv % PAGE
             page_base = page.to(tl.int64) * PAGE_BYTES
             payload_base = page_base + prow * 64
-            scale_base = page_base + PAGE * 64 + scale_row_jit(prow, PAGE) * 4  # DESIGN section 3
+            scale_base = page_base + PAGE * 64 + scale_row_jit(prow, PAGE) * 4  # docs/design.md, The index-key format
             if IMPL == 2:
                 k_f8, key_factor = _folded_keys(cache_ptr, payload_base, scale_base, ok, BLOCK_KV, ASM)
                 acc = tl.dot(k_f8, q_t)
                 unit = 0.015625  # LUT entries hold E2M1 * 2**(s_g - s_max + 6)
             elif IMPL == 1:
-                # Triton's MX dot reads E2M1 codes and UE8M0 scales natively (DESIGN section 5).
+                # Triton's MX dot reads E2M1 codes and UE8M0 scales natively (docs/design.md, The paged scorer).
                 k_codes = tl.load(cache_ptr + payload_base[:, None] + offs_p[None, :], mask=ok[:, None], other=0)
                 k_scales = tl.load(cache_ptr + scale_base[:, None] + offs_g[None, :], mask=ok[:, None], other=127)
                 if DOT_MODE >= 2:  # bf16 index queries

@@ -9,7 +9,7 @@ index cache is in use. ``SGLANG_PLUGINS=fp4_indexer`` (or a list containing
 it) selects this plugin when SGLang's whitelist is set; a whitelist without it
 leaves SGLang untouched.
 
-Only this subpackage imports SGLang; it holds no numerics (the package layout: README, Layout).
+Only this subpackage imports SGLang; it holds no numerics (docs/design.md, Module map).
 """
 
 from __future__ import annotations
