@@ -752,8 +752,9 @@ def run_case(inp: StudyInput, context: int, heads: int, *, topk: int = DEFAULT_T
     store_ok = None
     max_diff = None
     names = {d: "FP4" if d == "fp32" else f"FP4 {d} logits" for d in dtypes}
+    scorer = "torch"
     if use_triton:
-        from .ops.paged_logits import paged_logits
+        from .ops.paged_logits import paged_logits, resolved_impl
         from .ops.quantize import store_index_k
 
         block_table = shuffled_block_table(1, context, seed, device=dev)
@@ -765,10 +766,12 @@ def run_case(inp: StudyInput, context: int, heads: int, *, topk: int = DEFAULT_T
         store_ok = bool(torch.equal(payload, want_payload) and torch.equal(scales, want_scales))
         tables = block_table.expand(spec.rows, -1).contiguous()
         lens32 = lengths.to(torch.int32)
+        # the kernel the product's scorer resolves to here: "wgmma" (the Hopper CUDA kernel) or a Triton one
+        scorer = "triton" if resolved_impl(q8, cache, 1) != "wgmma" else "hopper"
         for d in dtypes:
             logits[names[d]] = paged_logits(q8, w8, cache, tables, lens32, width=context,
                                             logits_dtype=LOGITS_DTYPES[d])
-            paths[names[d]] = "triton"
+            paths[names[d]] = scorer
         fin = torch.isfinite(oracle)
         if torch.equal(fin, torch.isfinite(logits["FP4"])):
             max_diff = float((logits["FP4"][fin].to(torch.float64) - oracle[fin].to(torch.float64)).abs().max())
@@ -791,7 +794,7 @@ def run_case(inp: StudyInput, context: int, heads: int, *, topk: int = DEFAULT_T
         kept = {name: t.cpu() for name, t in logits.items()}
         kept["exact"] = exact.cpu()
         kept["FP4 torch oracle"] = oracle.cpu()
-    return CaseResult(inp.kind, context, heads, spec.rows, topk, "triton" if use_triton else "torch", formats,
+    return CaseResult(inp.kind, context, heads, spec.rows, topk, scorer, formats,
                       store_ok, max_diff, depths, time.perf_counter() - started, kept)
 
 
@@ -1072,8 +1075,8 @@ def render_markdown(result: StudyResult, command: str | None = None) -> str:
                  f"wall time {result.seconds:.0f} s.")
     if command:
         lines += ["", f"Command: `{command}`"]
-    lines += ["", "FP4 path: `triton` = the store op and the paged scorer (`ops.quantize.store_index_k`, "
-              "`ops.paged_logits.paged_logits`); `torch` = the format's exact torch oracle "
+    lines += ["", "FP4 path: `triton` / `hopper` = the store op and the paged scorer (`ops.quantize.store_index_k`, "
+              "`ops.paged_logits.paged_logits`, through its Triton kernels or the Hopper CUDA kernel); `torch` = the format's exact torch oracle "
               "(`format.quantize_index_k` + `dequantize_index_k` + fp32 matmul). FP8 and `keys exact` are torch.",
               ""]
     lines += ["### Top-k recall of the exact top-k", "",

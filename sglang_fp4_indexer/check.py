@@ -1,7 +1,9 @@
 """``sglang-fp4-indexer check``: would the FP4 indexer serve this model, and what does it save?
 
-Given a model directory (with ``config.json``) or a Hugging Face config JSON,
-and optionally SGLang server flags (``--sglang-args="..."``), prints the gate's
+Given a model directory (with ``config.json``), a Hugging Face config JSON or
+the name of a packaged config (``PACKAGED_MODELS``: the public config fields of
+DeepSeek-V3.2, GLM-5 and GLM-5.2, so no download is needed), and optionally
+SGLang server flags (``--sglang-args="..."``), prints the gate's
 ``Decision`` as if ``--enable-fp4-indexer`` were given, and the memory effect:
 index bytes per token per layer (132 FP8 -> 68 FP4) and the KV tokens a memory
 budget holds with each. No weights are read and no GPU is needed.
@@ -14,10 +16,13 @@ output says so. The device is the local CUDA GPU when there is one, else
 ``--capability`` (default 9.0, an H200). The MLA KV format is the server
 flags' ``--kv-cache-dtype``, else ``check``'s own, else SGLang's default for
 DSA models on that device (``sglang_kv_cache_dtype``). Under DCP the memory
-rows are per rank (``dcp.bytes_per_token`` / ``dcp.dcp_capacity``); when FP4
-is refused its rows are labelled as what it would give if the refusal were lifted.
+rows are per rank (``dcp.bytes_per_token`` / ``dcp.dcp_capacity``); when the
+deployment refuses FP4 (flags, device, unrotated keys) its rows are labelled as
+what it would give if the refusal were lifted; when the model itself rules FP4
+out (``MODEL_REFUSALS``) no FP4 figure is printed. A config lacking a key
+``check`` reads is a usage error naming it.
 
-With ``--context N`` (and ``--batch``, ``--next-n``) it adds what FP4 gains and
+With ``--context N`` (at most the model's positions; ``--batch`` and ``--next-n`` only with it) it adds what FP4 gains and
 costs at that request length (``worth_it``): the requests that fit with each
 index format, the indexer scorer's time FP4 vs FP8 measured on an H200 at the
 nearest measured shape with the asked next_n, the top-k recall of each format
@@ -33,6 +38,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shlex
 import sys
 from fractions import Fraction
@@ -42,7 +48,7 @@ from typing import Callable
 from .argtypes import MAX_MEMORY_GIB, integer, memory_gib
 from .dcp import REPLICATED, SHARDED, DcpCapacity, bytes_per_token, dcp_capacity
 from .gate import (INDEXER_FUSION_ENV, INTERLEAVED_INDEXER_ARCHS, Decision, DeviceFacts, ModelFacts, ServerFacts,
-                   decide, index_key_rotation)
+                   dcp_mode_for, decide, index_key_rotation)
 
 __all__ = ["add_arguments", "main", "load_hf_config", "mla_kv_bytes_per_token", "sglang_kv_cache_dtype", "run_check",
            "worth_it", "EXIT_FP4_FITS_MORE", "EXIT_REFUSED", "EXIT_SAME_REQUESTS", "EXIT_FITS_NEITHER"]
@@ -70,24 +76,45 @@ _DSA_BY_NAME = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "GlmMoeDsaForC
 #: Largest --next-n: the paged scorer's ``ops.paged_logits.MAX_NEXT_N`` (restated, not imported: that module
 #: loads Triton, which ``check`` never needs; tests/test_cli_errors.py keeps the two equal).
 MAX_NEXT_N = 8
+#: Largest --context: SGLang keeps positions and lengths as int32.
+MAX_CONTEXT = 2**31 - 1
+#: Refusal codes (``Decision.codes``) that come from the model itself: no server flag or environment lifts them,
+#: so ``check`` gives no FP4 figure for such a model.
+MODEL_REFUSALS = frozenset({"not_dsa", "deepseek_v4", "index_head_dim", "index_heads", "index_kpool"})
+#: Config keys a DSA model needs for the check, and what each is; a missing one is a usage error naming it.
+_DSA_KEYS = {
+    "num_hidden_layers": "the layer count",
+    "kv_lora_rank": "the MLA KV rank",
+    "qk_rope_head_dim": "the MLA RoPE dims",
+    "index_n_heads": "the indexer's head count",
+    "index_head_dim": "the index key's length",
+}
+#: The line ``check`` prints on stderr before SGLang's import (measured: 23-27 s on a 2-core machine, every run).
+LOADING_SGLANG = "loading SGLang to classify the model and parse its flags (its import takes 20-30 s)..."
+#: Packaged configs (``data/models/NAME/config.json``): name -> Hugging Face repository. ``check NAME`` (or the
+#: repository id) reads them when no local path of that name exists; data/models/README.md says where they come from.
+PACKAGED_MODELS = {"deepseek-v3.2": "deepseek-ai/DeepSeek-V3.2", "glm-5": "zai-org/GLM-5", "glm-5.2": "zai-org/GLM-5.2"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``check``."""
-    parser.add_argument("model", help="local model directory (with config.json) or a Hugging Face config JSON file; "
-                                      "a hub id needs its config first: hf download REPO config.json --local-dir DIR")
+    parser.add_argument("model", help="local model directory (with config.json) or a Hugging Face config JSON file, "
+                                      "or one of the packaged configs: " + ", ".join(PACKAGED_MODELS)
+                                      + "; another hub model needs its config first: "
+                                        "hf download REPO config.json --local-dir DIR")
     parser.add_argument("--memory-gib", type=memory_gib(), default=100.0,
                         help="KV-pool memory budget per GPU in GiB for the token counts (default 100)")
-    parser.add_argument("--context", type=integer(1), default=None, metavar="N",
-                        help="tokens per request (e.g. 131072): adds what FP4 gains and costs at that length -- "
-                             "requests that fit, the indexer's time FP4 vs FP8 (measured on H200) and the top-k "
-                             "recall FP4 vs FP8 (measured accuracy study), the loss cost on a real model -- and a "
-                             "verdict, also as the exit code: 0 FP4 fits more requests of that length, 3 the same "
-                             "number either way (FP4 buys only indexer time, at the measured cost), 4 the batch "
-                             "fits neither; 1 FP4 refused")
-    parser.add_argument("--batch", type=integer(1), default=1, metavar="B",
+    parser.add_argument("--context", type=integer(1, MAX_CONTEXT), default=None, metavar="N",
+                        help="tokens per request (e.g. 131072), at most the model's positions "
+                             "(max_position_embeddings, or --context-length in --sglang-args): adds what FP4 gains "
+                             "and costs at that length -- requests that fit, the indexer's time FP4 vs FP8 (measured "
+                             "on H200), the top-k recall FP4 vs FP8 (measured accuracy study) and the loss cost on a "
+                             "real model -- and a verdict, also as the exit code: 0 FP4 fits more requests of that "
+                             "length, 3 the same number either way (FP4 buys only indexer time, at the measured "
+                             "cost), 4 the batch fits neither; 1 FP4 refused")
+    parser.add_argument("--batch", type=integer(1), default=None, metavar="B",
                         help="with --context: requests decoded together (default 1)")
-    parser.add_argument("--next-n", type=integer(1, MAX_NEXT_N), default=1, metavar="N",
+    parser.add_argument("--next-n", type=integer(1, MAX_NEXT_N), default=None, metavar="N",
                         help="with --context: query tokens per request and step: 1 for plain decode, draft "
                              "tokens + 1 with MTP / EAGLE speculative decoding, at most %d (default 1)" % MAX_NEXT_N)
     parser.add_argument("--capability", default=None,
@@ -102,6 +129,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "positional argument, not --model-path)")
 
 
+#: A Hugging Face hub id: ``owner/name``, each part letters, digits, ``-``, ``_``, ``.``, not starting with ``.``.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def packaged_model(name: str) -> tuple[Path, str] | None:
+    """The packaged config of ``name`` (``PACKAGED_MODELS``: a short name or its hub id, any case), or None.
+
+    Returns:
+        ``(the packaged model directory, its Hugging Face repository)``, or
+        None when ``name`` is neither (a local path is not looked up here).
+    """
+    from importlib import resources
+
+    key = name.strip().lower()
+    for short, repo in PACKAGED_MODELS.items():
+        if key in (short, repo.lower()):
+            folder = Path(str(resources.files("sglang_fp4_indexer").joinpath("data", "models", short)))
+            return folder, repo
+    return None
+
+
+def resolve_model(model: str | Path) -> tuple[Path, str]:
+    """Where ``check`` reads the model from: a local path when it exists, else a packaged config.
+
+    Returns:
+        ``(path, source)``: ``source`` is ``""`` for a local path, else the
+        Hugging Face repository whose packaged config fields are used.
+
+    Raises:
+        ValueError: no such local path and no packaged config of that name;
+            the message says how to get a config (``hf download`` for a hub
+            id, the packaged names otherwise).
+    """
+    path = Path(model)
+    if path.exists():
+        return path, ""
+    found = packaged_model(str(model))
+    if found is not None:
+        return found
+    text = str(model)
+    packaged = ", ".join(PACKAGED_MODELS)
+    if _HUB_ID.fullmatch(text) and not text.endswith(".json"):
+        raise ValueError(f"model: no local file or directory {text}, and no packaged config of that name "
+                         f"({packaged}); check reads a local config.json or model directory, not the hub: get "
+                         f"the config with: hf download {text} config.json --local-dir DIR, then run check DIR")
+    raise ValueError(f"model: no such file or directory: {text} (give a model directory with config.json, a "
+                     f"config JSON file, or a packaged config: {packaged})")
+
+
 def load_hf_config(path: str | Path) -> tuple[dict, Path]:
     """Read ``config.json`` from a local model directory, or a config JSON file.
 
@@ -109,9 +185,8 @@ def load_hf_config(path: str | Path) -> tuple[dict, Path]:
         ``(config dict, the JSON file's path)``.
 
     Raises:
-        ValueError: the path does not exist (with a hint for a Hugging Face hub
-            id), has no ``config.json``, is not UTF-8 JSON text (a binary file),
-            is not a JSON object, or one of the
+        ValueError: the path does not exist, has no ``config.json``, is not
+            UTF-8 JSON text (a binary file), is not a JSON object, or one of the
             integer keys (``index_n_heads``, ``kv_lora_rank``, ...) holds
             something else (SGLang does not coerce them) or a size key
             (``num_hidden_layers``, ``kv_lora_rank``, ...) is below 1.
@@ -119,13 +194,7 @@ def load_hf_config(path: str | Path) -> tuple[dict, Path]:
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
-        hint = ""
-        if not path.exists():
-            name = str(path) if str(path).count("/") == 1 and not str(path).endswith(".json") else "REPO"
-            hint = (f". check reads a local config.json or model directory, not the hub; "
-                    f"get the config with: hf download {name} config.json --local-dir DIR, "
-                    f"then run check DIR")
-        raise ValueError(f"model: no config file at {file}{hint}")
+        raise ValueError(f"model: no config file at {file}" + ("" if path.exists() else " (no such path)"))
     try:
         cfg = json.loads(file.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
@@ -193,11 +262,12 @@ def sglang_kv_cache_dtype(cfg: dict, server_value: str, capability: tuple[int, i
     sinks = bool(cfg.get("learnable_sink", False))
     if server_value == "auto":
         if archs[0] not in DSA_KV_DTYPE_ARCHS:
-            return "bf16", "SGLang's auto: the model dtype, taken as bf16 (architecture without a DSA KV default)"
+            return "bf16", "SGLang's auto, the model dtype, taken as bf16 for an architecture without a DSA KV default"
+        where = f"SGLang's default for DSA models on CUDA {capability[0]}.{capability[1]}"
         if capability[0] >= 10 and not sinks:
-            return "fp8", f"SGLang's default for DSA models on CUDA {capability[0]}.{capability[1]} (fp8_e4m3 from 10.0)"
-        why = "learnable attention sinks" if sinks else "below compute capability 10.0"
-        return "bf16", f"SGLang's default for DSA models on CUDA {capability[0]}.{capability[1]} (bfloat16: {why})"
+            return "fp8", f"{where}: fp8_e4m3 from compute capability 10.0"
+        why = "for learnable attention sinks" if sinks else "below compute capability 10.0"
+        return "bf16", f"{where}: bfloat16 {why}"
     if sinks and server_value not in ("bf16", "bfloat16"):
         raise ValueError(f"--kv-cache-dtype {server_value}: SGLang requires a bfloat16 KV cache for learnable DSA "
                          "attention sinks")
@@ -223,7 +293,7 @@ def _device(capability: str | None) -> tuple[DeviceFacts, str]:
 
 
 def _with_sglang(cfg: dict, model_path: str, flags: list[str], announce: Callable[[str], None]):
-    """``(model facts, server facts, index layers, SGLang's --kv-cache-dtype)`` through SGLang.
+    """``(model facts, server facts, index layers, SGLang's --kv-cache-dtype, --context-length)`` through SGLang.
 
     Returns ``(None, why)`` when SGLang cannot be imported. ``announce`` gets
     one line before SGLang's (slow) import when SGLang is installed. SGLang's
@@ -232,7 +302,7 @@ def _with_sglang(cfg: dict, model_path: str, flags: list[str], announce: Callabl
     from .sglang_plugin.facts import sglang_import_error
 
     if importlib.util.find_spec("sglang") is not None:
-        announce("loading SGLang to classify the model and parse its flags (about 20 s)...")
+        announce(LOADING_SGLANG)
     why = sglang_import_error()
     if why is not None:
         return None, why
@@ -250,8 +320,9 @@ def _with_sglang(cfg: dict, model_path: str, flags: list[str], announce: Callabl
         raise ValueError(f"--sglang-args: --model-path {given_path} is not used by check, which reads the model "
                          "given as its positional argument; drop --model-path from --sglang-args")
     layers = int(cfg.get("num_hidden_layers", 0) or 0)
+    context_length = server_field(record, "context_length", None)
     return (model_facts(cfg), server_facts(record), index_layer_count(cfg, layers),
-            str(server_field(record, "kv_cache_dtype", "auto"))), ""
+            str(server_field(record, "kv_cache_dtype", "auto")), context_length), ""
 
 
 def _without_sglang(cfg: dict, flags: list[str], why: str):
@@ -271,7 +342,7 @@ def _without_sglang(cfg: dict, flags: list[str], why: str):
     )
     layers = int(cfg.get("num_hidden_layers", 0) or 0)
     fusion_off = os.environ.get(INDEXER_FUSION_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-    return model, ServerFacts(requested=True, indexer_fusion_disabled=fusion_off), layers, "auto"
+    return model, ServerFacts(requested=True, indexer_fusion_disabled=fusion_off), layers, "auto", None
 
 
 def _fmt(x: Fraction) -> str:
@@ -279,21 +350,24 @@ def _fmt(x: Fraction) -> str:
 
 
 def _check_complete(cfg: dict, file: Path, model: ModelFacts) -> None:
-    """Refuse a config that cannot be sized or classified as its architecture says.
+    """Refuse a config that lacks a key ``check`` needs, naming it (one rule for every such key).
 
     Raises:
         ValueError: a DSA-by-name architecture (``_DSA_BY_NAME``) without
-            ``index_topk``; a DSA model without one of ``_DSA_SIZE_KEYS``.
+            ``index_topk``; a DSA model without one of ``_DSA_KEYS``.
     """
     if not model.is_dsa and model.architecture in _DSA_BY_NAME and cfg.get("index_topk") is None:
-        raise ValueError(f"model: {file}: index_topk is missing; a {model.architecture} config has it (the "
-                         "indexer's top-k, 2048 for DeepSeek-V3.2 and GLM-5), and without it SGLang does not "
-                         "treat the model as DeepSeek Sparse Attention")
-    if model.is_dsa:
-        missing = [key for key in _DSA_SIZE_KEYS if cfg.get(key) is None]
-        if missing:
-            raise ValueError(f"model: {file}: {', '.join(missing)} missing; a DeepSeek Sparse Attention config "
-                             "needs num_hidden_layers, kv_lora_rank and qk_rope_head_dim to size its caches")
+        missing = {"index_topk": "the indexer's top-k; without it SGLang does not treat the model as DeepSeek "
+                                 "Sparse Attention"}
+    elif model.is_dsa:
+        missing = {key: what for key, what in _DSA_KEYS.items() if cfg.get(key) is None}
+    else:
+        return
+    if missing:
+        keys = "; ".join(f"{key}, {what}" for key, what in missing.items())
+        arch = model.architecture or "DeepSeek Sparse Attention"
+        raise ValueError(f"model: {file}: missing {keys}. A {arch} config.json has "
+                         f"{'it' if len(missing) == 1 else 'them'}; give the model's complete config.json")
 
 
 def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None = None,
@@ -301,7 +375,8 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
               announce: Callable[[str], None] = lambda line: None) -> dict:
     """Do the check and return its findings (what ``main`` prints).
 
-    ``announce`` is called with one progress line before SGLang's slow import
+    ``model`` is a local model directory or config JSON file, or a packaged
+    config's name (``resolve_model``). ``announce`` is called with one progress line before SGLang's slow import
     (``main`` prints it to stderr).
 
     The MLA KV format is ``kv_cache_dtype`` (``"fp8"``/``"bf16"``) when given,
@@ -312,11 +387,15 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
 
     Returns:
         dict with ``decision`` (``Decision``), ``device`` (text), ``detection``
-        (``"sglang"`` or ``"config keys (...)"``), ``model`` (``ModelFacts``),
-        for DSA models ``index_keys`` (whether SGLang Hadamard-rotates the
-        index keys, and why: ``gate.index_key_rotation``),
-        ``model_text``, ``layers``, ``index_layers``, ``dcp_size``, and for DSA
-        MLA models ``kv_dtype``, ``kv_dtype_why``, ``kv_bytes``, ``capacity``
+        (what classified the model: SGLang's helpers or the config keys), ``model``
+        (``ModelFacts``), ``model_text``, ``layers``, ``index_layers``,
+        ``dcp_size``, ``file``, ``source`` (the Hugging Face repository of a
+        packaged config, else empty), ``positions`` (the longest request: the
+        server flags' ``--context-length``, else ``max_position_embeddings``,
+        else None) and ``positions_from``, ``model_refusal`` (the refusal is the
+        model's own, ``MODEL_REFUSALS``: then nothing below is given); for DSA
+        models FP4 can serve ``index_keys`` (whether SGLang Hadamard-rotates the
+        index keys, and why: ``gate.index_key_rotation``), ``kv_dtype``, ``kv_dtype_why``, ``kv_bytes``, ``capacity
         (``dcp.DcpCapacity``), ``fp4_mode`` (the DCP mode of the FP4 rows the
         gain refers to: the decision's, or what the flags would give when refused)
         and ``rows``: ``(label, index bytes per rank, KV + index bytes per layer
@@ -333,20 +412,26 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
     if not (isinstance(memory_gib, (int, float)) and math.isfinite(memory_gib) and 0 < memory_gib <= MAX_MEMORY_GIB):
         raise ValueError(f"--memory-gib: expected a finite number > 0 and <= {MAX_MEMORY_GIB}, got {memory_gib}")
     flags = list(server_flags or [])
-    cfg, file = load_hf_config(model)
+    path, source = resolve_model(model)
+    cfg, file = load_hf_config(path)
     found, why = _with_sglang(cfg, str(file.parent), flags, announce)
-    detection = "sglang"
+    detection = "SGLang's own DSA helpers"
     if found is None:
-        found, detection = _without_sglang(cfg, flags, why), f"config keys (SGLang not importable: {why})"
-    model_facts, server, index_layers, server_kv = found
+        found, detection = _without_sglang(cfg, flags, why), f"its config keys, SGLang not being importable here: {why}"
+    model_facts, server, index_layers, server_kv, context_length = found
     _check_complete(cfg, file, model_facts)
     device, device_text = _device(capability)
     decision: Decision = decide(model_facts, server, device)
     arch = model_facts.architecture or f"no architectures in config, model_type {cfg.get('model_type')!r}"
+    positions = context_length or cfg.get("max_position_embeddings")
     out = {"decision": decision, "device": device_text, "detection": detection, "model": model_facts,
            "model_text": arch, "layers": int(cfg.get("num_hidden_layers", 0) or 0), "index_layers": index_layers,
-           "file": str(file), "dcp_size": server.dcp_size, "device_facts": device}
-    if model_facts.is_dsa:
+           "file": str(file), "source": source, "dcp_size": server.dcp_size, "device_facts": device,
+           "positions": int(positions) if isinstance(positions, int) and positions > 0 else None,
+           "positions_from": ("--context-length in --sglang-args" if context_length
+                              else "max_position_embeddings in its config.json"),
+           "model_refusal": bool(MODEL_REFUSALS.intersection(decision.codes))}
+    if model_facts.is_dsa and not out["model_refusal"]:
         out["index_keys"] = index_key_rotation(model_facts, server)[1]
         if kv_cache_dtype is not None and server_kv != "auto":
             if _SGLANG_KV_DTYPES.get(server_kv) != kv_cache_dtype:
@@ -360,7 +445,7 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
         w, layers = server.dcp_size, out["layers"]
         cap: DcpCapacity = dcp_capacity(int(memory_gib * 2**30), w, kv_bytes=kv, num_layers=layers,
                                         num_index_layers=index_layers)
-        fp4_mode = SHARDED if server.dcp_shard and w > 1 else REPLICATED  # gate.decide's rule, refused or not
+        fp4_mode = dcp_mode_for(server) or REPLICATED  # gate.decide's rule, refused or not
 
         def row(label, index, mode, tokens):
             per_layer = bytes_per_token(w, index=index, mode=mode, kv_bytes=kv)
@@ -563,16 +648,67 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
     console.print(f"verdict: {w['verdict']}")
 
 
+def _model_line(res: dict) -> str:
+    where = (f"the config fields of {res['source']} packaged with sglang-fp4-indexer, {res['file']}" if res["source"]
+             else f"config {res['file']}")
+    return f"model: {res['model_text']} ({where}); classified by {res['detection']}"
+
+
+def _context_options(args: argparse.Namespace) -> tuple[int | None, int, int]:
+    """``(context, batch, next_n)``; ``--batch`` and ``--next-n`` only with ``--context``.
+
+    Raises:
+        ValueError: ``--batch`` or ``--next-n`` without ``--context``, or a context shorter than ``--next-n``.
+    """
+    context = getattr(args, "context", None)
+    batch, next_n = getattr(args, "batch", None), getattr(args, "next_n", None)
+    if context is None:
+        given = [flag for flag, value in (("--batch", batch), ("--next-n", next_n)) if value is not None]
+        if given:
+            raise ValueError(f"{given[0]}: only used with --context N (the request length in tokens): add "
+                             f"--context, or drop {' and '.join(given)}")
+        return None, 1, 1
+    batch, next_n = batch or 1, next_n or 1
+    if context < next_n:
+        raise ValueError(f"--context: {context} tokens cannot hold --next-n {next_n} query tokens")
+    return context, batch, next_n
+
+
+def _memory_table(res: dict, d: Decision, memory_gib: float):
+    from rich.table import Table
+
+    w = res["dcp_size"]
+    where = "per GPU" if w == 1 else f"per rank, DCP {w} (MLA KV sharded over the {w} ranks)"
+    notes = []
+    if w > 1:
+        mode = ("sharded (--fp4-indexer-dcp-shard)" if res["fp4_mode"] == SHARDED
+                else "replicated (the default; --fp4-indexer-dcp-shard would shard the index)")
+        notes.append("* the mode " + ("the server would use" if d.enabled else "these flags give") + f": {mode}")
+    if not d.enabled:
+        notes.append("FP4 rows: what FP4 would give if the refusal were lifted; the server keeps FP8")
+    table = Table(title=f"memory effect, {memory_gib:g} GiB KV pool {where}", caption="\n".join(notes) or None)
+    table.add_column("index cache", no_wrap=True)
+    for header in ("index B per token and layer", "KV + index B per token and layer", "KV + index B per token",
+                   "KV tokens"):
+        table.add_column(header, justify="right")
+    for label, idx, per_layer, total, tokens in res["rows"]:
+        table.add_row(label, _fmt(idx), _fmt(per_layer), _fmt(total), str(tokens))
+    return table
+
+
 def main(args: argparse.Namespace) -> int:
     """Print the check and return its exit code.
 
-    Without ``--context``: 0 when the FP4 indexer would be enabled, 1 when refused (or the model
-    has no DSA index cache). With ``--context`` and FP4 enabled, the verdict's code
-    (``worth_it``): 0 FP4 fits more requests of that length, 3 both fit the same number (FP4 buys
-    only indexer time), 4 the batch fits neither; 1 when refused. 2: a usage error (``cli.main``).
+    Without ``--context``: 0 when the FP4 indexer would be enabled, 1 when not (refused, or no
+    indexer). With ``--context`` and FP4 enabled, the verdict's code (``worth_it``): 0 FP4 fits
+    more requests of that length, 3 both fit the same number (FP4 buys only indexer time, at the
+    measured cost), 4 the batch fits neither; 1 when refused. 2: a usage error (``cli.main``).
+
+    Raises:
+        ValueError: bad options or config (``run_check``, ``_context_options``), or a ``--context``
+            beyond the model's positions.
     """
     from rich.console import Console
-    from rich.table import Table
 
     def announce(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -581,52 +717,44 @@ def main(args: argparse.Namespace) -> int:
         flags = shlex.split(args.sglang_args)
     except ValueError as exc:
         raise ValueError(f"--sglang-args: cannot split {args.sglang_args!r} into flags ({exc})") from None
-    context = getattr(args, "context", None)
-    if context is not None and context < args.next_n:
-        raise ValueError(f"--context: {context} tokens cannot hold --next-n {args.next_n} query tokens")
+    context, batch, next_n = _context_options(args)
     res = run_check(args.model, memory_gib=args.memory_gib, capability=args.capability,
                     kv_cache_dtype=args.kv_cache_dtype, server_flags=flags, announce=announce)
+    if context is not None and res["positions"] is not None and context > res["positions"]:
+        raise ValueError(f"--context: {context} tokens is more than this model's {res['positions']} positions "
+                         f"({res['positions_from']}, the longest request SGLang serves); give at most "
+                         f"{res['positions']}")
     d: Decision = res["decision"]
     console = Console(highlight=False)
-    console.print(f"model: {res['model_text']} ({res['file']}; classified by {res['detection']})")
-    console.print(f"device: {res['device']}")
+    console.print(_model_line(res), markup=False)
+    console.print(f"device: {res['device']}", markup=False)
     if "index_keys" in res:
-        console.print(f"index keys: {res['index_keys']}")
+        console.print(f"index keys: {res['index_keys']}", markup=False)
     if d.enabled:
-        console.print(f"FP4 indexer: ENABLED - {d.reason}")
+        console.print(f"FP4 indexer: ENABLED - {d.reason}", markup=False)
+    elif "not_dsa" in d.codes:
+        console.print(f"FP4 indexer: not applicable - {d.reason}; SGLang serves it as without the plugin",
+                      markup=False)
     else:
-        console.print(f"FP4 indexer: DISABLED (SGLang keeps its FP8 indexer) - {d.reason}")
-        console.print(f"fix: {d.fix}")
+        own = "its own DeepSeek-V4 indexer" if "deepseek_v4" in d.codes else "its FP8 indexer"
+        console.print(f"FP4 indexer: DISABLED (SGLang keeps {own}) - {d.reason}", markup=False)
+        console.print(f"fix: {d.fix}", markup=False)
     cap: DcpCapacity | None = res.get("capacity")
     if cap is None:
-        console.print("memory effect: none (no DSA index-key cache)")
+        why = ("no DSA index-key cache" if not res["model"].is_dsa or "deepseek_v4" in d.codes
+               else "FP4 cannot serve this model's indexer, see above, so SGLang sizes its own index cache as "
+                    "without the plugin")
+        console.print(f"memory effect: none ({why})", markup=False)
         if context is not None:
-            console.print("verdict: FP4 changes nothing for this model at any context (no DSA index-key cache)")
+            console.print("verdict: FP4 changes nothing for this model at any context", markup=False)
         return 0 if d.enabled else 1
-    w = res["dcp_size"]
-    where = "per GPU" if w == 1 else f"per rank, DCP {w} (MLA KV sharded over the {w} ranks)"
-    notes = []
-    if w > 1:
-        notes.append("* the mode " + ("the server would use" if d.enabled else "these flags give")
-                     + " (--fp4-indexer-dcp-shard: sharded)")
-    if not d.enabled:
-        notes.append("FP4 rows: what FP4 would give if the refusal were lifted; the server keeps FP8")
-    table = Table(title=f"memory effect, {args.memory_gib:g} GiB KV pool {where}", caption="\n".join(notes) or None)
-    table.add_column("index cache", no_wrap=True)
-    table.add_column("index B/token/layer", justify="right")
-    table.add_column("KV + index B/token/layer", justify="right")
-    table.add_column("KV + index B/token", justify="right")
-    table.add_column("KV tokens", justify="right")
-    for label, idx, per_layer, total, tokens in res["rows"]:
-        table.add_row(label, _fmt(idx), _fmt(per_layer), _fmt(total), str(tokens))
-    console.print(table)
+    console.print(_memory_table(res, d, args.memory_gib))
     gain = cap.gain_sharded if res["fp4_mode"] == SHARDED else cap.gain_replicated
     tokens = cap.tokens_fp4_sharded if res["fp4_mode"] == SHARDED else cap.tokens_fp4_replicated
-    mode = "" if w == 1 else f" ({res['fp4_mode']})"
+    mode = "" if res["dcp_size"] == 1 else f" ({res['fp4_mode']})"
     console.print(
-        f"layers: {res['layers']} ({res['index_layers']} with an index cache); MLA KV {res['kv_bytes']} B/token/layer "
-        f"({res['kv_dtype']}: {res['kv_dtype_why']})"
-    )
+        f"layers: {res['layers']} ({res['index_layers']} with an index cache); MLA KV {res['kv_bytes']} B per "
+        f"token and layer in {res['kv_dtype']} ({res['kv_dtype_why']})", markup=False)
     if d.enabled:
         console.print(f"extra KV tokens with FP4{mode}: {tokens - cap.tokens_fp8} (+{gain * 100:.1f} %)")
     else:
@@ -635,8 +763,8 @@ def main(args: argparse.Namespace) -> int:
     if context is None:
         console.print("add --context N (and --batch, --next-n) for the time and recall FP4 costs or saves at that length")
     elif d.enabled:
-        verdict = worth_it(res, context=context, batch=args.batch, next_n=args.next_n)
-        _print_worth_it(console, res, verdict, args.batch, args.next_n, context)
+        verdict = worth_it(res, context=context, batch=batch, next_n=next_n)
+        _print_worth_it(console, res, verdict, batch, next_n, context)
         return verdict["exit_code"]
     else:
         console.print("verdict: FP4 is refused for this deployment (above), so SGLang keeps FP8 at any context")

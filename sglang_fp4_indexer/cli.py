@@ -10,7 +10,7 @@ before its module -- and so Triton and the kernels -- is imported, because
 Triton reads that variable when a kernel is defined.
 
 Subcommands now: ``demo`` (``demo.py``), ``check`` (``check.py``), ``bench`` (``bench/``),
-``accuracy`` (``accuracy.py``), ``model-accuracy`` (``model_study/study.py``).
+``accuracy`` (``accuracy.py``), ``model-accuracy`` (``model_study/study.py``), ``docs`` (``guide.py``).
 """
 
 from __future__ import annotations
@@ -40,13 +40,16 @@ SUBCOMMANDS: tuple[_Subcommand, ...] = (
                 "would --enable-fp4-indexer serve this model (and these SGLang flags)? decision and memory effect"),
     _Subcommand("bench", ".bench",
                 "benchmark: the paged scorer vs SGLang's Triton FP4 and DeepGEMM FP8 vs the HBM floor, "
-                "the store op and the planner (method: docs/benchmarks.md in the source repository)"),
+                "the store op and the planner (method and H200 results: benchmarks.md of the installed docs)"),
     _Subcommand("accuracy", ".accuracy",
                 "accuracy study: FP4 vs FP8 top-k recall, rank correlation and logit error against exact scoring "
-                "over workloads, contexts and H (results: docs/accuracy.md in the source repository)"),
+                "over workloads, contexts and H (results: accuracy.md of the installed docs)"),
     _Subcommand("model-accuracy", ".model_study.study",
                 "real-model study: Gemma 3 270M with DSA-style sparse attention selected over exact, FP8 and FP4 "
-                "index keys -- loss, passkey retrieval and top-k recall (CPU; docs/accuracy.md in the source repository)"),
+                "index keys -- loss, passkey retrieval and top-k recall (CPU; accuracy.md of the installed docs)"),
+    _Subcommand("docs", ".guide",
+                "where the user documentation is installed (user guide, benchmarks, accuracy study, ...), "
+                "and how to report a result"),
 )
 
 #: The SGLang release the plugin is built and tested against.
@@ -76,11 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     import their kernels lazily).
     """
     from . import __version__
+    from .guide import docs_dir
 
+    folder = docs_dir()
+    where = (f"The user documentation is in {folder} ('sglang-fp4-indexer docs' lists it and says how to "
+             "report a result)." if folder is not None else
+             "The user documentation is not installed with this copy (a wheel built with 'make wheel' carries it).")
     parser = _Parser(
         prog="sglang-fp4-indexer",
-        description="MXFP4 index-key cache and Triton scorers for SGLang's DSA lightning indexer. "
-                    "The documentation is the docs/ folder of the source repository.",
+        description="MXFP4 index-key cache and Triton scorers for SGLang's DSA lightning indexer. " + where,
     )
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s {__version__} (for SGLang {SGLANG_VERSION})")

@@ -44,7 +44,8 @@ from typing import Callable
 import torch
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
 from . import format as fmt
@@ -489,9 +490,78 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 _GEOMETRY_DEFAULTS = {"workload": "text", "context": 8192, "batch": 2, "heads": DEFAULT_HEADS, "seed": 0}
 
 
+class PipeProgress(Progress):
+    """rich ``Progress`` for output that is not a terminal (a pipe, a log file), where rich draws no live display.
+
+    Each stage's row (the same columns as on a terminal, without the spinner)
+    is printed as a line when the stage starts, at most every ``interval``
+    seconds while it advances, and when it ends, so a piped run shows where it
+    is while it runs.
+    """
+
+    def __init__(self, *columns, console: Console, interval: float = 15.0):
+        super().__init__(*columns, console=console, disable=True)  # no live display; lines instead
+        self.interval = interval
+        self._printed: dict[TaskID, float] = {}
+
+    def _line(self, task_id: TaskID) -> None:
+        self.console.print(self.make_tasks_table([self._tasks[task_id]]))
+        self._printed[task_id] = time.monotonic()
+
+    def add_task(self, *args, **kwargs) -> TaskID:
+        task_id = super().add_task(*args, **kwargs)
+        self._line(task_id)
+        return task_id
+
+    def update(self, task_id: TaskID, **kwargs) -> None:
+        super().update(task_id, **kwargs)
+        if time.monotonic() - self._printed.get(task_id, 0.0) >= self.interval:
+            self._line(task_id)
+
+    def stop_task(self, task_id: TaskID) -> None:
+        super().stop_task(task_id)
+        self._line(task_id)
+
+
 def _progress(console: Console) -> Progress:
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=12), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console, transient=False)
+    """Stage progress: rich's live display on a terminal, ``PipeProgress`` lines elsewhere."""
+    columns = (TextColumn("{task.description}"), BarColumn(bar_width=12), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("left"), TimeRemainingColumn())
+    if console.is_terminal:
+        return Progress(SpinnerColumn(), *columns, console=console, transient=False)
+    return PipeProgress(*columns, console=console)
+
+
+#: Measured: the default demo (text workload, 2 x 8,192 keys, H 64, CPU) ran in 48 s on the 2-core development
+#: machine; the up-front estimate scales this with the number of keys.
+REFERENCE_KEYS, REFERENCE_SECONDS = 2 * 8192, 48.0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(10, round(seconds, -1)):.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 90 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def estimate_line(kind: str, batch: int, context: int, heads: int, device: str) -> str:
+    """What the run will do and, on the CPU, about how long it takes, before any work (printed first).
+
+    The estimate is ``REFERENCE_SECONDS`` (the default run, measured on 2 CPU
+    cores) scaled by the number of keys: the text windows, the interpreted
+    store and scorer and the fp64 reference all grow with them.
+    """
+    from .workload import TEXT_WINDOW
+
+    keys = batch * context
+    what = f"{kind} workload, {batch} x {context:,} = {keys:,} keys, H {heads}"
+    if kind == "text":
+        what += f" ({-(-keys // (TEXT_WINDOW - 2)):,} MiniLM text windows)"
+    if torch.device(device).type != "cpu":
+        return f"demo: {what}, on {device}"
+    est = REFERENCE_SECONDS * keys / REFERENCE_KEYS
+    return (f"demo: {what}, on the CPU (Triton interpreter). Estimate: about {_duration(est)} on 2 CPU cores "
+            f"(the default 2 x 8,192 took {REFERENCE_SECONDS:.0f} s there; the time grows with the keys)")
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -571,6 +641,10 @@ def main(args: argparse.Namespace, console: Console | None = None) -> int:
     if args.load_workload is not None:
         work = _load(args.load_workload)
         console.print(f"loaded the workload from {escape(args.load_workload)}")
+        console.print(estimate_line(work.kind, work.batch, work.context, work.heads, args.device), markup=False)
+    else:
+        console.print(estimate_line(opts["workload"] if kind_label == "text" else "gaussian", opts["batch"],
+                                    opts["context"], opts["heads"], args.device), markup=False)
     with _progress(console) as progress:
         if work is None:
             with _Stages(progress).stage(

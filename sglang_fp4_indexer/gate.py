@@ -43,6 +43,7 @@ __all__ = [
     "Decision",
     "supported_heads",
     "index_key_rotation",
+    "dcp_mode_for",
     "decide",
     "report",
     "reset_reports",
@@ -115,6 +116,9 @@ class ServerFacts:
         indexer_fusion_disabled: SGLang's ``SGLANG_DISABLE_DSA_INDEXER_FUSION``
             is set: its unfused indexer runs, which applies the Hadamard
             rotation whatever the RoPE style.
+        speculative_eagle_topk: ``--speculative-eagle-topk`` (1 without a draft
+            tree). Above 1 EAGLE tree verify moves index keys between slots of
+            different DCP ranks, so ``--fp4-indexer-dcp-shard`` is served replicated.
     """
 
     requested: bool
@@ -131,6 +135,7 @@ class ServerFacts:
     unified_memory: bool = False
     external_kv_store: str = ""
     indexer_fusion_disabled: bool = False
+    speculative_eagle_topk: int = 1
 
 
 @dataclass(frozen=True)
@@ -199,6 +204,19 @@ def index_key_rotation(model: ModelFacts, server: ServerFacts) -> tuple[bool, st
                       "applies the Hadamard rotation)")
     return False, ("not rotated (interleaved indexer RoPE: SGLang's fused indexer kernels skip the Hadamard "
                    f"rotation; {INDEXER_FUSION_ENV}=1 selects the unfused indexer, which applies it)")
+
+
+def dcp_mode_for(server: ServerFacts) -> str:
+    """How an enabled FP4 index is held under decode context parallelism: ``""`` (no DCP: ``dcp_size`` 1),
+    ``"sharded"`` (``--fp4-indexer-dcp-shard`` without an EAGLE draft tree) or ``"replicated"``.
+
+    With ``--speculative-eagle-topk > 1`` EAGLE tree verify moves index keys
+    between slots that different DCP ranks own, which the sharded index does
+    not exchange, so it is served replicated.
+    """
+    if server.dcp_size <= 1:
+        return ""
+    return "sharded" if server.dcp_shard and server.speculative_eagle_topk <= 1 else "replicated"
 
 
 def _check_types(model, server, device) -> None:
@@ -329,9 +347,14 @@ def decide(model: ModelFacts, server: ServerFacts, device: DeviceFacts) -> Decis
         dcp_mode = ""
         dcp_text = ""
         if server.dcp_size > 1:
-            dcp_mode = "sharded" if server.dcp_shard else "replicated"
-            per_rank = 68 / server.dcp_size if server.dcp_shard else 68
+            dcp_mode = dcp_mode_for(server)
+            shard = dcp_mode == "sharded"
+            per_rank = 68 / server.dcp_size if shard else 68
             dcp_text = f", DCP {server.dcp_size}: {dcp_mode} index ({per_rank:g} B per token per layer on each rank)"
+            if server.dcp_shard and not shard:
+                dcp_text += (f"; --fp4-indexer-dcp-shard is not served with --speculative-eagle-topk "
+                             f"{server.speculative_eagle_topk}: EAGLE tree verify moves index keys between slots of "
+                             "different DCP ranks")
         return Decision(
             True,
             f"{arch}: {model.index_n_heads} index heads x {model.index_head_dim}, "

@@ -1,4 +1,4 @@
-"""Address-stable CTA-schedule buffers and their publish (DESIGN sections 4-5).
+"""Address-stable CTA-schedule buffers and their publish (docs/design.md, The CTA schedule).
 
 A CUDA graph records the address of every tensor its kernels read. The paged
 scorer reads its CTA schedule, so the schedule must live in one buffer whose

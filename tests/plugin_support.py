@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import types
 
+import pytest
 import torch
 
 from sglang_fp4_indexer.gate import DeviceFacts
@@ -85,3 +86,29 @@ def stand_in_kvc(cfg: dict, server_args, *, num_layers: int | None = None, is_dr
     kvc.loc_space_scale = KVCacheConfigurator.loc_space_scale.fget(kvc)
     kvc.pool_page_size = KVCacheConfigurator.pool_page_size.fget(kvc)
     return kvc
+
+
+@pytest.fixture()
+def plugin(monkeypatch):
+    """Hooks applied; the gate sees an H200 (there is no GPU here); pool state and reports reset around the test.
+
+    Yields ``sglang_fp4_indexer.sglang_plugin.pool``. Import it into a test module to use it.
+    """
+    load()
+    from sglang_fp4_indexer import gate
+    from sglang_fp4_indexer.sglang_plugin import facts, pool
+
+    monkeypatch.setattr(facts, "device_facts", lambda *a, **k: H200)
+    monkeypatch.delenv("SGLANG_ENABLE_FP4_INDEXER", raising=False)
+    pool.reset_state()
+    gate.reset_reports()
+    yield pool
+    pool.reset_state()
+    gate.reset_reports()
+
+
+def server_args(*flags):
+    """SGLang's own ``prepare_server_args`` on ``--model-path dummy FLAGS`` (plugins loaded: the flag parses)."""
+    from sglang.srt.server_args import prepare_server_args
+
+    return prepare_server_args(["--model-path", "dummy", *flags])

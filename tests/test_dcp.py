@@ -187,6 +187,55 @@ def test_scatter_topk_logits_reselects_the_same_set():
     assert torch.equal(out, want)
 
 
+def _single_rank_case():
+    from cases import make_paged_case
+
+    return make_paged_case([70, 130, 5, 200, 64], next_n=1, heads=32, seed=5)
+
+
+def test_local_topk_packs_in_chunks_within_its_byte_budget_and_stays_exact(monkeypatch):
+    """The packing temporaries of the sharded decode top-k are bounded (rows in chunks of LOCAL_TOPK_CHUNK_BYTES)
+    and the result is still the exact top-k of the scorer's logits, ties to the lower position (one rank: W = 1)."""
+    from sglang_fp4_indexer.ops.paged_logits import paged_logits
+
+    case = _single_rank_case()
+    width = case.block_table.shape[1] * 64
+    monkeypatch.setattr(dcp, "LOCAL_TOPK_CHUNK_BYTES", dcp._PACK_BYTES_PER_ELEMENT * width * 2)  # two rows' temporaries
+    blocks = []
+    real = dcp._pack_columns
+    monkeypatch.setattr(dcp, "_pack_columns", lambda *a: blocks.append(real(*a)) or blocks[-1])
+    got = dcp.sharded_decode_topk(case.q, case.weights, case.cache, case.block_table, case.context_lens, topk=16,
+                                  world_size=1, rank=0, buffers=dcp.CandidateBuffers(5, 16, 1), check=False)
+    assert [b.shape[0] for b in blocks] == [2, 2, 1]
+    assert all(b.numel() * dcp._PACK_BYTES_PER_ELEMENT <= dcp.LOCAL_TOPK_CHUNK_BYTES for b in blocks)
+    logits = paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width)
+    assert torch.equal(got.positions, topk_reference(logits, 16, case.context_lens))
+    assert dcp.local_topk_chunk_rows(5, width) == 2
+    assert dcp.local_topk_chunk_rows(5, 10**12) == 1 and dcp.local_topk_chunk_rows(5, 1) == 5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_local_topk_memory_is_bounded():
+    """256 rows x 40K local columns (W = 2 of an 80K context): beyond the fp32 logits and the small top-k
+    outputs, the sharded decode top-k holds at most LOCAL_TOPK_CHUNK_BYTES (it held ~5 int64 [rows, width])."""
+    rows, width, topk = 256, 40960, 2048
+    logits = torch.randn(rows, width, device="cuda")
+    lens = torch.full((rows, 1), width, dtype=torch.int32, device="cuda")
+    local = torch.empty(rows, topk, dtype=torch.int64, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    dcp._local_topk_into(local, logits, lens, 2, 1)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    assert extra <= dcp.LOCAL_TOPK_CHUNK_BYTES + 4 * rows * topk * 8 + (1 << 20), extra
+    keys = dcp.pack_candidates(logits, (torch.arange(width, device="cuda") * 2 + 1).expand(rows, width).contiguous(),
+                               torch.ones(rows, width, dtype=torch.bool, device="cuda"))
+    want = torch.topk(keys, topk, dim=1).values
+    assert torch.equal(torch.sort(local, dim=1, descending=True).values, want)
+
+
 # ---------------------------------------------------------------------------
 # Multi-process: gloo, W = 2 and 4, kernels under the interpreter
 # ---------------------------------------------------------------------------

@@ -228,7 +228,7 @@ def _recall(a: torch.Tensor, b: torch.Tensor) -> float:
 def _check_demo_result(res, w: Workload, k: int, memory_gib: float, device: str = "cpu") -> None:
     from sglang_fp4_indexer.demo import render_table
 
-    # Format sizes of DESIGN section 3 / SGLang's FP8 cache.
+    # Format sizes of docs/design.md, The index-key format / SGLang's FP8 cache.
     assert res.fp4.bytes_per_token == 68 and res.fp8.bytes_per_token == 132
     mem = int(memory_gib * 2**30)
     cap = pool.capacity(mem)
@@ -423,3 +423,51 @@ def test_demo_help_and_caption_say_what_happens(capsys):
     assert "n/a (CPU)" in caption(res) and "CUDA-event" not in caption(res)
     timed = dataclasses.replace(res, fp4=dataclasses.replace(res.fp4, time_us=12.5))
     assert "12.5 µs" in caption(timed) and "Times: median of CUDA-event timings." in caption(timed)
+
+
+def test_progress_reaches_a_pipe_while_stages_run():
+    """Not a terminal: rich draws no live display, so each stage's row is printed when it starts, as it advances
+    (at most every ``interval`` s) and when it ends."""
+    import io
+
+    from rich.console import Console
+
+    from sglang_fp4_indexer.demo import PipeProgress, _progress
+
+    buf = io.StringIO()
+    progress = _progress(Console(file=buf, width=120))
+    assert isinstance(progress, PipeProgress)
+    progress.interval = 0.0
+    with progress:
+        task = progress.add_task("text workload: 1 x 1530 tokens", total=3)
+        assert "text workload: 1 x 1530 tokens" in buf.getvalue() and "0/3" in buf.getvalue()  # printed at once
+        progress.update(task, completed=1, total=3)
+        assert "1/3" in buf.getvalue()
+        progress.interval = 3600.0
+        progress.update(task, completed=2, total=3)
+        assert "2/3" not in buf.getvalue()  # throttled
+        progress.update(task, completed=3, total=3)
+        progress.stop_task(task)
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 3 and "3/3" in lines[-1]
+    assert not isinstance(_progress(Console(file=io.StringIO(), force_terminal=True)), PipeProgress)
+
+
+def test_demo_says_what_it_will_do_and_how_long_first(capsys):
+    from sglang_fp4_indexer.cli import main
+    from sglang_fp4_indexer.demo import REFERENCE_KEYS, REFERENCE_SECONDS, estimate_line
+
+    # The issue's size: 1 x 3,000,000 text tokens are ceil(3e6 / 510) = 5,883 MiniLM windows of 510 tokens.
+    line = estimate_line("text", 1, 3_000_000, 64, "cpu")
+    minutes = round(REFERENCE_SECONDS * 3_000_000 / REFERENCE_KEYS / 60)
+    assert "1 x 3,000,000 = 3,000,000 keys, H 64 (5,883 MiniLM text windows), on the CPU" in line
+    assert f"Estimate: about {minutes // 60} h {minutes % 60:02d} min on 2 CPU cores" in line
+    assert "Estimate" not in estimate_line("text", 1, 3_000_000, 64, "cuda")
+    assert main(["demo", "--workload", "gaussian", "--context", "130", "--batch", "1", "--heads", "16",
+                 "--topk", "8"]) == 0
+    out = capsys.readouterr().out
+    assert " ".join(out.split()).startswith("demo: gaussian workload, 1 x 130 = 130 keys, H 16, on the CPU (Triton "
+                                            "interpreter). Estimate: about 10 s")
+    before_table = out[:out.index("DSA indexer decode step")]
+    for stage in ("FP4 store: 130 keys (Triton)", "FP4 score: 1 x 130 keys x 16 heads (Triton)", "exact score"):
+        assert before_table.count(stage) == 2, stage  # its start line and its end line

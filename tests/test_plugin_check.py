@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from plugin_support import DSV32, GLM5, GLM52, LLAMA
+from sglang_fp4_indexer.check import LOADING_SGLANG
 from sglang_fp4_indexer.cli import main
 
 pytestmark = pytest.mark.sglang
@@ -40,11 +41,11 @@ def _run(capsys, *argv):
 def test_enabled_with_memory_effect(tmp_path, capsys, cfg, layers):
     code, out = _run(capsys, _write(tmp_path, cfg), "--memory-gib", "80", "--capability", "9.0", "--kv-cache-dtype", "fp8")
     assert code == 0
-    assert "FP4 indexer: ENABLED" in out and "classified by sglang" in out
+    assert "FP4 indexer: ENABLED" in out and "classified by SGLang's own DSA helpers" in out
     kv = 512 + (512 // 128) * 4 + 64 * 2  # FlashMLA FP8: 512 e4m3, one fp32 scale per 128, 64 bf16 RoPE dims
     assert kv == 656
     fp8, fp4 = layers * (kv + 132), layers * (kv + 68)
-    assert f"{kv + 132} {fp8}" in out and f"{kv + 68} {fp4}" in out and "(fp8: --kv-cache-dtype of check)" in out
+    assert f"{kv + 132} {fp8}" in out and f"{kv + 68} {fp4}" in out and "MLA KV 656 B per token and layer in fp8 (--kv-cache-dtype of check)" in out
     assert str(80 * GIB // fp8) in out and str(80 * GIB // fp4) in out
     assert f"{layers} with an index cache" in out
 
@@ -107,19 +108,19 @@ def test_kv_cache_dtype_follows_sglang(tmp_path, capsys):
     # SGLang 0.5.23 (_dsa_kv_cache_dtype_default): auto -> bfloat16 below SM100, fp8_e4m3 from SM100.
     code, out = _run(capsys, path, "--capability", "9.0")
     bf16 = (512 + 64) * 2
-    assert code == 0 and f"MLA KV {bf16} B/token/layer (bf16: SGLang's default for DSA models on CUDA 9.0" in out
+    assert code == 0 and f"MLA KV {bf16} B per token and layer in bf16 (SGLang's default for DSA models on CUDA 9.0: bfloat16 below" in out
     t8, t4 = 100 * GIB // (78 * (bf16 + 132)), 100 * GIB // (78 * (bf16 + 68))
     assert f"+{(t4 / t8 - 1) * 100:.1f} %" == "+5.2 %" and f"{t4 - t8} (+5.2 %)" in out
     code, out = _run(capsys, path, "--capability", "10.0")
-    assert "MLA KV 656 B/token/layer (fp8: SGLang's default for DSA models on CUDA 10.0" in out
+    assert "MLA KV 656 B per token and layer in fp8 (SGLang's default for DSA models on CUDA 10.0: fp8_e4m3 from" in out
     code, out = _run(capsys, path, "--capability", "10.0", "--sglang-args=--kv-cache-dtype bf16")
-    assert f"MLA KV {bf16} B/token/layer (bf16: --kv-cache-dtype bf16 in --sglang-args)" in out
+    assert f"MLA KV {bf16} B per token and layer in bf16 (--kv-cache-dtype bf16 in --sglang-args)" in out
     code, out = _run(capsys, path, "--capability", "9.0", "--kv-cache-dtype", "fp8", "--sglang-args=--kv-cache-dtype=fp8_e4m3")
-    assert "MLA KV 656 B/token/layer (fp8: --kv-cache-dtype fp8_e4m3 in --sglang-args)" in out
+    assert "MLA KV 656 B per token and layer in fp8 (--kv-cache-dtype fp8_e4m3 in --sglang-args)" in out
     (tmp_path / "sinks").mkdir()
     sinks = _write(tmp_path / "sinks", {**GLM5, "learnable_sink": True})
     code, out = _run(capsys, sinks, "--capability", "10.0")
-    assert f"MLA KV {bf16} B/token/layer (bf16: SGLang's default" in out and "learnable attention sinks" in out
+    assert f"MLA KV {bf16} B per token and layer in bf16 (SGLang's default" in out and "bfloat16 for learnable attention sinks" in out
     for argv, text in (
         (["--kv-cache-dtype", "bf16", "--sglang-args=--kv-cache-dtype=fp8_e4m3"], "conflicts with --kv-cache-dtype fp8_e4m3"),
         (["--sglang-args=--kv-cache-dtype fp8_e5m2"], "bf16/bfloat16 or fp8_e4m3 only"),
@@ -142,8 +143,7 @@ def test_sglang_kv_dtype_architectures_match_sglang():
     (["--sglang-args=--page-size 32"], DSV32, "32 tokens"),
     (["--sglang-args=--enable-hierarchical-cache"], DSV32, "hierarchical cache"),
     (["--capability", "8.0"], DSV32, "no FP8 MMA"),
-    ([], {**DSV32, "index_n_heads": 48}, "index_n_heads is 48"),
-], ids=["page-size", "hicache", "sm80", "48-heads"])
+], ids=["page-size", "hicache", "sm80"])
 def test_refused_memory_rows_are_labelled_hypothetical(tmp_path, capsys, argv, cfg, reason):
     code, out = _run(capsys, _write(tmp_path, cfg), "--kv-cache-dtype", "fp8", *argv)
     assert code == 1 and "DISABLED" in out and reason in out
@@ -189,10 +189,16 @@ def test_config_reporting(tmp_path, capsys):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "index_n_heads must be an integer" in err and "'32' (str)" in err
     with pytest.raises(SystemExit) as exc:
-        main(["check", "deepseek-ai/DeepSeek-V3.2"])
+        main(["check", "some-org/Some-Model-7B"])  # a hub id without a packaged config
     err = " ".join(capsys.readouterr().err.split())
-    assert exc.value.code == 2 and "hf download deepseek-ai/DeepSeek-V3.2 config.json --local-dir DIR" in err
+    assert exc.value.code == 2 and "hf download some-org/Some-Model-7B config.json --local-dir DIR" in err
     assert "huggingface-cli" not in err
+    for missing in ("/nonexistent", "./v32", "v32/config.json", str(tmp_path / "gone")):  # paths, not hub ids
+        with pytest.raises(SystemExit) as exc:
+            main(["check", missing])
+        err = " ".join(capsys.readouterr().err.split())
+        assert exc.value.code == 2 and f"model: no such file or directory: {missing} (" in err, err
+        assert "hf download" not in err and "deepseek-v3.2, glm-5, glm-5.2" in err
     with pytest.raises(SystemExit) as exc:
         main(["check", _write(tmp_path, DSV32), "--sglang-args=--model-path foo"])
     err = " ".join(capsys.readouterr().err.split())
@@ -210,8 +216,8 @@ def test_without_sglang_uses_config_keys(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang", None)
     path = _write(tmp_path, DSV32)
     code, out = _run(capsys, path, "--capability", "9.0")
-    assert code == 0 and "classified by config keys (SGLang not importable" in out and "ENABLED" in out
-    assert "MLA KV 1152 B/token/layer (bf16: SGLang's default for DSA models on CUDA 9.0" in out
+    assert code == 0 and "classified by its config keys, SGLang not being importable here" in out and "ENABLED" in out
+    assert "MLA KV 1152 B per token and layer in bf16 (SGLang's default for DSA models on CUDA 9.0" in out
     with pytest.raises(SystemExit) as exc:
         main(["check", path, "--sglang-args=--dcp-size 2"])
     assert exc.value.code == 2
@@ -229,7 +235,7 @@ def test_without_sglang_subprocess(tmp_path):
     res = run()
     assert res.returncode == 0 and "ENABLED" in res.stdout and "Traceback" not in res.stderr, res.stderr
     assert "loading SGLang" not in res.stderr  # not installed: nothing to wait for
-    assert "MLA KV 656 B/token/layer (fp8: SGLang's default" in " ".join(res.stdout.split())
+    assert "MLA KV 656 B per token and layer in fp8 (SGLang's default" in " ".join(res.stdout.split())
     res = run("--sglang-args=--dcp-size 2")
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "SGLang is not importable here" in lines[0], res.stderr
@@ -239,7 +245,7 @@ def test_no_sglang_import_warnings(tmp_path):
     res = subprocess.run([sys.executable, "-m", "sglang_fp4_indexer.cli", "check", _write(tmp_path, DSV32)],
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    assert res.returncode == 0 and "classified by sglang" in res.stdout
+    assert res.returncode == 0 and "classified by SGLang's own DSA helpers" in " ".join(res.stdout.split())
     assert "UserWarning" not in res.stderr and "AWQ" not in res.stderr, res.stderr
     # SGLang's import takes ~20 s: check says so first, on stderr (stdout stays the report).
     assert res.stderr.startswith("loading SGLang to classify the model"), res.stderr
@@ -256,7 +262,7 @@ def test_bad_input(tmp_path, capsys):
             main(["check", *argv])
         assert exc.value.code == 2
     err = capsys.readouterr().err
-    for text in ("no config file", "--capability", "--memory-gib", "--no-such-flag"):
+    for text in ("no such file or directory", "--capability", "--memory-gib", "--no-such-flag"):
         assert text in err
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(SystemExit):
@@ -267,7 +273,7 @@ def _one_line_error(capsys, argv) -> str:
     with pytest.raises(SystemExit) as exc:
         main(["check", *argv])
     captured = capsys.readouterr()
-    err = captured.err.replace("loading SGLang to classify the model and parse its flags (about 20 s)...\n", "")
+    err = captured.err.replace(LOADING_SGLANG + "\n", "")
     assert exc.value.code == 2, (argv, captured)
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "ENABLED" not in captured.out
@@ -281,16 +287,14 @@ def test_binary_config_file_is_named(tmp_path, capsys):
     assert f"model: {path} is not a JSON text file (it holds binary data" in err
 
 
-@pytest.mark.parametrize("drop, text", [
-    ("num_hidden_layers", "num_hidden_layers missing"),
-    ("kv_lora_rank", "kv_lora_rank missing"),
-    ("qk_rope_head_dim", "qk_rope_head_dim missing"),
-])
+@pytest.mark.parametrize("drop", ["num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim", "index_n_heads",
+                                  "index_head_dim"])
 @pytest.mark.parametrize("cfg", [DSV32, GLM5], ids=["deepseek-v3.2", "glm-5"])
-def test_dsa_config_without_a_size_key_is_an_error_not_enabled(tmp_path, capsys, cfg, drop, text):
+def test_dsa_config_without_a_key_check_reads_is_one_kind_of_error(tmp_path, capsys, cfg, drop):
+    """Every key check needs, missing: the same usage error naming it (exit 2), never a refusal (exit 1)."""
     path = _write(tmp_path, {k: v for k, v in cfg.items() if k != drop}, as_dir=False)
     err = _one_line_error(capsys, [path, "--capability", "9.0"])
-    assert f"model: {path}: {text}; a DeepSeek Sparse Attention config needs" in err
+    assert f"model: {path}: missing {drop}, " in err and f"A {cfg['architectures'][0]} config.json has it" in err
 
 
 @pytest.mark.parametrize("layers", [-3, 0])
@@ -304,7 +308,8 @@ def test_non_positive_layer_count_is_an_error(tmp_path, capsys, layers):
 def test_dsa_architecture_without_index_topk_names_the_key(tmp_path, capsys, cfg):
     path = _write(tmp_path, {k: v for k, v in cfg.items() if k != "index_topk"}, as_dir=False)
     err = _one_line_error(capsys, [path])
-    assert f"model: {path}: index_topk is missing; a {cfg['architectures'][0]} config has it" in err
+    assert f"model: {path}: missing index_topk, the indexer's top-k; without it SGLang does not treat" in err
+    assert f"A {cfg['architectures'][0]} config.json has it" in err
 
 
 def test_deepseek_v3_without_index_topk_is_refused_not_an_error(tmp_path, capsys):
@@ -494,3 +499,113 @@ def test_context_quotes_both_deepgemm_columns_where_they_differ(tmp_path, capsys
         assert (f"{line}: {native['seconds'] * 1e6:.1f} us" in out) if differs else (line not in out)
     else:
         assert "FP8 time not measured" in out
+
+
+@pytest.mark.parametrize("argv, reason", [
+    ([{**DSV32, "index_head_dim": 64}], "index_head_dim is 64"),
+    ([{**DSV32, "index_n_heads": 48}], "index_n_heads is 48"),
+    ([{**DSV32, "index_kpool": 4}], "index_kpool is 4"),
+], ids=["head-dim-64", "48-heads", "kpool-4"])
+def test_refused_by_the_models_own_geometry_prices_nothing(tmp_path, capsys, argv, reason):
+    """A refusal no flag can lift (the model's index geometry): no FP4 bytes, tokens or gain, with --context too."""
+    code, out = _run(capsys, _write(tmp_path, argv[0]), "--capability", "9.0", "--context", "131072")
+    assert code == 1 and "DISABLED" in out and reason in out
+    assert "memory effect: none (FP4 cannot serve this model's indexer" in out
+    assert "verdict: FP4 changes nothing for this model at any context" in out
+    for priced in ("FP4 (refused)", "68", "would add", "KV tokens", "recall", "+"):
+        assert priced not in out, priced
+
+
+def _rendered(capsys, *argv):
+    """check's stdout as a user's 80-column terminal shows it (rich's width without a terminal is 80)."""
+    code = main(["check", *argv])
+    return code, capsys.readouterr().out
+
+
+def _depth(line):
+    depth = deepest = 0
+    for ch in line:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def test_wording_names_what_the_model_is(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", raising=False)
+    code, out = _run(capsys, _write(tmp_path, LLAMA, as_dir=False))
+    assert code == 1 and "FP4 indexer: not applicable - LlamaForCausalLM is not a DeepSeek Sparse Attention" in out
+    assert "DISABLED" not in out and "FP8 indexer" not in out and "fix:" not in out
+    for flags, star, footnote in (
+        ("--tp-size 8 --dcp-size 2", "FP4 replicated *",
+         "* the mode the server would use: replicated (the default; --fp4-indexer-dcp-shard would shard the index)"),
+        ("--tp-size 8 --dcp-size 2 --fp4-indexer-dcp-shard", "FP4 sharded *",
+         "* the mode the server would use: sharded (--fp4-indexer-dcp-shard)"),
+    ):
+        code, out = _run(capsys, "deepseek-v3.2", f"--sglang-args={flags}")
+        assert code == 0 and star in out and footnote in out
+    # At 80 columns: no header or cell cut short (rich's "…"), no parenthesis inside another, for each kind of output.
+    for argv in (["deepseek-v3.2", "--context", "131072", "--batch", "8"],
+                 ["deepseek-v3.2", "--sglang-args=--tp-size 8 --dcp-size 8 --fp4-indexer-dcp-shard"],
+                 ["deepseek-v3.2", "--capability", "8.0"], ["glm-5.2", "--context", "65536"],
+                 [_write(tmp_path / "..", {**DSV32, "index_head_dim": 64}, as_dir=False)]):
+        _, out = _rendered(capsys, *argv)
+        assert "…" not in out, out
+        assert _depth(out) <= 1, out  # over the whole output: rich wraps a line wherever the width ends
+
+
+def test_batch_and_next_n_need_context(capsys):
+    for argv, flag in ((["--batch", "8"], "--batch"), (["--next-n", "2"], "--next-n"),
+                       (["--batch", "8", "--next-n", "2"], "--batch")):
+        err = _one_line_error(capsys, ["deepseek-v3.2", *argv])
+        assert f"error: {flag}: only used with --context N" in err and "loading SGLang" not in err
+
+
+def test_context_beyond_the_models_positions_is_refused(tmp_path, capsys):
+    err = _one_line_error(capsys, ["deepseek-v3.2", "--context", "1000000"])
+    assert ("--context: 1000000 tokens is more than this model's 163840 positions (max_position_embeddings in its "
+            "config.json, the longest request SGLang serves); give at most 163840") in err
+    err = _one_line_error(capsys, ["deepseek-v3.2", "--context", "131072", "--sglang-args=--context-length 65536"])
+    assert "131072 tokens is more than this model's 65536 positions (--context-length in --sglang-args" in err
+    code, out = _run(capsys, "deepseek-v3.2", "--context", "163840")  # the longest request: answered
+    # (8 requests of 160K fit with either index format: the verdict's exit code 3)
+    assert code == 3 and "at 160K tokens per request" in out and "verdict: FP4 fits no more 160K-token" in out
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "1000000")  # no max_position_embeddings: no bound
+    assert code == 3 and "verdict: FP4 fits no more" in out
+
+
+_PACKAGED = {"deepseek-v3.2": (DSV32, 61, "deepseek-ai/DeepSeek-V3.2"), "glm-5": (GLM5, 78, "zai-org/GLM-5"),
+             "glm-5.2": (GLM52, 21, "zai-org/GLM-5.2")}
+
+
+@pytest.mark.parametrize("name", sorted(_PACKAGED))
+def test_packaged_configs_check_offline(tmp_path, capsys, monkeypatch, name):
+    """check NAME reads the packaged config fields (no download), by short name or hub id; a local path wins."""
+    from sglang_fp4_indexer.check import PACKAGED_MODELS, packaged_model
+
+    monkeypatch.delenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", raising=False)
+    fixture, index_layers, repo = _PACKAGED[name]
+    assert PACKAGED_MODELS[name] == repo
+    folder, found_repo = packaged_model(repo.upper())
+    cfg = json.loads((folder / "config.json").read_text())
+    assert found_repo == repo and {k: cfg[k] for k in DSV32 if k != "model_type"} == {
+        k: fixture[k] for k in DSV32 if k != "model_type"}
+    assert cfg["max_position_embeddings"] == {"deepseek-v3.2": 163840, "glm-5": 202752, "glm-5.2": 1048576}[name]
+    # GLM-5.x checkpoints set indexer_rope_interleave (SGLang then skips the rotation unless its fusion is off).
+    assert cfg.get("indexer_rope_interleave", False) is name.startswith("glm")
+    for given in (name, repo):
+        code, out = _run(capsys, given, "--context", "131072")
+        assert f"(the config fields of {repo} packaged with sglang-fp4-indexer, " in out
+        assert code == (1 if name.startswith("glm") else 0), out
+        assert f"layers: {fixture['num_hidden_layers']} ({index_layers} with an index cache)" in out
+    monkeypatch.setenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", "1")
+    code, out = _run(capsys, name, "--context", "131072", "--batch", "8")
+    verdict = out[out.index("verdict: "):]
+    assert "ENABLED" in out  # and the exit code is the verdict's: 0 more requests fit with FP4, 3 the same number
+    assert (code, verdict.startswith("verdict: turn FP4 on where KV memory limits you"),
+            verdict.startswith("verdict: FP4 fits no more")) in ((0, True, False), (3, False, True)), verdict
+    local = tmp_path / name
+    local.mkdir()
+    (local / "config.json").write_text(json.dumps(LLAMA))
+    monkeypatch.chdir(tmp_path)
+    code, out = _run(capsys, name)
+    assert code == 1 and "model: LlamaForCausalLM (config " in out and "packaged" not in out

@@ -63,6 +63,23 @@ def test_gate_enables_dcp_replicated_by_default_sharded_on_request():
     assert not refused.enabled and refused.codes == ("hicache",) and refused.dcp_mode == ""
 
 
+def test_eagle_tree_verify_keeps_the_replicated_index(plugin):
+    """EAGLE tree verify (--speculative-eagle-topk > 1) moves index keys between slots of different DCP ranks, which
+    the sharded index does not exchange: the gate serves the replicated index and says why (read from SGLang's
+    own server args)."""
+    tree = decide(GOOD, ServerFacts(True, 64, dcp_size=4, dcp_shard=True, speculative_eagle_topk=4), H200)
+    assert tree.enabled and tree.dcp_mode == dcp.REPLICATED
+    assert tree.reason.endswith("DCP 4: replicated index (68 B per token per layer on each rank); "
+                                "--fp4-indexer-dcp-shard is not served with --speculative-eagle-topk 4: EAGLE tree "
+                                "verify moves index keys between slots of different DCP ranks")
+    chain = decide(GOOD, ServerFacts(True, 64, dcp_size=4, dcp_shard=True, speculative_eagle_topk=1), H200)
+    assert chain.dcp_mode == dcp.SHARDED
+    from sglang_fp4_indexer.sglang_plugin.facts import server_facts
+
+    record = _server_args("--enable-fp4-indexer", "--fp4-indexer-dcp-shard", "--speculative-eagle-topk", "4")
+    assert server_facts(record).speculative_eagle_topk == 4
+
+
 # ---------------------------------------------------------------------------
 # Flag: CLI, --config, environment, Engine keyword, pickled record
 # ---------------------------------------------------------------------------
@@ -184,8 +201,9 @@ def test_build_pools_replicated_and_sharded(plugin):
 
 def test_hooked_store_writes_owned_slots_and_move_cpu_copy(plugin, monkeypatch):
     """The hooked _store_index_k_cache on a sharded pool writes exactly the owned keys (at s // W, scales through
-    pool.scale_row); move and cpu_copy act on the owned local slots; a move across owners is refused."""
+    pool.scale_row); move (without a host sync) and cpu_copy act on the owned local slots."""
     from test_plugin_indexer import _batch, _forward, _indexer
+    from test_pool import _forbid_host_reads
 
     from sglang_fp4_indexer import pool as fp4_pool
 
@@ -216,8 +234,19 @@ def test_hooked_store_writes_owned_slots_and_move_cpu_copy(plugin, monkeypatch):
         mine = 600 + rank
         assert torch.equal(fp4_pool.read_index_k(cache, torch.tensor([mine // world]))[1],
                            quantize_index_k(keys[[130 + rank - 128]])[1])
-        with pytest.raises(RuntimeError, match="different DCP ranks"):
-            pool.index_key_cache.move(torch.tensor([600]), torch.tensor([131]))
+        # Without a host read (each is a GPU sync, every EAGLE tree verify step): a pair across owners -- which
+        # the gate never lets reach a sharded cache -- is skipped on every rank, nothing is written.
+        before = cache.clone()
+        with pytest.MonkeyPatch.context() as mp:
+            _forbid_host_reads(mp)
+            pool.index_key_cache.move(torch.tensor([602, 603]), torch.tensor([131, 130]))
+        assert torch.equal(cache, before)
+        with pytest.MonkeyPatch.context() as mp:
+            _forbid_host_reads(mp)
+            pool.index_key_cache.move(torch.tensor([604, 605]), torch.tensor([130, 131]))
+        mine = 604 + rank
+        assert torch.equal(fp4_pool.read_index_k(cache, torch.tensor([mine // world]))[1],
+                           quantize_index_k(keys[[130 + rank - 128]])[1])
         # cpu_copy of the request's pages (global slots 128..255) is this rank's local page 1.
         copy = pool.index_key_cache.cpu_copy(torch.arange(128, 256))
         assert torch.equal(copy[0][0], cache[1:2])

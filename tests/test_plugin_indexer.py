@@ -268,10 +268,12 @@ class _ScorerSpy:
         from sglang_fp4_indexer.ops import paged_logits as paged
 
         self.calls = []
+        self.tables = []  # (data_ptr, strides) of each call's block_table: a view of SGLang's table or a copy
         real = paged.paged_logits
 
         def spy(q, weights, cache, block_table, context_lens, **kw):
             self.calls.append((block_table.clone(), context_lens.clone(), kw.get("schedule")))
+            self.tables.append((block_table.data_ptr(), block_table.stride()))
             return real(q, weights, cache, block_table, context_lens, **kw)
 
         monkeypatch.setattr(paged, "paged_logits", spy)
@@ -305,6 +307,9 @@ def test_target_verify_reaches_the_scorer_in_the_request_form(env, next_n, heads
     got_table, got_lens, got_sched = spy.calls[0]
     assert torch.equal(got_lens, per_row) and torch.equal(got_table, table)  # request form, one row per request
     assert got_sched is sched
+    # ... read in place through a row stride: every next_n-th row of SGLang's table, no copy per layer.
+    assert table_rows.dtype == torch.int32
+    assert spy.tables[0] == (table_rows.data_ptr(), (next_n * table_rows.shape[1], 1))
     ref = paged_logits_reference(q, w[:, :, 0], env.cache, table, per_row)
     bound = _bound(q, w[:, :, 0], keys)
     _check_logits(md.seen[0], ref, bound)
@@ -340,6 +345,62 @@ def test_request_form_only_for_fp4_verify_within_the_tile(env):
         assert out.shape == (4, 1)
     finally:
         plugin_pool._state.update(saved)
+
+
+def test_request_form_only_where_the_hopper_kernel_takes_it(env, monkeypatch):
+    """On Hopper (stand-in: sm90 answers as an H200 does) at DeepSeek-V3.2's 64 index heads, target verify with 2-4
+    rows per request is handed over in the request form and 5-8 keep SGLang's per-row form (5 x 64 heads of index
+    queries exceed the CUDA kernel's 32 KB), which that kernel runs as next_n 1 on the schedule planned for it."""
+    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_fp4_indexer.ops import sm90
+    from sglang_fp4_indexer.sglang_plugin import metadata as hooks
+
+    monkeypatch.setattr(sm90, "unavailable_reason", lambda device: None)
+    monkeypatch.setattr(hooks, "_request_forms", {})
+    lens = torch.tensor([40, 90], dtype=torch.int32)
+    build = DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens
+    for next_n in range(2, 9):
+        expanded = expand_context_lens(lens, next_n).reshape(-1).to(torch.int32)
+        out = build(types.SimpleNamespace(speculative_num_draft_tokens=next_n), ForwardMode.TARGET_VERIFY, lens,
+                    expanded, 2)
+        want = expanded.view(2, next_n) if next_n <= 4 else expanded.view(-1, 1)
+        assert torch.equal(out, want) and out.shape == want.shape, next_n
+
+
+def test_active_line_names_the_kernels(monkeypatch, caplog):
+    """The one 'FP4 indexer active' line says which kernels serve and why (here: the CPU, so Triton everywhere)."""
+    import logging
+
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_fp4_indexer import gate
+    from sglang_fp4_indexer.sglang_plugin import facts
+    from sglang_fp4_indexer.sglang_plugin import pool as plugin_pool
+
+    load()
+    monkeypatch.setattr(facts, "device_facts", lambda *a, **k: H200)
+    saved = dict(plugin_pool._state)
+    plugin_pool.reset_state()
+    gate.reset_reports()
+    sa = prepare_server_args(["--model-path", "dummy", "--enable-fp4-indexer"])
+    logging.getLogger().addHandler(caplog.handler)  # prepare_server_args' basicConfig(force=True) removed it
+    try:
+        with published(page_size=64), caplog.at_level(logging.INFO, logger="sglang_fp4_indexer"):
+            KVCacheConfigurator._build_dsa_kv_pool(stand_in_kvc(DSV32, sa, num_layers=1), max_total_num_tokens=64,
+                                                   max_running_requests=1, dsa_pool_class=DSATokenToKVPool)
+    finally:
+        logging.getLogger().removeHandler(caplog.handler)
+        plugin_pool.reset_state()
+        plugin_pool._state.update(saved)
+        gate.reset_reports()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("FP4 indexer active")]
+    assert len(lines) == 1
+    assert lines[0].endswith("CUDA 9.0; scorer: Triton kernels (not an NVIDIA CUDA device); store and CTA planner: "
+                             "Triton kernels (not an NVIDIA CUDA device))")
 
 
 def test_target_verify_request_form(env):

@@ -84,11 +84,15 @@ def test_sglang_plugins_whitelist_excludes_us():
 
 
 def test_every_hook_target_resolves_and_is_ours():
+    """Each target is wrapped by our hook, SGLang 0.5.23's parameters are those the plugin was written for,
+    the hook takes SGLang's call as it comes, and its FP4 path binds exactly SGLang's parameters by name."""
     load()
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     from sglang_fp4_indexer.sglang_plugin import hooks
+    from sglang_fp4_indexer.sglang_plugin.seams import signature_text, target_problems
 
+    assert target_problems() == {}
     for hook in hooks():
         assert hook.target in HookRegistry._patched, f"hook target not applied: {hook.target}"
         obj_path, attr = hook.target.rsplit(".", 1)
@@ -100,10 +104,13 @@ def test_every_hook_target_resolves_and_is_ours():
             chain.append(original)
             original = original.__wrapped__
         assert chain, f"{hook.target} is not wrapped"
-        # The hook sees SGLang's parameters after its own first one (original fn / result).
-        hook_params = list(inspect.signature(hook.hook).parameters)[1:]
-        sglang_params = list(inspect.signature(original).parameters)
-        assert hook_params == sglang_params, f"{hook.target}: SGLang signature {sglang_params} != hook {hook_params}"
+        assert signature_text(original) == hook.signature, hook.target
+        first = "original" if hook.kind == "AROUND" else "result"
+        assert signature_text(hook.hook) == f"({first}, *args, **kwargs)", hook.target
+        fp4_path = getattr(hook.hook, "fp4_path", None)
+        if fp4_path is not None:  # the CLI hooks have none: they find the parser / namespace among the arguments
+            sig = inspect.signature(fp4_path)
+            assert str(sig.replace(parameters=list(sig.parameters.values())[1:])) == hook.signature, hook.target
 
 
 def test_prepare_server_args_flag_on_off_and_help(capsys):
@@ -142,19 +149,47 @@ def test_environment_variable_asks_too(monkeypatch):
 
 
 @pytest.mark.parametrize("var", ["SGLANG_ENABLE_FP4_INDEXER", "SGLANG_FP4_INDEXER_DCP_SHARD"])
-def test_a_typo_in_the_environment_variable_stops_the_launch(monkeypatch, var):
+def test_a_typo_in_the_environment_variable_stops_the_launch(monkeypatch, capsys, var):
     load()
     from sglang.srt.server_args import prepare_server_args
 
     from sglang_fp4_indexer.sglang_plugin.facts import dcp_shard_requested, requested
 
     monkeypatch.setenv(var, "maybe")
-    # SGLang's own parser runs the plugin's from_cli_args hook: the launch fails there, naming the variable.
-    with pytest.raises(ValueError, match=f"^{var}='maybe': expected 1, true, yes or on to enable, or 0, false"):
+    # SGLang's own parser runs the plugin's from_cli_args hook: the launch stops there as on a bad flag (exit 2),
+    # with one line naming the variable.
+    with pytest.raises(SystemExit) as stop:
         prepare_server_args(["--model-path", "dummy"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (f"sglang-fp4-indexer: error: {var}='maybe': expected 1, true, yes or on to "
+                                       "enable, or 0, false, no, off or empty to disable\n")
     ask = requested if var == "SGLANG_ENABLE_FP4_INDEXER" else dcp_shard_requested
     with pytest.raises(ValueError, match=f"^{var}='maybe'"):
         ask(None)
+
+
+def _launch_server(env_update: dict, *argv: str) -> subprocess.CompletedProcess:
+    """``python -m sglang.launch_server ARGV`` in a fresh process (it stops at argument parsing in these tests)."""
+    env = {**os.environ, **env_update}
+    return subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", "dummy", *argv],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_launch_server_stops_in_one_line_on_a_bad_environment_value():
+    proc = _launch_server({"SGLANG_PLUGINS": ENTRY, "SGLANG_ENABLE_FP4_INDEXER": "maybe"})
+    errors = [line for line in proc.stderr.splitlines() if "Warning" not in line and not line.startswith("  ")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors[-1].startswith("sglang-fp4-indexer: error: SGLANG_ENABLE_FP4_INDEXER='maybe': expected 1, true")
+    assert sum("SGLANG_ENABLE_FP4_INDEXER" in line for line in errors) == 1
+
+
+def test_a_whitelist_without_the_plugin_rejects_the_flag_in_sglangs_one_line():
+    """SGLANG_PLUGINS naming only another plugin: SGLang does not load this one, so its parser does not know the flag
+    and says so itself (argparse's usage and error lines, exit 2), as the user guide describes."""
+    proc = _launch_server({"SGLANG_PLUGINS": "some_other_plugin", "SGLANG_ENABLE_FP4_INDEXER": "1"},
+                          "--enable-fp4-indexer")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[-1] == "sglang serve: error: unrecognized arguments: --enable-fp4-indexer"
 
 
 @pytest.mark.parametrize("value", [True, False])

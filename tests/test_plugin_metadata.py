@@ -1,6 +1,6 @@
 """Schedule publishing in SGLang 0.5.23's DSA backends with the FP4 cache:
-the resolver, in-place replay refresh, every draft step re-planned from its own
-lengths; SGLang's publish sites still route through the hooked seams; and a
+the resolver, in-place replay refresh, the draft steps SGLang's fused copy leaves
+stale re-planned from their own lengths (and only those); SGLang's publish sites still route through the hooked seams; and a
 non-DSA target with a draft model (Llama + EAGLE3) never reaches the plugin."""
 
 from __future__ import annotations
@@ -73,38 +73,67 @@ def test_capture_then_replays_refresh_in_place(fp4):
     assert torch.equal(md4.paged_mqa_schedule_metadata, paged_schedule_reference(ctx4, BKV, 6))
 
 
-def test_every_draft_step_replans_from_its_own_lengths(fp4):
-    """SGLang's fused 3-backend copy refreshes lengths but not schedules; the AFTER hook re-plans each step."""
-    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnMultiStepBackend
+def _plan_topk_v2(seq_lens):
+    """Stands for SGLang's CUDA ``plan_topk_v2`` (a JIT kernel): a plan that is a function of the lengths."""
+    plan = torch.zeros(seq_lens.shape[0] + 1, 4, dtype=torch.int32)
+    plan[1:, 0] = torch.cumsum(seq_lens, 0)
+    return plan
 
-    from sglang_fp4_indexer.sglang_plugin import metadata as hooks
+
+def _draft_steps(n, fusion=False):
+    """``n`` draft-step backends (the real DeepseekSparseAttnBackend class, fields set as after capture) whose
+    lengths then change as a replay's metadata copy writes them; schedules and top-k plans are left stale."""
+    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
+
     from sglang_fp4_indexer.sglang_plugin.metadata import plan_fp4_schedule
 
     steps = []
-    for i in range(4):  # speculative_num_steps = 5 -> 4 step backends
+    for i in range(n):
         lens = torch.tensor([10 + i, 300 + i, 1], dtype=torch.int32)
         ctx = lens.view(-1, 1) if i % 2 == 0 else lens.clone().view(-1, 1)  # a view, or a separate copy
         md = _dsa_metadata(lens, plan_fp4_schedule(ctx, 64, 5), ctx)
-        steps.append(types.SimpleNamespace(forward_metadata=md))  # stands for a step's DeepseekSparseAttnBackend
-    multi = object.__new__(DeepseekSparseAttnMultiStepBackend)
-    multi.attn_backends = steps
-    ptrs = [s.forward_metadata.paged_mqa_schedule_metadata.data_ptr() for s in steps]
-    # A replay: every step gets new decode lengths (as the fused copy writes them), schedules are stale.
+        object.__setattr__(md, "topk_v2_plan", _plan_topk_v2(lens))
+        backend = object.__new__(DeepseekSparseAttnBackend)
+        backend.forward_metadata, backend.experimental_kpool_metadata_fusion = md, fusion
+        steps.append(backend)
     for i, s in enumerate(steps):
         s.forward_metadata.cache_seqlens_int32.copy_(torch.tensor([900 + 300 * i, 2, 64 * (i + 1)], dtype=torch.int32))
+    return steps
+
+
+@pytest.mark.parametrize("num_steps, fusion", [(5, False), (6, False), (3, False), (2, False), (5, True)])
+def test_draft_steps_replanned_only_where_sglang_leaves_them_stale(fp4, monkeypatch, num_steps, fusion):
+    """With more than 3 draft steps SGLang's fused copy refreshes the first three steps' lengths but not their
+    schedules or top-k v2 plans: exactly those are re-planned (in place, from their own lengths). Every other step
+    and branch SGLang refreshes itself (through the hooked schedule refresh): the hook leaves them alone."""
+    from sglang.kernels.ops.attention.dsv4 import topk
+    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnMultiStepBackend
+
+    from sglang_fp4_indexer.sglang_plugin import metadata as hooks
+
+    monkeypatch.setattr(topk, "plan_topk_v2", _plan_topk_v2)
+    steps = _draft_steps(num_steps - 1, fusion)
+    multi = object.__new__(DeepseekSparseAttnMultiStepBackend)
+    multi.attn_backends, multi.speculative_num_steps = steps, num_steps
+    ptrs = [(s.forward_metadata.paged_mqa_schedule_metadata.data_ptr(), s.forward_metadata.topk_v2_plan.data_ptr())
+            for s in steps]
+    before = [(s.forward_metadata.paged_mqa_schedule_metadata.clone(), s.forward_metadata.topk_v2_plan.clone())
+              for s in steps]
     batch = types.SimpleNamespace(batch_size=3)  # stands for the draft ForwardBatch
-    before = [s.forward_metadata.paged_mqa_schedule_metadata.clone() for s in steps]
     hooks.multi_step_init_forward_metadata_out_graph(None, multi, batch, in_capture=True)
-    assert all(torch.equal(b, s.forward_metadata.paged_mqa_schedule_metadata) for b, s in zip(before, steps))
+    assert all(torch.equal(b[0], s.forward_metadata.paged_mqa_schedule_metadata) for b, s in zip(before, steps))
     hooks.multi_step_init_forward_metadata_out_graph(None, multi, batch)
-    for s, ptr in zip(steps, ptrs):
+    stale = range(3) if num_steps > 3 and not fusion else range(0)
+    for i, (s, ptr, old) in enumerate(zip(steps, ptrs, before)):
         md = s.forward_metadata
         own = md.cache_seqlens_int32.view(-1, 1)
-        assert md.paged_mqa_schedule_metadata.data_ptr() == ptr
-        assert torch.equal(md.paged_mqa_ctx_lens_2d, own)
-        assert torch.equal(md.paged_mqa_schedule_metadata, paged_schedule_reference(own, BKV, CTAS))
-    assert not torch.equal(steps[0].forward_metadata.paged_mqa_schedule_metadata,
-                           steps[3].forward_metadata.paged_mqa_schedule_metadata)
+        assert (md.paged_mqa_schedule_metadata.data_ptr(), md.topk_v2_plan.data_ptr()) == ptr
+        if i in stale:
+            assert torch.equal(md.paged_mqa_ctx_lens_2d, own)
+            assert torch.equal(md.paged_mqa_schedule_metadata, paged_schedule_reference(own, BKV, CTAS))
+            assert torch.equal(md.topk_v2_plan, _plan_topk_v2(md.cache_seqlens_int32))
+        else:
+            assert torch.equal(md.paged_mqa_schedule_metadata, old[0]) and torch.equal(md.topk_v2_plan, old[1])
 
 
 def test_sglang_publish_sites_go_through_the_hooked_seams():

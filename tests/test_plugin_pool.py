@@ -6,32 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plugin_support import DSV32, GLM5, GLM52, H200, load, published, stand_in_kvc
+from plugin_support import DSV32, GLM5, GLM52, published, stand_in_kvc
+from plugin_support import plugin  # noqa: F401 (the fixture)
+from plugin_support import server_args as _server_args
 from sglang_fp4_indexer import pool as fp4_pool
 from sglang_fp4_indexer.format import quantize_index_k
 
 pytestmark = pytest.mark.sglang
-
-
-@pytest.fixture()
-def plugin(monkeypatch):
-    """Hooks applied; the gate sees an H200 (there is no GPU here); pool state reset around the test."""
-    load()
-    from sglang_fp4_indexer import gate
-    from sglang_fp4_indexer.sglang_plugin import facts, pool
-
-    monkeypatch.setattr(facts, "device_facts", lambda *a, **k: H200)
-    pool.reset_state()
-    gate.reset_reports()
-    yield pool
-    pool.reset_state()
-    gate.reset_reports()
-
-
-def _server_args(*flags):
-    from sglang.srt.server_args import prepare_server_args
-
-    return prepare_server_args(["--model-path", "dummy", *flags])
 
 
 @pytest.mark.parametrize("cfg", [DSV32, GLM5], ids=["deepseek-v3.2", "glm-5"])

@@ -1,6 +1,6 @@
 """Page math, plane views and capacity accounting (pool.py).
 
-Oracles: byte offsets written out by hand from DESIGN.md section 3 (page =
+Oracles: byte offsets written out by hand from docs/design.md, The index-key format (page =
 ``[payload plane: page_size rows x 64 B][scale plane: page_size rows x 4 B]``),
 Python's ``divmod``, and exact integer arithmetic for the capacity model.
 """
@@ -57,7 +57,7 @@ def test_page_bytes_rejects_bad_page_size(bad):
 def test_scale_row_is_a_permutation_of_the_rows(page_size):
     rows = [pool.scale_row(r, page_size) for r in range(page_size)]
     assert sorted(rows) == list(range(page_size))
-    # NVIDIA layout: identity (DESIGN section 3); on tensors too
+    # NVIDIA layout: identity (docs/design.md, The index-key format); on tensors too
     assert rows == list(range(page_size))
     t = torch.arange(page_size)
     assert torch.equal(pool.scale_row(t, page_size), t)

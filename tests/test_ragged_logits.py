@@ -258,7 +258,7 @@ def test_packed_and_per_element_decode_agree():
     assert shifted.data_ptr() % 4 != 0
     other = prepare_keys(shifted, scales.to(DEVICE), mode="grouped", mma="fp8")
     assert torch.equal(aligned.values.view(torch.uint8), other.values.view(torch.uint8))
-    # And the e4m3 bytes are DESIGN section 3's sign << 7 | (code & 7) << 2.
+    # And the e4m3 bytes are those of docs/design.md, The index-key format: sign << 7 | (code & 7) << 2.
     codes = unpack_e2m1(payload).to(torch.int32).view(33, 4, 16, 2).permute(0, 1, 3, 2).reshape(33, 128)
     assert torch.equal(aligned.values.view(torch.uint8).cpu().to(torch.int32), ((codes & 8) << 4) | ((codes & 7) << 2))
 

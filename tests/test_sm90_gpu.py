@@ -67,6 +67,15 @@ def test_target_verify(heads, next_n):
     _check(make_paged_case([4, 66, 129], next_n=next_n, heads=heads, seed=heads + next_n, device="cuda"), impl="wgmma")
 
 
+@pytest.mark.parametrize("next_n", [2, 4])
+def test_row_strided_block_table(next_n):
+    """The kernel reads the page table through its row stride: every next_n-th row of SGLang's per-row table."""
+    case = make_paged_case([4, 66, 129, 300], next_n=next_n, heads=64, seed=next_n, device="cuda")
+    strided = case.block_table.repeat_interleave(next_n, dim=0)[::next_n]
+    assert not strided.is_contiguous()
+    _check(dataclasses.replace(case, block_table=strided), impl="wgmma")
+
+
 def test_per_row_lengths_zero_rows_and_width():
     case = make_paged_case([[0, 5, 64], [70, 0, 1]], next_n=3, heads=32, per_row=True, seed=7, device="cuda")
     _check(case, width=150, impl="wgmma")

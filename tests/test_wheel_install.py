@@ -12,7 +12,10 @@ Then, in that environment and outside the checkout, SGLang's own
 ``load_plugins()`` must find the entry point of the installed wheel and apply
 every hook, SGLang's parser must take ``--enable-fp4-indexer``, and the
 console script must run ``--version`` and ``check --context`` with the
-measured tables read from the wheel. About a minute (SGLang's import is most of it).
+measured tables read from the wheel, ``check deepseek-v3.2`` from the wheel's
+packaged config, and ``docs`` / ``--help`` must point at the user documents
+the wheel carries (byte-equal to the checkout's). About two minutes (SGLang's
+import is most of it).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -79,6 +83,12 @@ def test_wheel_installs_next_to_sglang_and_sglang_loads_it(tmp_path):
                 cwd=src)
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = dist.glob("sglang_fp4_indexer-*-py3-none-any.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    user_docs = ["README.md", "CHANGELOG.md", *(p.name for p in sorted((REPO / "docs").glob("*.md")))]
+    missing = [n for n in user_docs if f"sglang_fp4_indexer/docs/{n}" not in names]
+    assert missing == [], missing  # the user docs travel with the wheel
+    assert {f"sglang_fp4_indexer/data/models/{m}/config.json" for m in ("deepseek-v3.2", "glm-5", "glm-5.2")} <= names
 
     venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
@@ -109,3 +119,19 @@ def test_wheel_installs_next_to_sglang_and_sglang_loads_it(tmp_path):
     out = " ".join(check.stdout.split())
     assert check.returncode == 0 and "Traceback" not in check.stderr, check.stdout + check.stderr
     assert "ENABLED" in out and "measured on NVIDIA H200 at this shape" in out and "verdict: turn FP4 on where KV memory limits you: it fits 1 more 128K-token request (10 -> 11, +5.2 % KV tokens)" in out
+
+    # The packaged config, without a download; the installed docs, named by --help and listed by docs.
+    packaged = run(str(script), "check", "deepseek-v3.2", "--context", "131072", cwd=tmp_path, env=env)
+    out = " ".join(packaged.stdout.split())
+    assert packaged.returncode == 0 and "the config fields of deepseek-ai/DeepSeek-V3.2 packaged" in out, out
+    assert str(site) in "".join(packaged.stdout.split()) and "verdict: turn FP4 on where KV memory limits you: it fits 1 more 128K-token request (10 -> 11, +5.2 % KV tokens)" in out
+    folder = run(str(script), "docs", "--path", cwd=tmp_path, env=env)
+    installed = Path(folder.stdout.strip())
+    assert folder.returncode == 0 and installed == site / "sglang_fp4_indexer" / "docs", folder.stdout
+    for name in user_docs:
+        source = REPO / name if name in ("README.md", "CHANGELOG.md") else REPO / "docs" / name
+        assert (installed / name).read_bytes() == source.read_bytes(), name
+    helped = run(str(script), "--help", cwd=tmp_path, env=env)
+    assert f"Theuserdocumentationisin{installed}(" in "".join(helped.stdout.split())  # argparse wraps at hyphens
+    listed = run(str(script), "docs", cwd=tmp_path, env=env)
+    assert listed.returncode == 0 and "no public issue tracker" in listed.stdout and "../" not in listed.stdout

@@ -67,9 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --prefill: side of the e4m3 torch._scaled_mm measuring the FP8 MMA rate "
                              "(default 8192 on a GPU, 64 on the CPU; 0 skips it)")
     parser.add_argument("--seed", type=int, default=0, help="input seed")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the full report as JSON")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="write the full report as JSON (its folder must exist)")
     parser.add_argument("--plot", default=None, metavar="PATH",
-                        help="save a plot (time vs context, one line per scorer, floors dashed; needs matplotlib)")
+                        help="save a PNG bar chart of the decode rows: one panel per index-head count, one bar per "
+                             "scorer and shape (time per call, log scale), the FP4 floor as a tick (needs "
+                             "matplotlib; its folder must exist)")
 
 
 def _interpreting() -> bool:
@@ -144,6 +147,22 @@ def _check_scorer_options(shapes) -> None:
         raise ValueError(f"--shapes: next_n of {', '.join(bad)} above the paged scorer's MAX_NEXT_N = {MAX_NEXT_N}")
 
 
+def _check_output_files(args: argparse.Namespace) -> None:
+    """``--json`` and ``--plot`` name files whose folder exists (the rule of every file option), before any work.
+
+    Raises:
+        ValueError: naming the option (``workload.check_output_path``).
+    """
+    from ..workload import check_output_path
+
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None:
+            try:
+                check_output_path(path)
+            except ValueError as exc:
+                raise ValueError(f"{flag}: {exc}") from None
+
+
 def main(args: argparse.Namespace, console=None) -> int:
     """Run the benchmark with parsed ``args``; print the table once, then a short summary last
     (versions, failed shapes, the store op and the planner).
@@ -155,10 +174,12 @@ def main(args: argparse.Namespace, console=None) -> int:
         ValueError: bad options (the CLI turns it into a usage error): among
             them, on the CPU, the GPU shape sets (``--quick``, ``--shapes
             quick|full``; ``_check_cpu_shapes``), shapes the paged scorer cannot
-            run (``_check_scorer_options``) and unknown ``--impl`` names (``make_scorers``).
+            run (``_check_scorer_options``), unknown ``--impl`` names (``make_scorers``)
+            and a ``--json`` / ``--plot`` file whose folder does not exist (``_check_output_files``).
     """
     from rich.console import Console
 
+    _check_output_files(args)
     device = _resolve_device(args.device)
     from .runner import CPU_STORE_TOKENS, GPU_STORE_TOKENS, PLANNER_BATCH, BenchConfig, run_benchmark
     from .report import render_summary, render_table, write_json, write_plot

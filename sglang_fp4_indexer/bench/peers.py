@@ -158,17 +158,22 @@ def load_sglang_fp4_indexer() -> ModuleType:
 
 
 def load_deep_gemm() -> ModuleType:
-    """Import ``deep_gemm`` and check it has ``fp8_paged_mqa_logits`` and its planner.
+    """Import ``deep_gemm`` and check it has a paged scorer (``ops.deepgemm.read_api``) and its planner.
 
     Folders in ``$SGLANG_FP4_INDEXER_PEER_SITE`` are appended to ``sys.path`` first.
 
     Raises:
         ModuleNotFoundError / ImportError / OSError: ``deep_gemm`` is missing or
             does not load (e.g. built for another torch or CUDA).
-        AttributeError: it lacks ``fp8_paged_mqa_logits`` or ``get_paged_mqa_logits_metadata``.
+        AttributeError: it has neither paged form (sgl-deep-gemm 0.2.3's ``fp8_paged_mqa_logits``,
+            0.2.5's ``fp8_fp4_paged_mqa_logits``), or lacks ``get_paged_mqa_logits_metadata``.
     """
+    from ..ops.deepgemm import read_api
+
     add_peer_site()
     module = importlib.import_module("deep_gemm")
-    getattr(module, "fp8_paged_mqa_logits")
+    found = read_api(module)
+    if found.paged is None:
+        raise AttributeError(found.paged_problem)
     getattr(module, "get_paged_mqa_logits_metadata")
     return module

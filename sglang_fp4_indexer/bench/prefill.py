@@ -246,19 +246,19 @@ class DeepGemmFP8Prefill:
         self._fp8: dict[int, tuple] = {}
 
     def __call__(self, q, w, payload, scales, ks, ke, *, budget_bytes: int):
+        from ..ops import deepgemm
         from ..ops import ragged_logits as rl
-        from ..ops._common import deep_gemm_module
 
         key = payload.data_ptr()
         if key not in self._fp8:
             keys = rl.prepare_keys(payload, scales, mode="folded", mma="fp8", element_order=True)
             self._fp8[key] = (keys.values.clone(), keys.key_factor.clone())
         kv = self._fp8[key]
-        dg = deep_gemm_module()
+        ragged = deepgemm.api().ragged  # present: default_variants adds this peer only where deepgemm_reason is None
         rows = rl.rows_per_chunk(q.shape[0], payload.shape[0], budget_bytes)
         for start in range(0, q.shape[0], rows):
             end = min(start + rows, q.shape[0])
-            yield start, end, dg.fp8_mqa_logits(q[start:end], kv, w[start:end], ks[start:end], ke[start:end], True)
+            yield start, end, ragged(q[start:end], kv, w[start:end], ks[start:end], ke[start:end], True, torch.float32)
 
 
 def default_variants(device: torch.device) -> list[PrefillVariant]:

@@ -291,6 +291,8 @@ class DeepGemmFP8Scorer(_PeerScorer):
         return load_deep_gemm()
 
     def prepare(self, inputs: ScorerInputs, l2_bytes: int | None) -> PreparedScorer:
+        from ..ops.deepgemm import read_api
+
         shape, dev = inputs.shape, inputs.device
         dg = self._module
         case = _case_bytes(shape, self.key_bytes)
@@ -306,8 +308,10 @@ class DeepGemmFP8Scorer(_PeerScorer):
         schedule = dg.get_paged_mqa_logits_metadata(lens, PAGE_SIZE, num_sms)
         w, width = inputs.weights, inputs.width
 
+        paged = read_api(dg).paged  # fp8_paged_mqa_logits (sgl-deep-gemm 0.2.3) or fp8_fp4_paged_mqa_logits (0.2.5)
+
         def fn(s: int) -> torch.Tensor:
-            return dg.fp8_paged_mqa_logits(q, kv[s], w, lens, bt, schedule, width, False)
+            return paged(q, kv[s], w, lens, bt, schedule, width, False)
 
         return PreparedScorer(fn, sets, DEEPGEMM_REL, False, case)
 

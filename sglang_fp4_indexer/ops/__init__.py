@@ -1,1 +1,1 @@
-"""Triton kernels, one public op per module (the package layout: README, Layout)."""
+"""The kernels (Triton, and CUDA C++ built by NVRTC), one public op per module (docs/design.md, Module map)."""

@@ -6,7 +6,6 @@ Nothing here is public API; the ops re-export what they document.
 
 from __future__ import annotations
 
-import functools
 import os
 import types
 
@@ -19,7 +18,7 @@ from ..pool import scale_row
 
 __all__ = [
     "interpreting", "scale_row_jit", "scale_row_is_identity", "fp8_mma_available", "select_mma", "MMA_DTYPES",
-    "check_index_queries", "check_int32", "check_finite_queries", "to_logits_dtype", "deep_gemm_module",
+    "check_index_queries", "check_int32", "check_finite_queries", "to_logits_dtype",
 ]
 
 
@@ -36,17 +35,6 @@ def interpreting() -> bool:
 scale_row_jit = triton.jit(
     types.FunctionType(scale_row.__code__, {**scale_row.__globals__, "tl": tl}, "scale_row", scale_row.__defaults__)
 )
-
-
-@functools.lru_cache(maxsize=None)
-def deep_gemm_module() -> types.ModuleType | None:
-    """The ``deep_gemm`` package (DeepGEMM, installed beside SGLang on NVIDIA GPUs) when it imports and has
-    ``fp8_mqa_logits``, else ``None``; looked up once per process. Nothing of SGLang is imported."""
-    try:
-        import deep_gemm
-    except Exception:  # missing, or built for another torch / CUDA: the Triton scorers serve
-        return None
-    return deep_gemm if hasattr(deep_gemm, "fp8_mqa_logits") else None
 
 
 def scale_row_is_identity(page_size: int) -> bool:
@@ -140,7 +128,7 @@ def check_index_queries(q, weights, rows_name: str = "rows", heads_ok=None, head
     return rows, heads
 
 
-def check_int32(t, name: str, shape_ok, expected_shape: str) -> None:
+def check_int32(t, name: str, shape_ok, expected_shape: str, *, row_strided: bool = False) -> None:
     """Validate an int32 index tensor of an op (page table, lengths, windows); each error says what is wrong.
 
     Args:
@@ -148,10 +136,14 @@ def check_int32(t, name: str, shape_ok, expected_shape: str) -> None:
         name: its name in the messages.
         shape_ok: predicate on ``tuple(t.shape)``.
         expected_shape: what ``shape_ok`` accepts, for the message (e.g. ``"[B, max_pages]"``).
+        row_strided: also accept a 2-D tensor whose rows are contiguous at any row stride
+            (``t.stride(1) == 1``, e.g. every ``next_n``-th row of a table): for kernels
+            that address rows through ``t.stride(0)``.
 
     Raises:
         TypeError: ``t`` is not a tensor.
-        ValueError: ``t`` is not int32, has another shape, or is not contiguous (in that order).
+        ValueError: ``t`` is not int32, has another shape, or is not contiguous (its rows, with
+            ``row_strided``) (in that order).
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -159,6 +151,13 @@ def check_int32(t, name: str, shape_ok, expected_shape: str) -> None:
         raise ValueError(f"{name}: expected int32, got {t.dtype}")
     if not shape_ok(tuple(t.shape)):
         raise ValueError(f"{name}: expected shape {expected_shape}, got {list(t.shape)}")
+    if row_strided and t.dim() == 2 and (t.shape[1] <= 1 or t.stride(1) == 1):
+        return
+    if row_strided and not t.is_contiguous():
+        raise ValueError(
+            f"{name}: expected contiguous rows (column stride 1), got shape {list(t.shape)} with strides "
+            f"{list(t.stride())} (pass .contiguous())"
+        )
     if not t.is_contiguous():
         raise ValueError(
             f"{name}: expected a contiguous tensor, got shape {list(t.shape)} with strides {list(t.stride())} "

@@ -1,4 +1,4 @@
-"""Paged FP4 scorer for decode and target verify (DESIGN.md section 5).
+"""Paged FP4 scorer for decode and target verify (docs/design.md, The paged scorer).
 
 ``logits[r, j] = sum_h weights[r, h] * relu(q[r, h] . k_j)`` for the keys
 ``j < len(r)`` of row ``r``'s request, read straight out of the paged MXFP4
@@ -7,7 +7,7 @@ written ``-inf`` (so a plain top-k over the row is correct without lengths).
 
 Method. Each E2M1 nibble is turned into the e4m3 byte ``sign << 7 | (code & 7) << 2``
 with integer ops; read as e4m3 that byte is exactly ``E2M1(code) * 2**-6``
-(DESIGN section 3). One MMA per 32-element group multiplies the decoded keys
+(docs/design.md, The index-key format). One MMA per 32-element group multiplies the decoded keys
 with the index query (FP8 MMA where the GPU has it, bf16 MMA otherwise: both
 are exact products with fp32 accumulation); the group's partial product is
 scaled by its UE8M0 factor ``2**(code - 127)``, built from the code's bits
@@ -300,13 +300,13 @@ def _paged_logits_kernel(
             prow = kv % PAGE
             page_base = page.to(tl.int64) * PAGE_BYTES
             payload_base = page_base + prow * 64
-            scale_base = page_base + PAGE * 64 + scale_row_jit(prow, PAGE) * 4  # DESIGN section 3
+            scale_base = page_base + PAGE * 64 + scale_row_jit(prow, PAGE) * 4  # docs/design.md, The index-key format
             if IMPL == 2:
                 k_f8, key_factor = _folded_keys(cache_ptr, payload_base, scale_base, ok, BLOCK_KV, ASM)
                 acc = tl.dot(k_f8, q_t)
                 unit = 0.015625  # LUT entries hold E2M1 * 2**(s_g - s_max + 6)
             elif IMPL == 1:
-                # Triton's MX dot reads E2M1 codes and UE8M0 scales natively (DESIGN section 5).
+                # Triton's MX dot reads E2M1 codes and UE8M0 scales natively (docs/design.md, The paged scorer).
                 k_codes = tl.load(cache_ptr + payload_base[:, None] + offs_p[None, :], mask=ok[:, None], other=0)
                 k_scales = tl.load(cache_ptr + scale_base[:, None] + offs_g[None, :], mask=ok[:, None], other=127)
                 if DOT_MODE >= 2:  # bf16 index queries
@@ -416,7 +416,7 @@ def _check_inputs(q, weights, cache, block_table, context_lens, page_size):
     for name, t in (("block_table", block_table), ("context_lens", context_lens)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    check_int32(block_table, "block_table", lambda shape: len(shape) == 2, "[B, max_pages]")
+    check_int32(block_table, "block_table", lambda shape: len(shape) == 2, "[B, max_pages]", row_strided=True)
     batch = block_table.shape[0]
     if (batch == 0) != (rows == 0) or (batch and rows % batch):
         raise ValueError(f"q: rows ({rows}) must be a multiple of the block_table batch ({batch}), both 0 or both positive")
@@ -465,7 +465,9 @@ def paged_logits(
             last dim contiguous; ``H`` in ``SUPPORTED_HEADS``.
         weights: fp32 ``[B * next_n, H]`` head weights (q scale folded in).
         cache: uint8 ``[num_pages, page_size * 68]`` one layer's FP4 index-key cache.
-        block_table: int32 ``[B, max_pages]`` page indices.
+        block_table: int32 ``[B, max_pages]`` page indices; its rows contiguous, at any
+            row stride (e.g. ``table[::next_n]``, every request's first row of
+            SGLang's per-row table: both kernels address rows through ``stride(0)``).
         context_lens: int32 ``[B]`` or ``[B, next_n]``.
         width: logits columns (default ``max_pages * page_size``); keys past
             ``width`` are not scored.

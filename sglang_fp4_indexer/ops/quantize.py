@@ -4,7 +4,7 @@
 built by NVRTC) and this Triton kernel elsewhere (the CPU interpreter, ROCm).
 The Triton kernel: each program takes ``BLOCK_T`` tokens x 128 elements, computes the four UE8M0 group scales and the 128 E2M1 codes, and
 writes the 64 payload bytes and 4 scale bytes of every token to its slot
-(DESIGN.md section 3). Bit-exact with ``format.quantize_index_k`` on finite
+(docs/design.md, The index-key format). Bit-exact with ``format.quantize_index_k`` on finite
 input.
 
 Method (exact integer arithmetic on the fp32 bit patterns; no ``log2``, no
@@ -83,7 +83,7 @@ assert struct.unpack("<I", struct.pack("<f", INF_SATURATES_TO))[0] == _INF_SAT_B
 
 # pool.scale_row is plain arithmetic; compiled as a Triton function it is the one
 # row mapping used by the kernel's scale-plane store, so changing pool.scale_row
-# changes the kernel too (DESIGN section 3). Triton's interpreter wants
+# changes the kernel too (docs/design.md, The index-key format). Triton's interpreter wants
 # triton.language among a jit function's globals, hence the copy with our globals
 # (pool itself imports no Triton).
 _scale_row = triton.jit(
@@ -281,7 +281,7 @@ def store_index_k(
     Token ``i`` goes to slot ``s = slots[i]``: page ``s // page_size``, row
     ``s % page_size``; its 64 payload bytes land in the page's payload plane at
     that row and its 4 UE8M0 codes in the scale plane at ``pool.scale_row(row)``
-    (DESIGN.md section 3). Rows with ``s < 0`` are skipped; no other byte of the
+    (docs/design.md, The index-key format). Rows with ``s < 0`` are skipped; no other byte of the
     cache is touched. The codes equal ``format.quantize_index_k(k)`` bit for bit
     for finite ``k`` (OCP MX v1.0 E2M1 + UE8M0 with the scale rounded up; exact
     integer method in the module docstring).

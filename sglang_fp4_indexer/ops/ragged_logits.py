@@ -58,12 +58,12 @@ import triton
 import triton.language as tl
 
 from ..format import INDEX_HEAD_DIM, PAYLOAD_BYTES, SCALE_BYTES
+from . import deepgemm
 from ._common import (
     MMA_DTYPES,
     check_finite_queries,
     check_index_queries,
     check_int32,
-    deep_gemm_module,
     fp8_mma_available,
     interpreting,
     select_mma,
@@ -468,8 +468,10 @@ _LOGITS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def deepgemm_reason(q: torch.Tensor, heads: int) -> str | None:
     """Why DeepGEMM's ragged scorer cannot take these index queries (``None``: it can).
 
-    It needs an NVIDIA GPU of compute capability 9.x or 10.x, the ``deep_gemm``
-    package (installed beside SGLang), e4m3 queries and 32 or 64 heads.
+    It needs an NVIDIA GPU of compute capability 9.x or 10.x, e4m3 queries, 32 or
+    64 heads, and the ``deep_gemm`` package (installed beside SGLang) with a
+    ragged scorer that writes absolute columns (``ops.deepgemm.api``: sgl-deep-gemm
+    0.2.3's; 0.2.5's writes only compressed logits, and the reason is warned about once).
     """
     if q.device.type != "cuda" or torch.version.hip is not None:
         return "not an NVIDIA CUDA device"
@@ -479,9 +481,7 @@ def deepgemm_reason(q: torch.Tensor, heads: int) -> str | None:
         return "index queries are not float8_e4m3fn"
     if heads not in _DEEPGEMM_HEADS:
         return f"{heads} heads (DeepGEMM takes {_DEEPGEMM_HEADS})"
-    if deep_gemm_module() is None:
-        return "the deep_gemm package is not installed or does not import"
-    return None
+    return deepgemm.api().ragged_problem
 
 
 def _setup(q, weights, payload, scales, ks, ke, mode, mma, check, block_m, block_n, num_splits, logits_dtype,
@@ -538,21 +538,18 @@ def _deepgemm_keys(payload, scales) -> PreparedKeys:
 
 
 def _deepgemm_score(q, weights, keys: PreparedKeys, ks, ke, clean_logits, logits_dtype):
-    """DeepGEMM's ``fp8_mqa_logits`` on prepared keys: ``[T, S]`` logits (a view with a padded row stride).
+    """DeepGEMM's ragged scorer (``ops.deepgemm.api().ragged``: ``fp8_mqa_logits`` or its ``fp8_fp4`` form) on
+    prepared keys: ``[T, S]`` logits (a view with a padded row stride).
 
     Windows are clamped to ``[0, S]`` on the device first (no sync), so no
     argument can make it read or write out of bounds.
     """
-    dg = deep_gemm_module()
     width = keys.values.shape[0]
     ks, ke = _clamped_windows(ks, ke, width)
     q = q.contiguous()
     if weights.stride(1) != 1:
         weights = weights.contiguous()
-    if logits_dtype == torch.float32:
-        return dg.fp8_mqa_logits(q, (keys.values, keys.key_factor), weights, ks, ke, clean_logits)
-    return dg.fp8_fp4_mqa_logits((q, None), (keys.values, keys.key_factor), weights, ks, ke, clean_logits, 0,
-                                 logits_dtype)
+    return deepgemm.api().ragged(q, (keys.values, keys.key_factor), weights, ks, ke, clean_logits, logits_dtype)
 
 
 def ragged_logits(

@@ -289,19 +289,16 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
     return nvrtc.compile_cubin(src, "paged_logits_sm90.cu", arch)
 
 
-_PROBED: dict[int, str | None] = {}
-
-
 def unavailable_reason(device: torch.device | str) -> str | None:
     """Why the sm90 scorer cannot run on ``device`` (``None`` when it can).
 
     Reasons: not a CUDA device, a ROCm build, compute capability other than
-    9.0 (the kernel uses sm_90a's ``wgmma``), ``cuda-bindings`` missing, or
-    the first build and load on this device failing (no ``libnvrtc``, a driver
-    too old for the NVRTC version, ...): that is tried once per device and
-    process, warned about once, and remembered, so ``paged_logits``'s default,
-    ``default_block_kv`` and ``default_num_ctas`` all fall back to the Triton
-    scorer together.
+    9.0 (the kernel uses sm_90a's ``wgmma``), or ``cuda-bindings`` missing.
+    Nothing is built here: each configuration is built at its first use
+    (``serving_unavailable``), and one that cannot be built, loaded or
+    launched is warned about once and scored by the Triton kernel from then on
+    (on the same schedule; ``ops.serving.describe`` builds the decode one at
+    start-up so that a failure shows in the plugin's start-up line).
     """
     device = torch.device(device)
     if device.type != "cuda" or torch.version.hip is not None:
@@ -309,19 +306,7 @@ def unavailable_reason(device: torch.device | str) -> str | None:
     cap = torch.cuda.get_device_capability(device)
     if cap != (9, 0):
         return f"compute capability {cap[0]}.{cap[1]}, the kernel is built for 9.0 (Hopper)"
-    why = nvrtc.bindings_missing()
-    if why:
-        return why
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _PROBED:
-        try:
-            cubin, _ = build(1, 64)
-            nvrtc.get_function(torch.device("cuda", index), cubin, "fp4_paged_logits_sm90", smem_bytes(1, 64))
-            _PROBED[index] = None
-        except RuntimeError as e:
-            _PROBED[index] = f"the kernel could not be built or loaded ({e})"
-            warnings.warn(f"sglang-fp4-indexer: {_PROBED[index]}; scoring with the Triton kernels", stacklevel=2)
-    return _PROBED[index]
+    return nvrtc.bindings_missing()
 
 
 _SERVING_FAILED: dict[tuple, str | None] = {}
@@ -354,10 +339,9 @@ def serving_unavailable(device: torch.device | str, next_n: int, heads: int, out
                         lens_2d: bool) -> str | None:
     """Why the scorer build that ``launch`` would use for this call cannot run (``None``: it is built and loaded).
 
-    ``unavailable_reason`` probes one build (``next_n`` 1, 64 heads, ``[B]``
-    lengths); serving runs others (SGLang's lengths are 2-D, GLM-5.x has 32
-    heads, verify has ``next_n`` > 1). This builds and loads exactly the
-    configuration of the call, with ``launch``'s default options (NVRTC's
+    ``unavailable_reason`` builds nothing; this builds and loads exactly the
+    configuration of the call (SGLang's lengths are 2-D, GLM-5.x has 32 heads,
+    verify has ``next_n`` > 1), with ``launch``'s default options (NVRTC's
     result is cached, so the launch then reuses it), once per device and
     configuration. A failure is remembered and warned about once, and
     ``paged_logits`` scores that configuration with the Triton kernel instead.

@@ -53,11 +53,24 @@ DCP_SHARD_HELP = (
 _ENGINE_MODULE = "sglang.srt.entrypoints.engine"
 
 
-def add_flag(result, parser: argparse.ArgumentParser):
+def _argument(args, kwargs, name: str, kind: type):
+    """The call's argument ``name`` if it is a ``kind`` (by keyword, else the first positional one that is), else None."""
+    value = kwargs.get(name)
+    if isinstance(value, kind):
+        return value
+    return next((a for a in args if isinstance(a, kind)), None)
+
+
+def add_flag(result, *args, **kwargs):
     """AFTER hook of ``ServerArgs.add_cli_args(parser)``: add ``--enable-fp4-indexer`` and ``--fp4-indexer-dcp-shard``.
 
-    Idempotent per parser. Returns ``result`` unchanged (``None``).
+    Takes SGLang's call as it comes (``*args, **kwargs``) and adds the flags to
+    the ``argparse.ArgumentParser`` among its arguments; without one it does
+    nothing. Idempotent per parser. Returns ``result`` unchanged (``None``).
     """
+    parser = _argument(args, kwargs, "parser", argparse.ArgumentParser)
+    if parser is None:
+        return result
     if FLAG not in parser._option_string_actions:
         parser.add_argument(FLAG, action="store_true", default=False, help=HELP)
     if DCP_SHARD_FLAG not in parser._option_string_actions:
@@ -71,21 +84,44 @@ def _check_env() -> None:
     env_flag(DCP_SHARD_ENV_VAR)
 
 
-def carry_flag(result, cls, args: argparse.Namespace):
+def carry_flag(result, *args, **kwargs):
     """AFTER hook of ``ServerArgs.from_cli_args(args)``: record the parsed flag on the new record.
 
+    Takes SGLang's call as it comes (``*args, **kwargs``) and reads the
+    ``argparse.Namespace`` among its arguments; without one it only checks
+    the environment variables.
+
     Raises:
-        ValueError: ``SGLANG_ENABLE_FP4_INDEXER`` or ``SGLANG_FP4_INDEXER_DCP_SHARD``
-            holds neither an on nor an off value (``facts.env_flag``).
+        SystemExit: (code 2, as argparse's own errors) ``SGLANG_ENABLE_FP4_INDEXER`` or
+            ``SGLANG_FP4_INDEXER_DCP_SHARD`` holds neither an on nor an off value
+            (``facts.env_flag``); one line on stderr names the variable, no traceback.
     """
-    _check_env()
+    try:
+        _check_env()
+    except ValueError as exc:  # the launch command's parse: stop it like a bad flag, in one line
+        print(f"sglang-fp4-indexer: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    args = _argument(args, kwargs, "args", argparse.Namespace)
     value = getattr(args, "enable_fp4_indexer", None)
     if value is not None:
         mark_requested(result, bool(value))
+    _warn_if_unhooked(result)
     shard = getattr(args, "fp4_indexer_dcp_shard", None)
     if shard is not None:
         mark_dcp_shard(result, bool(shard))
     return result
+
+
+def _warn_if_unhooked(server_args) -> None:
+    """One warning when FP4 is asked for but ``register`` could hook only the flags (the gate never runs then)."""
+    from ..gate import Decision, report
+    from .facts import global_rank, requested
+    from .seams import load_problem
+
+    problem = load_problem()
+    if problem and requested(server_args):
+        report(Decision(False, problem, "use an SGLang version this release was tested with", ("sglang_seams",)),
+               rank=global_rank())
 
 
 def _factory(base):

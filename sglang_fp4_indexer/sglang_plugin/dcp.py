@@ -155,28 +155,21 @@ class ShardedFp4IndexKeyCache(Fp4IndexKeyCache):
         return core.owned_local_slots(loc.reshape(-1).long(), self.dcp_size, self.dcp_rank)
 
     def move(self, tgt_loc, src_loc) -> None:
-        """Move tokens ``src_loc -> tgt_loc`` (global slots) that this rank owns.
+        """Move tokens ``src_loc -> tgt_loc`` (global slots) that this rank owns, without a host sync.
 
-        One host read per call (the owner check below); the copies themselves
-        are sync-free (``pool.copy_slots(check=False)``, the pairs of other
-        ranks skipped on the device).
-
-        Raises:
-            RuntimeError: a pair whose two slots have different owners (a move
-                across ranks would need a data exchange this cache does not do).
+        A pair whose two slots this rank owns is copied (payload and scales,
+        ``pool.copy_slots(check=False)``); every other pair is skipped on the
+        device (``dcp.local_store_slots`` gives -1 for a slot of another rank),
+        as the replicated cache skips a slot outside the cache. A pair whose two
+        slots have different owners would need a data exchange; SGLang moves
+        index keys only in EAGLE tree verify (``--speculative-eagle-topk > 1``),
+        and there the gate serves DCP with the replicated index, so the sharded
+        cache never sees such a pair.
         """
         if tgt_loc.numel() == 0:
             return
-        tgt = tgt_loc.reshape(-1).long()
-        src = src_loc.reshape(-1).long()
-        if bool((core.owner_rank(tgt, self.dcp_size) != core.owner_rank(src, self.dcp_size)).any()):
-            raise RuntimeError(
-                "sglang-fp4-indexer: an index-key move between slots of different DCP ranks; "
-                "the sharded FP4 index cannot move keys across ranks (drop --fp4-indexer-dcp-shard)"
-            )
-        # Both slots of a pair have one owner (checked): -1 on the other ranks' pairs, skipped by the copy.
-        dst = core.local_store_slots(tgt, self.dcp_size, self.dcp_rank)
-        orig = core.local_store_slots(src, self.dcp_size, self.dcp_rank)
+        dst = core.local_store_slots(tgt_loc.reshape(-1).long(), self.dcp_size, self.dcp_rank)
+        orig = core.local_store_slots(src_loc.reshape(-1).long(), self.dcp_size, self.dcp_rank)
         for buffer in self.buffer:
             if buffer.shape[0]:
                 fp4_pool.copy_slots(self._kernel_view(buffer), dst, orig, self.page_size, check=False)

@@ -262,6 +262,7 @@ def server_facts(
             if server_field(server_args, field, False)
         ),
         indexer_fusion_disabled=indexer_fusion_disabled(),
+        speculative_eagle_topk=int(server_field(server_args, "speculative_eagle_topk", 1) or 1),
     )
 
 

@@ -1,9 +1,12 @@
 """Store, score and top-k inside SGLang 0.5.23's DSA ``Indexer`` (no numerics here).
 
-Every hook checks the pool the forward runs on (``get_token_to_kv_pool()``):
-when it holds the FP4 index-key cache (``pool.Fp4IndexKeyCache``) the FP4 path
-runs, otherwise SGLang's own method runs unchanged. The cache layout, not a
-flag, decides, so a store and a read can never disagree about the format.
+Every hook passes SGLang's call through untouched (``*args, **kwargs``)
+unless this process holds an FP4 index cache (``pool.fp4_active``, which
+reads no SGLang internals). Then it checks the pool the forward runs on
+(``get_token_to_kv_pool()``): when it holds the FP4 index-key cache
+(``pool.Fp4IndexKeyCache``) the FP4 path runs, otherwise SGLang's own method
+runs unchanged. The cache layout, not a flag, decides, so a store and a read
+can never disagree about the format.
 
 Seams (docs/sglang-seams.md), all on
 ``sglang.srt.layers.attention.dsa.dsa_indexer.Indexer``:
@@ -32,7 +35,8 @@ from __future__ import annotations
 import torch
 
 from . import dcp as plugin_dcp
-from .pool import is_fp4_pool
+from .pool import fp4_active, is_fp4_pool
+from .seams import passthrough_around
 
 __all__ = [
     "paged_scorer_inputs",
@@ -55,6 +59,7 @@ def _current_pool():
     return get_token_to_kv_pool()
 
 
+@passthrough_around(fp4_active)
 def store_index_k_cache(original, self, forward_batch, layer_id, key, *, act_quant=None, out_cache_loc=None):
     """AROUND hook of ``Indexer._store_index_k_cache``: write ``key`` (bf16 ``[N, 128]``) into the FP4 cache.
 
@@ -80,6 +85,7 @@ def store_index_k_cache(original, self, forward_batch, layer_id, key, *, act_qua
     return None
 
 
+@passthrough_around(fp4_active)
 def fused_k_prepare_and_store(
     original, self, key_raw, positions, forward_batch, layer_id, act_quant, out_cache_loc=None
 ):
@@ -125,7 +131,8 @@ def paged_scorer_inputs(block_tables, seqlens_2d, schedule, rows: int, max_next_
         max_next_n: most rows per request the scorer takes in one tile.
 
     Returns:
-        ``(block_table int32 [B', max_pages] contiguous, context_lens int32 contiguous, schedule or None)``.
+        ``(block_table int32 [B', max_pages] with contiguous rows (in the request form a
+        row-strided view of ``block_tables``), context_lens int32 contiguous, schedule or None)``.
 
     Raises:
         ValueError: the page table has fewer rows than the call, or the lengths
@@ -141,12 +148,14 @@ def paged_scorer_inputs(block_tables, seqlens_2d, schedule, rows: int, max_next_
     if seqlens_2d.dim() == 2 and seqlens_2d.shape[1] > 1:
         next_n = seqlens_2d.shape[1]
         if next_n <= max_next_n:
-            return table[::next_n].contiguous(), seqlens_2d.to(torch.int32).contiguous(), schedule
+            # Every request's first row, a row-strided view (the scorers take a row stride): no copy per layer.
+            return table[::next_n], seqlens_2d.to(torch.int32).contiguous(), schedule
         # Too many rows per request for one tile: score row by row, own schedule.
         return table.contiguous(), seqlens_2d.reshape(rows, 1).to(torch.int32).contiguous(), None
     return table.contiguous(), seqlens_2d.reshape(rows, 1).to(torch.int32).contiguous(), schedule
 
 
+@passthrough_around(fp4_active)
 def get_topk_paged(original, self, forward_batch, layer_id, q_fp8, weights, metadata):
     """AROUND hook of ``Indexer._get_topk_paged``: FP4 paged logits, then SGLang's masking and top-k.
 
@@ -224,6 +233,7 @@ def _rows_per_chunk(self, rows: int, cols: int, device) -> int:
     return max(1, min(rows, int(budget // row_bytes)))
 
 
+@passthrough_around(fp4_active)
 def get_topk_ragged(
     original, self, enable_dual_stream, forward_batch, layer_id, q_fp8, weights, metadata, topk_result=None
 ):

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Download what SGLang's own model runner needs on a GPU machine that has torch 2.11 / CUDA 13 and
+# Python 3.12 but neither SGLang nor a network, in two folders that each travel in one call (<= 64 MiB
+# with the checkout): .peers/sglang-runtime/part1 (SGLang and the small pure-Python wheels the image
+# lacks) and .peers/sglang-runtime/part2 (sglang-kernel, FlashMLA). scripts/sglang_gpu_check.sh
+# installs them with pip --no-deps --no-index --target.
+#
+#   bash scripts/fetch_sglang_runtime_wheels.sh
+#
+# Versions: SGLang 0.5.23 and the versions its own install resolves to (pyproject's `sglang` extra),
+# except sglang-kernel: SGLang pins 0.4.10, which is built against torch 2.14's C++ ABI and does not
+# load under torch 2.11 (undefined c10::cuda::CUDAErrorLogCapture); 0.4.5 is built for torch 2.11 /
+# CUDA 13 and exports the ops this path uses. Its 383 MB wheel is slimmed to what the DSA path on
+# Hopper loads (the Python files, sm90/common_ops, spatial_ops: 15 MB): flash_ops (FA3, 1.1 GB),
+# flashmla_ops (FlashMLA comes from sgl-flash-mla), infllm_ops and sm100/ are dropped.
+# The list of small wheels was found by importing SGLang's one-batch path, model runner, DSA backend,
+# DeepSeek models and Engine with every distribution outside the device image hidden.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+DEST=.peers/sglang-runtime
+PLAT=(--platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
+      --platform manylinux_2_26_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
+      --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64)
+PART1=(sglang==0.5.23 apache-tvm-ffi==0.1.11 orjson==3.13.0 pybase64==1.5.1 msgspec==0.23.0 pydantic==2.14.4
+       pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 starlette==1.10.0
+       fastapi==0.165.0 uvicorn==0.54.0 pyzmq==27.3.0 setproctitle==1.3.8 partial-json-parser==0.2.1.1.post7
+       python-multipart==0.0.34 sniffio==1.3.1 ipython==9.18.1 traitlets==5.16.1 dill==0.4.1
+       compressed-tensors==0.18.0 loguru==0.7.3 gguf==0.19.0 opentelemetry-api==1.45.2 openai==2.8.0
+       distro==1.9.0 xgrammar==0.2.7 jsonschema==4.26.0 referencing==0.37.0 rpds-py==2026.9.1 jsonschema-specifications==2025.9.1 soundfile==0.13.1 cffi==2.1.1)
+PART2=(sgl-flash-mla==1.0.0)
+KERNEL=sglang-kernel==0.4.5
+mkdir -p "$DEST/part1" "$DEST/part2"
+dl() { "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+         "${PLAT[@]}" -d "$@"; }
+dl "$DEST/part1" "${PART1[@]}"
+dl "$DEST/part2" "${PART2[@]}"
+STAGE="$(mktemp -d)"; trap 'rm -rf "$STAGE"' EXIT
+dl "$STAGE" "$KERNEL"
+mkdir "$STAGE/x" && (cd "$STAGE/x" && unzip -q "$STAGE"/sglang_kernel-*.whl)
+rm -rf "$STAGE/x/sgl_kernel/sm100" "$STAGE"/x/sgl_kernel/flash_ops*.so "$STAGE"/x/sgl_kernel/flashmla_ops*.so \
+       "$STAGE"/x/sgl_kernel/infllm_ops*.so
+"$PY" - "$STAGE/x" <<'PYEOF'
+import csv, glob, os, sys
+os.chdir(sys.argv[1])
+rec = glob.glob("*.dist-info/RECORD")[0]
+rows = [r for r in csv.reader(open(rec)) if os.path.exists(r[0])]
+with open(rec, "w", newline="") as f:
+    csv.writer(f).writerows(rows)
+PYEOF
+WHL="$(basename "$STAGE"/sglang_kernel-*.whl)"
+rm -f "$DEST/part2"/sglang_kernel-*.whl
+(cd "$STAGE/x" && zip -q -r -9 "$OLDPWD/$DEST/part2/$WHL" .)
+du -sh "$DEST/part1" "$DEST/part2"

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The plugin inside SGLang's own model runner on a GPU machine without SGLang or a network
+# (scripts/sglang_one_batch.py says what runs and what is checked). Wheels from
+# scripts/fetch_sglang_runtime_wheels.sh, DeepGEMM from scripts/pack_deepgemm.sh.
+#
+# The wheels are larger than one transfer, so the sequence is split into calls that follow each
+# other while the machine keeps /tmp:
+#   bash scripts/sglang_gpu_check.sh install   # carry .peers/sglang-runtime/part1 and .peers/deepgemm.tar.gz
+#   bash scripts/sglang_gpu_check.sh runner    # carry .peers/sglang-runtime/part2: one-batch FP8, FP4, FP4 eager
+#   bash scripts/sglang_gpu_check.sh engine    # Engine with MTP (FP8, FP4), one launch_server request
+# Each step installs whatever wheels it finds under .peers/sglang-runtime into /tmp/site.
+# Output: $OUT (default ./out): summary.json, table.txt, logs.tar.gz; the table is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+OUTDIR="${OUT:-$PWD/out}"
+WORK=/tmp/sglang-check
+mkdir -p "$OUTDIR" "$WORK/logs"
+STEP="${1:-runner}"
+export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1  # sglang-kernel 0.4.5 (built for torch 2.11) instead of the pinned 0.4.10
+export DG_JIT_CACHE_DIR="$WORK/deepgemm-jit" TRITON_CACHE_DIR="$WORK/triton" TVM_FFI_CACHE_DIR="$WORK/tvm-ffi"
+export PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+
+for part in .peers/sglang-runtime/part1 .peers/sglang-runtime/part2; do
+  if ls "$part"/*.whl >/dev/null 2>&1 && [ ! -f "$WORK/$(basename $part).installed" ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      "$part"/*.whl >>"$WORK/logs/pip.log" 2>&1 && touch "$WORK/$(basename $part).installed" \
+      || echo "pip install of $part failed (logs/pip.log)"
+  fi
+done
+# The plugin itself, installed so that SGLang's loader finds its entry point (sglang.srt.plugins).
+if [ ! -f "$WORK/plugin.installed" ] || [ sglang_fp4_indexer -nt "$WORK/plugin.installed" ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site . \
+    >>"$WORK/logs/pip.log" 2>&1 && touch "$WORK/plugin.installed" || echo "plugin install failed (logs/pip.log)"
+fi
+if [ -f .peers/deepgemm.tar.gz ] && [ ! -f "$WORK/deepgemm.site" ]; then
+  bash scripts/build_deepgemm.sh .peers/deepgemm.tar.gz /tmp/deepgemm >"$WORK/logs/deepgemm_build.log" 2>&1 \
+    && tail -n 1 "$WORK/logs/deepgemm_build.log" >"$WORK/deepgemm.site" || echo "DeepGEMM build failed"
+fi
+DG_SITE="$(cat "$WORK/deepgemm.site" 2>/dev/null)"
+export PYTHONPATH="/tmp/site${DG_SITE:+:$DG_SITE}"
+"$PY" scripts/sglang_one_batch.py make-model "$WORK/tiny" >/dev/null
+
+stage() {  # name limit command...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" >"$WORK/logs/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0)) s" | tee -a "$WORK/stages.txt"
+  [ $rc = 0 ] || grep -E "Error|error:|Traceback|FAILED" "$WORK/logs/$name.log" | tail -n 6
+  return $rc
+}
+
+M="$WORK/tiny"
+case "$STEP" in
+  install)
+    "$PY" -c "import sglang, sgl_kernel, torch; print('sglang', sglang.__version__, 'sgl_kernel', sgl_kernel.__version__, 'torch', torch.__version__)" 2>&1 | tail -n 3
+    ;;
+  runner)
+    stage fp8 250 "$PY" scripts/sglang_one_batch.py run --model "$M" --out "$WORK/fp8.pt"
+    stage fp4 150 "$PY" scripts/sglang_one_batch.py run --model "$M" --out "$WORK/fp4.pt" --fp4
+    stage fp4_eager 150 "$PY" scripts/sglang_one_batch.py run --model "$M" --out "$WORK/fp4_eager.pt" --fp4 --eager
+    ;;
+  engine)
+    stage engine_fp8 170 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json"
+    stage engine_fp4 170 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp4.json" --fp4
+    stage server 120 "$PY" scripts/sglang_one_batch.py server --model "$M" --out "$WORK/server.json"
+    ;;
+  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine]" >&2; exit 2 ;;
+esac
+
+ENGINE=()
+[ -f "$WORK/engine_fp8.json" ] && [ -f "$WORK/engine_fp4.json" ] && ENGINE=(--engine "$WORK/engine_fp8.json" "$WORK/engine_fp4.json")
+SERVER=()
+[ -f "$WORK/server.json" ] && SERVER=(--server "$WORK/server.json")
+if [ -f "$WORK/fp8.pt" ] && [ -f "$WORK/fp4.pt" ] && [ -f "$WORK/fp4_eager.pt" ]; then
+  "$PY" scripts/sglang_one_batch.py compare "$WORK/fp8.pt" "$WORK/fp4.pt" "$WORK/fp4_eager.pt" "${ENGINE[@]}" \
+    "${SERVER[@]}" --json "$OUTDIR/summary.json" >"$OUTDIR/table.txt" 2>"$WORK/logs/compare.log"
+fi
+tar -czf "$OUTDIR/logs.tar.gz" -C "$WORK" logs stages.txt 2>/dev/null
+echo "== device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+cat "$WORK/stages.txt" 2>/dev/null
+cat "$OUTDIR/table.txt" 2>/dev/null || tail -n 5 "$WORK/logs/compare.log" 2>/dev/null

@@ -1,0 +1,626 @@
+"""The plugin inside SGLang's own model runner: SGLang's one-batch path on a tiny DeepSeek-V3.2.
+
+SGLang's ``sglang.benchmark.one_batch`` builds a real ``ModelRunner`` (pool
+sizing through SGLang's configurator, the DSA attention backend, decode CUDA
+graphs), a real ``ScheduleBatch`` and ``ForwardBatch`` in one process. It does
+not load plugins: this script calls SGLang's ``load_plugins()`` first, exactly
+as SGLang's server processes do, then lets ``one_batch.main`` resolve the
+server arguments and hands it this script's work function in place of its
+latency test. The model is a tiny ``DeepseekV32ForCausalLM`` with dummy
+weights (``make-model``) whose indexer has DeepSeek-V3.2's geometry (64 index
+heads x 128, top-2048), so every indexer kernel runs at its serving shape.
+
+Subcommands:
+
+* ``make-model DIR``: the tiny model's ``config.json`` and a word-level
+  tokenizer (``tokenizers``) of its vocabulary.
+* ``run --model DIR --out FILE.pt [--fp4] [--eager] [SGLang server flags]``:
+  prefill of seeded prompts (3K-7K tokens, through ``Indexer._get_topk_ragged``)
+  then decode steps with seeded input tokens (through ``Indexer._get_topk_paged``,
+  replayed from SGLang's decode CUDA graphs unless ``--eager``) at batch sizes
+  1, 2 and 4. SGLang's ``--enable-return-indexer-topk`` capturer records every
+  layer's top-k, from graph replays too. Every top-k row is checked (in range,
+  distinct, ``min(len, 2048)`` entries); with ``--fp4 --eager`` the first decode
+  step's index queries, weights, page table and FP4 cache bytes are recorded at
+  the paged seam and the Hopper scorer's logits are compared there with the fp64
+  oracle (``reference.paged_logits_reference``) within ``sm90.logit_error_bound``.
+* ``engine --model DIR --out FILE.json [--fp4]``: ``sglang.Engine`` with MTP
+  speculative decoding (EAGLE on the model's own next-n layer), so target
+  verify and draft steps run through the plugin; the top-k of each generated
+  token is returned by SGLang (``return_indexer_topk``).
+* ``compare FP8.pt FP4.pt FP4_EAGER.pt [--engine FP8.json FP4.json] [--json OUT]``:
+  the checks as a table (printed last).
+
+``scripts/sglang_gpu_check.sh`` runs the whole sequence on a GPU machine
+(docs/sglang-seams.md, "Inside SGLang's model runner").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+#: Prompt lengths (tokens) of the seeded batch; batch size ``b`` takes the first ``b``.
+PROMPT_LENS = (5121, 3077, 6899, 4165)
+BATCH_SIZES = (1, 2, 4)
+DECODE_STEPS = 6
+TOPK = 2048
+VOCAB = 16384
+
+TINY_CONFIG = {
+    "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
+    "vocab_size": VOCAB, "hidden_size": 1024, "intermediate_size": 2048, "moe_intermediate_size": 256,
+    "num_hidden_layers": 2, "first_k_dense_replace": 2, "moe_layer_freq": 1, "num_nextn_predict_layers": 1,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "q_lora_rank": 512, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "index_n_heads": 64, "index_head_dim": 128, "index_topk": TOPK,
+    "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+    "norm_topk_prob": True, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+    "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 163840,
+    "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 1,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "initializer_range": 0.02,
+}
+
+#: SGLang server flags every stage uses (dummy weights, FP8 MLA KV -> FlashMLA's sparse FP8 decode on SM90).
+COMMON_SERVER_ARGS = (
+    "--load-format", "dummy", "--kv-cache-dtype", "fp8_e4m3", "--mem-fraction-static", "0.006", "--disable-prefill-cuda-graph",
+    "--chunked-prefill-size", "32768", "--max-running-requests", "8", "--disable-radix-cache",
+    "--enable-return-indexer-topk", "--random-seed", "0", "--log-level", "info",
+)
+
+
+def make_model(directory: str) -> None:
+    """Write the tiny DeepSeek-V3.2 ``config.json`` and a word-level tokenizer into ``directory``.
+
+    The tokenizer maps ``t<i>`` to id ``i`` (ids 0 and 1 are ``<bos>`` / ``<eos>``);
+    the runs feed token ids directly, the tokenizer only satisfies SGLang's loader.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(TINY_CONFIG, f, indent=1)
+    vocab = {"<bos>": 0, "<eos>": 1, "<unk>": 2}
+    vocab.update({f"t{i}": i for i in range(3, VOCAB)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+                   "unk_token": "<unk>", "model_max_length": 163840}, f)
+    with open(os.path.join(directory, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": 0, "eos_token_id": 1}, f)
+    print(f"tiny DeepseekV32ForCausalLM written to {directory}")
+
+
+def seeded_prompts(seed: int = 0) -> list[list[int]]:
+    """The seeded prompts (token ids in [3, VOCAB)), lengths ``PROMPT_LENS``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, VOCAB, size=n).tolist() for n in PROMPT_LENS]
+
+
+def seeded_decode_tokens(bs: int, steps: int, seed: int = 1):
+    """Decode input tokens ``[steps, bs]`` (the same for every run, so FP4 and FP8 see the same batch)."""
+    import numpy as np
+
+    return np.random.default_rng(seed + bs).integers(3, VOCAB, size=(steps, bs))
+
+
+class _LogLines(logging.Handler):
+    """Keeps the plugin's log lines (``sglang_fp4_indexer.*`` loggers)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(f"{record.levelname}: {record.getMessage()}")
+
+
+def check_topk_rows(topk, lens, slots):
+    """Validity of one request's top-k rows: in range, distinct, ``min(len, TOPK)`` entries.
+
+    Args:
+        topk: int32 ``[rows, TOPK]`` (``-1`` = empty) as SGLang's capturer holds it.
+        lens: int ``[rows]`` visible key count of each row.
+        slots: int64 ``[max(lens)]`` the request's KV slots by position (SGLang's
+            ``req_to_token`` row): after SGLang's page-table transform the top-k
+            holds physical slots; a row counts as in range when every entry is the
+            slot of a position ``< len`` (or, failing that, is itself a position ``< len``).
+
+    Returns:
+        dict: rows, failures by kind (count, duplicate, out_of_range), and how many
+        rows were read as slots or as positions.
+    """
+    import torch
+
+    topk = topk.long()
+    lens = lens.to(topk.device).long()
+    valid = topk >= 0
+    count_bad = int((valid.sum(1) != torch.clamp(lens, max=TOPK)).sum())
+    srt = torch.sort(torch.where(valid, topk, torch.full_like(topk, -1)), dim=1).values
+    dup = ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any(1)
+    inv = torch.full((int(slots.max()) + 2 if slots.numel() else 1,), -1, dtype=torch.long, device=topk.device)
+    inv[slots.to(topk.device)] = torch.arange(slots.numel(), device=topk.device)
+    safe = torch.clamp(topk, 0, inv.numel() - 1)
+    pos = torch.where(valid & (topk < inv.numel()), inv[safe], torch.full_like(topk, -1))
+    as_slot = (~valid | ((pos >= 0) & (pos < lens[:, None]))).all(1)
+    as_pos = (~valid | (topk < lens[:, None])).all(1)
+    return {"rows": int(topk.shape[0]), "count": count_bad, "duplicate": int(dup.sum()),
+            "out_of_range": int((~as_slot & ~as_pos).sum()), "slot": int(as_slot.sum()),
+            "position": int((~as_slot & as_pos).sum())}
+
+
+def _record_paged_seam(state):
+    """Wrap SGLang's (already hooked) ``Indexer._get_topk_paged``: record the first eager call per batch.
+
+    Not a hook of the plugin: an attribute wrapper on SGLang's class, set after
+    ``load_plugins()``, that calls the installed method unchanged and copies its
+    inputs (index queries, weights, page table, lengths, the layer's cache) and
+    its result while ``state["record"]`` is set and no CUDA graph is capturing.
+    """
+    from sglang.srt.layers.attention.dsa import dsa_indexer
+    from sglang.srt.model_executor.runner_utils.capture_mode import get_is_capture_mode
+
+    installed = dsa_indexer.Indexer._get_topk_paged
+
+    def recording(self, forward_batch, layer_id, q_fp8, weights, metadata):
+        out = installed(self, forward_batch, layer_id, q_fp8, weights, metadata)
+        if state.get("record") and not get_is_capture_mode() and forward_batch.forward_mode.is_decode():
+            from sglang.srt.model_executor.forward_context import get_token_to_kv_pool
+
+            pool = get_token_to_kv_pool()
+            rows = int(sum(metadata.get_dsa_extend_len_cpu()))
+            state["calls"].append({
+                "layer": int(layer_id),
+                "q": q_fp8[:rows].clone(),
+                "weights": weights.reshape(weights.shape[0], -1)[:rows].float().clone(),
+                "block_table": metadata.get_page_table_64()[:rows].to("cpu").clone(),
+                "lens": metadata.get_seqlens_int32()[:rows].to("cpu").clone(),
+                "cache": pool.get_index_k_with_scale_buffer(layer_id=layer_id).clone(),
+                "topk": out[:rows].clone(),
+                "page_size": int(getattr(pool, "index_page_size", 64)),
+            })
+        return out
+
+    dsa_indexer.Indexer._get_topk_paged = recording
+
+
+def _oracle_check(calls):
+    """Hopper scorer's logits at the recorded seam inputs against the fp64 oracle and the kernel's bound."""
+    import torch
+
+    from sglang_fp4_indexer import reference
+    from sglang_fp4_indexer.ops import sm90
+    from sglang_fp4_indexer.ops.paged_logits import paged_logits, resolved_impl
+
+    results = []
+    for c in calls:
+        q, w, cache = c["q"], c["weights"], c["cache"]
+        bt = c["block_table"].to(q.device, torch.int32)
+        lens = c["lens"].to(q.device, torch.int32)
+        page = c["page_size"]
+        width = bt.shape[1] * page
+        impl = resolved_impl(q, cache, 1)
+        got = paged_logits(q, w, cache, bt, lens, width=width, page_size=page)
+        ref = reference.paged_logits_reference(q.cpu(), w.cpu(), cache.cpu(), bt.cpu(), lens.cpu(), width=width,
+                                               page_size=page)
+        worst = 0.0
+        topk_agree = []
+        for r in range(q.shape[0]):
+            n = int(lens[r])
+            slots = reference.paged_slots(bt[r].cpu(), n, page)
+            keys = reference.dequantize_index_k(*reference.read_index_k(cache.cpu(), slots, page)).double()
+            s = keys @ q[r].cpu().double().t()  # [n, H] exact head scores
+            absw = w[r].cpu().double().abs()
+            term = (keys.abs() @ q[r].cpu().double().abs().t()) @ absw
+            relu_term = torch.relu(s) @ absw
+            bound = sm90.logit_error_bound(term, relu_term)
+            err = (got[r, :n].cpu().double() - ref[r, :n].double()).abs()
+            worst = max(worst, float((err / (bound + 1e-30)).max()))
+            # the returned top-k (physical slots) against the top-k of the kernel's logits (same slots)
+            k = min(n, TOPK)
+            mine = set(slots[torch.topk(got[r, :n].cpu(), k).indices].tolist())
+            theirs = c["topk"][r]
+            theirs = set(theirs[theirs >= 0].cpu().long().tolist())
+            topk_agree.append(len(mine & theirs) / max(k, 1))
+        results.append({"layer": c["layer"], "rows": int(q.shape[0]), "impl": impl,
+                        "max_error_over_bound": worst, "topk_agreement_min": min(topk_agree)})
+    return results
+
+
+def _work(opts, state):
+    """The work function ``one_batch.main`` runs in place of its latency test (same arguments)."""
+
+    def work(server_args, port_args, bench_args, gpu_id, tp_rank):
+        import numpy as np
+        import torch
+        from sglang.benchmark import one_batch as ob
+        from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank
+        from sglang.srt.state_capturer.indexer_topk import get_global_indexer_capturer
+        from sglang.srt.utils import configure_logger
+
+        publish(server_args, role="scheduler",
+                ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=tp_rank, pp_rank=0), gpu_id=gpu_id))
+        ob._init_process_global_configs()
+        configure_logger(server_args, prefix=f" TP{tp_rank}")
+        t0 = time.time()
+        runner, _tokenizer = ob.load_model(server_args, port_args, gpu_id, tp_rank)
+        state["load_s"] = time.time() - t0
+        mr = runner.torch_runner
+        pool = mr.token_to_kv_pool
+        state["pool"] = {
+            "class": type(pool).__name__,
+            "index_cache": type(getattr(pool, "index_key_cache", None)).__name__,
+            "index_bytes_per_token_layer": _index_bytes_per_token(pool),
+            "max_total_num_tokens": int(mr.max_total_num_tokens),
+            "graphs": not opts.eager,
+        }
+        cap = get_global_indexer_capturer()
+        if cap is None:
+            raise RuntimeError("SGLang created no indexer top-k capturer: --enable-return-indexer-topk missing?")
+        prompts = seeded_prompts()
+        state["batches"] = []
+        for bs in BATCH_SIZES:
+            runner.clear()
+            reqs = ob.prepare_synthetic_inputs_for_latency_test(bs, 0, [list(p) for p in prompts[:bs]])
+            torch.cuda.synchronize()
+            _, _, batch = runner.extend(reqs)
+            torch.cuda.synchronize()
+            tokens = sum(len(p) for p in prompts[:bs])
+            prefill = cap.device_cache.buffer[:tokens].clone()  # [tokens, layers, TOPK]
+            req_rows = mr.req_to_token_pool.req_to_token
+            rec = {"bs": bs, "prompt_lens": [len(p) for p in prompts[:bs]], "prefill_checks": [], "decode": [],
+                   "decode_checks": []}
+            # prefill rows: token j of request i sees j + 1 keys
+            offs = 0
+            for i, req in enumerate(batch.reqs):
+                n = len(prompts[i])
+                slots = req_rows[req.kv.req_pool_idx, :n].long()
+                lens = torch.arange(1, n + 1, device=slots.device)
+                for layer in range(prefill.shape[1]):
+                    rec["prefill_checks"].append(check_topk_rows(prefill[offs:offs + n, layer], lens, slots))
+                offs += n
+            rec["prefill_tail"] = [prefill[o - 64:o].cpu() for o in np.cumsum(rec["prompt_lens"]).tolist()]
+            feed = seeded_decode_tokens(bs, DECODE_STEPS)
+            for step in range(DECODE_STEPS):
+                state["record"] = opts.fp4 and opts.eager and step == 0
+                ids = torch.tensor(feed[step], dtype=torch.int64, device="cuda")
+                runner.decode(ids, batch)
+                torch.cuda.synchronize()
+                state["record"] = False
+                got = cap.device_cache.buffer[:bs].clone()  # [bs, layers, TOPK]
+                rec["decode"].append(got.cpu())
+                for i, r in enumerate(batch.reqs):
+                    n = len(prompts[i]) + step + 1
+                    slots = req_rows[r.kv.req_pool_idx, :n].long()
+                    lens = torch.tensor([n], device=slots.device)
+                    for layer in range(got.shape[1]):
+                        rec["decode_checks"].append(check_topk_rows(got[i:i + 1, layer], lens, slots))
+            state["batches"].append(rec)
+        if state["calls"]:
+            state["oracle"] = _oracle_check(state["calls"])
+        state["calls"] = []
+
+    return work
+
+
+def _index_bytes_per_token(pool) -> int | None:
+    """Index-cache bytes per token per layer of SGLang's pool (either format)."""
+    try:
+        buf = pool.get_index_k_with_scale_buffer(layer_id=pool.start_layer if hasattr(pool, "start_layer") else 0)
+    except Exception:  # noqa: BLE001 - a pool without an index cache
+        return None
+    page = int(getattr(pool, "index_page_size", getattr(pool, "page_size", 64)))
+    return int(buf[0].numel() * buf.element_size() // page)
+
+
+def run(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="sglang_one_batch.py run")
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--fp4", action="store_true", help="add --enable-fp4-indexer")
+    p.add_argument("--eager", action="store_true", help="--disable-cuda-graph, record the paged seam for the oracle")
+    opts, extra = p.parse_known_args(argv)
+
+    import torch
+    from sglang.srt.plugins import load_plugins
+
+    handler = _LogLines()
+    logging.getLogger("sglang_fp4_indexer").addHandler(handler)
+    logging.getLogger("sglang_fp4_indexer").setLevel(logging.INFO)
+    load_plugins()  # SGLang's own loader: entry point group sglang.srt.plugins
+    from sglang.benchmark import one_batch as ob
+    from sglang.srt.server_args import ServerArgs
+
+    state = {"calls": [], "record": False, "fp4_requested": opts.fp4}
+    _record_paged_seam(state)
+    server_argv = ["--model-path", opts.model, *COMMON_SERVER_ARGS,
+                   *extra]
+    if opts.fp4:
+        server_argv.append("--enable-fp4-indexer")
+    if opts.eager:
+        server_argv.append("--disable-cuda-graph")
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ob.BenchArgs.add_cli_args(parser)
+    args = parser.parse_args(server_argv + ["--batch-size", *map(str, BATCH_SIZES)])
+    server_args = ServerArgs.from_cli_args(args)
+    bench_args = ob.BenchArgs.from_cli_args(args)
+    ob.latency_test = _work(opts, state)  # one_batch.main resolves the arguments, then runs this
+    t0 = time.time()
+    ob.main(server_args, bench_args)
+    state["wall_s"] = time.time() - t0
+    state["plugin_log"] = handler.lines
+    state["versions"] = _versions()
+    state.pop("calls", None)
+    torch.save(state, opts.out)
+    print(f"saved {opts.out}: pool {state['pool']}; plugin log: {handler.lines}")
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for name in ("sglang", "sglang-kernel", "sgl-flash-mla", "torch", "triton", "transformers", "deep-gemm",
+                 "sgl-deep-gemm", "sglang-fp4-indexer"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    try:
+        import deep_gemm
+
+        out.setdefault("deep_gemm (import)", getattr(deep_gemm, "__version__", "?"))
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def engine(argv: list[str]) -> None:
+    """``sglang.Engine`` with MTP (EAGLE on the next-n layer): target verify and draft steps through the plugin."""
+    p = argparse.ArgumentParser(prog="sglang_one_batch.py engine")
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--fp4", action="store_true")
+    p.add_argument("--new-tokens", type=int, default=16)
+    opts = p.parse_args(argv)
+    import sglang
+
+    kwargs = dict(
+        model_path=opts.model, load_format="dummy", kv_cache_dtype="fp8_e4m3", mem_fraction_static=0.006, disable_prefill_cuda_graph=True,
+        disable_radix_cache=True, enable_return_indexer_topk=True, random_seed=0, max_running_requests=8,
+        cuda_graph_max_bs_decode=4, speculative_algorithm="EAGLE", speculative_num_steps=1, speculative_eagle_topk=1,
+        speculative_num_draft_tokens=2, log_level="info",
+    )
+    if opts.fp4:
+        kwargs["enable_fp4_indexer"] = True
+    t0 = time.time()
+    eng = sglang.Engine(**kwargs)
+    prompts = seeded_prompts()[:2]
+    outs = eng.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": opts.new_tokens,
+                                                             "ignore_eos": True}, return_indexer_topk=True)
+    res = {"fp4": opts.fp4, "wall_s": time.time() - t0, "requests": []}
+    from sglang.srt.state_capturer.indexer_topk import extract_indexer_topk_from_meta_info
+
+    for prompt, o in zip(prompts, outs):
+        meta = o.get("meta_info", {})
+        item = {"prompt_len": len(prompt), "output_ids": o.get("output_ids"),
+                "spec_verify_ct": meta.get("spec_verify_ct"), "completion_tokens": meta.get("completion_tokens")}
+        if meta.get("indexer_topk") is not None:
+            flat = extract_indexer_topk_from_meta_info(o)
+            item["indexer_topk"] = flat.tolist()
+        res["requests"].append(item)
+    eng.shutdown()
+    with open(opts.out, "w") as f:
+        json.dump(res, f)
+    print(f"saved {opts.out}: {[(r['prompt_len'], r['completion_tokens'], r['spec_verify_ct']) for r in res['requests']]}")
+
+
+def server(argv: list[str]) -> None:
+    """``python -m sglang.launch_server --enable-fp4-indexer`` on the tiny model, one ``/generate`` on localhost."""
+    import subprocess
+    import urllib.request
+
+    p = argparse.ArgumentParser(prog="sglang_one_batch.py server")
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--port", type=int, default=30731)
+    opts = p.parse_args(argv)
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", opts.model, "--host", "127.0.0.1",
+           "--port", str(opts.port), "--load-format", "dummy", "--kv-cache-dtype", "fp8_e4m3",
+           "--mem-fraction-static", "0.006", "--disable-prefill-cuda-graph", "--max-running-requests", "8", "--cuda-graph-max-bs-decode", "4",
+           "--enable-fp4-indexer"]
+    log_path = opts.out + ".log"
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        res = {"cmd": " ".join(cmd)}
+        try:
+            base = f"http://127.0.0.1:{opts.port}"
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"launch_server exited with {proc.returncode}")
+                try:
+                    with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    time.sleep(2)
+            else:
+                raise RuntimeError("launch_server not healthy after 120 s")
+            res["ready_s"] = time.time() - t0
+            body = json.dumps({"input_ids": seeded_prompts()[0], "sampling_params": {
+                "temperature": 0, "max_new_tokens": 8, "ignore_eos": True}}).encode()
+            req = urllib.request.Request(base + "/generate", data=body, headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                out = json.loads(r.read())
+            res["output_ids"] = out.get("output_ids")
+            res["completion_tokens"] = out.get("meta_info", {}).get("completion_tokens")
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    res["plugin_log"] = [ln.strip() for ln in open(log_path, errors="replace") if "FP4 indexer" in ln]
+    with open(opts.out, "w") as f:
+        json.dump(res, f)
+    print(f"saved {opts.out}: {res}")
+
+
+def _overlap(a, b):
+    """Mean and min over rows of |A ∩ B| / |B| for top-k rows ``[rows, TOPK]`` (``-1`` = empty)."""
+    vals = []
+    for r in range(a.shape[0]):
+        x = set(a[r][a[r] >= 0].tolist())
+        y = set(b[r][b[r] >= 0].tolist())
+        vals.append(len(x & y) / max(len(y), 1))
+    return sum(vals) / len(vals), min(vals)
+
+
+def compare(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="sglang_one_batch.py compare")
+    p.add_argument("fp8")
+    p.add_argument("fp4")
+    p.add_argument("fp4_eager")
+    p.add_argument("--engine", nargs=2, metavar=("FP8_JSON", "FP4_JSON"))
+    p.add_argument("--server", metavar="SERVER_JSON")
+    p.add_argument("--json")
+    opts = p.parse_args(argv)
+    import torch
+
+    fp8, fp4, eager = (torch.load(f, weights_only=False) for f in (opts.fp8, opts.fp4, opts.fp4_eager))
+    rows = []
+
+    def add(name, ok, detail):
+        rows.append({"check": name, "ok": bool(ok), "detail": detail})
+
+    p8, p4 = fp8["pool"], fp4["pool"]
+    add("FP4 pool built by SGLang (68 B per token per layer)",
+        p4["index_bytes_per_token_layer"] == 68 and p8["index_bytes_per_token_layer"] == 132,
+        f"FP8 run: {p8['class']}/{p8['index_cache']} {p8['index_bytes_per_token_layer']} B; "
+        f"FP4 run: {p4['class']}/{p4['index_cache']} {p4['index_bytes_per_token_layer']} B")
+    add("FP4 pool holds more tokens in the same memory", p4["max_total_num_tokens"] > p8["max_total_num_tokens"],
+        f"{p8['max_total_num_tokens']} -> {p4['max_total_num_tokens']} "
+        f"(+{100 * (p4['max_total_num_tokens'] / p8['max_total_num_tokens'] - 1):.1f} %)")
+    for name, st in (("FP8", fp8), ("FP4", fp4), ("FP4 eager", eager)):
+        bad = 0
+        total = 0
+        for b in st["batches"]:
+            for c in b["prefill_checks"] + b["decode_checks"]:
+                total += c["rows"]
+                bad += c["count"] + c["duplicate"] + c["out_of_range"]
+        add(f"{name}: every top-k row valid (prefill and decode)", bad == 0 and total > 0,
+            f"{total} rows, {bad} failures")
+    # graph replay vs eager (FP4)
+    eq_rows = tot_rows = 0
+    worst = 1.0
+    for bg, be in zip(fp4["batches"], eager["batches"]):
+        for g, e in zip(bg["decode"], be["decode"]):
+            for layer in range(g.shape[1]):
+                for r in range(g.shape[0]):
+                    x, y = g[r, layer], e[r, layer]
+                    sx, sy = set(x[x >= 0].tolist()), set(y[y >= 0].tolist())
+                    tot_rows += 1
+                    eq_rows += sx == sy
+                    worst = min(worst, len(sx & sy) / max(len(sy), 1))
+    add("FP4 top-k from CUDA-graph replay equals eager", eq_rows == tot_rows and tot_rows > 0,
+        f"{eq_rows}/{tot_rows} rows identical sets (worst overlap {worst:.4f})")
+    oracle = eager.get("oracle") or []
+    ok = bool(oracle) and all(o["max_error_over_bound"] <= 1.0 for o in oracle)
+    add("eager FP4 logits vs fp64 oracle within sm90.logit_error_bound", ok,
+        "; ".join(f"layer {o['layer']} rows {o['rows']} {o['impl']}: err/bound {o['max_error_over_bound']:.3f}, "
+                  f"returned top-k = kernel top-k {o['topk_agreement_min']:.4f}" for o in oracle) or "not recorded")
+    # FP4 vs FP8 overlap per layer and step
+    per = []
+    for b8, b4 in zip(fp8["batches"], fp4["batches"]):
+        for step, (d8, d4) in enumerate(zip(b8["decode"], b4["decode"])):
+            for layer in range(d8.shape[1]):
+                mean, low = _overlap(d4[:, layer], d8[:, layer])
+                per.append({"bs": b8["bs"], "step": step, "layer": layer, "mean": mean, "min": low})
+        for t8, t4 in zip(b8["prefill_tail"], b4["prefill_tail"]):
+            for layer in range(t8.shape[1]):
+                mean, low = _overlap(t4[:, layer], t8[:, layer])
+                per.append({"bs": b8["bs"], "step": "prefill", "layer": layer, "mean": mean, "min": low})
+    dec = [x["mean"] for x in per if x["step"] != "prefill"]
+    pre = [x["mean"] for x in per if x["step"] == "prefill"]
+    add("FP4 vs FP8 top-k overlap (reported, not a pass/fail bound)", True,
+        f"decode: mean {sum(dec) / len(dec):.4f}, lowest layer-step {min(dec):.4f}; "
+        f"prefill (last 64 tokens of each prompt): mean {sum(pre) / len(pre):.4f}")
+    lines = [ln for ln in fp4.get("plugin_log", []) if "FP4 indexer" in ln]
+    add("startup log names the kernels that run", bool(lines), " | ".join(lines) or "no plugin log line")
+    lines8 = [ln for ln in fp8.get("plugin_log", []) if "FP4" in ln]
+    add("FP8 run: plugin silent", not lines8, " | ".join(lines8) or "no plugin line")
+    if opts.engine:
+        e8, e4 = (json.load(open(f)) for f in opts.engine)
+        got = []
+        for r8, r4 in zip(e8["requests"], e4["requests"]):
+            got.append(f"prompt {r4['prompt_len']}: {r4['completion_tokens']} tokens in {r4['spec_verify_ct']} "
+                       f"verify steps (FP8: {r8['completion_tokens']} in {r8['spec_verify_ct']})")
+        have_topk = all(r.get("indexer_topk") for r in e4["requests"])
+        add("Engine with MTP (target verify + draft through the plugin)", have_topk and e4["requests"],
+            "; ".join(got) + ("" if have_topk else "; no indexer top-k returned"))
+        if have_topk and all(r.get("indexer_topk") for r in e8["requests"]):
+            import numpy as np
+
+            ovs = []
+            for r8, r4 in zip(e8["requests"], e4["requests"]):
+                a8 = np.array(r8["indexer_topk"]).reshape(-1, TOPK)
+                a4 = np.array(r4["indexer_topk"]).reshape(-1, TOPK)
+                n = min(a8.shape[0], a4.shape[0])
+                mean, low = _overlap(torch.from_numpy(a4[:n]), torch.from_numpy(a8[:n]))
+                ovs.append(mean)
+            add("Engine MTP: FP4 vs FP8 returned top-k overlap (reported)", True,
+                f"mean per request {', '.join(f'{v:.4f}' for v in ovs)}")
+    if opts.server:
+        sv = json.load(open(opts.server))
+        add("launch_server --enable-fp4-indexer: one /generate on localhost",
+            bool(sv.get("completion_tokens")) and bool(sv.get("plugin_log")),
+            f"{sv.get('completion_tokens')} tokens; ready after {sv.get('ready_s', 0):.0f} s; "
+            + " | ".join(sv.get("plugin_log", [])))
+    summary = {"checks": rows, "overlap": per, "versions": fp4.get("versions"), "pools": [p8, p4],
+               "plugin_log_fp4": fp4.get("plugin_log"), "wall_s": [fp8.get("wall_s"), fp4.get("wall_s"),
+                                                                   eager.get("wall_s")]}
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+    print(f"versions: {fp4.get('versions')}")
+    print(f"{'check':<66} {'':4} detail")
+    for r in rows:
+        print(f"{r['check']:<66} {'PASS' if r['ok'] else 'FAIL':4} {r['detail']}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in ("make-model", "run", "engine", "server", "compare"):
+        print(__doc__)
+        return 2
+    cmd, rest = sys.argv[1], sys.argv[2:]
+    if cmd == "make-model":
+        make_model(rest[0])
+        return 0
+    if cmd == "run":
+        run(rest)
+        return 0
+    if cmd == "engine":
+        engine(rest)
+        return 0
+    if cmd == "server":
+        server(rest)
+        return 0
+    return compare(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

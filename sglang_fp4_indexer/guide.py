@@ -1,0 +1,96 @@
+"""``sglang-fp4-indexer docs``: where the user documentation is, and how to report a result.
+
+The wheel carries the user documents in ``sglang_fp4_indexer/docs/`` (copied
+there at build time by the checkout's ``setup.py``: README.md, CHANGELOG.md and
+every page of docs/). From a checkout (an editable install, or ``PYTHONPATH``)
+the same documents are the checkout's own README.md, CHANGELOG.md and docs/.
+Nothing here imports torch, Triton or SGLang.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["DOCS", "REPORT", "docs_dir", "doc_path", "add_arguments", "main"]
+
+#: The user documents, in reading order, with what each answers.
+DOCS = (
+    ("README.md", "what FP4 gives and costs on H200, install, the two commands"),
+    ("user-guide.md", "enable, check before you launch, turn off, uninstall, report results, what is refused"),
+    ("demo.md", "the demo's table and options"),
+    ("accuracy.md", "what FP4 costs the indexer's top-k: the accuracy study"),
+    ("benchmarks.md", "the measured H200 times, the method and the bench commands"),
+    ("perf-notes.md", "why the Hopper scorer is built as it is, and what limits it"),
+    ("format.md", "the MXFP4 index-key format, byte by byte"),
+    ("design.md", "the design the code relies on: terms, contracts, module map, departures from the original design"),
+    ("sglang-seams.md", "where the plugin meets SGLang's code"),
+    ("CHANGELOG.md", "changes per version"),
+)
+#: How to report a result; the user guide's "Report results" section says what to include.
+REPORT = ("There is no public issue tracker for this package: send your report to the person or team you got the "
+          "package (the checkout or the wheel) from, with what user-guide.md lists under \"Report results\".")
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def docs_dir() -> Path | None:
+    """The folder of the installed user documents, or None when neither copy is there.
+
+    Returns:
+        ``sglang_fp4_indexer/docs`` of an installed wheel; from a checkout
+        (no such folder in the package), the checkout's ``docs/``.
+    """
+    installed = _PACKAGE / "docs"
+    if (installed / "user-guide.md").is_file():
+        return installed
+    checkout = _PACKAGE.parent / "docs"
+    if (checkout / "user-guide.md").is_file():
+        return checkout
+    return None
+
+
+def doc_path(name: str) -> Path | None:
+    """The file of one user document (``DOCS`` names), or None when it is not there.
+
+    README.md and CHANGELOG.md sit next to the pages in the wheel, and at the
+    top of a checkout (one level above its docs/).
+    """
+    folder = docs_dir()
+    if folder is None:
+        return None
+    for candidate in (folder / name, folder.parent / name):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``docs``."""
+    parser.add_argument("--path", action="store_true",
+                        help="print only the folder of the user guide (for scripts: "
+                             "less \"$(sglang-fp4-indexer docs --path)/user-guide.md\")")
+
+
+def main(args: argparse.Namespace) -> int:
+    """List the user documents with their paths, then how to report a result; 1 when they are not installed."""
+    folder = docs_dir()
+    if folder is None:
+        print("the user documentation is not installed with this copy of sglang-fp4-indexer "
+              "(a wheel built with `make wheel` carries it)")
+        return 1
+    if args.path:
+        print(folder)
+        return 0
+    from . import __version__
+
+    print(f"sglang-fp4-indexer {__version__}: the user documentation is in {folder}")
+    shown = [(name if path.parent == folder else f"../{name}", what)
+             for name, what in DOCS if (path := doc_path(name)) is not None]
+    width = max(len(name) for name, _ in shown)
+    for name, what in shown:
+        print(f"  {name:<{width}}  {what}")
+    print("(plain Markdown: open them in any viewer, e.g. less; the links to benchmarks/results/ point into the "
+          "source checkout, which keeps the raw measurements)")
+    print(REPORT)
+    return 0

@@ -1,0 +1,323 @@
+"""Every published number is the measured table it comes from.
+
+One source per number: the raw measurement files under benchmarks/results/
+(the decode and prefill benchmark of the H200 run, the CPU and GPU accuracy
+runs) and the tables ``check`` ships (sglang_fp4_indexer/data/h200_tables.json,
+built from the same files). The pages that quote them -- README.md,
+docs/benchmarks.md, docs/perf-notes.md, docs/accuracy.md, CHANGELOG.md -- are
+checked against those files: each quoted figure is recomputed here from the
+raw numbers and must appear as printed, and the tables on the pages must equal
+the files cell by cell within the digits they show. Nothing is measured here.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from sglang_fp4_indexer.dcp import dcp_capacity
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+K = 1024
+
+
+def _json(name):
+    return json.loads((RESULTS / name).read_text())
+
+
+def _page(name):
+    return (REPO / name).read_text()
+
+
+def _flat(text):
+    return " ".join(text.split())
+
+
+DECODE = _json("bench_h200_decode.json")
+PREFILL = _json("bench_h200_prefill.json")
+ACC_CPU = _json("accuracy-cpu.json")
+ACC_GPU = _json("accuracy-gpu.json")
+TABLES = json.loads((REPO / "sglang_fp4_indexer" / "data" / "h200_tables.json").read_text())
+
+
+def _row(heads, batch, context, next_n):
+    return next(r for r in DECODE["rows"]
+                if (r["heads"], r["batch"], r["context"], r["next_n"]) == (heads, batch, context, next_n))
+
+
+def _us(row, scorer):
+    res = row["results"][scorer]
+    assert res["status"] == "ok", (row["label"], scorer)
+    return res["seconds"] * 1e6
+
+
+def _recall(acc, workload, context, heads):
+    case = next(c for c in acc["cases"] if (c["workload"], c["context"], c["heads"]) == (workload, context, heads))
+    return case["formats"]["FP8"]["recall_mean"], case["formats"]["FP4"]["recall_mean"]
+
+
+def _shown(text: str, value: float) -> bool:
+    """``text`` (a number as a page prints it, commas allowed) is ``value`` rounded to the digits it shows."""
+    text = text.replace(",", "").strip()
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return abs(float(text) - value) <= 0.5 * 10 ** -decimals + 1e-9
+
+
+def test_check_tables_are_built_from_the_published_reports():
+    assert TABLES["sources"] == ["benchmarks/results/bench_h200_decode.json", "benchmarks/results/accuracy-gpu.json"]
+    for t in TABLES["timing"]["rows"]:
+        row = _row(t["heads"], t["batch"], t["context"], t["next_n"])
+        assert _shown(f"{t['fp4_us']:.3f}", _us(row, "ours")) and _shown(f"{t['fp8_us']:.3f}", _us(row, "deepgemm-fp8"))
+
+
+def _table_rows(page: str, after: str) -> list[list[str]]:
+    """The body rows of the first Markdown table after the line ``after``."""
+    lines = page[page.index(after):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| ---"))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def _shape(text):
+    m = re.fullmatch(r"H(\d+) (\d+) × (\d+)K next_n (\d+)", text)
+    return tuple(int(g) * (K if i == 2 else 1) for i, g in enumerate(m.groups()))
+
+
+def _value_and_paren(cell):
+    m = re.fullmatch(r"([\d.,]+)†? \((?:\*\*)?([\d.]+)(?:\*\*)?(?: %)?\)", cell)
+    assert m, cell
+    return m.group(1), m.group(2)
+
+
+def test_benchmarks_decode_table_is_the_measured_report():
+    rows = _table_rows(_page("docs/benchmarks.md"), "### Decode and target verify")
+    assert len(rows) == len(DECODE["rows"]) == 14
+    for cells in rows:
+        row = _row(*_shape(cells[0]))
+        ours = _us(row, "ours")
+        assert _shown(cells[1], row["fp4_floor_s"] * 1e6), cells
+        value, pct = _value_and_paren(cells[2])
+        assert _shown(value, ours) and _shown(pct, 100 * row["fp4_floor_s"] * 1e6 / ours), cells
+        for cell, scorer in ((cells[3], "deepgemm-fp8"), (cells[4], "deepgemm-fp8-native"),
+                             (cells[5], "sglang-triton-fp4")):
+            value, ratio = _value_and_paren(cell)
+            assert _shown(value, _us(row, scorer)) and _shown(ratio, _us(row, scorer) / ours), (cells, scorer)
+        assert _shown(cells[6], row["fp8_floor_s"] * 1e6), cells
+
+
+def test_benchmarks_prefill_and_op_tables_are_the_measured_reports():
+    page = _page("docs/benchmarks.md")
+    store, planner = DECODE["store"], DECODE["planner"]
+    assert (f"| {store['seconds'] * 1e6:.2f} µs | {store['floor_s'] * 1e6:.2f} µs | "
+            f"{100 * store['floor_s'] / store['seconds']:.0f} % |") in page
+    assert f"| {planner['seconds'] * 1e6:.2f} µs |" in page
+    bw = DECODE["meta"]["copy_bandwidth_bytes_per_s"]
+    assert f"{bw / 1e12:.3f} TB/s" in page
+    row = _row(64, 8, 128 * K, 1)
+    assert f"8 x 131072 x 72 B = {row['fp4_bytes'] / 1e6:.1f} MB, {row['fp4_floor_s'] * 1e6:.1f} µs" in page
+    rows = _table_rows(page, "### Prefill")
+    assert len(rows) == len(PREFILL["prefill"]) == 6
+    for cells, r in zip(rows, PREFILL["prefill"]):
+        assert cells[0] == f"{r['new'] // K}K new + {r['prefix'] // K}{'K' if r['prefix'] else ''} prefix", cells
+        gather = r["gather"]
+        m = re.fullmatch(r"([\d.]+) \((\d+) %\)", cells[1])
+        assert _shown(m.group(1), gather["seconds"] * 1e6) and _shown(m.group(2), gather["pct_floor"]), cells
+        for cell, name in ((cells[2], "ours[deepgemm]"), (cells[3], "ours[folded]"), (cells[4], "deepgemm-fp8")):
+            ms, tflops = re.fullmatch(r"([\d.]+) \((\d+)\)", cell).groups()
+            res = r["results"][name]
+            assert _shown(ms, res["seconds"] * 1e3) and _shown(tflops, res["tflops"]), (cells, name)
+        fp8 = r["results"]["deepgemm-fp8"]["seconds"]
+        assert _shown(cells[5], fp8 / r["results"]["ours[deepgemm]"]["seconds"]), cells
+        assert _shown(cells[6], fp8 / r["results"]["ours[folded]"]["seconds"]), cells
+
+
+@pytest.mark.parametrize("acc, heading", [(ACC_CPU, "## CPU results"), (ACC_GPU, "## GPU results (H200, up to 128K)")],
+                         ids=["cpu", "gpu"])
+def test_accuracy_recall_tables_are_the_measured_runs(acc, heading):
+    rows = _table_rows(_page("docs/accuracy.md"), heading)
+    assert len(rows) == len(acc["cases"])
+    for cells in rows:
+        fp8, fp4 = _recall(acc, cells[0], int(cells[1].replace(",", "")), int(cells[2]))
+        assert _shown(cells[4], fp8) and _shown(cells[7], fp4) and _shown(cells[10].lstrip("+"), fp4 - fp8), cells
+
+
+def _ratio_range(rows, key):
+    ratios = [_us(r, key) / _us(r, "ours") for r in rows]
+    return min(ratios), max(ratios)
+
+
+def _decode_rows(next_n=None, heads=None, min_keys=0):
+    return [r for r in DECODE["rows"] if (next_n is None or (r["next_n"] == 1) == (next_n == 1))
+            and (heads is None or r["heads"] == heads) and r["batch"] * r["context"] >= min_keys]
+
+
+def _floor_pct(rows):
+    pcts = [100 * r["fp4_floor_s"] * 1e6 / _us(r, "ours") for r in rows]
+    return f"{min(pcts):.0f}-{max(pcts):.0f} %"
+
+
+def _deepgemm_native_lead(rows):
+    """How much less time DeepGEMM's native next_n path takes than ours, in %, over ``rows``."""
+    leads = [100 * (1 - _us(r, "deepgemm-fp8-native") / _us(r, "ours")) for r in rows]
+    return f"{min(leads):.0f}-{max(leads):.0f} %"
+
+
+def _tokens(kv, w=1):
+    return dcp_capacity(100 * 2**30, w, kv_bytes=kv, num_layers=61, num_index_layers=61)
+
+
+def test_readme_quotes_the_measured_tables():
+    page = _flat(_page("README.md"))
+    big, small, verify = _row(64, 8, 128 * K, 1), _row(64, 1, 4 * K, 1), _row(64, 8, 128 * K, 2)
+    for kv, label in ((1152, "bf16 MLA KV cache"), (656, "FP8 MLA KV cache")):
+        cap = _tokens(kv)
+        assert (f"| {cap.tokens_fp8:,} | {cap.tokens_fp4_replicated:,} (**+{cap.gain_replicated * 100:.1f} %**) |"
+                in page), label
+    assert f"| {_us(big, 'deepgemm-fp8'):.1f} µs (DeepGEMM) | **{_us(big, 'ours'):.1f} µs** |" in page
+    assert f"| {_us(small, 'deepgemm-fp8'):.2f} µs (DeepGEMM) | **{_us(small, 'ours'):.2f} µs** |" in page
+    assert f"| {_us(verify, 'deepgemm-fp8'):.1f} µs (DeepGEMM as SGLang 0.5.23 calls it on Hopper) |" in page
+    assert f"| **{_us(verify, 'ours'):.1f} µs** |" in page
+    (f8a, f4a), (f8b, f4b) = _recall(ACC_GPU, "text", 4 * K, 64), _recall(ACC_GPU, "text", 128 * K, 64)
+    assert f"| {f8a:.3f} / {f8b:.3f} | {f4a:.3f} / {f4b:.3f} |" in page
+    assert f"about {(f8a - f4a) * 100:.0f} points of recall lower at 4K and {(f8b - f4b) * 100:.1f} points at 128K" in page
+    lo, hi = _ratio_range(_decode_rows(next_n=1), "deepgemm-fp8")
+    lo2, hi2 = _ratio_range(_decode_rows(next_n=2), "deepgemm-fp8")
+    assert f"{lo:.2f}-{hi:.2f}x DeepGEMM FP8 in decode and {lo2:.2f}-{hi2:.2f}x in target verify" in page
+    native_rows = [r for r in _decode_rows(next_n=2, heads=64) if r["next_n"] == 2]
+    assert f"is {_deepgemm_native_lead(native_rows)} faster than ours at 64 heads" in page
+    # The status table.
+    assert (f"{_us(big, 'ours'):.1f} µs at batch 8 × 128 K, H 64 on H200 against DeepGEMM FP8's "
+            f"{_us(big, 'deepgemm-fp8'):.1f} µs in the same run ({_us(big, 'deepgemm-fp8') / _us(big, 'ours'):.2f}×), "
+            f"{_us(small, 'ours'):.2f} µs at 1 × 4 K ({_us(small, 'deepgemm-fp8') / _us(small, 'ours'):.2f}×), "
+            f"{_us(verify, 'ours'):.1f} µs vs {_us(verify, 'deepgemm-fp8'):.1f} µs in target verify") in page
+    assert (f"takes {_us(verify, 'deepgemm-fp8-native'):.1f} µs: "
+            f"{_us(verify, 'deepgemm-fp8-native') / _us(verify, 'ours'):.2f}×); "
+            f"{_us(big, 'sglang-triton-fp4') / _us(big, 'ours'):.0f}× SGLang 0.5.23's Triton FP4 scorer") in page
+    assert (f"{_floor_pct(_decode_rows(next_n=1, heads=64, min_keys=2**20))} of its memory-bandwidth floor in decode "
+            f"at 1 M keys or more per call and {_floor_pct(native_rows)} at next_n 2") in page
+    store, planner = DECODE["store"], DECODE["planner"]
+    assert (f"{store['seconds'] * 1e6:.2f} µs for 64 K tokens = {100 * store['floor_s'] / store['seconds']:.0f} % "
+            "of its HBM floor on H200") in page
+    assert f"{planner['seconds'] * 1e6:.2f} µs per call at batch 64" in page
+    ratios = [r["results"]["deepgemm-fp8"]["seconds"] / r["results"]["ours[deepgemm]"]["seconds"]
+              for r in PREFILL["prefill"]]
+    tflops = [r["results"]["ours[deepgemm]"]["tflops"] for r in PREFILL["prefill"]]
+    assert f"{min(ratios):.2f}-{max(ratios):.2f}× DeepGEMM on FP8 keys" in page
+    assert f"{min(tflops):.0f}-{max(tflops):.0f} TFLOP/s" in page
+    fp8_kv, bf16_kv = _tokens(656, 8), _tokens(1152, 8)
+    assert (f"+{fp8_kv.gain_sharded * 100:.0f} % tokens at W = 8 with an FP8 MLA KV cache, "
+            f"+{bf16_kv.gain_sharded * 100:.0f} % with bf16") in page
+    fp8, fp4 = zip(*(_recall(ACC_CPU, w, 64 * K, h) for w in ("text", "gaussian") for h in (64, 32)))
+    out8, out4 = zip(*(_recall(ACC_CPU, "outlier", 64 * K, h) for h in (64, 32)))
+    assert len({f"{x:.2f}" for x in fp8}) == 1 and len({f"{x:.2f}" for x in out8 + out4}) == 2  # one figure each
+    assert (f"top-2048 recall at 64K FP4 {min(fp4):.2f}-{max(fp4):.2f} vs FP8 {fp8[0]:.2f} (text, gaussian), "
+            f"{out4[0]:.2f} vs {out8[0]:.2f} with outlier channels") in page
+
+
+def test_readme_times_are_all_measured_ones():
+    """No stale figure anywhere on the README: every time in µs is one of the measured report's."""
+    measured = set()
+    for r in DECODE["rows"]:
+        for res in r["results"].values():
+            if res.get("status") == "ok":
+                measured |= {f"{res['seconds'] * 1e6:.1f}", f"{res['seconds'] * 1e6:.2f}"}
+    for op in (DECODE["store"], DECODE["planner"]):
+        measured |= {f"{op['seconds'] * 1e6:.2f}", f"{op['floor_s'] * 1e6:.2f}" if "floor_s" in op else ""}
+    quoted = re.findall(r"([\d.]+) µs", _page("README.md"))
+    assert quoted and [q for q in quoted if q not in measured] == []
+
+
+def test_readme_says_what_the_headline_was_measured_on():
+    page = _flat(_page("README.md"))
+    meta = DECODE["meta"]
+    assert f"torch {meta['torch']}, triton {meta['triton']}, Python {meta['python']}" in page
+    sglang = {r.split("==")[0]: r.split("==")[1].split(";")[0] for r in md.requires("sglang") if "==" in r}
+    triton = next(r for r in md.requires("torch") if r.startswith("triton"))
+    triton_pin = re.search(r"~=([\d.]+)", triton).group(1)
+    assert (f"brings torch {sglang['torch']}, triton {triton_pin} and sgl-deep-gemm {sglang['sgl-deep-gemm']}"
+            in page)
+    assert "sglang-fp4-indexer bench --device cuda --quick" in page
+
+
+def test_perf_notes_quote_the_benchmark():
+    page = _flat(_page("docs/perf-notes.md"))
+    big, small, verify = _row(64, 8, 128 * K, 1), _row(64, 1, 4 * K, 1), _row(64, 8, 128 * K, 2)
+    serving = _row(64, 64, 4 * K, 1)
+    bw = DECODE["meta"]["copy_bandwidth_bytes_per_s"]
+    assert f"({big['fp4_floor_s'] * 1e6:.1f} µs at the {bw / 1e12:.3f} TB/s of the current benchmark)" in page
+    assert (f"H64 next_n 2 is {_us(verify, 'ours'):.1f} µs at 8 x 128K against DeepGEMM's "
+            f"{_us(verify, 'deepgemm-fp8-native'):.1f} with its native next_n and {_us(verify, 'deepgemm-fp8'):.1f} "
+            "as SGLang 0.5.23 calls it on Hopper") in page
+    assert f"(64 x 4K at serving width: {_us(serving, 'ours'):.1f} µs, benchmarks.md)" in page
+    store, planner = DECODE["store"], DECODE["planner"]
+    assert (f"In the current benchmark: {store['seconds'] * 1e6:.2f} µs "
+            f"({100 * store['floor_s'] / store['seconds']:.0f} % of its floor) and {planner['seconds'] * 1e6:.2f} µs") in page
+    lo, hi = _ratio_range(_decode_rows(next_n=1, heads=64), "deepgemm-fp8")
+    native_rows = [r for r in _decode_rows(next_n=2, heads=64) if r["next_n"] == 2]
+    nlo, nhi = _ratio_range(native_rows, "deepgemm-fp8-native")
+    assert f"at next_n 1 the scorer is {lo:.2f}-{hi:.2f}x DeepGEMM FP8 at H64" in page
+    assert f"at next_n 2 it is {nlo:.2f}-{nhi:.2f}x DeepGEMM's native path" in page
+    assert f"1 x 4K is {_us(small, 'ours'):.2f} µs in the benchmark" in page
+    assert (f"The scorer sits at {_floor_pct(_decode_rows(next_n=1, heads=64, min_keys=2**20))} of its floor at "
+            "next_n 1 with 1 M keys or more per call") in page
+
+
+def _gaps(acc, workloads, min_context=2049):
+    return [100 * (fp8 - fp4) for c in acc["cases"] if c["workload"] in workloads and c["context"] >= min_context
+            for fp8, fp4 in [(c["formats"]["FP8"]["recall_mean"], c["formats"]["FP4"]["recall_mean"])]]
+
+
+def test_changelog_and_readme_recall_cost_include_every_workload():
+    every = _gaps(ACC_GPU, {"text", "gaussian", "needle", "outlier"})
+    plain = _gaps(ACC_GPU, {"text", "gaussian", "needle"})
+    outlier = _gaps(ACC_GPU, {"outlier"})
+    assert max(every) == max(outlier) > 14  # the outlier workload is the worst case
+    text = (f"top-2048 recall is {min(every):.0f}-{max(every):.0f} points below FP8's beyond 2048 tokens "
+            f"({min(plain):.0f}-{max(plain):.0f} on the text, gaussian and needle workloads, "
+            f"{min(outlier):.0f}-{max(outlier):.0f} on the outlier workload")
+    assert text in _flat(_page("CHANGELOG.md"))
+
+
+def test_accuracy_plain_words_are_the_cpu_run():
+    page = _flat(_page("docs/accuracy.md"))
+    gap = lambda ctx, ws: [100 * (a - b) for w in ws for h in (64, 32) for a, b in [_recall(ACC_CPU, w, ctx, h)]]  # noqa: E731
+    g4, g16, g64 = (gap(c * K, ("text", "gaussian")) for c in (4, 16, 64))
+    o16, o64 = gap(16 * K, ("outlier",)), gap(64 * K, ("outlier",))
+    assert (f"the gap is {min(g4):.0f} points at 4K, {min(g16):.0f}-{max(g16):.0f} points at 16K and "
+            f"{min(g64):.0f}-{max(g64):.0f} points at 64K ({min(o16):.0f} and {min(o64):.0f} on the outlier workload)"
+            ) in page
+    assert round(min(g4)) == round(max(g4))
+    g128 = _gaps(ACC_GPU, {"text", "gaussian", "needle"}, 128 * K)
+    o128 = _gaps(ACC_GPU, {"outlier"}, 128 * K)
+    assert (f"in the H200 measurement {min(g128):.1f}-{max(g128):.0f} points at 128K ({min(o128):.0f} on the outlier "
+            "workload)") in page
+    for internal in ("the issue's", "goal", "not met", "target"):
+        assert internal not in page, internal
+
+
+def test_benchmarks_summary_against_deepgemm_is_the_decode_table():
+    rows = _table_rows(_page("docs/benchmarks.md"), "### Against DeepGEMM FP8, in short")
+    rng = lambda rs, col: "-".join(dict.fromkeys(f"{x:.2f}" for x in _ratio_range(rs, col)))  # noqa: E731
+    h64 = lambda n: [r for r in DECODE["rows"] if r["heads"] == 64 and r["next_n"] == n]  # noqa: E731
+    h32 = [_row(32, 8, 128 * K, n) for n in (1, 2, 4)]
+    want = [
+        [rng(h64(1), "deepgemm-fp8"), rng(h64(1), "deepgemm-fp8-native")],
+        [rng(h64(2), "deepgemm-fp8"), f"**{rng(h64(2), 'deepgemm-fp8-native')}**"],
+        [rng(h64(4), "deepgemm-fp8"), rng(h64(4), "deepgemm-fp8-native")],
+        [" / ".join(f"{_us(r, c) / _us(r, 'ours'):.2f}" for r in h32) for c in ("deepgemm-fp8", "deepgemm-fp8-native")],
+    ]
+    assert [cells[1:] for cells in rows[:4]] == want
+    ratios = [r["results"]["deepgemm-fp8"]["seconds"] / r["results"]["ours[deepgemm]"]["seconds"]
+              for r in PREFILL["prefill"]]
+    assert rows[4][1].startswith(f"{min(ratios):.2f}-{max(ratios):.2f} ")
+    page = _page("docs/benchmarks.md")
+    assert "| goal |" not in page and "missed" not in page and "target <" not in page
