@@ -69,7 +69,8 @@ def _shown(text: str, value: float) -> bool:
 
 
 def test_check_tables_are_built_from_the_published_reports():
-    assert TABLES["sources"] == ["benchmarks/results/bench_h200_decode.json", "benchmarks/results/accuracy-gpu.json"]
+    assert TABLES["sources"] == ["benchmarks/results/bench_h200_decode.json", "benchmarks/results/accuracy-gpu.json",
+                                 "benchmarks/results/model-accuracy-cpu.json"]
     for t in TABLES["timing"]["rows"]:
         row = _row(t["heads"], t["batch"], t["context"], t["next_n"])
         assert _shown(f"{t['fp4_us']:.3f}", _us(row, "ours")) and _shown(f"{t['fp8_us']:.3f}", _us(row, "deepgemm-fp8"))
