@@ -74,10 +74,13 @@ ENGINE=()
 [ -f "$WORK/engine_fp8.json" ] && [ -f "$WORK/engine_fp4.json" ] && ENGINE=(--engine "$WORK/engine_fp8.json" "$WORK/engine_fp4.json")
 SERVER=()
 [ -f "$WORK/server.json" ] && SERVER=(--server "$WORK/server.json")
-if [ -f "$WORK/fp8.pt" ] && [ -f "$WORK/fp4.pt" ] && [ -f "$WORK/fp4_eager.pt" ]; then
-  "$PY" scripts/sglang_one_batch.py compare "$WORK/fp8.pt" "$WORK/fp4.pt" "$WORK/fp4_eager.pt" "${ENGINE[@]}" \
-    "${SERVER[@]}" --json "$OUTDIR/summary.json" >"$OUTDIR/table.txt" 2>"$WORK/logs/compare.log"
+RUNS=()
+[ -f "$WORK/fp8.pt" ] && [ -f "$WORK/fp4.pt" ] && [ -f "$WORK/fp4_eager.pt" ] && RUNS=("$WORK/fp8.pt" "$WORK/fp4.pt" "$WORK/fp4_eager.pt")
+if [ ${#RUNS[@]} -gt 0 ] || [ ${#ENGINE[@]} -gt 0 ] || [ ${#SERVER[@]} -gt 0 ]; then
+  "$PY" scripts/sglang_one_batch.py compare ${RUNS[@]+"${RUNS[@]}"} ${ENGINE[@]+"${ENGINE[@]}"} \
+    ${SERVER[@]+"${SERVER[@]}"} --json "$OUTDIR/summary.json" >"$OUTDIR/table.txt" 2>"$WORK/logs/compare.log"
 fi
+cp "$WORK"/server.json.log "$WORK/logs/server_launch.log" 2>/dev/null
 tar -czf "$OUTDIR/logs.tar.gz" -C "$WORK" logs stages.txt 2>/dev/null
 echo "== device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 cat "$WORK/stages.txt" 2>/dev/null

@@ -491,77 +491,80 @@ def _overlap(a, b):
 
 def compare(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="sglang_one_batch.py compare")
-    p.add_argument("fp8")
-    p.add_argument("fp4")
-    p.add_argument("fp4_eager")
+    p.add_argument("runs", nargs="*", metavar="RUN.pt",
+                   help="the three one-batch runs FP8.pt FP4.pt FP4_EAGER.pt (or none: engine / server checks only)")
     p.add_argument("--engine", nargs=2, metavar=("FP8_JSON", "FP4_JSON"))
     p.add_argument("--server", metavar="SERVER_JSON")
     p.add_argument("--json")
     opts = p.parse_args(argv)
     import torch
 
-    fp8, fp4, eager = (torch.load(f, weights_only=False) for f in (opts.fp8, opts.fp4, opts.fp4_eager))
+    if len(opts.runs) not in (0, 3):
+        p.error(f"runs: expected FP8.pt FP4.pt FP4_EAGER.pt or none, got {len(opts.runs)} files")
     rows = []
 
     def add(name, ok, detail):
         rows.append({"check": name, "ok": bool(ok), "detail": detail})
 
-    p8, p4 = fp8["pool"], fp4["pool"]
-    add("FP4 pool built by SGLang (68 B per token per layer)",
-        p4["index_bytes_per_token_layer"] == 68 and p8["index_bytes_per_token_layer"] == 132,
-        f"FP8 run: {p8['class']}/{p8['index_cache']} {p8['index_bytes_per_token_layer']} B; "
-        f"FP4 run: {p4['class']}/{p4['index_cache']} {p4['index_bytes_per_token_layer']} B")
-    add("FP4 pool holds more tokens in the same memory", p4["max_total_num_tokens"] > p8["max_total_num_tokens"],
-        f"{p8['max_total_num_tokens']} -> {p4['max_total_num_tokens']} "
-        f"(+{100 * (p4['max_total_num_tokens'] / p8['max_total_num_tokens'] - 1):.1f} %)")
-    for name, st in (("FP8", fp8), ("FP4", fp4), ("FP4 eager", eager)):
-        bad = 0
-        total = 0
-        for b in st["batches"]:
-            for c in b["prefill_checks"] + b["decode_checks"]:
-                total += c["rows"]
-                bad += c["count"] + c["duplicate"] + c["out_of_range"]
-        add(f"{name}: every top-k row valid (prefill and decode)", bad == 0 and total > 0,
-            f"{total} rows, {bad} failures")
-    # graph replay vs eager (FP4)
-    eq_rows = tot_rows = 0
-    worst = 1.0
-    for bg, be in zip(fp4["batches"], eager["batches"]):
-        for g, e in zip(bg["decode"], be["decode"]):
-            for layer in range(g.shape[1]):
-                for r in range(g.shape[0]):
-                    x, y = g[r, layer], e[r, layer]
-                    sx, sy = set(x[x >= 0].tolist()), set(y[y >= 0].tolist())
-                    tot_rows += 1
-                    eq_rows += sx == sy
-                    worst = min(worst, len(sx & sy) / max(len(sy), 1))
-    add("FP4 top-k from CUDA-graph replay equals eager", eq_rows == tot_rows and tot_rows > 0,
-        f"{eq_rows}/{tot_rows} rows identical sets (worst overlap {worst:.4f})")
-    oracle = eager.get("oracle") or []
-    ok = bool(oracle) and all(o["max_error_over_bound"] <= 1.0 for o in oracle)
-    add("eager FP4 logits vs fp64 oracle within sm90.logit_error_bound", ok,
-        "; ".join(f"layer {o['layer']} rows {o['rows']} {o['impl']}: err/bound {o['max_error_over_bound']:.3f}, "
-                  f"returned top-k = kernel top-k {o['topk_agreement_min']:.4f}" for o in oracle) or "not recorded")
-    # FP4 vs FP8 overlap per layer and step
-    per = []
-    for b8, b4 in zip(fp8["batches"], fp4["batches"]):
-        for step, (d8, d4) in enumerate(zip(b8["decode"], b4["decode"])):
-            for layer in range(d8.shape[1]):
-                mean, low = _overlap(d4[:, layer], d8[:, layer])
-                per.append({"bs": b8["bs"], "step": step, "layer": layer, "mean": mean, "min": low})
-        for t8, t4 in zip(b8["prefill_tail"], b4["prefill_tail"]):
-            for layer in range(t8.shape[1]):
-                mean, low = _overlap(t4[:, layer], t8[:, layer])
-                per.append({"bs": b8["bs"], "step": "prefill", "layer": layer, "mean": mean, "min": low})
-    dec = [x["mean"] for x in per if x["step"] != "prefill"]
-    pre = [x["mean"] for x in per if x["step"] == "prefill"]
-    add("FP4 vs FP8 top-k overlap (reported, not a pass/fail bound)", True,
-        f"decode: mean {sum(dec) / len(dec):.4f}, lowest layer-step {min(dec):.4f}; "
-        f"prefill (last 64 tokens of each prompt): mean {sum(pre) / len(pre):.4f}")
-    lines = [ln for ln in fp4.get("plugin_log", []) if "FP4 indexer" in ln]
-    add("startup log names the kernels that run", bool(lines), " | ".join(lines) or "no plugin log line")
-    lines8 = [ln for ln in fp8.get("plugin_log", []) if "FP4" in ln]
-    add("FP8 run: plugin silent", not lines8, " | ".join(lines8) or "no plugin line")
+    per, fp8, fp4, eager, p8, p4 = [], {}, {}, {}, None, None
+    if opts.runs:
+        fp8, fp4, eager = (torch.load(f, weights_only=False) for f in opts.runs)
+        p8, p4 = fp8["pool"], fp4["pool"]
+        add("FP4 pool built by SGLang (68 B per token per layer)",
+            p4["index_bytes_per_token_layer"] == 68 and p8["index_bytes_per_token_layer"] == 132,
+            f"FP8 run: {p8['class']}/{p8['index_cache']} {p8['index_bytes_per_token_layer']} B; "
+            f"FP4 run: {p4['class']}/{p4['index_cache']} {p4['index_bytes_per_token_layer']} B")
+        add("FP4 pool holds more tokens in the same memory", p4["max_total_num_tokens"] > p8["max_total_num_tokens"],
+            f"{p8['max_total_num_tokens']} -> {p4['max_total_num_tokens']} "
+            f"(+{100 * (p4['max_total_num_tokens'] / p8['max_total_num_tokens'] - 1):.1f} %)")
+        for name, st in (("FP8", fp8), ("FP4", fp4), ("FP4 eager", eager)):
+            bad = 0
+            total = 0
+            for b in st["batches"]:
+                for c in b["prefill_checks"] + b["decode_checks"]:
+                    total += c["rows"]
+                    bad += c["count"] + c["duplicate"] + c["out_of_range"]
+            add(f"{name}: every top-k row valid (prefill and decode)", bad == 0 and total > 0,
+                f"{total} rows, {bad} failures")
+        # graph replay vs eager (FP4)
+        eq_rows = tot_rows = 0
+        worst = 1.0
+        for bg, be in zip(fp4["batches"], eager["batches"]):
+            for g, e in zip(bg["decode"], be["decode"]):
+                for layer in range(g.shape[1]):
+                    for r in range(g.shape[0]):
+                        x, y = g[r, layer], e[r, layer]
+                        sx, sy = set(x[x >= 0].tolist()), set(y[y >= 0].tolist())
+                        tot_rows += 1
+                        eq_rows += sx == sy
+                        worst = min(worst, len(sx & sy) / max(len(sy), 1))
+        add("FP4 top-k from CUDA-graph replay equals eager", eq_rows == tot_rows and tot_rows > 0,
+            f"{eq_rows}/{tot_rows} rows identical sets (worst overlap {worst:.4f})")
+        oracle = eager.get("oracle") or []
+        ok = bool(oracle) and all(o["max_error_over_bound"] <= 1.0 for o in oracle)
+        add("eager FP4 logits vs fp64 oracle within sm90.logit_error_bound", ok,
+            "; ".join(f"layer {o['layer']} rows {o['rows']} {o['impl']}: err/bound {o['max_error_over_bound']:.3f}, "
+                      f"returned top-k = kernel top-k {o['topk_agreement_min']:.4f}" for o in oracle) or "not recorded")
+        # FP4 vs FP8 overlap per layer and step
+        per = []
+        for b8, b4 in zip(fp8["batches"], fp4["batches"]):
+            for step, (d8, d4) in enumerate(zip(b8["decode"], b4["decode"])):
+                for layer in range(d8.shape[1]):
+                    mean, low = _overlap(d4[:, layer], d8[:, layer])
+                    per.append({"bs": b8["bs"], "step": step, "layer": layer, "mean": mean, "min": low})
+            for t8, t4 in zip(b8["prefill_tail"], b4["prefill_tail"]):
+                for layer in range(t8.shape[1]):
+                    mean, low = _overlap(t4[:, layer], t8[:, layer])
+                    per.append({"bs": b8["bs"], "step": "prefill", "layer": layer, "mean": mean, "min": low})
+        dec = [x["mean"] for x in per if x["step"] != "prefill"]
+        pre = [x["mean"] for x in per if x["step"] == "prefill"]
+        add("FP4 vs FP8 top-k overlap (reported, not a pass/fail bound)", True,
+            f"decode: mean {sum(dec) / len(dec):.4f}, lowest layer-step {min(dec):.4f}; "
+            f"prefill (last 64 tokens of each prompt): mean {sum(pre) / len(pre):.4f}")
+        lines = [ln for ln in fp4.get("plugin_log", []) if "FP4 indexer" in ln]
+        add("startup log names the kernels that run", any("scorer:" in ln for ln in lines), " | ".join(lines) or "no plugin log line")
+        lines8 = [ln for ln in fp8.get("plugin_log", []) if "FP4" in ln]
+        add("FP8 run: plugin silent", not lines8, " | ".join(lines8) or "no plugin line")
     if opts.engine:
         e8, e4 = (json.load(open(f)) for f in opts.engine)
         got = []

@@ -69,3 +69,43 @@ def test_tiny_model_is_served_by_the_plugin(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "FP4 indexer: ENABLED" in out and "64 index heads x 128" in out
+
+
+def _engine_result(path, fp4, topk_rows):
+    import json
+
+    reqs = [{"prompt_len": 5121, "output_ids": [5] * 4, "spec_verify_ct": 2, "completion_tokens": 4,
+             "indexer_topk": topk_rows}]
+    path.write_text(json.dumps({"fp4": fp4, "wall_s": 1.0, "requests": reqs}))
+    return str(path)
+
+
+def test_compare_checks_engine_and_server_results_without_the_runner_files(tmp_path, capsys):
+    """``compare`` with only the Engine (MTP) and server results: each check passes or fails on what they hold."""
+    import json
+
+    rows = torch.arange(3 * tool.TOPK).reshape(3, tool.TOPK)
+    fp8 = _engine_result(tmp_path / "e8.json", False, rows.flatten().tolist())
+    half = rows.clone()
+    half[:, : tool.TOPK // 2] += 10**6  # half of each row differs from FP8's
+    fp4 = _engine_result(tmp_path / "e4.json", True, half.flatten().tolist())
+    server = tmp_path / "server.json"
+    server.write_text(json.dumps({"completion_tokens": 8, "ready_s": 40.0,
+                                  "plugin_log": ["FP4 indexer active: MXFP4 index-key cache"]}))
+    out_json = tmp_path / "summary.json"
+    rc = tool.compare(["--engine", fp8, fp4, "--server", str(server), "--json", str(out_json)])
+    summary = json.loads(out_json.read_text())
+    checks = {c["check"]: c for c in summary["checks"]}
+    assert rc == 0 and all(c["ok"] for c in checks.values())
+    overlap = next(c for name, c in checks.items() if "returned top-k overlap" in name)
+    assert "0.5000" in overlap["detail"]
+    # no top-k returned by the FP4 engine, no tokens from the server: both fail
+    _engine_result(tmp_path / "e4.json", True, None)
+    server.write_text(json.dumps({"completion_tokens": 0, "plugin_log": []}))
+    assert tool.compare(["--engine", fp8, fp4, "--server", str(server)]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_compare_takes_three_runs_or_none(tmp_path):
+    with pytest.raises(SystemExit):
+        tool.compare([str(tmp_path / "a.pt")])
