@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from . import sm90
 from .paged_logits import MAX_NEXT_N
 
 __all__ = ["hopper_reason", "verify_request_form", "describe"]
@@ -23,19 +24,7 @@ def hopper_reason(device: torch.device | str) -> str | None:
     ``ops.sm90.unavailable_reason``: not an NVIDIA CUDA device, a compute
     capability other than 9.0, or ``cuda-bindings`` missing.
     """
-    from . import sm90
-
     return sm90.unavailable_reason(device)
-
-
-def _hopper_takes(heads: int, next_n: int) -> str | None:
-    """Why the Hopper kernel cannot take ``next_n`` rows of ``heads`` index heads in one tile (None: it can)."""
-    from . import sm90
-
-    if next_n * heads * 128 > sm90.MAX_Q_BYTES:
-        return (f"{next_n} x {heads} heads of index queries exceed the Hopper kernel's "
-                f"{sm90.MAX_Q_BYTES // 1024} KB of shared memory for them")
-    return None
 
 
 def verify_request_form(device: torch.device | str, heads: int, next_n: int) -> bool:
@@ -55,7 +44,7 @@ def verify_request_form(device: torch.device | str, heads: int, next_n: int) -> 
     if not 2 <= next_n <= MAX_NEXT_N:
         return False
     if hopper_reason(device) is None:
-        return _hopper_takes(heads, next_n) is None
+        return sm90.query_tile_problem(next_n, heads) is None
     return True
 
 
@@ -87,8 +76,6 @@ def describe(device: torch.device | str, heads: int, next_n: int = 1) -> str:
         e.g. ``"scorer: Hopper CUDA kernel (decode; target verify next_n 2, one pass per request); store and
         CTA planner: CUDA kernels"``.
     """
-    from . import sm90
-
     device = torch.device(device)
     why = hopper_reason(device)
     if why is None:
@@ -107,6 +94,6 @@ def describe(device: torch.device | str, heads: int, next_n: int = 1) -> str:
                            f"; target verify next_n {next_n}: Triton kernels, one pass per request ({failed})")
             else:
                 scorer += (f"; target verify next_n {next_n} per row, as SGLang hands it over: "
-                           f"{_hopper_takes(heads, next_n)}")
+                           f"{sm90.query_tile_problem(next_n, heads)}")
         scorer += ")"
     return f"{scorer}; {_store_and_planner(device)}"

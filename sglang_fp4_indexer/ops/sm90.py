@@ -30,7 +30,8 @@ from ..pool import PAGE_SIZE
 from . import nvrtc
 from ._common import scale_row_is_identity
 
-__all__ = ["available", "unavailable_reason", "serving_unavailable", "record_serving_failure", "build", "launch", "supports", "SOURCE", "DEFAULT_STAGES", "DEFAULT_MIN_CTAS",
+__all__ = ["available", "unavailable_reason", "serving_unavailable", "record_serving_failure", "build", "launch", "supports",
+           "query_tile_problem", "SOURCE", "DEFAULT_STAGES", "DEFAULT_MIN_CTAS",
            "default_min_ctas", "smem_bytes", "wg_smem_bytes", "threads", "launch_regs", "math_regs", "HEADS", "MAX_Q_BYTES",
            "HEADSUM_REL", "MMA_REL", "rel_bound", "logit_error_bound", "MMA_ROWS_DEFAULTS", "MAX_MMA_N",
            "default_mma_rows"]
@@ -267,8 +268,8 @@ def build(next_n: int, heads: int, out_kind: int = 0, lens_2d: bool = False, sta
     if not isinstance(mma_rows, int) or mma_rows < 1 or next_n % mma_rows or mma_rows * heads > MAX_MMA_N:
         raise ValueError(f"mma_rows: expected a divisor of next_n {next_n} with mma_rows x {heads} heads <= "
                          f"{MAX_MMA_N}, got {mma_rows!r}")
-    if next_n * heads * 128 > MAX_Q_BYTES:
-        raise ValueError(f"next_n: {next_n} x {heads} heads of index queries exceed {MAX_Q_BYTES} bytes of shared memory")
+    if query_tile_problem(next_n, heads):
+        raise ValueError(f"next_n: {query_tile_problem(next_n, heads)}")
     if out_kind not in (0, 1, 2):
         raise ValueError(f"out_kind: expected 0, 1 or 2, got {out_kind}")
     for name, value, allowed in (("probe", probe, tuple(range(128))), ("split_sign", split_sign, (0, 1, 2, 3)),
@@ -387,6 +388,18 @@ def available(device: torch.device | str) -> bool:
     return unavailable_reason(device) is None
 
 
+def query_tile_problem(next_n: int, heads: int) -> str | None:
+    """Why one tile cannot hold ``next_n`` rows of ``heads`` index queries (``None``: it can).
+
+    The kernel keeps a request's ``next_n x heads x 128`` e4m3 query bytes in
+    ``MAX_Q_BYTES`` (32 KB) of shared memory: at 64 heads next_n <= 4, at 32 heads <= 8.
+    """
+    if next_n * heads * 128 > MAX_Q_BYTES:
+        return (f"{next_n} x {heads} heads of index queries exceed the Hopper kernel's "
+                f"{MAX_Q_BYTES // 1024} KB of shared memory for them")
+    return None
+
+
 def supports(q: torch.Tensor, cache: torch.Tensor, next_n: int, heads: int) -> str | None:
     """Why these inputs need the Triton scorer instead (``None``: the sm90 kernel takes them).
 
@@ -401,8 +414,8 @@ def supports(q: torch.Tensor, cache: torch.Tensor, next_n: int, heads: int) -> s
         return "index queries are not float8_e4m3fn"
     if heads not in HEADS:
         return f"{heads} heads"
-    if next_n * heads * 128 > MAX_Q_BYTES:
-        return f"next_n {next_n} x {heads} heads of index queries exceed {MAX_Q_BYTES} bytes of shared memory"
+    if query_tile_problem(next_n, heads):
+        return query_tile_problem(next_n, heads)
     if q.data_ptr() % 16 or q.stride(0) % 16 or q.stride(1) % 16:
         return "index query rows are not 16-byte aligned"
     if cache.data_ptr() % 16:
