@@ -23,7 +23,7 @@ Subcommands:
   distinct, ``min(len, 2048)`` entries); with ``--fp4 --eager`` the first decode
   step's index queries, weights, page table and FP4 cache bytes are recorded at
   the paged seam and the Hopper scorer's logits are compared there with the fp64
-  oracle (``reference.paged_logits_reference``) within ``sm90.logit_error_bound``.
+  oracle (``reference.logits_from_keys`` on the decoded keys) within ``sm90.logit_error_bound``.
 * ``engine --model DIR --out FILE.json [--fp4]``: ``sglang.Engine`` with MTP
   speculative decoding (EAGLE on the model's own next-n layer), so target
   verify and draft steps run through the plugin; the top-k of each generated
@@ -212,20 +212,19 @@ def _oracle_check(calls):
         width = bt.shape[1] * page
         impl = resolved_impl(q, cache, 1)
         got = paged_logits(q, w, cache, bt, lens, width=width, page_size=page)
-        ref = reference.paged_logits_reference(q.cpu(), w.cpu(), cache.cpu(), bt.cpu(), lens.cpu(), width=width,
-                                               page_size=page)
         worst = 0.0
         topk_agree = []
         for r in range(q.shape[0]):
             n = int(lens[r])
             slots = reference.paged_slots(bt[r].cpu(), n, page)
             keys = reference.dequantize_index_k(*reference.read_index_k(cache.cpu(), slots, page)).double()
+            ref = reference.logits_from_keys(q[r].cpu(), w[r].cpu(), keys)  # fp64, as paged_logits_reference
             s = keys @ q[r].cpu().double().t()  # [n, H] exact head scores
             absw = w[r].cpu().double().abs()
             term = (keys.abs() @ q[r].cpu().double().abs().t()) @ absw
             relu_term = torch.relu(s) @ absw
             bound = sm90.logit_error_bound(term, relu_term)
-            err = (got[r, :n].cpu().double() - ref[r, :n].double()).abs()
+            err = (got[r, :n].cpu().double() - ref).abs()
             worst = max(worst, float((err / (bound + 1e-30)).max()))
             # the returned top-k (physical slots) against the top-k of the kernel's logits (same slots)
             k = min(n, TOPK)
