@@ -64,6 +64,7 @@ import torch
 
 from .. import format as fmt
 from ..demo import FP8_KEY_SCALE_FMT, quantize_queries
+from ..metrics import topk_recall_rows
 from ..pool import allocate_index_k_cache, read_index_k
 from ..reference import fp8_dequantize_rows, fp8_quantize_rows
 from ..workload import rotate_activation
@@ -305,10 +306,7 @@ class Selection:
             if bool(rows.any()):
                 exact = self._topk(layer, "exact", query[:, rows], key, positions[rows], k) \
                     if layer != self.shared_layer else self._topk(layer, "exact", query, key, positions, k)[rows]
-                got = top[rows]
-                hit = torch.zeros(int(rows.sum()), s, dtype=torch.bool, device=key.device)
-                hit.scatter_(1, exact, True)
-                recall = hit.gather(1, got).sum(1).to(torch.float64) / k
+                recall = topk_recall_rows(top[rows], exact)
                 acc = self.recall.setdefault(layer, [0.0, 0])
                 acc[0] += float(recall.sum())
                 acc[1] += int(rows.sum())
