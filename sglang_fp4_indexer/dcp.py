@@ -571,11 +571,13 @@ def pack_candidates(scores: torch.Tensor, positions: torch.Tensor, valid: torch.
 
     Args:
         scores: fp32 tensor.
-        positions: int tensor of the same shape, ``0 <= position < 2**32 - 1``.
-        valid: optional bool mask of the same shape; invalid entries become ``PAD_KEY``.
+        positions: int tensor of the same shape or one that broadcasts to it (e.g. ``[1, width]``
+            when the position depends on the column only), ``0 <= position < 2**32 - 1``.
+        valid: optional bool mask of the same shape or broadcasting to it; invalid entries become ``PAD_KEY``.
 
     Returns:
-        int64 tensor of the same shape.
+        int64 tensor of the shape of ``scores`` (built in place: one int64 result plus an int32
+        scratch of that shape).
 
     Raises:
         TypeError, ValueError: wrong dtypes or shapes.
@@ -583,16 +585,25 @@ def pack_candidates(scores: torch.Tensor, positions: torch.Tensor, valid: torch.
     if not isinstance(scores, torch.Tensor) or scores.dtype != torch.float32:
         raise ValueError(f"scores: expected a float32 tensor, got {getattr(scores, 'dtype', type(scores).__name__)}")
     _check_int_tensor("positions", positions)
-    if positions.shape != scores.shape:
-        raise ValueError(f"positions: expected shape {list(scores.shape)}, got {list(positions.shape)}")
+    if not _broadcasts_to(positions, scores.shape):
+        raise ValueError(f"positions: expected shape {list(scores.shape)} (or one broadcasting to it), "
+                         f"got {list(positions.shape)}")
+    if valid is not None and (valid.dtype != torch.bool or not _broadcasts_to(valid, scores.shape)):
+        raise ValueError(f"valid: expected a bool tensor of shape {list(scores.shape)} (or one broadcasting to it)")
     bits = (scores + 0.0).view(torch.int32)
-    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
-    keys = ordered * _LOW + (_POS_LIMIT - positions.to(torch.int64))
+    keys = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
+    del bits
+    keys.mul_(_LOW).add_(_POS_LIMIT - positions.to(torch.int64))
     if valid is not None:
-        if valid.dtype != torch.bool or valid.shape != scores.shape:
-            raise ValueError(f"valid: expected a bool tensor of shape {list(scores.shape)}")
-        keys = torch.where(valid, keys, torch.full_like(keys, PAD_KEY))
+        keys.masked_fill_(~valid, PAD_KEY)
     return keys
+
+
+def _broadcasts_to(t: torch.Tensor, shape) -> bool:
+    try:
+        return torch.broadcast_shapes(t.shape, shape) == tuple(shape)
+    except RuntimeError:
+        return False
 
 
 def unpack_candidates(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -824,19 +835,6 @@ def local_topk_chunk_rows(rows: int, width: int) -> int:
     return max(1, min(rows, LOCAL_TOPK_CHUNK_BYTES // max(1, width * _PACK_BYTES_PER_ELEMENT)))
 
 
-def _pack_columns(scores: torch.Tensor, position_term: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``pack_candidates(scores, positions, valid)`` for positions that depend on the column only.
-
-    ``position_term`` is int64 ``[width]``: ``_POS_LIMIT - position`` of each column. One int64
-    ``[rows, width]`` result, built in place (fp32 and int32 scratch of the same shape).
-    """
-    bits = (scores + 0.0).view(torch.int32)
-    keys = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
-    del bits
-    keys.mul_(_LOW).add_(position_term)
-    return keys.masked_fill_(~valid, PAD_KEY)
-
-
 def _local_topk_into(local_view: torch.Tensor, logits: torch.Tensor, lens: torch.Tensor, world_size: int,
                      rank: int) -> None:
     """This rank's packed local top-k of ``logits`` (``[rows, width]``, local key ``i`` = global position
@@ -847,11 +845,11 @@ def _local_topk_into(local_view: torch.Tensor, logits: torch.Tensor, lens: torch
     topk = local_view.shape[1]
     kk = min(topk, width)
     cols = torch.arange(width, device=logits.device, dtype=torch.int64)
-    position_term = _POS_LIMIT - (cols * world_size + rank)
+    positions = (cols * world_size + rank)[None, :]
     step = local_topk_chunk_rows(rows, width)
     for start in range(0, rows, step):
         end = min(start + step, rows)
-        keys = _pack_columns(logits[start:end].float(), position_term, cols[None, :] < lens[start:end])
+        keys = pack_candidates(logits[start:end].float(), positions, cols[None, :] < lens[start:end])
         local_view[start:end, :kk] = torch.topk(keys, kk, dim=1, sorted=False).values
     if kk < topk:
         local_view[:, kk:] = PAD_KEY

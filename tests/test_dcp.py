@@ -202,8 +202,8 @@ def test_local_topk_packs_in_chunks_within_its_byte_budget_and_stays_exact(monke
     width = case.block_table.shape[1] * 64
     monkeypatch.setattr(dcp, "LOCAL_TOPK_CHUNK_BYTES", dcp._PACK_BYTES_PER_ELEMENT * width * 2)  # two rows' temporaries
     blocks = []
-    real = dcp._pack_columns
-    monkeypatch.setattr(dcp, "_pack_columns", lambda *a: blocks.append(real(*a)) or blocks[-1])
+    real = dcp.pack_candidates
+    monkeypatch.setattr(dcp, "pack_candidates", lambda *a: blocks.append(real(*a)) or blocks[-1])
     got = dcp.sharded_decode_topk(case.q, case.weights, case.cache, case.block_table, case.context_lens, topk=16,
                                   world_size=1, rank=0, buffers=dcp.CandidateBuffers(5, 16, 1), check=False)
     assert [b.shape[0] for b in blocks] == [2, 2, 1]
