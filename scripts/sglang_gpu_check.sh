@@ -7,7 +7,8 @@
 # other while the machine keeps /tmp:
 #   bash scripts/sglang_gpu_check.sh install   # carry .peers/sglang-runtime/part1 and .peers/deepgemm.tar.gz
 #   bash scripts/sglang_gpu_check.sh runner    # carry .peers/sglang-runtime/part2: one-batch FP8, FP4, FP4 eager
-#   bash scripts/sglang_gpu_check.sh engine    # Engine with MTP (FP8, FP4), one launch_server request
+#   bash scripts/sglang_gpu_check.sh engine    # sglang.Engine with MTP (speculative decoding), FP8 then FP4
+#   bash scripts/sglang_gpu_check.sh server    # one request to launch_server with --enable-fp4-indexer
 # Each step installs whatever wheels it finds under .peers/sglang-runtime into /tmp/site.
 # Output: $OUT (default ./out): summary.json, table.txt, logs.tar.gz; the table is printed last.
 set -uo pipefail
@@ -63,11 +64,14 @@ case "$STEP" in
     stage fp4_eager 150 "$PY" scripts/sglang_one_batch.py run --model "$M" --out "$WORK/fp4_eager.pt" --fp4 --eager
     ;;
   engine)
-    stage engine_fp8 170 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json"
-    stage engine_fp4 170 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp4.json" --fp4
-    stage server 120 "$PY" scripts/sglang_one_batch.py server --model "$M" --out "$WORK/server.json"
+    # The first stage on a fresh machine also compiles SGLang's and DeepGEMM's JIT kernels (about 4 minutes).
+    stage engine_fp8 280 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json"
+    stage engine_fp4 200 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp4.json" --fp4
     ;;
-  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine]" >&2; exit 2 ;;
+  server)
+    stage server 200 "$PY" scripts/sglang_one_batch.py server --model "$M" --out "$WORK/server.json"
+    ;;
+  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|server]" >&2; exit 2 ;;
 esac
 
 ENGINE=()
