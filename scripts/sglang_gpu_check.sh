@@ -53,6 +53,24 @@ stage() {  # name limit command...
   return $rc
 }
 
+# A stage that fails inside SGLang's start-up (before any request) is run once more with this plugin
+# not loaded (SGLANG_PLUGINS names no installed plugin) and CUDA_LAUNCH_BLOCKING=1, as <name>_without_plugin:
+# it tells whether the plugin is at fault and which kernel fails first. Its output file is renamed so that
+# the comparison never reads it as the plugin's.
+stage_or_bisect() {  # name limit out command...
+  local name=$1 limit=$2 out=$3
+  shift 3
+  stage "$name" "$limit" "$@" && return 0
+  cat "$WORK/logs/$name.log" "$out.log" 2>/dev/null | grep -q "Scheduler hit an exception" || return 1
+  [ -f "$out.log" ] && mv "$out.log" "$WORK/logs/${name}_launch.log"
+  [ -f "$out" ] && mv "$out" "$out.with_plugin"
+  SGLANG_PLUGINS=none-loaded CUDA_LAUNCH_BLOCKING=1 stage "${name}_without_plugin" "$limit" "$@"
+  [ -f "$out" ] && mv "$out" "$WORK/logs/${name}_without_plugin.json"
+  [ -f "$out.log" ] && mv "$out.log" "$WORK/logs/${name}_without_plugin_launch.log"
+  [ -f "$out.with_plugin" ] && mv "$out.with_plugin" "$out"
+  return 1
+}
+
 M="$WORK/tiny"
 case "$STEP" in
   install)
@@ -65,11 +83,11 @@ case "$STEP" in
     ;;
   engine)
     # The first stage on a fresh machine also compiles SGLang's and DeepGEMM's JIT kernels (about 4 minutes).
-    stage engine_fp8 280 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json"
-    stage engine_fp4 200 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp4.json" --fp4
+    stage_or_bisect engine_fp8 280 "$WORK/engine_fp8.json" "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json" \
+      && stage engine_fp4 200 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp4.json" --fp4
     ;;
   server)
-    stage server 200 "$PY" scripts/sglang_one_batch.py server --model "$M" --out "$WORK/server.json"
+    stage_or_bisect server 260 "$WORK/server.json" "$PY" scripts/sglang_one_batch.py server --model "$M" --out "$WORK/server.json"
     ;;
   *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|server]" >&2; exit 2 ;;
 esac

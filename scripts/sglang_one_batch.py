@@ -434,6 +434,8 @@ def server(argv: list[str]) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--port", type=int, default=30731)
+    p.add_argument("--ready-timeout", type=float, default=200.0,
+                   help="seconds to wait for /health (a fresh machine compiles JIT kernels first)")
     opts = p.parse_args(argv)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", opts.model, "--host", "127.0.0.1",
            "--port", str(opts.port), "--load-format", "dummy", "--kv-cache-dtype", "fp8_e4m3",
@@ -446,7 +448,7 @@ def server(argv: list[str]) -> None:
         res = {"cmd": " ".join(cmd)}
         try:
             base = f"http://127.0.0.1:{opts.port}"
-            deadline = time.time() + 120
+            deadline = time.time() + opts.ready_timeout
             while time.time() < deadline:
                 if proc.poll() is not None:
                     raise RuntimeError(f"launch_server exited with {proc.returncode}")
@@ -457,7 +459,7 @@ def server(argv: list[str]) -> None:
                 except OSError:
                     time.sleep(2)
             else:
-                raise RuntimeError("launch_server not healthy after 120 s")
+                raise RuntimeError(f"launch_server not healthy after {opts.ready_timeout:.0f} s")
             res["ready_s"] = time.time() - t0
             body = json.dumps({"input_ids": seeded_prompts()[0], "sampling_params": {
                 "temperature": 0, "max_new_tokens": 8, "ignore_eos": True}}).encode()
