@@ -61,7 +61,7 @@ stage_or_bisect() {  # name limit out command...
   local name=$1 limit=$2 out=$3
   shift 3
   stage "$name" "$limit" "$@" && return 0
-  cat "$WORK/logs/$name.log" "$out.log" 2>/dev/null | grep -q "Scheduler hit an exception" || return 1
+  grep -qs "Scheduler hit an exception" "$WORK/logs/$name.log" "$out.log" || return 1
   [ -f "$out.log" ] && mv "$out.log" "$WORK/logs/${name}_launch.log"
   [ -f "$out" ] && mv "$out" "$out.with_plugin"
   SGLANG_PLUGINS=none-loaded CUDA_LAUNCH_BLOCKING=1 stage "${name}_without_plugin" "$limit" "$@"
