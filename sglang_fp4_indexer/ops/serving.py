@@ -79,7 +79,7 @@ def describe(device: torch.device | str, heads: int, next_n: int = 1) -> str:
     device = torch.device(device)
     why = hopper_reason(device)
     if why is None:
-        why = sm90.serving_unavailable(device, 1, heads, torch.float32, True)
+        why = sm90.serving_unavailable(device, sm90.Config.of_call(1, heads, torch.float32, True))
     if why is not None:
         scorer = f"scorer: Triton kernels ({why})"
         if next_n > 1:
@@ -89,7 +89,7 @@ def describe(device: torch.device | str, heads: int, next_n: int = 1) -> str:
         scorer = "scorer: Hopper CUDA kernel (decode"
         if next_n > 1:
             if verify_request_form(device, heads, next_n):
-                failed = sm90.serving_unavailable(device, next_n, heads, torch.float32, True)
+                failed = sm90.serving_unavailable(device, sm90.Config.of_call(next_n, heads, torch.float32, True))
                 scorer += (f"; target verify next_n {next_n}, one pass per request" if failed is None else
                            f"; target verify next_n {next_n}: Triton kernels, one pass per request ({failed})")
             else:
