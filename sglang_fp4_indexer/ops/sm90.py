@@ -34,7 +34,7 @@ from . import nvrtc
 from ._common import scale_row_is_identity
 
 __all__ = ["Config", "available", "unavailable_reason", "supports", "query_tile_problem", "serving_unavailable",
-           "record_serving_failure", "build", "launch", "rel_bound", "logit_error_bound", "HEADS", "MAX_Q_BYTES"]
+           "record_serving_failure", "launch", "rel_bound", "logit_error_bound", "MAX_Q_BYTES"]
 
 #: The kernel's CUDA C++ source.
 SOURCE = Path(__file__).with_name("cuda") / "paged_logits_sm90.cu"
