@@ -1,6 +1,6 @@
 """Compile the paged scorer for sm_90a without a GPU (Triton's bundled ptxas) and report registers/spills.
 
-Usage: python scripts/compile_scorer.py [impl ...]   (impl in group, scaled, folded)
+Usage: python scripts/compile_scorer.py [impl ...]   (impl in scaled, folded)
 """
 import re
 import sys

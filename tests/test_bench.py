@@ -309,7 +309,7 @@ def test_peers_unavailable_on_cpu_say_why():
 def test_make_scorers_rejects_unknown():
     with pytest.raises(ValueError, match="unknown"):
         make_scorers(["ours", "flashinfer"])
-    assert [s.name for s in make_scorers(["ours"], ["scaled", "group"])] == ["ours[scaled]", "ours[group]"]
+    assert [s.name for s in make_scorers(["ours"], ["scaled", "folded"])] == ["ours[scaled]", "ours[folded]"]
 
 
 # ---------------------------------------------------------------- command line and peer loading

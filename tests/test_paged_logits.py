@@ -47,14 +47,14 @@ def _check(case, width=None, num_ctas=5, mma="auto", rel=REL, block_kv=64, impl=
     return got, ref
 
 
-@pytest.mark.parametrize("impl", ["scaled", "group"])
+@pytest.mark.parametrize("impl", ["scaled", "folded"])
 @pytest.mark.parametrize("heads", [64, 32])
 @pytest.mark.parametrize("lens", [[1], [63], [64], [65], [1, 63, 64, 65, 130]])
 def test_decode_matches_reference(heads, lens, impl):
     _check(make_paged_case(lens, next_n=1, heads=heads, seed=len(lens) + heads), impl=impl)
 
 
-@pytest.mark.parametrize("impl", ["scaled", "group"])
+@pytest.mark.parametrize("impl", ["scaled", "folded"])
 @pytest.mark.parametrize("heads", [64, 32])
 def test_target_verify_next_n_4(heads, impl):
     # [B] lengths: row i of a request sees ctx - next_n + i + 1 keys.
@@ -75,7 +75,7 @@ def test_more_ctas_than_tiles_and_one_cta():
 
 @pytest.mark.parametrize("mma", ["fp8", "fp16"])
 def test_mma_modes_agree(mma):
-    _check(make_paged_case([70, 129], heads=32, seed=11), mma=mma, impl="group")
+    _check(make_paged_case([70, 129], heads=32, seed=11), mma=mma, impl="scaled")
 
 
 def test_bf16_queries():
@@ -192,7 +192,7 @@ def test_gpu_full_size_h64_batch8_32k(next_n):
     # FP8 MMA on Hopper adds products in a narrower internal accumulator than fp32
     # (DeepGEMM's notes); the bound is the same shape, wider by the measured factor.
     ctas = 2 * torch.cuda.get_device_properties(0).multi_processor_count
-    for impl in ("scaled", "group", "folded"):
+    for impl in ("scaled", "folded"):
         _check(case, num_ctas=ctas, rel=1e-3, impl=impl, block_kv=128)
     # The folded PTX must be right whatever register layout Triton picks.
     for block_kv, warps in ((256, 4), (128, 8), (256, 8)):
@@ -200,8 +200,15 @@ def test_gpu_full_size_h64_batch8_32k(next_n):
 
 
 @pytest.mark.parametrize("next_n", [1, 3])
-def test_group_impl_odd_next_n(next_n):
-    _check(make_paged_case([65, 130, 3], next_n=next_n, heads=32, seed=17 + next_n), impl="group")
+def test_scaled_impl_odd_next_n(next_n):
+    _check(make_paged_case([65, 130, 3], next_n=next_n, heads=32, seed=17 + next_n), impl="scaled")
+
+
+def test_unknown_formulations_are_refused():
+    case = make_paged_case([65], next_n=1, heads=32, seed=1)
+    for impl in ("group", "fold"):
+        with pytest.raises(ValueError, match=r"impl: expected 'auto' or one of \('scaled', 'folded', 'wgmma'\)"):
+            paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, impl=impl)
 
 
 @pytest.mark.parametrize("next_n", [1, 2])
@@ -394,23 +401,23 @@ def unchecked_nan_query_elements(impl, device="cpu", within=_rel_within()):
         paged_logits(nan_q, case.weights, case.cache, case.block_table, case.context_lens, impl=impl, block_kv=64)
 
 
-@pytest.mark.parametrize("impl", ["folded", "group", "scaled"])
+@pytest.mark.parametrize("impl", ["folded", "scaled"])
 def test_unchecked_lengths_past_the_block_table_are_masked(impl):
     unchecked_lengths_past_the_block_table(impl)
 
 
-@pytest.mark.parametrize("impl", ["folded", "group", "scaled"])
+@pytest.mark.parametrize("impl", ["folded", "scaled"])
 def test_unchecked_negative_schedule_entry_writes_nothing_before_out(impl):
     unchecked_negative_schedule_entry(impl)
 
 
-@pytest.mark.parametrize("impl", ["folded", "group", "scaled"])
+@pytest.mark.parametrize("impl", ["folded", "scaled"])
 def test_unchecked_nan_query_elements_are_read_as_zero(impl):
     unchecked_nan_query_elements(impl)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["folded", "group", "scaled"])
+@pytest.mark.parametrize("impl", ["folded", "scaled"])
 def test_gpu_unchecked_reads_and_writes_stay_in_bounds(impl):
     # The three check=False cases on the GPU's Triton kernels (FP8 MMA: the narrow-accumulation bound).
     if not torch.cuda.is_available():

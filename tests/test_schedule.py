@@ -286,7 +286,7 @@ def test_cuda_planner_builds_with_nvrtc():
     if nvrtc.bindings_missing():
         pytest.skip(nvrtc.bindings_missing())
     for arch in ("sm_80", "sm_90a", "sm_100"):
-        cubin, log = nvrtc.compile_cubin(_CUDA_PLANNER_SOURCE.read_text(), "plan_schedule.cu", arch)
+        cubin, log = nvrtc.compile_cubin(_CUDA_PLANNER_SOURCE.read_text(), "plan_schedule.cu", arch, verbose=True)
         assert cubin[:4] == b"\x7fELF" and nvrtc.ptxas_registers(log)[1] == 0, log
 
 

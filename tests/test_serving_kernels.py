@@ -86,12 +86,21 @@ def test_describe_on_this_gpu():
     """On an H200 with cuda-bindings: the Hopper kernel serves decode and verify up to next_n 4 at 64 heads."""
     if sm90.unavailable_reason("cuda") is not None:
         pytest.skip(f"the Hopper kernel does not serve here: {sm90.unavailable_reason('cuda')}")
-    built = nvrtc.compile_cubin.cache_info().currsize
+    built = len(nvrtc._BUILT)
     sm90.unavailable_reason("cuda")
-    assert nvrtc.compile_cubin.cache_info().currsize == built  # the check builds nothing
+    assert len(nvrtc._BUILT) == built  # the check builds nothing
     assert serving.describe("cuda", 64, 5).startswith(
         "scorer: Hopper CUDA kernel (decode; target verify next_n 5 per row, as SGLang hands it over")
     assert serving.describe("cuda", 32, 8).startswith(
         "scorer: Hopper CUDA kernel (decode; target verify next_n 8, one pass per request)")
     assert serving.describe("cuda", 64).endswith("store and CTA planner: CUDA kernels")
     assert [n for n in range(2, 9) if serving.verify_request_form("cuda", 64, n)] == [2, 3, 4]
+
+
+def test_describe_names_a_head_count_the_hopper_kernel_has_no_build_for(monkeypatch):
+    """On Hopper, a head count outside sm90's builds is scored by Triton, and the line says why (no exception)."""
+    monkeypatch.setattr(sm90, "unavailable_reason", lambda device: None)
+    monkeypatch.setattr(nvrtc, "bindings_missing", lambda: None)
+    assert serving.describe("cuda", 48) == (
+        "scorer: Triton kernels (the Hopper kernel has no build for next_n 1, 48 heads (heads: expected one of "
+        "(16, 32, 64, 128), got 48)); store and CTA planner: CUDA kernels")

@@ -25,18 +25,18 @@ from sglang_fp4_indexer.reference import paged_logits_reference
 pytestmark = pytest.mark.gpu
 
 
-def _kernel_bound(case, width, headsum=sm90.DEFAULT_HEADSUM, term=None):
+def _kernel_bound(case, width, term=None):
     """``sm90.logit_error_bound`` per (row, column) of ``case`` (``term``: its term bound, if already computed)."""
     term = term_bound(case, width) if term is None else term
-    return sm90.logit_error_bound(term, relu_bound(case, width), headsum)
+    return sm90.logit_error_bound(term, relu_bound(case, width))
 
 
-def _within_bound(got, ref, case, width, headsum=sm90.DEFAULT_HEADSUM, cols=None, term=None):
+def _within_bound(got, ref, case, width, cols=None, term=None):
     """|got - ref| <= ``_kernel_bound`` on the finite reference entries (of ``cols`` only, if given); returns the
     largest error / bound."""
     fin = torch.isfinite(ref) if cols is None else torch.isfinite(ref) & cols
     err = (got.double() - ref.double()).abs()[fin]
-    allowed = _kernel_bound(case, width, headsum, term).to(got.device)[fin]
+    allowed = _kernel_bound(case, width, term).to(got.device)[fin]
     assert torch.all(err <= allowed + 1e-30), f"max error / bound {(err / (allowed + 1e-30)).max().item():.3g}"
     return (err / (allowed + 1e-30)).max().item() if err.numel() else 0.0
 
@@ -158,39 +158,26 @@ def test_full_size_h64_batch8_32k(next_n):
     _check(case, num_ctas=ctas, impl="wgmma", block_kv=256)
 
 
-@pytest.mark.parametrize("split_sign,headsum,pipeline,wgs", [
-    (1, 0, 0, 1), (0, 1, 0, 1), (1, 1, 0, 1), (0, 0, 1, 1), (2, 0, 0, 1),
-    (0, 0, 0, 4), (2, 0, 1, 4), (2, 1, 1, 4), (0, 0, 0, 2), (2, 0, 1, 3), (3, 0, 0, 4), (3, 1, 1, 1),
-    (3, 2, 0, 4), (0, 2, 1, 1)])
 @pytest.mark.parametrize("next_n", [1, 2])
 @pytest.mark.parametrize("heads", [32, 64])
-def test_decode_head_sum_and_pipeline_build_options(split_sign, headsum, pipeline, wgs, next_n, heads):
-    # Build options SPLIT_SIGN, HEADSUM, PIPELINE, WGS (benchmarks/results/PERF_LOG.md, runs 12, 14, 15, 29); 7 schedule
-    # entries, so with WGS > 1 the last CTA has math warpgroups past the schedule's end. The tf32 head sum
-    # (HEADSUM 1) truncates relu(S) to tf32 and rounds the weights to tf32: each term's relative
-    # error is below 2**-10 + 2**-11 = 1.5e-3, on top of the FP8 MMA's 1e-3 bound; the bf16 one
-    # (HEADSUM 2) below 2**-8 + 2**-16.
-    case = make_paged_case([65, 300, 1000], next_n=next_n, heads=heads,
-                           seed=50 + split_sign + 3 * headsum + 6 * pipeline + 12 * wgs, device="cuda")
+def test_schedule_entries_past_the_last_cta(next_n, heads):
+    # 7 schedule entries: the last CTA's fourth math warpgroup has no entry (its producer writes the end marker
+    # at once). Within the FP8 MMA's bound plus the bf16 head sum's (sm90.rel_bound) of the term bound, and
+    # within sm90.logit_error_bound.
+    case = make_paged_case([65, 300, 1000], next_n=next_n, heads=heads, seed=50 + next_n + heads, device="cuda")
     width = case.block_table.shape[1] * 64
     sched = plan_paged_schedule(case.context_lens, 64, 7)
     out = torch.full((case.q.shape[0], width), float("nan"), device="cuda")
-    sm90.launch(case.q, case.weights, case.cache, case.block_table, case.context_lens, sched, out,
-                batch=case.block_table.shape[0], next_n=next_n, heads=heads, width=width, block_kv=64,
-                split_sign=split_sign, headsum=headsum, pipeline=pipeline, wgs=wgs)
+    config = sm90.Config.of_call(next_n, heads, out.dtype, case.context_lens.dim() == 2)
+    sm90.launch(config, case.q, case.weights, case.cache, case.block_table, case.context_lens, sched, out, block_kv=64)
     ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width)
     fin = torch.isfinite(ref)
     assert torch.equal(fin, torch.isfinite(out))
     bound = term_bound(case, width).to(out.device)  # the same tolerance as test_paged_logits' GPU tests
-    # bf16 head sum (HEADSUM 2): relu(S) rounded to bf16 (2**-8 per term: bf16's unit roundoff), the weights as hi + lo bf16
-    # (2**-16 per term).
-    rel = sm90.rel_bound(headsum)
-    assert rel == 1e-3 + {0: 0.0, 1: 2.0**-10 * 1.5, 2: 2.0**-8 + 2.0**-16}[headsum]
     err = (out.double() - ref.double()).abs()[fin] / (bound[fin] + 1e-30)
-    assert torch.all(err <= rel)
-    worst = _within_bound(out, ref, case, width, headsum, term=bound.cpu())
-    print(f"split_sign {split_sign} headsum {headsum} pipeline {pipeline} wgs {wgs} next_n {next_n} H {heads}: "
-          f"max error / term bound {err.max().item():.3e}, / logit_error_bound {worst:.3e}")
+    assert torch.all(err <= sm90.rel_bound())
+    worst = _within_bound(out, ref, case, width, term=bound.cpu())
+    print(f"next_n {next_n} H {heads}: max error / term bound {err.max().item():.3e}, / logit_error_bound {worst:.3e}")
 
 
 def test_cuda_graph_of_planner_and_scorer_follows_new_lengths():
@@ -237,24 +224,22 @@ def test_cuda_graph_of_planner_and_scorer_follows_new_lengths():
         _within_bound(replayed, ref, dataclasses.replace(case, context_lens=lens.clone()), width)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("next_n, heads, mma_rows, wgs", [
-    (2, 64, 2, 4), (2, 32, 2, 4), (4, 32, 2, 4), (4, 32, 4, 4), (4, 64, 2, 4), (2, 64, 2, 3), (4, 64, 2, 3)])
-def test_rows_per_wgmma_and_unclean_tail(next_n, heads, mma_rows, wgs):
-    # Build option MMA_ROWS: one wgmma of N = mma_rows x heads scores several next_n rows of a page at once,
-    # each row's epilogue reading its slice of the accumulators; checked against the oracle within the
-    # kernel's bound. clean_logits=False: every column up to the end of a request's last page is the same
-    # as with the -inf tail, and the tail past it is not written (the NaN poison stays).
-    case = make_paged_case([65, 300, 1000], next_n=next_n, heads=heads, seed=90 + next_n + heads + mma_rows,
-                           device="cuda")
+@pytest.mark.parametrize("next_n, heads", [(2, 64), (2, 32), (4, 32), (4, 64), (8, 32)])
+def test_rows_per_wgmma_and_unclean_tail(next_n, heads):
+    # Served rows per wgmma (sm90.MMA_ROWS_DEFAULTS: N = 2 x 32 and 4 x 32 score several next_n rows of a page at
+    # once, each row's epilogue reading its slice of the accumulators; one row per wgmma elsewhere); checked
+    # against the oracle within the kernel's bound. clean_logits=False: every column up to the end of a
+    # request's last page is the same as with the -inf tail, and the tail past it is not written (the NaN
+    # poison stays).
+    case = make_paged_case([65, 300, 1000], next_n=next_n, heads=heads, seed=90 + next_n + heads, device="cuda")
     width = case.block_table.shape[1] * 64 + 256
     sched = plan_paged_schedule(case.context_lens, 64, 7)
     outs = []
     for clean in (True, False):
         out = torch.full((case.q.shape[0], width), float("nan"), device="cuda")
-        sm90.launch(case.q, case.weights, case.cache, case.block_table, case.context_lens, sched, out,
-                    batch=case.block_table.shape[0], next_n=next_n, heads=heads, width=width, block_kv=64,
-                    wgs=wgs, mma_rows=mma_rows, clean_logits=clean)
+        config = sm90.Config.of_call(next_n, heads, out.dtype, False)
+        sm90.launch(config, case.q, case.weights, case.cache, case.block_table, case.context_lens, sched, out,
+                    block_kv=64, clean_logits=clean)
         outs.append(out)
     ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width)
     fin = torch.isfinite(ref)
@@ -271,23 +256,26 @@ def test_every_serving_configuration_builds_and_loads():
     # 32 (GLM-5.x) heads, fp32 logits; the [B] form too.
     for next_n, heads, lens_2d in ((1, 64, True), (1, 32, True), (2, 64, True), (4, 64, True), (2, 32, True),
                                    (4, 32, True), (8, 32, True), (1, 64, False), (4, 64, False)):
-        assert sm90.serving_unavailable("cuda", next_n, heads, torch.float32, lens_2d) is None, (next_n, heads)
+        config = sm90.Config.of_call(next_n, heads, torch.float32, lens_2d)
+        assert sm90.serving_unavailable("cuda", config) is None, config
 
 
 def test_failed_serving_build_falls_back_to_triton_in_a_cuda_graph(monkeypatch):
     # A configuration whose build fails (forced here) is warned about once and scored by the Triton kernel, in
     # eager warm-up and inside a captured graph, with the same schedule; the result equals the Triton kernel's.
+    from sglang_fp4_indexer.ops import nvrtc
     from sglang_fp4_indexer.ops.paged_logits import WGMMA_BLOCK_KV
 
-    real_build = sm90.build
+    real_compile = nvrtc.compile_cubin
 
-    def refuse(next_n, heads, out_kind=0, lens_2d=False, *rest, **kw):
-        if lens_2d and heads == 32:
+    def refuse(source, name, arch, defines=(), **kw):
+        d = dict(defines)
+        if d.get("LENS_2D") == "1" and d.get("HEADS") == "32":
             raise RuntimeError("NVRTC could not compile (forced by the test)")
-        return real_build(next_n, heads, out_kind, lens_2d, *rest, **kw)
+        return real_compile(source, name, arch, defines, **kw)
 
-    monkeypatch.setattr(sm90, "build", refuse)
-    monkeypatch.setattr(sm90, "_SERVING_FAILED", {})
+    monkeypatch.setattr(nvrtc, "compile_cubin", refuse)
+    monkeypatch.setattr(nvrtc, "_KERNELS", {})
     case = make_paged_case([300, 70, 5], next_n=1, heads=32, seed=63, device="cuda")
     lens = case.context_lens.view(-1, 1).contiguous()
     sched = plan_paged_schedule(lens, WGMMA_BLOCK_KV, 8)

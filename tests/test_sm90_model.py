@@ -40,27 +40,8 @@ def _prmt(a: np.ndarray, b: np.ndarray, sel: np.ndarray) -> np.ndarray:
     return out
 
 
-def _decode_word(w, lut_lo, lut_hi):
-    """Mirror of decode_word() in the .cu file."""
-    u = np.uint32
-    m = w & u(0x77777777)
-    mag0 = _prmt(lut_lo, lut_hi, m)
-    mag1 = _prmt(lut_lo, lut_hi, m >> u(16))
-    sel = (w >> u(1)) & u(0x44444444)
-    zero, eighty = np.zeros_like(w), np.full_like(w, 0x80)
-    return mag0 | _prmt(zero, eighty, sel), mag1 | _prmt(zero, eighty, sel >> u(16))
-
-
-def _decode_word_split(w, lut_lo, lut_hi):
-    """Mirror of decode_word_split() (build option SPLIT_SIGN): (pos0, pos1, neg0, neg1)."""
-    u = np.uint32
-    wn = w ^ u(0x88888888)
-    return (_prmt(lut_lo, lut_hi, w), _prmt(lut_lo, lut_hi, w >> u(16)),
-            _prmt(lut_lo, lut_hi, wn), _prmt(lut_lo, lut_hi, wn >> u(16)))
-
-
 def _decode_word_rep(w, lut_lo, lut_hi):
-    """Mirror of decode_word_rep() (SPLIT_SIGN 3): magnitudes through the LUT, signs spread by PRMT's
+    """Mirror of decode_word_rep() in the .cu file: magnitudes through the LUT, signs spread by PRMT's
     sign-replicate mode from w and w << 4 (w * 16, the IMAD), merged by a | (b & 0x80808080)."""
     u = np.uint32
     m = w & u(0x77777777)
@@ -70,19 +51,6 @@ def _decode_word_rep(w, lut_lo, lut_hi):
     s0 = _prmt(w, w4, np.full_like(w, 0x9D8C))
     s1 = _prmt(w, w4, np.full_like(w, 0xBFAE))
     return (_prmt(lut_lo, lut_hi, m) | (s0 & u(0x80808080)), _prmt(lut_lo, lut_hi, mh) | (s1 & u(0x80808080)))
-
-
-def _decode_word_split2(w, lut_lo, lut_hi, rlut_lo, rlut_hi):
-    """Mirror of decode_word_split2() (SPLIT_SIGN 2): complemented nibbles (w * -1 - 1, the IMAD)
-    through the reversed LUT give the negative elements' magnitudes. (pos0, pos1, neg0, neg1)."""
-    u = np.uint32
-    wh = w >> u(16)
-    nw = (w.astype(np.uint64) * 0xFFFFFFFF + 0xFFFFFFFF).astype(np.uint64) & 0xFFFFFFFF
-    nwh = (wh.astype(np.uint64) * 0xFFFFFFFF + 0xFFFFFFFF).astype(np.uint64) & 0xFFFFFFFF
-    nw, nwh = nw.astype(np.uint32), nwh.astype(np.uint32)
-    assert np.array_equal(nw, ~w) and np.array_equal(nwh, ~wh)
-    return (_prmt(lut_lo, lut_hi, w), _prmt(lut_lo, lut_hi, wh),
-            _prmt(rlut_lo, rlut_hi, nw), _prmt(rlut_lo, rlut_hi, nwh))
 
 
 def _max_byte(w):
@@ -105,16 +73,6 @@ def _lut_words(scales_word, group, s_max, consts):
 def _group_lut(scales_word, group, s_max):
     """Mirror of group_lut(prmt(scales, 0, 0x4440 + group), s_max) in the .cu file."""
     return _lut_words(scales_word, group, s_max, [(0x08080800, 0x0C080000), (0x08080808, 0x1C181410)])
-
-
-def _group_lut2(scales_word, group, s_max):
-    """Mirror of group_lut2(): group_lut and the reversed LUT (byte j = LUT[7 - j]) from two IMADs."""
-    lo, hi, rlo, rhi = _lut_words(scales_word, group, s_max, [(0x08080800, 0x0C080000), (0x08080808, 0x1C181410),
-                                                               (0x08080808, 0x1014181C), (0x00080808, 0x0000080C)])
-    lut = np.frombuffer(np.array([lo, hi], dtype="<u4").tobytes(), dtype=np.uint8)
-    rlut = np.frombuffer(np.array([rlo, rhi], dtype="<u4").tobytes(), dtype=np.uint8)
-    assert np.array_equal(rlut, lut[::-1])  # the reversed LUT, byte for byte
-    return lo, hi, rlo, rhi
 
 
 def _e4m3(bits: np.ndarray) -> np.ndarray:
@@ -165,9 +123,8 @@ def test_sign_replicate_decode_matches_the_e2m1_values_for_every_nibble():
         assert np.array_equal(np.signbit(got.reshape(-1, 8)), (nib & 8) > 0)  # -0 keeps its sign
 
 
-@pytest.mark.parametrize("split_sign", [0, 1, 2, 3])
 @pytest.mark.parametrize("heads", [64, 32])
-def test_fragment_replay_gives_the_exact_dot_products(heads, split_sign):
+def test_fragment_replay_gives_the_exact_dot_products(heads):
     g = torch.Generator().manual_seed(heads)
     keys = torch.randn(64, 128, generator=g) * torch.exp2(torch.randint(-5, 6, (64, 4), generator=g).double()).repeat_interleave(32, 1).float()
     # group scales within 2**10 of each other: the folded form is exact there
@@ -187,117 +144,101 @@ def test_fragment_replay_gives_the_exact_dot_products(heads, split_sign):
         for lane in range(32):
             c, r0 = lane & 3, 16 * warp + (lane >> 2)
             rows = (r0, r0 + 8)
-            regs, negs = {}, {}
+            regs = {}
             for j, r in enumerate(rows):
                 words = pay[r, 16 * c:16 * c + 16].view("<u4").astype(np.uint32)
                 s_max = _max_byte(np.array(sc_words[r], dtype=np.uint32))
                 assert int(s_max) == max(scales[r].tolist())
                 lo, hi = _group_lut(np.array(sc_words[r], dtype=np.uint32), c, s_max)
-                if split_sign == 2:
-                    _, _, rlo, rhi = _group_lut2(np.array(sc_words[r], dtype=np.uint32), c, s_max)
                 for s in range(4):
-                    w = np.array(words[s], dtype=np.uint32)
-                    if split_sign == 3:  # one wgmma, signs by sign-replicate PRMTs
-                        out0, out1 = _decode_word_rep(w, lo, hi)
-                        assert (out0, out1) == _decode_word(w, lo, hi)  # the same bytes as SPLIT_SIGN 0
-                        regs[(s, j)], regs[(s, 2 + j)] = int(out0), int(out1)
-                    elif split_sign:  # the magnitudes of the non-negative and of the negative elements
-                        pos0, pos1, neg0, neg1 = (_decode_word_split(w, lo, hi) if split_sign == 1 else
-                                                  _decode_word_split2(w, lo, hi, rlo, rhi))
-                        regs[(s, j)], regs[(s, 2 + j)] = int(pos0), int(pos1)
-                        negs[(s, j)], negs[(s, 2 + j)] = int(neg0), int(neg1)
-                    else:
-                        out0, out1 = _decode_word(w, lo, hi)
-                        regs[(s, j)] = int(out0)  # reg j: rows r0 / r0 + 8, k 4c .. 4c + 3
-                        regs[(s, 2 + j)] = int(out1)  # reg 2 + j: same rows, k 16 + 4c ..
+                    out0, out1 = _decode_word_rep(np.array(words[s], dtype=np.uint32), lo, hi)
+                    regs[(s, j)] = int(out0)  # reg j: rows r0 / r0 + 8, k 4c .. 4c + 3
+                    regs[(s, 2 + j)] = int(out1)  # reg 2 + j: same rows, k 16 + 4c ..
             for s in range(4):
                 for reg in range(4):
                     row = rows[reg & 1]
                     k0 = 4 * c + 16 * (reg >> 1)
                     vals = _e4m3(np.frombuffer(np.uint32(regs[(s, reg)]).tobytes(), dtype=np.uint8))
                     acc[row] += vals @ b_ops[s][:, k0:k0 + 4].T
-                    if split_sign in (1, 2):  # the negated wgmma (imm-scale-a = -1)
-                        vals = _e4m3(np.frombuffer(np.uint32(negs[(s, reg)]).tobytes(), dtype=np.uint8))
-                        assert (vals >= 0).all()
-                        acc[row] -= vals @ b_ops[s][:, k0:k0 + 4].T
     s_max = scales.max(dim=1).values.double()
     got = acc * 2.0**-6 * torch.exp2(s_max - 127).numpy()[:, None]
     want = dequantize_index_k(payload, scales).double().numpy() @ q.double().numpy().T
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-30)
 
 
-@pytest.mark.parametrize(
-    "next_n,heads,out_kind,lens_2d",
-    [(1, 64, 0, False), (4, 64, 0, False), (2, 64, 1, True), (1, 32, 2, False), (8, 32, 0, True), (1, 128, 0, False), (1, 16, 0, False), (3, 64, 0, False)],
-)
-@pytest.mark.parametrize("wgs", [1, 2, 3, 4])
-def test_nvrtc_builds_within_the_register_budget(next_n, heads, out_kind, lens_2d, wgs):
-    cubin, log = sm90.build(next_n, heads, out_kind, lens_2d, wgs=wgs)
+@pytest.mark.parametrize("next_n,heads,dtype,lens_2d", [
+    (1, 64, torch.float32, True), (4, 64, torch.float32, False), (2, 64, torch.bfloat16, True),
+    (1, 32, torch.float16, False), (2, 32, torch.float32, True), (4, 32, torch.float32, True),
+    (8, 32, torch.float32, True), (1, 128, torch.float32, False), (1, 16, torch.float32, False),
+    (3, 64, torch.float32, False)])
+def test_nvrtc_builds_within_the_register_budget(next_n, heads, dtype, lens_2d):
+    config = sm90.Config.of_call(next_n, heads, dtype, lens_2d)
+    cubin, log = sm90.build(config, verbose=True)
     assert cubin[:4] == b"\x7fELF"
     regs, spilled = nvrtc.ptxas_registers(log)
-    if wgs == 1:
-        # The CTAs per SM the grid is planned for must all be resident; next_n > 1 at H 64
-        # spills a few words at that budget (L1-resident; next_n 4 measured in docs/perf-notes.md).
-        assert regs * sm90.threads(1) * sm90.default_min_ctas(heads) <= 65536, log
-        assert spilled <= (0 if next_n == 1 else 32), log
-    else:
-        # Warp-specialised: the CTA is launched with launch_regs per thread, and setmaxnreg can
-        # only move registers within that allocation -- a larger sum would make the math
-        # warpgroups' setmaxnreg.inc wait forever. ptxas must honour both setmaxnreg (it drops
-        # them with C7507/C7508 when a role's code needs more) and compile each role within them.
-        assert regs == sm90.launch_regs(wgs) == {2: 168, 3: 128, 4: 96}[wgs], log
-        assert (sm90.PRODUCER_REGS, sm90.math_regs(wgs)) == (24, {2: 240, 3: 160, 4: 112}[wgs])
-        assert 128 * sm90.PRODUCER_REGS + 128 * wgs * sm90.math_regs(wgs) <= sm90.threads(wgs) * regs
-        assert "C7507" not in log and "C7508" not in log, log
-        assert spilled <= (0 if next_n <= 4 else 32), log
+    # Warp-specialised: the CTA is launched with LAUNCH_REGS per thread, and setmaxnreg can only move
+    # registers within that allocation -- a larger sum would make the math warpgroups' setmaxnreg.inc
+    # wait forever. ptxas must honour both setmaxnreg (it drops them with C7507/C7508 when a role's code
+    # needs more) and compile each role within them.
+    assert regs == sm90.LAUNCH_REGS == 96, log
+    assert (sm90.THREADS, sm90.PRODUCER_REGS, sm90.MATH_REGS) == (640, 24, 112)
+    assert 128 * sm90.PRODUCER_REGS + 128 * sm90.WGS * sm90.MATH_REGS <= sm90.THREADS * regs
+    assert "C7507" not in log and "C7508" not in log, log
+    assert spilled <= (0 if next_n <= 4 else 32), log
     # Named barriers: 0 for the CTA and one per math warpgroup, as immediates (an id in a register
     # makes ptxas reserve all 16, which limits the CTAs per SM).
-    assert re.search(r"used %d barriers" % (1 + wgs), log), log
-    # A wgmma under a branch ptxas cannot prove warp-uniform serializes every wgmma (measured:
-    # the software-pipelined loop of run 14 lost its overlap that way).
-    assert "C7518" not in log, log
-
-
-@pytest.mark.parametrize("split_sign,headsum,pipeline,wgs", [
-    (1, 0, 0, 1), (0, 1, 0, 1), (0, 0, 1, 1), (2, 0, 1, 4), (0, 1, 1, 4), (2, 0, 0, 2), (0, 0, 0, 3), (3, 0, 0, 4),
-    (3, 2, 0, 4), (0, 2, 1, 1)])
-def test_nvrtc_builds_the_measured_variants_without_serialized_wgmma(split_sign, headsum, pipeline, wgs):
-    _, log = sm90.build(1, 64, split_sign=split_sign, headsum=headsum, pipeline=pipeline, wgs=wgs)
-    assert "C7518" not in log and "C7511" not in log and "C7512" not in log, log
-    assert "C7507" not in log and "C7508" not in log, log
-
-
-@pytest.mark.parametrize("next_n,heads,mma_rows", [(2, 32, 2), (4, 32, 4), (2, 64, 2), (4, 64, 2), (4, 32, 2)])
-def test_nvrtc_builds_rows_per_wgmma_without_spills_or_injected_fences(next_n, heads, mma_rows):
-    # MMA_ROWS: one wgmma of N = mma_rows x heads across next_n rows at the default four math warpgroups:
-    # within the register budget, no wgmma serialized, and no fence ptxas had to inject (C7519: the
-    # head-sum operands are all packed before the wgmma.fence).
-    src = sm90._source(next_n, heads, 0, False, sm90.DEFAULT_STAGES, 1, 0, sm90.DEFAULT_SPLIT_SIGN,
-                       sm90.DEFAULT_HEADSUM, sm90.DEFAULT_PIPELINE, sm90.DEFAULT_WGS, mma_rows)
-    assert f"#define MMA_ROWS {mma_rows}\n" in src and f"m64n{mma_rows * heads}k32" in src
-    _, log = sm90.build(next_n, heads, mma_rows=mma_rows)
-    regs, spilled = nvrtc.ptxas_registers(log)
-    assert regs == sm90.launch_regs(sm90.DEFAULT_WGS) and spilled == 0, log
-    for code in ("C7507", "C7508", "C7511", "C7512", "C7518", "C7519"):
+    assert re.search(r"used %d barriers" % (1 + sm90.WGS), log), log
+    # A wgmma under a branch ptxas cannot prove warp-uniform serializes every wgmma (C7518, C7511, C7512);
+    # C7519: a fence ptxas had to inject (the head-sum operands are all packed before the wgmma.fence).
+    for code in ("C7511", "C7512", "C7518", "C7519"):
         assert code not in log, log
+    # One wgmma of N = mma_rows x heads per page (MMA_ROWS_DEFAULTS: 2 and 4 rows at H 32).
+    assert f"m64n{config.mma_rows * heads}k32" in sm90._spec(config).source
+    assert config.mma_rows == {(2, 32): 2, (4, 32): 4}.get((next_n, heads), 1)
+
+
+def test_layout_is_what_the_kernel_expects():
+    # The kernel static_asserts the same relations at build time; here the numbers for DeepSeek-V3.2's decode
+    # and verify (H 64): queries, bf16 head-sum tiles, four 4352-byte pages, padded weights, slots, mbarriers.
+    assert sm90.layout(1, 64) == {"Q_BYTES": 8192, "HS_BYTES": 1024, "W_STRIDE": 20, "HS_OFF": 8192,
+                                  "RING_OFF": 9216, "W_OFF": 26624, "INFO_OFF": 26944, "BAR_OFF": 27008,
+                                  "WG_BYTES": 27648}
+    for config in sm90.served_configs():
+        n, h = config.next_n, config.heads
+        lay = sm90.layout(n, h)
+        # Bytes per region summed: queries, head-sum tiles, ring, weights, 16-byte slots + mbarrier pairs.
+        total = n * h * 128 + n * h * 16 + 4 * 64 * 68 + n * 4 * (h // 4 + 4) * 4 + 4 * 32
+        assert lay["WG_BYTES"] == -(-total // 1024) * 1024 and lay["BAR_OFF"] + 64 == total
+        assert config.smem_bytes == 4 * lay["WG_BYTES"] + 1024 <= sm90.MAX_SMEM_BYTES
+        assert dict(config.defines())["WG_BYTES"] == lay["WG_BYTES"]
+
+
+def test_served_configurations():
+    # next_n 1-8 within 32 KB of queries per head count, three logits dtypes, two lengths forms.
+    configs = list(sm90.served_configs())
+    assert len(configs) == (8 + 8 + 4 + 2) * 3 * 2 == len(set(configs))
+    assert {(c.next_n, c.heads) for c in configs} == {(n, h) for h in (16, 32, 64, 128) for n in range(1, 9)
+                                                      if n * h <= 256}
+    assert sm90.Config.of_call(2, 64, torch.bfloat16, True) == sm90.Config(2, 64, 1, True, 1)
+    assert sm90.Config.of_call(2, 64, torch.bfloat16, True) is sm90.Config.of_call(2, 64, torch.bfloat16, True)
 
 
 def test_rows_per_wgmma_defaults_and_limits():
-    assert sm90.default_mma_rows(4, 32) == 4 and sm90.default_mma_rows(2, 32) == 2
-    assert sm90.default_mma_rows(2, 64) == 1 and sm90.default_mma_rows(1, 32) == 1
+    assert sm90.Config.of_call(4, 32, torch.float32, False).mma_rows == 4
+    assert sm90.Config.of_call(2, 32, torch.float32, False).mma_rows == 2
+    assert sm90.Config.of_call(2, 64, torch.float32, False).mma_rows == 1
+    assert sm90.Config.of_call(1, 32, torch.float32, False).mma_rows == 1
     with pytest.raises(ValueError, match="mma_rows: expected a divisor of next_n 4 with mma_rows x 64 heads <= 128"):
-        sm90.build(4, 64, mma_rows=4)
+        sm90.Config(4, 64, mma_rows=4)
     with pytest.raises(ValueError, match="mma_rows: expected a divisor of next_n 3"):
-        sm90.build(3, 32, mma_rows=2)
+        sm90.Config(3, 32, mma_rows=2)
 
 
 def test_rel_bound_is_the_mma_bound_plus_the_head_sums_rounding():
-    # The tolerance of the GPU tests and the benchmark's check for the Hopper kernel.
-    assert sm90.rel_bound(0) == 1e-3 == sm90.rel_bound() - sm90.HEADSUM_REL[sm90.DEFAULT_HEADSUM]
-    assert sm90.rel_bound(1) == pytest.approx(1e-3 + 1.5 / 1024)
-    assert sm90.rel_bound(2) == pytest.approx(1e-3 + 1 / 256 + 1 / 65536)
-    with pytest.raises(KeyError):
-        sm90.rel_bound(3)
+    # The tolerance of the GPU tests and the benchmark's check for the Hopper kernel: the FP8 MMA's 1e-3
+    # plus the bf16 head sum's 2**-8 (relu(S) to bf16) + 2**-16 (the weights as hi + lo bf16).
+    assert sm90.rel_bound() == pytest.approx(1e-3 + 1 / 256 + 1 / 65536, rel=1e-15)
+    assert sm90.HEADSUM_REL == 2.0**-8 + 2.0**-16
 
 
 def test_logit_error_bound_splits_the_mma_and_head_sum_scales():
@@ -305,27 +246,27 @@ def test_logit_error_bound_splits_the_mma_and_head_sum_scales():
     # off by at most 1e-3 of the term bound; never above the one-factor rel_bound() x term bound.
     term = torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)
     relu = torch.tensor([0.0, 2.5, 100.0], dtype=torch.float64)
-    assert torch.equal(sm90.logit_error_bound(term, relu, 0), 1e-3 * term)
     want = 1e-3 * term + (2.0**-8 + 2.0**-16) * (relu + 1e-3 * term)
-    assert torch.allclose(sm90.logit_error_bound(term, relu, 2), want, rtol=1e-15, atol=0)
-    assert sm90.logit_error_bound(4.0, 1.0, 1) == pytest.approx(4e-3 + 1.5 / 1024 * (1.0 + 4e-3))
+    assert torch.allclose(sm90.logit_error_bound(term, relu), want, rtol=1e-15, atol=0)
+    assert sm90.logit_error_bound(4.0, 1.0) == pytest.approx(4e-3 + (2.0**-8 + 2.0**-16) * (1.0 + 4e-3))
     assert torch.all(sm90.logit_error_bound(term, relu) <= sm90.rel_bound() * term * (1 + 1e-3))
     # No relu'd score: the MMA part, and the head sum's rounding of what the MMA may have added.
-    assert float(sm90.logit_error_bound(term, relu)[0]) == pytest.approx(1e-3 * (1 + sm90.HEADSUM_REL[sm90.DEFAULT_HEADSUM]))
-    with pytest.raises(KeyError):
-        sm90.logit_error_bound(term, relu, 3)
+    assert float(sm90.logit_error_bound(term, relu)[0]) == pytest.approx(1e-3 * (1 + 2.0**-8 + 2.0**-16))
 
 
 def test_unsupported_configurations_are_refused():
-    with pytest.raises(ValueError, match="heads"):
-        sm90.build(1, 48)
-    with pytest.raises(ValueError, match="next_n"):
-        sm90.build(8, 64)
-    # Measured and removed (benchmarks/results/PERF_LOG.md, runs 21 and 27): five math warpgroups, decode-ahead.
-    with pytest.raises(ValueError, match="wgs"):
-        sm90.build(1, 64, wgs=5)
-    with pytest.raises(ValueError, match="pipeline"):
-        sm90.build(1, 64, pipeline=3)
+    with pytest.raises(ValueError, match="heads: expected one of"):
+        sm90.Config(1, 48)
+    with pytest.raises(ValueError, match="next_n: 8 x 64 heads of index queries exceed"):
+        sm90.Config(8, 64)
+    with pytest.raises(ValueError, match="next_n: expected an int >= 1"):
+        sm90.Config(0, 64)
+    with pytest.raises(ValueError, match="out_kind: expected 0, 1 or 2"):
+        sm90.Config(1, 64, out_kind=3)
+    with pytest.raises(ValueError, match="lens_2d: expected a bool"):
+        sm90.Config(1, 64, lens_2d=1)
+    with pytest.raises(ValueError, match="out_dtype: expected float32, bfloat16 or float16"):
+        sm90.Config.of_call(1, 64, torch.float64, True)
     assert sm90.unavailable_reason("cpu") == "not an NVIDIA CUDA device"
 
 
@@ -570,17 +511,6 @@ def test_query_nan_bytes_are_zeroed_and_every_other_byte_kept():
     assert nan_bytes == [0x7F, 0xFF]  # the bytes it zeroes are exactly e4m3fn's NaNs
 
 
-def _tf32_truncate(x: np.ndarray) -> np.ndarray:
-    """What wgmma .tf32 reads of an fp32 register: the low 13 mantissa bits dropped."""
-    return (x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
-
-
-def _tf32_round(x: np.ndarray) -> np.ndarray:
-    """cvt.rna.tf32.f32: round to nearest, ties away from zero, to 10 mantissa bits."""
-    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    return (((bits + 0x1000) & 0xFFFFE000) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
-
-
 def _bf16_round(x: np.ndarray) -> np.ndarray:
     """cvt.rn.bf16.f32: round to nearest even, to 8 mantissa bits (finite inputs)."""
     bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
@@ -645,56 +575,6 @@ def test_bf16_head_sum_fragment_replay(heads):
     assert err.max() > 0  # bf16 did round: the replay reads bf16, not the fp64 values
 
 
-@pytest.mark.parametrize("heads", [64, 32, 16])
-def test_tf32_head_sum_fragment_replay(heads):
-    # HEADSUM 1: the fp32 accumulator fragment of m64nHk32 (thread: rows r0 = 16 warp + lane / 4
-    # and r0 + 8, columns 8j + 2c (+1)) fed as the tf32 A fragment of m64n8k8 (a0 (r0, k=c), a1
-    # (r1, c), a2 (r0, c + 4), a3 (r1, c + 4)) against the weight tiles load_request writes (B[n][k]
-    # at byte 128 (k / 4) + 16 n + 4 (k % 4), columns 0 and 2), read through hs_desc (no swizzle).
-    g = np.random.default_rng(heads)
-    s_acc = g.normal(size=(64, heads)) * 4  # the dot products (rows = keys)
-    w = g.normal(size=heads)
-    tiles = np.zeros((heads // 8, 64), dtype=np.float32)  # load_request's smem, 256 bytes per tile
-    for h in range(heads):
-        j, k = h >> 3, ((h & 7) >> 1) + 4 * (h & 1)
-        for n in (0, 2):
-            tiles[j, 32 * (k >> 2) + 4 * n + (k & 3)] = _tf32_round(np.array([w[h]]))[0]
-
-    def b_tile(j):  # B[n][k] as the descriptor (K-major, no swizzle, LBO = SBO = 128 bytes) reads it
-        return np.array([[tiles[j, 32 * (k // 4) + 4 * n + (k % 4)] for k in range(8)] for n in range(8)])
-
-    got = np.zeros(64)
-    for warp in range(4):
-        for lane in range(32):
-            c, r0 = lane & 3, 16 * warp + (lane >> 2)
-            r1 = r0 + 8
-            d = np.zeros(4)
-            for j in range(heads // 8):
-                acc = [s_acc[r0, 8 * j + 2 * c], s_acc[r0, 8 * j + 2 * c + 1], s_acc[r1, 8 * j + 2 * c],
-                       s_acc[r1, 8 * j + 2 * c + 1]]
-                ra = [_tf32_truncate(np.array([x + abs(x)]))[0] for x in acc]  # 2 relu(x), as the kernel
-                fa = {(r0, c): ra[0], (r1, c): ra[2], (r0, c + 4): ra[1], (r1, c + 4): ra[3]}
-                # this thread's share of D = A B^T: its rows, all of its k; the other lanes of the
-                # quad hold the other k, so collect the quad's fragments
-                for cc in range(4):
-                    acc_q = [s_acc[r0, 8 * j + 2 * cc], s_acc[r0, 8 * j + 2 * cc + 1], s_acc[r1, 8 * j + 2 * cc],
-                             s_acc[r1, 8 * j + 2 * cc + 1]]
-                    ra_q = [_tf32_truncate(np.array([x + abs(x)]))[0] for x in acc_q]
-                    fa.update({(r0, cc): ra_q[0], (r1, cc): ra_q[2], (r0, cc + 4): ra_q[1], (r1, cc + 4): ra_q[3]})
-                bt = b_tile(j)
-                for idx, (row, col) in enumerate(((r0, 2 * c), (r0, 2 * c + 1), (r1, 2 * c), (r1, 2 * c + 1))):
-                    d[idx] += sum(float(fa[(row, k)]) * float(bt[col, k]) for k in range(8))
-            if c == 0:
-                got[r0] = d[0] / 2  # column 0: row r0 (the kernel's 1/2 goes into f)
-            elif c == 1:
-                got[r1] = d[2] / 2  # column 2: row r1
-    want = (np.maximum(s_acc, 0) * w).sum(axis=1)
-    bound = (np.maximum(s_acc, 0) * np.abs(w)).sum(axis=1)
-    err = np.abs(got - want)
-    assert np.all(err <= (2.0**-10 + 2.0**-11) * bound * 1.01 + 1e-12), err.max()
-    assert err.max() > 0  # tf32 did round: the replay reads tf32, not the fp64 values
-
-
 class _StandInHopper:
     """Stands for an H200 on the CPU machine: ``paged_logits`` resolves ``impl="auto"`` to the Hopper kernel
     (``_wgmma_unavailable`` says nothing is missing), the CUDA ordinal is 0, and the kernel's NVRTC build, module
@@ -705,13 +585,14 @@ class _StandInHopper:
 
         self.builds, self.launches = [], []
         monkeypatch.setattr(pl, "_wgmma_unavailable", lambda *a, **k: None)
-        monkeypatch.setattr(sm90, "_device_index", lambda device: 0)
-        monkeypatch.setattr(sm90, "_SERVING_FAILED", {})
+        monkeypatch.setattr(nvrtc, "_index", lambda device: 0)
+        monkeypatch.setattr(nvrtc, "cuda_arch", lambda device: "sm_90a")
+        monkeypatch.setattr(nvrtc, "_KERNELS", {})
 
-        def fake_build(*args, **kwargs):
-            self.builds.append((args, kwargs))
+        def fake_build(source, name, arch, defines=(), **kwargs):
+            self.builds.append(dict(defines))
             if build is not None:
-                build(*args, **kwargs)
+                build(dict(defines))
             return b"cubin", ""
 
         def fake_launch(*args, **kwargs):
@@ -719,9 +600,9 @@ class _StandInHopper:
             if launch is not None:
                 launch(*args, **kwargs)
 
-        monkeypatch.setattr(sm90, "build", fake_build)
-        monkeypatch.setattr(sm90.nvrtc, "get_function", lambda *a, **k: "fn")
-        monkeypatch.setattr(sm90.nvrtc, "launch", fake_launch)
+        monkeypatch.setattr(nvrtc, "compile_cubin", fake_build)
+        monkeypatch.setattr(nvrtc, "get_function", lambda *a, **k: "fn")
+        monkeypatch.setattr(nvrtc, "launch", fake_launch)
 
 
 def _fallback_case():
@@ -747,8 +628,8 @@ def test_failed_serving_build_is_warned_once_and_scored_by_triton(monkeypatch):
     from sglang_fp4_indexer.ops.paged_logits import DEFAULT_BLOCK_KV, paged_logits
     from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
 
-    def refuse(next_n, heads, out_kind, lens_2d, *rest):
-        if lens_2d:
+    def refuse(defines):
+        if defines["LENS_2D"] == "1":
             raise RuntimeError("NVRTC could not compile paged_logits_sm90.cu for sm_90a (stand-in)")
 
     hopper = _StandInHopper(monkeypatch, build=refuse)
@@ -793,9 +674,9 @@ def test_failed_launch_is_warned_once_and_scored_by_triton(monkeypatch):
 
 
 def test_serving_probe_builds_what_the_launch_builds(monkeypatch):
-    # The probe must compile the very configuration launch() then uses (same arguments: NVRTC's cache is hit,
+    # The probe must build and load the very configuration launch() then uses (launch builds nothing more,
     # and a build the probe passed cannot fail later), for each serving shape: decode and verify, both head
-    # counts, SGLang's 2-D lengths and the [B] form.
+    # counts, SGLang's 2-D lengths and the [B] form; the launch has the kernel's grid, block and shared memory.
     from cases import make_paged_case
 
     hopper = _StandInHopper(monkeypatch)
@@ -805,10 +686,19 @@ def test_serving_probe_builds_what_the_launch_builds(monkeypatch):
         if lens_2d:
             lens = lens.view(-1, 1).expand(-1, next_n).contiguous()
         hopper.builds.clear()
-        assert sm90.serving_unavailable("cpu", next_n, heads, torch.float32, lens_2d) is None
+        hopper.launches.clear()
+        config = sm90.Config.of_call(next_n, heads, torch.float32, lens_2d)
+        assert sm90.serving_unavailable("cpu", config) is None
         out = torch.empty(case.q.shape[0], 128)
-        sm90.launch(case.q, case.weights, case.cache, case.block_table, lens, torch.zeros(3, 2, dtype=torch.int32),
-                    out, batch=2, next_n=next_n, heads=heads, width=128, block_kv=64)
-        (probe_args, probe_kw), (launch_args, launch_kw) = hopper.builds
-        assert (probe_args, probe_kw) == (launch_args, launch_kw), (next_n, heads, lens_2d)
-        assert probe_args[:4] == (next_n, heads, 0, lens_2d)
+        sched = torch.zeros(10, 2, dtype=torch.int32)  # 9 schedule entries: 3 CTAs of 4 math warpgroups
+        sm90.launch(config, case.q, case.weights, case.cache, case.block_table, lens, sched, out, block_kv=64)
+        (defines,) = hopper.builds
+        assert {k: defines[k] for k in ("NEXT_N", "HEADS", "OUT_KIND", "LENS_2D", "MMA_ROWS")} == {
+            "NEXT_N": str(next_n), "HEADS": str(heads), "OUT_KIND": "0", "LENS_2D": str(int(lens_2d)),
+            "MMA_ROWS": str(config.mma_rows)}, (next_n, heads, lens_2d)
+        ((fn, device, grid, block, smem, args), _), = hopper.launches
+        assert (fn, grid, block) == ("fn", 3, 640)
+        assert smem == 4 * sm90.layout(next_n, heads)["WG_BYTES"] + 1024
+        assert [a.value for a in args[7:]] == [2, case.cache.shape[0], case.block_table.shape[1], 128,
+                                                case.q.stride(0), case.q.stride(1), case.weights.stride(0),
+                                                case.block_table.stride(0), 128, 64, 9, 1]

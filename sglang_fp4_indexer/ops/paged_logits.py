@@ -5,15 +5,17 @@
 index-key cache through the block table; columns ``len(r) <= j < width`` are
 written ``-inf`` (so a plain top-k over the row is correct without lengths).
 
-Method. Each E2M1 nibble is turned into the e4m3 byte ``sign << 7 | (code & 7) << 2``
-with integer ops; read as e4m3 that byte is exactly ``E2M1(code) * 2**-6``
-(docs/design.md, The index-key format). One MMA per 32-element group multiplies the decoded keys
-with the index query (FP8 MMA where the GPU has it, bf16 MMA otherwise: both
-are exact products with fp32 accumulation); the group's partial product is
-scaled by its UE8M0 factor ``2**(code - 127)``, built from the code's bits
-(no ``exp2``), and accumulated in fp32. The constant ``2**6`` is applied once
-after relu and the head sum (``relu(c x) = c relu(x)`` for ``c > 0``). Work is
-split over a persistent grid by the CTA schedule (``ops/schedule.py``): program
+Method (``impl``). ``"folded"``: each group's UE8M0 scale is folded into e4m3
+bytes made from the E2M1 nibbles with integer ops, relative to the key's largest
+group scale, so one K = 128 FP8 MMA covers the key and ``2**(s_max - 127)`` is
+applied once per key after relu and the head sum (``relu(c x) = c relu(x)`` for
+``c > 0``); exact while a key's group scales lie within 2**11 of its largest
+(docs/design.md, The paged scorer). ``"scaled"``: Triton's ``tl.dot_scaled``
+reads the E2M1 codes and UE8M0 scales natively. ``"wgmma"``: the Hopper CUDA
+kernel (``ops/sm90.py``) with the folded numerics. Products are exact and
+accumulate in fp32.
+
+Work is split over a persistent grid by the CTA schedule (``ops/schedule.py``): program
 ``i`` walks the (request, key block) tiles from ``schedule[i]`` to
 ``schedule[i + 1]``; one tile scores all ``next_n`` rows of a request against
 ``block_kv`` keys, so each key is read once per request.
@@ -36,11 +38,13 @@ __all__ = [
     "fp8_mma_available", "resolved_impl",
 ]
 
-#: Keys per tile of the Triton scorers (four pages), measured best for "folded" on H200
-#: (benchmarks/results/PERF_LOG.md, runs 5-6). The CTA schedule must be planned with the value the call uses.
+#: Keys per tile of the Triton scorers (four pages), measured best for "folded" on H200 among 64, 128,
+#: 256 and 512 (the Triton sweep of experiments/perf_probe.py). The CTA schedule must be planned with the
+#: value the call uses.
 DEFAULT_BLOCK_KV = 256
 #: Keys per tile of the Hopper wgmma kernel's schedule (one page): 1-3 % slower than 256-key
-#: tiles on long rows where measured side by side, 1.6x faster at batch 1 x 4K (benchmarks/results/PERF_LOG.md, run 10).
+#: tiles on long rows where measured side by side, 1.6x faster at batch 1 x 4K (docs/perf-notes.md,
+#: "The warp-specialised CTA").
 WGMMA_BLOCK_KV = 64
 
 
@@ -76,31 +80,6 @@ def _cuda_block_kv(index: int) -> int:
 SUPPORTED_HEADS = (16, 32, 64, 128)
 #: Most query rows per request one call takes (target verify with up to 7 draft tokens).
 MAX_NEXT_N = 8
-
-
-@triton.jit
-def _group_partial(cache_ptr, payload_base, scale_base, ok, q_g, G: tl.constexpr, DOT_MODE: tl.constexpr):
-    """One 32-element group: decode E2M1 -> e4m3 bytes, MMA with q, scale by UE8M0 (in units of 2**-6)."""
-    offs_c = tl.arange(0, 16)
-    packed = tl.load(cache_ptr + payload_base[:, None] + G * 16 + offs_c[None, :], mask=ok[:, None], other=0)
-    lo = packed & 0x0F
-    hi = packed >> 4
-    e_lo = ((lo & 0x08) << 4) | ((lo & 0x07) << 2)
-    e_hi = ((hi & 0x08) << 4) | ((hi & 0x07) << 2)
-    # Element 2c is the low nibble of byte c, element 2c + 1 the high nibble.
-    k_bits = tl.reshape(tl.join(e_lo, e_hi), (payload_base.shape[0], 32))
-    k_g = k_bits.to(tl.float8e4nv, bitcast=True)
-    if DOT_MODE == 0:  # FP8 MMA: e4m3 x e4m3, exact products
-        part = tl.dot(k_g, q_g)
-    elif DOT_MODE == 1:  # fp16 MMA: both e4m3 operands are exact in fp16
-        part = tl.dot(k_g.to(tl.float16), q_g.to(tl.float16))
-    elif DOT_MODE == 2:  # bf16 MMA for bf16 queries
-        part = tl.dot(k_g.to(tl.bfloat16), q_g.to(tl.bfloat16))
-    else:  # fp32 (interpreter only: its bf16 dot is unreliable)
-        part = tl.dot(k_g.to(tl.float32), q_g.to(tl.float32), input_precision="ieee")
-    code = tl.load(cache_ptr + scale_base + G, mask=ok, other=127).to(tl.int32)
-    factor = (code << 23).to(tl.float32, bitcast=True)  # 2 ** (code - 127), exact
-    return part * factor[:, None]
 
 
 # Folded decode (impl "folded"): each group's UE8M0 scale is folded into the
@@ -255,7 +234,6 @@ def _paged_logits_kernel(
     n_row = offs_n // H
     n_head = offs_n % H
     n_ok = n_row < NEXT_N
-    offs_k = tl.arange(0, 32)
     offs_d = tl.arange(0, 128)
     offs_p = tl.arange(0, 64)
     offs_g = tl.arange(0, 4)
@@ -281,15 +259,7 @@ def _paged_logits_kernel(
         # The request's index queries and weights stay in registers for all its tiles.
         w = tl.load(w_ptr + q_rows * stride_w_row + n_head, mask=n_ok, other=0.0)
         q_base = q_ptr + q_rows * stride_q_row + n_head * stride_q_head
-        if IMPL == 1:
-            q_t = _nan_to_zero(tl.load(q_base[None, :] + offs_d[:, None], mask=n_ok[None, :], other=0.0))
-        elif IMPL == 2:
-            q_t = _nan_to_zero(tl.load(q_base[None, :] + offs_d[:, None], mask=n_ok[None, :], other=0.0))
-        else:
-            q_0 = _nan_to_zero(tl.load(q_base[None, :] + offs_k[:, None], mask=n_ok[None, :], other=0.0))
-            q_1 = _nan_to_zero(tl.load(q_base[None, :] + 32 + offs_k[:, None], mask=n_ok[None, :], other=0.0))
-            q_2 = _nan_to_zero(tl.load(q_base[None, :] + 64 + offs_k[:, None], mask=n_ok[None, :], other=0.0))
-            q_3 = _nan_to_zero(tl.load(q_base[None, :] + 96 + offs_k[:, None], mask=n_ok[None, :], other=0.0))
+        q_t = _nan_to_zero(tl.load(q_base[None, :] + offs_d[:, None], mask=n_ok[None, :], other=0.0))
 
         for blk in range(blk_start, blk_stop):
             kv = blk * BLOCK_KV + offs_kv
@@ -305,8 +275,7 @@ def _paged_logits_kernel(
                 k_f8, key_factor = _folded_keys(cache_ptr, payload_base, scale_base, ok, BLOCK_KV, ASM)
                 acc = tl.dot(k_f8, q_t)
                 unit = 0.015625  # LUT entries hold E2M1 * 2**(s_g - s_max + 6)
-            elif IMPL == 1:
-                # Triton's MX dot reads E2M1 codes and UE8M0 scales natively (docs/design.md, The paged scorer).
+            else:  # IMPL 1, "scaled": Triton's MX dot reads E2M1 codes and UE8M0 scales natively (docs/design.md, The paged scorer).
                 k_codes = tl.load(cache_ptr + payload_base[:, None] + offs_p[None, :], mask=ok[:, None], other=0)
                 k_scales = tl.load(cache_ptr + scale_base[:, None] + offs_g[None, :], mask=ok[:, None], other=127)
                 if DOT_MODE >= 2:  # bf16 index queries
@@ -314,12 +283,6 @@ def _paged_logits_kernel(
                 else:
                     acc = tl.dot_scaled(k_codes, k_scales, "e2m1", q_t, None, "e4m3", fast_math=True)
                 unit = 1.0
-            else:
-                acc = _group_partial(cache_ptr, payload_base, scale_base, ok, q_0, 0, DOT_MODE)
-                acc += _group_partial(cache_ptr, payload_base, scale_base, ok, q_1, 1, DOT_MODE)
-                acc += _group_partial(cache_ptr, payload_base, scale_base, ok, q_2, 2, DOT_MODE)
-                acc += _group_partial(cache_ptr, payload_base, scale_base, ok, q_3, 3, DOT_MODE)
-                unit = 64.0  # e4m3 bytes hold E2M1 * 2**-6
             contrib = tl.maximum(acc, 0.0) * w[None, :]
             logits = tl.sum(tl.reshape(contrib, (BLOCK_KV, NEXT_N_PAD, H)), axis=2) * unit
             if IMPL == 2:
@@ -338,7 +301,7 @@ def _paged_logits_kernel(
 
 #: Scorer formulations (``impl``), besides ``"auto"``; values are the Triton kernel's IMPL
 #: ("wgmma" is the CUDA C++ Hopper kernel of ``ops/sm90.py``, not a Triton variant).
-IMPLS = {"group": 0, "scaled": 1, "folded": 2, "wgmma": 3}
+IMPLS = {"scaled": 1, "folded": 2, "wgmma": 3}
 #: MMA input type -> the kernel's DOT_MODE.
 _DOT_MODES = {name: i for i, name in enumerate(MMA_DTYPES)}  # fp8 0, fp16 1, bf16 2, fp32 3
 
@@ -378,8 +341,8 @@ def _wgmma_unavailable(q, cache, next_n, heads, block_kv, page_size, dot_mode) -
     return sm90.unavailable_reason(q.device) or sm90.supports(q, cache, next_n, heads)
 
 
-def _launch_wgmma(q, weights, cache, block_table, context_lens, schedule, out, batch, next_n, heads, width,
-                  block_kv, clean_logits, *, explicit: bool) -> bool:
+def _launch_wgmma(q, weights, cache, block_table, context_lens, schedule, out, next_n, heads, block_kv, clean_logits,
+                  *, explicit: bool) -> bool:
     """Run the Hopper kernel; False (nothing written) when this configuration's build, load or launch fails.
 
     The serving build (this call's next_n, heads, logits dtype and lengths
@@ -393,15 +356,15 @@ def _launch_wgmma(q, weights, cache, block_table, context_lens, schedule, out, b
     """
     from . import sm90
 
-    lens_2d = context_lens.dim() == 2
-    why = sm90.serving_unavailable(q.device, next_n, heads, out.dtype, lens_2d)
+    config = sm90.Config.of_call(next_n, heads, out.dtype, context_lens.dim() == 2)
+    why = sm90.serving_unavailable(q.device, config)
     if why is None:
         try:
-            sm90.launch(q, weights, cache, block_table, context_lens, schedule, out, batch=batch, next_n=next_n,
-                        heads=heads, width=width, block_kv=block_kv, clean_logits=clean_logits)
+            sm90.launch(config, q, weights, cache, block_table, context_lens, schedule, out, block_kv=block_kv,
+                        clean_logits=clean_logits)
             return True
         except RuntimeError as e:
-            why = sm90.record_serving_failure(q.device, next_n, heads, out.dtype, lens_2d, e)
+            why = sm90.record_serving_failure(q.device, config, e)
     if explicit:
         raise RuntimeError(f"impl: 'wgmma' cannot run this call: {why}")
     return False
@@ -451,7 +414,6 @@ def paged_logits(
     num_warps: int | None = None,
     num_stages: int | None = None,
     maxnreg: int | None = None,
-    use_ptx: bool = True,
 ) -> torch.Tensor:
     """Score index queries against the paged FP4 index-key cache (decode / target verify).
 
@@ -519,8 +481,7 @@ def paged_logits(
             Triton knobs below do not apply to it). Each configuration
             (next_n, heads, logits dtype, lengths form) is built at its first
             call; with ``"auto"`` one whose build, load or launch fails is
-            warned about once and scored by ``"folded"`` from then on. ``"group"``: one MMA per 32-element group on e4m3 bytes decoded
-            with integer ops, each partial product scaled by its UE8M0 factor;
+            warned about once and scored by ``"folded"`` from then on.
             ``"scaled"``: Triton's ``tl.dot_scaled`` reading the E2M1 codes and
             UE8M0 scales natively (on Hopper Triton upcasts them to bf16);
             ``"folded"``: group scales folded into the e4m3 bytes relative to
@@ -531,9 +492,6 @@ def paged_logits(
             picks the H200-tuned values (docs/perf-notes.md): 4 warps and 1
             stage when a tile has at most 64 (row, head) columns, else 8 warps
             and 2 stages. ``maxnreg`` caps registers per thread on NVIDIA.
-        use_ptx: with ``impl="folded"`` on NVIDIA, decode with the inline PTX
-            (default) or, if False, with the portable Triton integer ops (for
-            measurement; both give identical bytes).
 
     Returns:
         ``[rows, width]`` of ``logits_dtype``: the logits; ``-inf`` at columns ``>= len(r)``
@@ -564,7 +522,7 @@ def paged_logits(
     impl = _resolve_impl(impl, q, cache, next_n, block_kv, page_size, dot_mode)
     if impl == "folded" and dot_mode != 0:
         raise ValueError("impl: 'folded' needs e4m3 queries and FP8 MMA (mma 'fp8' or 'auto' on such a device)")
-    use_asm = use_ptx and impl == "folded" and q.device.type == "cuda" and torch.version.hip is None
+    use_asm = impl == "folded" and q.device.type == "cuda" and torch.version.hip is None
     if check:
         from ..reference import expand_context_lens
 
@@ -617,11 +575,11 @@ def paged_logits(
         )
     if rows == 0:
         return out
-    if impl == "wgmma" and _launch_wgmma(q, weights, cache, block_table, context_lens, schedule, out, batch, next_n,
-                                         heads, width, block_kv, clean_logits, explicit=explicit_wgmma):
+    if impl == "wgmma" and _launch_wgmma(q, weights, cache, block_table, context_lens, schedule, out, next_n, heads,
+                                         block_kv, clean_logits, explicit=explicit_wgmma):
         return out
     if impl == "wgmma":  # this configuration's Hopper build failed (warned once): the Triton kernel scores it
-        impl, use_asm = "folded", use_ptx and q.device.type == "cuda" and torch.version.hip is None
+        impl, use_asm = "folded", q.device.type == "cuda" and torch.version.hip is None
     next_n_pad = triton.next_power_of_2(next_n)
     wide = next_n_pad * heads > 64
     if num_warps is None:

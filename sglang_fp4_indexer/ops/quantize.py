@@ -26,9 +26,9 @@ float scaling, so neither rounding nor denormal flushing can change a code):
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import types
-import warnings
 from pathlib import Path
 
 import torch
@@ -173,12 +173,23 @@ def _store_index_k_kernel(
 
 _CUDA_SOURCE = Path(__file__).with_name("cuda") / "store_index_k.cu"
 _K_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
-# (device index, dtype, slot dtype, page size, tokens per group) -> (device, kernel), or None after a failed build.
-_cuda_store_kernels: dict = {}
 
 
-#: Tokens per 8-lane group of the CUDA store kernel, loaded together: benchmarks/results/PERF_LOG.md, run 11.
+#: Tokens per 8-lane group of the CUDA store kernel, loaded together: two halve the latency of each
+#: wave against one, four are slower again (docs/perf-notes.md, "The store op and the planner").
 CUDA_STORE_TOKENS_PER_GROUP = 2
+
+
+@functools.lru_cache(maxsize=None)
+def _store_spec(k_dtype: torch.dtype, slot_dtype: torch.dtype, page_size: int,
+                tokens_per_group: int):
+    """The ``ops.nvrtc.KernelSpec`` of the CUDA store kernel for these inputs (one object per configuration)."""
+    from . import nvrtc
+
+    defines = (("K_KIND", _K_KINDS[k_dtype]), ("SLOT64", int(slot_dtype == torch.int64)), ("PAGE_SIZE", page_size),
+               ("TOKENS_PER_GROUP", tokens_per_group))
+    return nvrtc.KernelSpec(_CUDA_SOURCE.read_text(), "store_index_k.cu", "store_index_k", defines, 0,
+                            "the CUDA store kernel", "storing with Triton")
 
 
 def _cuda_store(k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, page_size: int = PAGE_SIZE,
@@ -188,32 +199,20 @@ def _cuda_store(k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, page_
     It needs an NVIDIA device, ``cuda-bindings``, the NVIDIA scale-plane layout
     (``pool.scale_row`` the identity), 16-byte aligned key rows, an 8-byte
     aligned cache and an even ``page_size`` (its payload stores are 8 bytes).
-    Built once per configuration and device; a failed build is warned about
-    once and remembered (then the Triton kernel runs).
+    Built once per configuration and device (``ops.nvrtc.load``); a failed
+    build is warned about once and remembered (then the Triton kernel runs).
     """
     if (not k.is_cuda or torch.version.hip is not None or page_size % 2 or k.data_ptr() % 16
             or (k.stride(0) * k.element_size()) % 16 or cache.data_ptr() % 8):
         return None
     tokens_per_group = CUDA_STORE_TOKENS_PER_GROUP if tokens_per_group is None else tokens_per_group
-    key = (k.device.index, k.dtype, slots.dtype, page_size, tokens_per_group)
-    if key in _cuda_store_kernels:
-        return _cuda_store_kernels[key]
     from . import nvrtc
 
-    kernel = None
-    if not nvrtc.bindings_missing() and scale_row_is_identity(page_size):
-        device = k.device  # a CUDA tensor's device always carries its index
-        src = (f"#define K_KIND {_K_KINDS[k.dtype]}\n#define SLOT64 {int(slots.dtype == torch.int64)}\n"
-               f"#define PAGE_SIZE {page_size}\n"
-               f"#define TOKENS_PER_GROUP {tokens_per_group}\n" + _CUDA_SOURCE.read_text())
-        try:
-            cubin, _ = nvrtc.compile_cubin(src, "store_index_k.cu", nvrtc.cuda_arch(device))
-            kernel = device, nvrtc.get_function(device, cubin, "store_index_k", 0)
-        except RuntimeError as e:  # keep storing, with the Triton kernel
-            warnings.warn(f"sglang-fp4-indexer: the CUDA store kernel could not be built ({e}); storing with Triton",
-                          stacklevel=3)
-    _cuda_store_kernels[key] = kernel
-    return kernel
+    if nvrtc.bindings_missing() or not scale_row_is_identity(page_size):
+        return None
+    device = k.device  # a CUDA tensor's device always carries its index
+    fn = nvrtc.load(device, _store_spec(k.dtype, slots.dtype, page_size, tokens_per_group))
+    return None if fn is None else (device, fn)
 
 
 def _interpreted() -> bool:

@@ -28,7 +28,7 @@ boundaries, so any ``B`` and any ``num_ctas`` work.
 from __future__ import annotations
 
 import contextlib
-import warnings
+import functools
 from pathlib import Path
 
 import torch
@@ -52,7 +52,6 @@ _MAX_BLOCK_B = 128
 #: shared memory fit the 48 KB a launch gets without opting in).
 CUDA_PLANNER_MAX_BATCH = 6000
 _CUDA_PLANNER_SOURCE = Path(__file__).with_name("cuda") / "plan_schedule.cu"
-_cuda_planners: dict = {}  # device index -> loaded kernel, or None after a failed build
 
 
 def _cuda_planner_for(context_lens: torch.Tensor):
@@ -68,23 +67,22 @@ def _cuda_planner_for(context_lens: torch.Tensor):
 def _cuda_planner(device: torch.device):
     """The NVRTC-built planner kernel for ``device``, or None where it cannot run (then Triton plans).
 
-    Built once per device; a failed build is warned about once and remembered.
+    Built once per device (``ops.nvrtc.load``); a failed build is warned about once and remembered.
     """
-    if device.index in _cuda_planners:
-        return _cuda_planners[device.index]
     from . import nvrtc
 
-    fn = None
-    if torch.version.hip is None and not nvrtc.bindings_missing():
-        try:
-            arch = nvrtc.cuda_arch(device)
-            cubin, _ = nvrtc.compile_cubin(_CUDA_PLANNER_SOURCE.read_text(), "plan_schedule.cu", arch)
-            fn = nvrtc.get_function(device, cubin, "plan_paged_schedule", 0)
-        except RuntimeError as e:  # keep planning, with the Triton kernel
-            warnings.warn(f"sglang-fp4-indexer: the CUDA planner could not be built ({e}); planning with Triton",
-                          stacklevel=3)
-    _cuda_planners[device.index] = fn
-    return fn
+    if torch.version.hip is not None or nvrtc.bindings_missing():
+        return None
+    return nvrtc.load(device, _planner_spec())
+
+
+@functools.lru_cache(maxsize=None)
+def _planner_spec():
+    """The ``ops.nvrtc.KernelSpec`` of the CUDA planner (one object: looked up on every plan)."""
+    from . import nvrtc
+
+    return nvrtc.KernelSpec(_CUDA_PLANNER_SOURCE.read_text(), "plan_schedule.cu", "plan_paged_schedule", (), 0,
+                            "the CUDA planner", "planning with Triton")
 
 
 def num_key_blocks(max_len, block_kv: int):

@@ -59,6 +59,16 @@ def _store_and_planner(device: torch.device) -> str:
     return "store and CTA planner: CUDA kernels"
 
 
+def _hopper_build_problem(device: torch.device, next_n: int, heads: int) -> str | None:
+    """Why the Hopper build serving uses for ``next_n`` rows of ``heads`` (fp32 logits, SGLang's 2-D lengths)
+    cannot run on ``device`` (``sm90.serving_unavailable``; a configuration the kernel has no build for says so)."""
+    try:
+        config = sm90.Config.of_call(next_n, heads, torch.float32, True)
+    except ValueError as e:
+        return f"the Hopper kernel has no build for next_n {next_n}, {heads} heads ({e})"
+    return sm90.serving_unavailable(device, config)
+
+
 def describe(device: torch.device | str, heads: int, next_n: int = 1) -> str:
     """One line naming the kernels that serve decode (and target verify at ``next_n`` > 1) on ``device``, and why.
 
@@ -79,7 +89,7 @@ def describe(device: torch.device | str, heads: int, next_n: int = 1) -> str:
     device = torch.device(device)
     why = hopper_reason(device)
     if why is None:
-        why = sm90.serving_unavailable(device, 1, heads, torch.float32, True)
+        why = _hopper_build_problem(device, 1, heads)
     if why is not None:
         scorer = f"scorer: Triton kernels ({why})"
         if next_n > 1:
@@ -89,7 +99,7 @@ def describe(device: torch.device | str, heads: int, next_n: int = 1) -> str:
         scorer = "scorer: Hopper CUDA kernel (decode"
         if next_n > 1:
             if verify_request_form(device, heads, next_n):
-                failed = sm90.serving_unavailable(device, next_n, heads, torch.float32, True)
+                failed = _hopper_build_problem(device, next_n, heads)
                 scorer += (f"; target verify next_n {next_n}, one pass per request" if failed is None else
                            f"; target verify next_n {next_n}: Triton kernels, one pass per request ({failed})")
             else:

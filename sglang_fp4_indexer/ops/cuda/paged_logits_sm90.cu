@@ -1,11 +1,14 @@
 // Paged FP4 scorer for Hopper (sm_90a): wgmma with the decoded index keys as
 // the register A operand and the index queries as the shared-memory B operand.
 //
-// Compiled at first use by NVRTC (ops/sm90.py), which prepends the compile-time
-// configuration (#define NEXT_N, HEADS, STAGES, OUT_KIND, LENS_2D, MIN_CTAS,
-// PROBE, SPLIT_SIGN, HEADSUM, PIPELINE, WGS, PRODUCER_REGS, MATH_REGS,
-// THREADS, WG_BYTES, and PROBE 64's record layout TL_JOBS, TL_STAMPS) and the
-// wgmma wrappers for N = HEADS. Semantics are those of ops.paged_logits; the numerics are the "folded" form of that module:
+// Compiled at first use by NVRTC (ops/sm90.py), which prepends the configuration of
+// the call (#define NEXT_N, HEADS, OUT_KIND, LENS_2D, MMA_ROWS), the fixed build
+// constants (STAGES, WGS, PRODUCER_REGS, MATH_REGS, THREADS) and the shared-memory
+// layout of one math warpgroup (Q_BYTES, HS_BYTES, W_STRIDE, HS_OFF, RING_OFF,
+// W_OFF, INFO_OFF, BAR_OFF, WG_BYTES: sm90.layout() is its one source; this file
+// only checks it), and inserts the wgmma wrappers for N = MMA_ROWS x HEADS before
+// the kernel. Semantics are those of ops.paged_logits; the numerics are the
+// "folded" form of that module:
 //
 // * Each key's group scales are folded into the e4m3 bytes relative to its
 //   largest group scale s_max: for a group with A = s_g - s_max + 12 >= 1 the
@@ -13,27 +16,19 @@
 //   (LUT_A[0] = 0, LUT_A[1] = A << 3, LUT_A[x >= 2] = (x << 2) + (A << 3), all
 //   exact); groups with A < 1 (more than 2**11 below the largest) are flushed
 //   to zero. The LUT's eight bytes sit in two registers and one PRMT turns four
-//   nibbles into four e4m3 bytes. Signs: SPLIT_SIGN 0 places them with a second
-//   PRMT (11 ALU ops per payload word); SPLIT_SIGN 1 decodes the non-negative
-//   and the negative elements' magnitudes separately (PRMT with a nibble's bit 3
-//   set returns 0x00: no LUT byte has its msb set) and the negative ones go
-//   through a second wgmma with imm-scale-a = -1 (7 ALU ops per word);
-//   SPLIT_SIGN 2 the same with the negative elements read through a reversed LUT
-//   by complemented nibbles (5 ALU ops and 2 IMADs per word); SPLIT_SIGN 3 one
-//   wgmma, the signs spread by PRMT's sign-replicate mode (7 ALU ops, 2 IMADs).
-// * One K = 128 FP8 wgmma per 64-key page and next_n row (four k32 steps) with
-//   fp32 accumulation: products of e4m3 values are exact.
+//   nibbles into four e4m3 bytes; the signs are spread by PRMT's sign-replicate
+//   mode (7 ALU ops and 2 IMADs per payload word).
+// * One K = 128 FP8 wgmma per 64-key page and MMA_ROWS next_n rows (four k32
+//   steps) with fp32 accumulation: products of e4m3 values are exact.
 // * Epilogue: relu, times the head weight, summed over heads, times 2**-6 and
 //   2**(s_max - 127) per key (relu(c x) = c relu(x) for c > 0), -inf where the
-//   key is not visible. HEADSUM 0: fp32 FFMA in registers and across the lane
-//   quad. HEADSUM 1: on the tensor cores, relu(S) (the fp32 accumulator
-//   fragment is the tf32 A fragment of m64n8k8 up to a k permutation) times the
-//   weights as B (tf32, columns 0 and 2, K-major, no swizzle): tf32 drops the
-//   low 13 bits of relu(S) and the weights are rounded to tf32, so each term
-//   carries a relative error below 2**-10 + 2**-11. HEADSUM 2: the same on bf16
-//   m64n8k16 (relu(S) packed two per cvt.rn.relu.bf16x2, the fp32 accumulator
-//   fragment being the bf16 A fragment as it stands; the weights as hi + lo bf16
-//   columns): below 2**-8 + 2**-16 per term.
+//   key is not visible. The head sum runs on the tensor cores as a bf16
+//   m64n8k16 wgmma: relu(S) packed two per cvt.rn.relu.bf16x2 (the fp32
+//   accumulator fragment is the bf16 A fragment as it stands), the weights as
+//   hi + lo bf16 columns of B: below 2**-8 + 2**-16 relative error per term.
+//
+// The other variants measured (sign handling, fp32 and tf32 head sums, a software
+// pipeline, one warpgroup per CTA, probe builds) are in experiments/cuda/.
 //
 // Which key element feeds which k slot is free as long as the index query's
 // element sits in the same slot: thread (lane % 4 = c) holds group c of its two
@@ -41,77 +36,45 @@
 // payload word s of that group. The queries are permuted to match when they
 // are written to shared memory (with the 128-byte swizzle wgmma reads).
 //
-// Threads: WGS math warpgroups (warps 4g .. 4g + 3), then the producers: one
-// warp (WGS 1) or one warpgroup (WGS > 1) whose warp g serves math warpgroup g.
-// With WGS > 1 the producer warpgroup gives its registers to the math
-// warpgroups (setmaxnreg) and one CTA fills an SM. Each math warpgroup has its
-// own entry of the CTA schedule (blockIdx.x * WGS + g), its own shared memory
-// (WG_BYTES) and named barrier. Its producer walks that entry's jobs (the (request, key block) tiles of the CTA
-// schedule, each split into its pages; a request with no visible key is one
-// job without a page), and for each job fills one slot of a STAGES-deep ring:
-// the job's description (cache page, request, page within the request, tail)
-// and, when there is a page, the page itself (4352 bytes: payload plane then
-// scale plane) by one bulk copy (cp.async.bulk) that completes on the slot's
-// mbarrier. After the last job it fills one slot with an end marker. The math
-// warpgroup only reads slots: it keeps no job walker of its own. With WGS 1
-// several CTAs share an SM (MIN_CTAS).
+// Threads: WGS math warpgroups (warps 4g .. 4g + 3), then one producer warpgroup
+// whose warp g serves math warpgroup g. The producer warpgroup gives its registers
+// to the math warpgroups (setmaxnreg) and one CTA fills an SM. Each math warpgroup
+// has its own entry of the CTA schedule (blockIdx.x * WGS + g), its own shared
+// memory (WG_BYTES) and named barrier. Its producer walks that entry's jobs (the
+// (request, key block) tiles of the CTA schedule, each split into its pages; a
+// request with no visible key is one job without a page), and for each job fills
+// one slot of a STAGES-deep ring: the job's description (cache page, request,
+// page within the request, tail) and, when there is a page, the page itself (4352
+// bytes: payload plane then scale plane) by one bulk copy (cp.async.bulk) that
+// completes on the slot's mbarrier. After the last job it fills one slot with an
+// end marker. The math warpgroup only reads slots: it keeps no job walker of its own.
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 
-#ifndef SPLIT_SIGN
-#define SPLIT_SIGN 0
-#endif
-#ifndef HEADSUM
-#define HEADSUM 0
-#endif
-#ifndef PIPELINE
-#define PIPELINE 0  // 1: the next job's slot is read while this job's last wgmma runs
-#endif
-#ifndef MMA_ROWS
-#define MMA_ROWS 1  // next_n rows per wgmma: N = MMA_ROWS x HEADS (the rows' queries are adjacent in shared memory)
-#endif
-#define MMA_N (MMA_ROWS * HEADS)
+#define MMA_N (MMA_ROWS * HEADS)  // the rows' queries are adjacent in shared memory
 static_assert(NEXT_N % MMA_ROWS == 0 && MMA_N <= 256, "MMA_ROWS must divide NEXT_N, N = MMA_ROWS x HEADS <= 256");
-#ifndef WGS
-#define WGS 1  // math warpgroups per CTA (2-4: warp-specialised, registers moved to them by setmaxnreg)
-#endif
-#ifndef PROBE
-#define PROBE 0  // measurement builds only, bit flags: 1 loads only (no compute), 2 no page copies,
-                 // 4 no wgmma (accumulators made from the A fragments), 8 no decode (A = raw payload words),
-                 // 16 one wgmma per page instead of four (on the XOR of the four k steps' fragments),
-                 // 32 no relu/weights/head sum (v = acc[0]),
-                 // 64 timeline: lane 0 of every math warp writes %clock stamps of its first TL_JOBS jobs'
-                 // phases over the logits buffer (read as u32; no logit is stored)
-#endif
 
 #define PAGE 64
 #define PAGE_BYTES (PAGE * 68)
 #define PAYLOAD_BYTES (PAGE * 64)
 #define MATH_THREADS 128
-// THREADS (ops/sm90.py threads()): WGS 1: one math warpgroup and one producer warp. WGS > 1: WGS
-// math warpgroups and one producer warpgroup whose warp k serves math warpgroup k (setmaxnreg
-// works on whole warpgroups).
-// WGS > 1: ops/sm90.py defines PRODUCER_REGS and MATH_REGS, the setmaxnreg budgets. setmaxnreg
-// moves registers only within the CTA's allocation at launch (THREADS x 65536 / THREADS rounded
-// down to 8): what the math warpgroups gain the producer warpgroup must give up first, or
-// setmaxnreg.inc waits forever (sm90.math_regs).
-#define Q_BYTES (HEADS * 128)
-// Head-sum B operand per next_n row: tf32 (HEADSUM 1) HEADS / 8 tiles, bf16 (HEADSUM 2) HEADS / 16, of 256 bytes.
-#define HS_BYTES (HEADSUM == 2 ? HEADS * 16 : HEADS * 32)
-#define W_STRIDE (HEADS / 4 + 4)          // floats per (row, lane % 4) of the permuted weights (padded)
-// The weights in registers (one next_n row; H 64 only with the warp-specialised register budget).
-#define W_REGS (NEXT_N == 1 && HEADSUM == 0 && (HEADS <= 32 || (WGS > 1 && HEADS <= 64)))
-// One math warpgroup's shared memory (offsets in bytes); WG_BYTES (ops/sm90.py wg_smem_bytes(): this
-// layout rounded up to the 1024-byte swizzle atom) is checked against it below.
-#define HS_OFF (NEXT_N * Q_BYTES)
-#define RING_OFF (HS_OFF + (HEADSUM ? NEXT_N * HS_BYTES : 0))
-#define W_OFF (RING_OFF + STAGES * PAGE_BYTES)
-#define INFO_OFF (W_OFF + NEXT_N * 4 * W_STRIDE * 4)
-#define BAR_OFF (INFO_OFF + 16 * STAGES)
+// THREADS (sm90.THREADS): WGS math warpgroups and one producer warpgroup whose warp k serves
+// math warpgroup k (setmaxnreg works on whole warpgroups). PRODUCER_REGS and MATH_REGS are the
+// setmaxnreg budgets: setmaxnreg moves registers only within the CTA's allocation at launch
+// (65536 / THREADS rounded down to 8): what the math warpgroups gain the producer warpgroup must
+// give up first, or setmaxnreg.inc waits forever (sm90.math_regs).
+static_assert(THREADS == MATH_THREADS * WGS + 128, "THREADS does not match WGS");
+// The layout sm90.layout() passes: queries NEXT_N x Q_BYTES (e4m3, swizzled; 1024-byte aligned
+// for the swizzle), head-sum B tiles NEXT_N x HS_BYTES, the page ring STAGES x PAGE_BYTES, the
+// permuted weights NEXT_N x 4 x W_STRIDE floats, STAGES int4 job slots, 2 x STAGES mbarriers.
+static_assert(Q_BYTES == HEADS * 128 && HS_BYTES == HEADS * 16 && W_STRIDE == HEADS / 4 + 4, "row sizes");
+static_assert(HS_OFF == NEXT_N * Q_BYTES && RING_OFF == HS_OFF + NEXT_N * HS_BYTES &&
+              W_OFF == RING_OFF + STAGES * PAGE_BYTES && INFO_OFF == W_OFF + NEXT_N * 4 * W_STRIDE * 4 &&
+              BAR_OFF == INFO_OFF + 16 * STAGES, "the regions of one math warpgroup follow each other");
+static_assert(RING_OFF % 16 == 0 && INFO_OFF % 16 == 0 && BAR_OFF % 8 == 0, "bulk copies, int4 slots, mbarriers");
 static_assert(BAR_OFF + 16 * STAGES <= WG_BYTES && WG_BYTES % 1024 == 0, "WG_BYTES does not hold the layout");
-static_assert(THREADS == MATH_THREADS * WGS + (WGS == 1 ? 32 : 128), "THREADS does not match WGS");
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     return static_cast<u32>(__cvta_generic_to_shared(p));
@@ -151,20 +114,13 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
 // register makes ptxas reserve all 16 named barriers, which caps CTAs per SM at 4).
 __device__ __forceinline__ void math_barrier(int wg) {
 #define MATH_BARRIER(id) asm volatile("bar.sync " #id ", 128;" ::: "memory")
-#if WGS == 1
-    MATH_BARRIER(1);
-#else
+    static_assert(WGS == 4, "one named barrier per math warpgroup");
     switch (wg) {
         case 0: MATH_BARRIER(1); break;
         case 1: MATH_BARRIER(2); break;
-#if WGS > 2
         case 2: MATH_BARRIER(3); break;
-#endif
-#if WGS > 3
         case 3: MATH_BARRIER(4); break;
-#endif
     }
-#endif
 #undef MATH_BARRIER
 }
 
@@ -172,12 +128,6 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 r;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
-}
-
-__device__ __forceinline__ u32 clock_stamp() {
-    u32 t;
-    asm volatile("mov.u32 %0, %%clock;" : "=r"(t)::"memory");
-    return t;
 }
 
 __device__ __forceinline__ uint4 lds128(u32 addr) {
@@ -198,32 +148,7 @@ __device__ __forceinline__ int4 lds128_i(u32 addr) {
     return v;
 }
 
-// Eight E2M1 codes (one payload word, element order: low nibble first) -> two
-// registers of four e4m3 bytes each, in element order, through the group's LUT.
-__device__ __forceinline__ void decode_word(u32 w, u32 lut_lo, u32 lut_hi, u32& out0, u32& out1) {
-    const u32 m = w & 0x77777777u;
-    const u32 mag0 = prmt(lut_lo, lut_hi, m);
-    const u32 mag1 = prmt(lut_lo, lut_hi, m >> 16);
-    // Sign bit 3 of nibble i -> selector 4 (byte 0x80 of the second source) or 0 (zero).
-    const u32 sel = (w >> 1) & 0x44444444u;
-    const u32 sgn0 = prmt(0u, 0x80u, sel);
-    const u32 sgn1 = prmt(0u, 0x80u, sel >> 16);
-    out0 = mag0 + sgn0;  // disjoint bits: + lets ptxas pick IMAD (FMA pipe) over LOP3 (ALU pipe)
-    out1 = mag1 + sgn1;
-}
-
-// Sign-split decode: the magnitudes of the non-negative elements (negatives -> 0) and those of
-// the negative elements (non-negatives -> 0); the MMA adds the first and subtracts the second.
-__device__ __forceinline__ void decode_word_split(u32 w, u32 lut_lo, u32 lut_hi, u32& pos0, u32& pos1, u32& neg0,
-                                                  u32& neg1) {
-    const u32 wn = w ^ 0x88888888u;
-    pos0 = prmt(lut_lo, lut_hi, w);
-    pos1 = prmt(lut_lo, lut_hi, w >> 16);
-    neg0 = prmt(lut_lo, lut_hi, wn);
-    neg1 = prmt(lut_lo, lut_hi, wn >> 16);
-}
-
-// Decode with the signs by PRMT's sign-replicate mode (SPLIT_SIGN 3): a selector nibble with bit 3
+// Decode with the signs by PRMT's sign-replicate mode: a selector nibble with bit 3
 // set yields 0xFF or 0x00 by the msb of the byte it selects, and the msb of byte j of w (w << 4) is
 // the sign of nibble 2j + 1 (2j), so one PRMT with a constant selector spreads four signs into
 // four bytes. Per word: 7 ALU operations (the mask, 2 magnitude PRMTs, 2 sign PRMTs, 2 merges)
@@ -242,22 +167,6 @@ __device__ __forceinline__ void decode_word_rep(u32 w, u32 lut_lo, u32 lut_hi, u
     out1 = mag1 | (s1 & 0x80808080u);
 }
 
-// Sign-split decode by complement (SPLIT_SIGN 2): the non-negative elements' magnitudes through
-// the LUT with the raw nibbles as selectors, the negative ones' through the reversed LUT
-// (byte j = LUT[7 - j]) with the complemented nibbles (~n: bit 3 flipped, magnitude 7 - m). The
-// complements are IMADs (-w - 1: the FMA pipe), leaving 5 ALU operations per word.
-__device__ __forceinline__ void decode_word_split2(u32 w, u32 lut_lo, u32 lut_hi, u32 rlut_lo, u32 rlut_hi,
-                                                   u32 minus1, u32& pos0, u32& pos1, u32& neg0, u32& neg1) {
-    const u32 wh = w >> 16;
-    u32 nw, nwh;
-    asm("mad.lo.u32 %0, %1, %2, %2;" : "=r"(nw) : "r"(w), "r"(minus1));
-    asm("mad.lo.u32 %0, %1, %2, %2;" : "=r"(nwh) : "r"(wh), "r"(minus1));
-    pos0 = prmt(lut_lo, lut_hi, w);
-    pos1 = prmt(lut_lo, lut_hi, wh);
-    neg0 = prmt(rlut_lo, rlut_hi, nw);
-    neg1 = prmt(rlut_lo, rlut_hi, nwh);
-}
-
 // Largest of the four UE8M0 codes of one key (byte extracts by PRMT with a zero source).
 __device__ __forceinline__ u32 max_byte(u32 w) {
     const u32 b1 = prmt(w, 0u, 0x4441u), b2 = prmt(w, 0u, 0x4442u);
@@ -273,23 +182,13 @@ __device__ __forceinline__ void group_lut(u32 code, u32 s_max, u32& lut_lo, u32&
     lut_hi = a >= 1 ? ua * 0x08080808u + 0x1C181410u : 0u;
 }
 
-// group_lut and the reversed LUT (byte j = LUT_A[7 - j]) for SPLIT_SIGN 2.
-__device__ __forceinline__ void group_lut2(u32 code, u32 s_max, u32& lut_lo, u32& lut_hi, u32& rlut_lo,
-                                           u32& rlut_hi) {
-    group_lut(code, s_max, lut_lo, lut_hi);
-    const int a = static_cast<int>(code) - static_cast<int>(s_max) + 12;
-    const u32 ua = static_cast<u32>(a);
-    rlut_lo = a >= 1 ? ua * 0x08080808u + 0x1014181Cu : 0u;
-    rlut_hi = a >= 1 ? ua * 0x00080808u + 0x0000080Cu : 0u;
-}
-
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart.
 __device__ __forceinline__ u64 q_desc(u32 addr) {
     return static_cast<u64>((addr & 0x3FFFFu) >> 4) | (static_cast<u64>(1) << 16) |
            (static_cast<u64>(1024 >> 4) << 32) | (static_cast<u64>(1) << 62);
 }
 
-// Shared-memory matrix descriptor of one 8 x 8 tf32 head-sum tile: K-major, no swizzle, two
+// Shared-memory matrix descriptor of one head-sum B tile (n8 x k16 bf16): K-major, no swizzle, two
 // 8 x 16-byte core matrices 128 bytes apart along K (both offsets 128: N = 8 has one along N).
 __device__ __forceinline__ u64 hs_desc(u32 addr) {
     return static_cast<u64>((addr & 0x3FFFFu) >> 4) | (static_cast<u64>(128 >> 4) << 16) |
@@ -333,16 +232,8 @@ __device__ __forceinline__ int request_len(const int* lens, int b) {
 #endif
 }
 
-#if WGS > 1
-#define KERNEL_BOUNDS __launch_bounds__(THREADS, 1)
-#elif MIN_CTAS > 4
-// More than 4 CTAs per SM: an exact register cap (65536 / (MIN_CTAS x 160), rounded down to 8);
-// __launch_bounds__ lets ptxas go 8 registers lower than that at 5.
-#define KERNEL_BOUNDS __maxnreg__((65536 / (MIN_CTAS * THREADS)) / 8 * 8)
-#else
-#define KERNEL_BOUNDS __launch_bounds__(THREADS, MIN_CTAS)
-#endif
-extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
+// One CTA per SM (the producer warpgroup's registers go to the math warpgroups by setmaxnreg).
+extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
     const unsigned char* __restrict__ q, const float* __restrict__ weights, const unsigned char* __restrict__ cache,
     const int* __restrict__ block_table, const int* __restrict__ lens, const int* __restrict__ schedule,
     out_t* __restrict__ out, int batch, int num_pages, int max_pages, int width, long long stride_q_row,
@@ -365,8 +256,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     __syncthreads();
 
     // This thread's math warpgroup (a producer warp: the one it serves) and its shared memory:
-    // queries NEXT_N x [HEADS, 128] e4m3 (swizzled),
-    // head-sum tiles (HEADSUM 1 and 2), the page ring
+    // queries NEXT_N x [HEADS, 128] e4m3 (swizzled), head-sum tiles, the page ring
     // STAGES x PAGE_BYTES, permuted weights NEXT_N x 4 x W_STRIDE floats, STAGES int4 job slots,
     // mbarriers full[STAGES] and empty[STAGES].
     const bool producer = warp >= 4 * WGS;
@@ -383,14 +273,12 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     const int vcta = blockIdx.x * WGS + wg;  // this warpgroup's entry of the CTA schedule
 
     if (producer) {
-#if WGS > 1
         // The producer warpgroup gives registers to the math warpgroups (each role's code is
         // dominated by its own setmaxnreg, so ptxas allocates it within that budget).
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
         if (wg >= WGS) return;
-#endif
         // Producer: one slot per job (its description, and its page by one bulk copy), then the end
-        // marker. The jobs of a schedule entry (the CTA with WGS 1, one math warpgroup's with WGS > 1):
+        // marker. The jobs of a schedule entry (one math warpgroup's):
         // the (request, key block) tiles from schedule[entry] up to schedule[entry + 1], each split into
         // its pages, walked a request at a time so that a request's pages are one tight loop; a
         // request with no visible key is one job with no page. Block-table entries are read 32 at a
@@ -430,7 +318,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
                     const bool last = p == npages - 1 || npages == 0;  // the request's last job
                     *reinterpret_cast<int4*>(info + 4 * stage) =
                         make_int4(page, b, npages == 0 ? -1 : p, last ? npages * PAGE : -1);
-                    if (page >= 0 && !(PROBE & 2)) {
+                    if (page >= 0) {
                         mbar_arrive_tx(full0 + 8 * stage, PAGE_BYTES);
                         bulk_copy(smem_u32(stage_smem + stage * PAGE_BYTES), cache + static_cast<i64>(page) * PAGE_BYTES,
                                   PAGE_BYTES, full0 + 8 * stage);
@@ -455,9 +343,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 
     // Math warpgroup. Thread: rows r0 = 16 * warp + lane / 4 and r1 = r0 + 8 of
     // the page, group c = lane % 4 of each (payload bytes 16c .. 16c + 15).
-#if WGS > 1
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(MATH_REGS));
-#endif
     const int tid = threadIdx.x & (MATH_THREADS - 1);  // thread within the math warpgroup
     const int c = lane & 3;
     const int r0 = 16 * (warp & 3) + (lane >> 2);
@@ -468,18 +354,14 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     // The queries' wgmma descriptor; row i, k step s add (i * Q_BYTES + 32 s) / 16 to its address field
     // (which cannot carry out: shared memory addresses stay below 2**18).
     const u64 q_desc0 = q_desc(smem_u32(q_smem));
-    const float* w_mine = w_smem + c * W_STRIDE;  // this lane's permuted weights (row i: + 4 i W_STRIDE)
     const bool mine1 = c == 1;                       // lane c = 0 stores row r0, c = 1 row r1
     const int my_row = mine1 ? r0 + 8 : r0;
     int cur_b = -1;
     int row_len[NEXT_N];
-    // -1 from a kernel argument (block_kv >= 64): ptxas cannot fold it, so ~w = w * -1 - 1 stays an IMAD.
-    const u32 minus1 = static_cast<u32>(block_kv >> 31) - 1u;
+    // 16 and 65536 from a kernel argument (block_kv >= 64): ptxas cannot fold them, so the decode's
+    // w << 4 and m >> 16 stay IMADs (the FMA pipe).
     const u32 k16 = static_cast<u32>(block_kv >> 31) + 16u, k65536 = static_cast<u32>(block_kv >> 31) + 65536u;
     out_t* row_out = out;
-#if W_REGS
-    float4 wreg[HEADS / 16];
-#endif
 
     // New request: its index queries (permuted, swizzled), weights and row lengths. Every global
     // load of a chunk is issued before the first shared store that needs one, so a request costs one
@@ -543,7 +425,6 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             // fp32 epilogue: lane c reads (w[8j + 2c], w[8j + 2c + 1]) for j = 0 .. HEADS / 8 - 1.
             const int j = h >> 3, cc = (h & 7) >> 1;
             w_smem[(i * 4 + cc) * W_STRIDE + 2 * j + (h & 1)] = wv[k];
-#if HEADSUM == 2
             // bf16 head sum, tile t = h / 16 (k = h % 16): B[k][n] = hi = bf16(w) for n = 0, 2 and
             // lo = bf16(w - hi) for n = 1, 3 (hi + lo = w to 2**-16); core matrix k / 8 at byte
             // 128 (k / 8) + 16 n + 2 (k % 8).
@@ -557,24 +438,10 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             tile[8] = lo16;
             tile[16] = hi16;
             tile[24] = lo16;
-#elif HEADSUM
-            // tf32 head sum, tile j: B[n][k] = w[8j + 2k] (k < 4), w[8j + 2(k - 4) + 1] (k >= 4) for
-            // n = 0 and n = 2; core matrix k / 4 at byte 128 (k / 4) + 16 n + 4 (k % 4).
-            u32 t;
-            asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(t) : "f"(wv[k]));
-            const int kt = ((h & 7) >> 1) + 4 * (h & 1);
-            u32* tile = reinterpret_cast<u32*>(hs_smem + i * HS_BYTES + 256 * j);
-            tile[32 * (kt >> 2) + 0 + (kt & 3)] = t;
-            tile[32 * (kt >> 2) + 8 + (kt & 3)] = t;
-#endif
         }
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         math_barrier(wg);
         row_out = out + static_cast<i64>(b) * NEXT_N * stride_out;
-#if W_REGS
-#pragma unroll
-        for (int j = 0; j < HEADS / 16; ++j) wreg[j] = *reinterpret_cast<const float4*>(w_smem + c * W_STRIDE + 4 * j);
-#endif
     };
 
     // One job's slot, read: its description and, with a page, this thread's payload words and scales.
@@ -583,14 +450,12 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         uint4 p0, p1;
         u32 sc0, sc1;
     };
-#if HEADSUM
-    // The columns of each head-sum tile that hold no weights (tf32: all but 0 and 2; bf16: 4 .. 7)
-    // stay zero (written once; the first load_request's proxy fence and barrier publish them to wgmma).
+    // The columns of each head-sum tile that hold no weights (4 .. 7) stay zero (written once; the
+    // first load_request's proxy fence and barrier publish them to wgmma).
     for (int idx = tid; idx < NEXT_N * HS_BYTES / 16; idx += MATH_THREADS) {
         const int n = idx & 7;
-        if (HEADSUM == 2 ? n >= 4 : (n != 0 && n != 2)) reinterpret_cast<uint4*>(hs_smem)[idx] = make_uint4(0, 0, 0, 0);
+        if (n >= 4) reinterpret_cast<uint4*>(hs_smem)[idx] = make_uint4(0, 0, 0, 0);
     }
-#endif
     u32 stage = 0, phase = 0;
     // Wait for the next slot, read it and release it (the page stays only in registers).
     auto acquire = [&](Slot& sl) {
@@ -621,99 +486,35 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         }
     }
     // The A fragments of one page (reg 0/1: rows r0/r1 at k 4c .. 4c + 3 of k step s, reg 2/3 the
-    // same at k + 16) and, for the sign-split decodes, those of its negative elements.
+    // same at k + 16).
     struct Frag {
         u32 a[4][4];
-#if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
-        u32 an[4][4];
-#endif
     };
     float acc[MMA_N / 2];  // MMA_ROWS rows' accumulators, row k of the group at acc[k * HEADS / 2 ..]
-#if PROBE & 64
-    static_assert(TL_STAMPS == 8, "a timeline record is two 16-byte stores");
-    // Timeline record of this warp: TL_JOBS jobs x TL_STAMPS u32 at (entry x 4 + warp) x TL_JOBS x TL_STAMPS.
-    u32* tl = reinterpret_cast<u32*>(out) + (static_cast<i64>(vcta) * 4 + (warp & 3)) * TL_JOBS * TL_STAMPS;
-    // Only where this warp's whole record lies within the logits buffer (its last row ends at column width).
-    const bool tl_on = lane == 0 && batch > 0 &&
-                       (static_cast<i64>(vcta) * 4 + 4) * TL_JOBS * TL_STAMPS * 4 <=
-                           ((static_cast<i64>(batch) * NEXT_N - 1) * stride_out + width) * static_cast<i64>(sizeof(out_t));
-    int tl_n = 0;
-    u32 tl_t[TL_STAMPS];
-#define TL(k) (tl_t[k] = clock_stamp())
-#else
-#define TL(k)
-#endif
 
     // A slot's page -> A fragments, and f: 2**-6 * 2**(s_max - 127) of the row this lane stores times
     // the 1/2 of x + |x|. Needs no query: it may run for the next request before its queries load.
     auto decode = [&](const Slot& sl, Frag& fr, float& f) {
-#if PROBE & 1
-        if ((sl.p0.x ^ sl.p1.y ^ sl.sc0 ^ sl.sc1) == 0x12345678u) out[0] = 0;  // keep the loads
-        f = 0.f;
-#else
         const u32 smax0 = max_byte(sl.sc0), smax1 = max_byte(sl.sc1);
         u32 lo0, hi0, lo1, hi1;
-#if SPLIT_SIGN == 2
-        u32 rlo0, rhi0, rlo1, rhi1;
-        group_lut2(prmt(sl.sc0, 0u, code_sel), smax0, lo0, hi0, rlo0, rhi0);
-        group_lut2(prmt(sl.sc1, 0u, code_sel), smax1, lo1, hi1, rlo1, rhi1);
-#else
         group_lut(prmt(sl.sc0, 0u, code_sel), smax0, lo0, hi0);
         group_lut(prmt(sl.sc1, 0u, code_sel), smax1, lo1, hi1);
-#endif
         const u32 w0[4] = {sl.p0.x, sl.p0.y, sl.p0.z, sl.p0.w};
         const u32 w1[4] = {sl.p1.x, sl.p1.y, sl.p1.z, sl.p1.w};
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-#if PROBE & 8
-            fr.a[s][0] = w0[s] ^ lo0; fr.a[s][2] = w0[s] ^ hi0; fr.a[s][1] = w1[s] ^ lo1; fr.a[s][3] = w1[s] ^ hi1;
-#if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
-            fr.an[s][0] = fr.a[s][0]; fr.an[s][1] = fr.a[s][1]; fr.an[s][2] = fr.a[s][2]; fr.an[s][3] = fr.a[s][3];
-#endif
-#elif SPLIT_SIGN == 3
             decode_word_rep(w0[s], lo0, hi0, k16, k65536, fr.a[s][0], fr.a[s][2]);
             decode_word_rep(w1[s], lo1, hi1, k16, k65536, fr.a[s][1], fr.a[s][3]);
-#elif SPLIT_SIGN == 2
-            decode_word_split2(w0[s], lo0, hi0, rlo0, rhi0, minus1, fr.a[s][0], fr.a[s][2], fr.an[s][0], fr.an[s][2]);
-            decode_word_split2(w1[s], lo1, hi1, rlo1, rhi1, minus1, fr.a[s][1], fr.a[s][3], fr.an[s][1], fr.an[s][3]);
-#elif SPLIT_SIGN
-            decode_word_split(w0[s], lo0, hi0, fr.a[s][0], fr.a[s][2], fr.an[s][0], fr.an[s][2]);
-            decode_word_split(w1[s], lo1, hi1, fr.a[s][1], fr.a[s][3], fr.an[s][1], fr.an[s][3]);
-#else
-            decode_word(w0[s], lo0, hi0, fr.a[s][0], fr.a[s][2]);
-            decode_word(w1[s], lo1, hi1, fr.a[s][1], fr.a[s][3]);
-#endif
         }
         f = __int_as_float(static_cast<int>((mine1 ? smax1 : smax0) << 23)) * 0.0078125f;
-#endif
     };
 
     // wgmma of next_n rows i .. i + MMA_ROWS - 1 (N = MMA_ROWS x HEADS: their queries are adjacent):
     // acc = A B over the page's 128 k (four k32 steps), committed, not waited.
     auto issue_row = [&](int i, const Frag& fr) {
-#if PROBE & 4
-#pragma unroll
-        for (int j = 0; j < MMA_N / 2; ++j)
-            acc[j] = __uint_as_float((fr.a[j & 3][(j >> 2) & 3] & 0x3FFFFFFFu) ^ static_cast<u32>(q_desc0 + i));
-        return;
-#endif
-#if PROBE & 16
-        // One wgmma on the XOR of the four k steps' fragments: every decoded word stays live.
-        u32 fx[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) fx[j] = fr.a[0][j] ^ fr.a[1][j] ^ fr.a[2][j] ^ fr.a[3][j];
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-        wgmma_f8(acc, fx, q_desc0 + (i * Q_BYTES) / 16, false);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        return;
-#endif
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int s = 0; s < 4; ++s) wgmma_f8(acc, fr.a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
-#if SPLIT_SIGN == 1 || SPLIT_SIGN == 2
-#pragma unroll
-        for (int s = 0; s < 4; ++s) wgmma_f8_neg(acc, fr.an[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16);
-#endif
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     };
 
@@ -728,11 +529,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 #pragma unroll
             for (int j = 0; j < MMA_N / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
         }
-#if PROBE & 64
-        if (i == NEXT_N - 1) tl_t[3] = clock_stamp();
-#endif
-        // 2 relu(x) = x + |x| (exact; FMA pipe, not ALU); the 2 is taken out through f.
-#if HEADSUM == 2
+        // 2 relu(x) = x + |x| (exact); the 2 is taken out through f.
         // bf16 head sum on the tensor cores: relu(S) rounded to bf16 (relative error <= 2**-8 per
         // term), two per cvt, is the bf16 A fragment of m64n8k16 as it stands (the fp32 accumulator
         // fragment's layout); the weights are B as hi + lo bf16 columns, fp32 accumulation.
@@ -751,73 +548,20 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
         for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[j])::"memory");
         // Lane c = 0 holds columns 0, 1 (row r0 and r1 by hi and lo), lane c = 1 columns 2, 3 (the same).
         float v = 2.f * (mine1 ? hs[2] + hs[3] : hs[0] + hs[1]);
-#elif HEADSUM
-        float hs[4];
-        u32 ra[HEADS / 2];
-#pragma unroll
-        for (int j = 0; j < HEADS / 2; ++j) ra[j] = __float_as_uint(acc_i[j] + fabsf(acc_i[j]));
-        const u32 hb = smem_u32(hs_smem) + i * HS_BYTES;
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int j = 0; j < HEADS / 8; ++j) {
-            // tf32 A fragment: k = c is head 8j + 2c, k = c + 4 head 8j + 2c + 1.
-            const u32 fa[4] = {ra[4 * j + 0], ra[4 * j + 2], ra[4 * j + 1], ra[4 * j + 3]};
-            wgmma_tf32(hs, fa, hs_desc(hb + 256 * j), j > 0);
-        }
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-        for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[j])::"memory");
-        // Column 0 (lane c = 0) and column 2 (lane c = 1) hold the logits of rows r0, r1.
-        float v = mine1 ? hs[2] : hs[0];
-#elif PROBE & 32
-        float v = acc_i[0];
-        for (int j = 1; j < HEADS / 2; ++j) asm volatile("" ::"f"(acc_i[j]));  // the accumulators stay live
-#else
-        // relu, weight, head sum: four independent chains, then across the lane quad.
-        float s0a = 0.f, s0b = 0.f, s1a = 0.f, s1b = 0.f;
-#pragma unroll
-        for (int j = 0; j < HEADS / 8; ++j) {
-#if W_REGS
-            const float4 w4 = wreg[j >> 1];
-#else
-            const float4 w4 = *reinterpret_cast<const float4*>(w_mine + i * 4 * W_STRIDE + 2 * (j & ~1));
-#endif
-            const float wx = (j & 1) ? w4.z : w4.x, wy = (j & 1) ? w4.w : w4.y;
-            s0a = fmaf(acc_i[4 * j + 0] + fabsf(acc_i[4 * j + 0]), wx, s0a);
-            s0b = fmaf(acc_i[4 * j + 1] + fabsf(acc_i[4 * j + 1]), wy, s0b);
-            s1a = fmaf(acc_i[4 * j + 2] + fabsf(acc_i[4 * j + 2]), wx, s1a);
-            s1b = fmaf(acc_i[4 * j + 3] + fabsf(acc_i[4 * j + 3]), wy, s1b);
-        }
-        // Across the quad in two shuffles: even lanes gather row r0's partial sums, odd lanes
-        // row r1's (each sends the row it does not keep), then pairs two apart add up.
-        const bool odd = c & 1;
-        const float sum0 = s0a + s0b, sum1 = s1a + s1b;
-        float v = (odd ? sum1 : sum0) + __shfl_xor_sync(0xffffffffu, odd ? sum0 : sum1, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);  // lane c = 0: row r0, c = 1: row r1
-#endif
         v = mma && col < row_len[i] ? v * f : -__int_as_float(0x7f800000);
-#if PROBE & 64
-        // Kept live by a store that never happens in practice (v would have to be the smallest denormal).
-        if (job.z >= 0 && c < 2 && col < width && __float_as_uint(v) == 1u) store_logit(row_out + i * stride_out + col, v);
-#else
         if (job.z >= 0 && c < 2 && col < width) store_logit(row_out + i * stride_out + col, v);
-#endif
     };
 
-#if HEADSUM == 2 && MMA_ROWS > 1
+#if MMA_ROWS > 1
     // Epilogue of next_n rows i0 .. i0 + MMA_ROWS - 1 (one wgmma group): each row's relu(S) packed to bf16 and
     // its head-sum wgmma issued, all rows' head sums under one commit and one wait (finish_row waits twice
-    // per row). Same numerics as finish_row's HEADSUM 2.
+    // per row). Same numerics as finish_row.
     auto finish_group = [&](int i0, const int4& job, float f) {
         const bool mma = job.z >= 0 && job.x >= 0;
         const int col = job.z * PAGE + my_row;
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
         for (int j = 0; j < MMA_N / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
-#if PROBE & 64
-        if (i0 + MMA_ROWS == NEXT_N) tl_t[3] = clock_stamp();
-#endif
         float hs[MMA_ROWS][4];
         u32 ra[MMA_ROWS][HEADS / 4];
 #pragma unroll
@@ -842,12 +586,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
             for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[k][j])::"memory");
             float v = 2.f * (mine1 ? hs[k][2] + hs[k][3] : hs[k][0] + hs[k][1]);
             v = mma && col < row_len[i0 + k] ? v * f : -__int_as_float(0x7f800000);
-#if PROBE & 64
-            if (job.z >= 0 && c < 2 && col < width && __float_as_uint(v) == 1u)
-                store_logit(row_out + (i0 + k) * stride_out + col, v);
-#else
             if (job.z >= 0 && c < 2 && col < width) store_logit(row_out + (i0 + k) * stride_out + col, v);
-#endif
         }
     };
 #define FINISH_GROUP(i0) finish_group(i0, job, f)
@@ -858,7 +597,7 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
 
     // The request's last job writes -inf over the rest of its rows.
     auto fill_tail = [&](const int4& job) {
-        if ((PROBE & 64) || job.w < 0 || !clean_tail) return;
+        if (job.w < 0 || !clean_tail) return;
         const float ninf = -__int_as_float(0x7f800000);
         for (int i = 0; i < NEXT_N; ++i) {
             out_t* row = row_out + i * stride_out;
@@ -867,54 +606,27 @@ extern "C" __global__ void KERNEL_BOUNDS fp4_paged_logits_sm90(
     };
 
     // Every job goes through the same wgmma code, valid page or not (the stores are masked instead): a
-    // wgmma under a branch makes ptxas serialize all of them (its warning C7518).
-    TL(0);
+    // wgmma under a branch makes ptxas serialize all of them (its warning C7518). Job n + 1's slot is
+    // read after job n's last wgmma and epilogue.
     Slot next;
     acquire(next);
-    TL(5);
-    // PIPELINE 1: job n's (last) wgmma runs while job n + 1's slot is read; PIPELINE 0: after it.
     while (next.job.y >= 0) {
         const int4 job = next.job;
         if (job.y != cur_b) {
             cur_b = job.y;
             load_request(cur_b);  // no wgmma is in flight here
         }
-        TL(1);
         Frag fr;
         float f;
         decode(next, fr, f);
-#if !(PROBE & 1)
 #pragma unroll
         for (int i = 0; i + MMA_ROWS < NEXT_N; i += MMA_ROWS) {
             issue_row(i, fr);
             FINISH_GROUP(i);
         }
         issue_row(NEXT_N - MMA_ROWS, fr);
-#endif
-        TL(2);
-#if PIPELINE
-        acquire(next);  // overlaps the wgmma
-#endif
-#if !(PROBE & 1)
         FINISH_GROUP(NEXT_N - MMA_ROWS);
-#endif
-        TL(4);
-#if !PIPELINE
         acquire(next);
-#endif
-        TL(5);
         fill_tail(job);
-#if PROBE & 64
-        // Stamps: 0 the previous job's end (or the loop's start), 1 decode start, 2 wgmma issued, 3 wgmma
-        // waited (finish_row), 4 epilogue done, 5 next slot acquired; 6 the cache page, 7 the request.
-        if (tl_on && tl_n < TL_JOBS) {
-            uint4* r = reinterpret_cast<uint4*>(tl + tl_n * TL_STAMPS);
-            r[0] = make_uint4(tl_t[0], tl_t[1], tl_t[2], tl_t[3]);
-            r[1] = make_uint4(tl_t[4], tl_t[5], static_cast<u32>(job.x), static_cast<u32>(job.y));
-        }
-        ++tl_n;
-        tl_t[0] = tl_t[5];
-#endif
     }
-#undef TL
 }

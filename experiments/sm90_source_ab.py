@@ -1,10 +1,11 @@
 """A/B timing of the Hopper scorer built from variants of its CUDA source (a measurement tool, not product code).
 
-Each variant is the kernel source with one function body replaced (``VARIANTS``); every
+Each variant is the full-variant kernel source (``cuda/paged_logits_sm90_variants.cu``, built at the
+product's settings) with one function body replaced (``VARIANTS``); every
 variant is timed with CUDA graphs on the same inputs and its logits compared with the
 default build's. Usage on a GPU machine, from the repository root::
 
-    PYTHONPATH=. python3 scripts/sm90_source_ab.py [--shapes 8x131072x64x2,...] [--json OUT.json]
+    PYTHONPATH=. python3 -m experiments.sm90_source_ab [--shapes 8x131072x64x2,...] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -13,17 +14,15 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from perf_probe import build, copy_bandwidth, graph_time  # noqa: E402
+from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
+from sglang_fp4_indexer.schedule import SM90_CTAS_PER_SM
 
-from sglang_fp4_indexer.ops import sm90  # noqa: E402
-from sglang_fp4_indexer.ops.schedule import plan_paged_schedule  # noqa: E402
-from sglang_fp4_indexer.schedule import SM90_CTAS_PER_SM  # noqa: E402
+from . import sm90_variants as variants
+from .common import build, copy_bandwidth, graph_time
 
 _NAN_BODY = """    const u32 nan = ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
     return w & ~((nan >> 7) * 0xFFu);"""
@@ -44,19 +43,15 @@ def main() -> int:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    original = sm90.SOURCE
-    text = original.read_text()
-    tmp = Path(tempfile.mkdtemp())
+    text = variants.SOURCE.read_text()
     sources = {}
     for name, sub in VARIANTS.items():
         if sub is None:
-            sources[name] = original
+            sources[name] = text
             continue
         if sub[0] not in text:
-            raise SystemExit(f"variant {name}: its source text is not in {original}")
-        path = tmp / f"{name}.cu"
-        path.write_text(text.replace(sub[0], sub[1]))
-        sources[name] = path
+            raise SystemExit(f"variant {name}: its source text is not in {variants.SOURCE}")
+        sources[name] = text.replace(sub[0], sub[1])
     results = []
     for shape in args.shapes.split(","):
         batch, ctx, heads, next_n = map(int, shape.split("x"))
@@ -65,13 +60,10 @@ def main() -> int:
         sched = plan_paged_schedule(lens, 64, SM90_CTAS_PER_SM * sms)
         ref = None
         for name, src in sources.items():
-            sm90.SOURCE = src
-            sm90.build.cache_clear()
-
-            def fn(i):
+            def fn(i, src=src):
                 j = i % len(caches)
-                sm90.launch(q, w, caches[j], bt, lens, sched, outs[j], batch=batch, next_n=next_n, heads=heads,
-                            width=width, block_kv=64)
+                variants.launch(q, w, caches[j], bt, lens, sched, outs[j], batch=batch, next_n=next_n, heads=heads,
+                                width=width, block_kv=64, min_ctas=1, text=src)
 
             outs[0].fill_(float("nan"))
             fn(0)
@@ -84,8 +76,6 @@ def main() -> int:
             res = dict(shape=shape, variant=name, us=round(t * 1e6, 2), same_as_default=same)
             results.append(res)
             print(json.dumps(res), flush=True)
-        sm90.SOURCE = original
-        sm90.build.cache_clear()
         caches.clear()
         outs.clear()
         torch.cuda.empty_cache()

@@ -1,4 +1,4 @@
-"""Launch each hot kernel twice (compile, then the profiled launch) for `ncu` (scripts/ncu_probe.sh)."""
+"""Launch each hot kernel twice (compile, then the profiled launch) for `ncu` (experiments/ncu_probe.sh)."""
 import torch
 
 from sglang_fp4_indexer.format import quantize_index_k

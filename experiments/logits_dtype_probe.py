@@ -4,7 +4,7 @@ Not product code: a measurement for docs/accuracy.md. CUDA-graph timing through
 ``bench.timing.time_calls``, caches rotated past L2 as the bench does; the
 bf16/fp16 outputs are checked to equal the fp32 logits rounded once.
 
-    PYTHONPATH=. python3 scripts/logits_dtype_probe.py
+    PYTHONPATH=. python3 -m experiments.logits_dtype_probe
 """
 
 import torch

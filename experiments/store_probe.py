@@ -2,21 +2,18 @@
 
 64K bf16 tokens into shuffled pages, CUDA-graph timing with enough key/cache copies
 rotated that every call reads from HBM, each variant's bytes checked against the
-Triton kernel's. Usage on the device: PYTHONPATH=. python3 scripts/store_probe.py
+Triton kernel's. Usage on the device: PYTHONPATH=. python3 -m experiments.store_probe
 """
 import ctypes
-import os
-import sys
 
 import torch
 import triton
 
-sys.path.insert(0, os.path.dirname(__file__))
-from perf_probe import copy_bandwidth, graph_time  # noqa: E402
+from sglang_fp4_indexer.ops import nvrtc
+from sglang_fp4_indexer.ops.quantize import _cuda_store, store_index_k
+from sglang_fp4_indexer.pool import allocate_index_k_cache
 
-from sglang_fp4_indexer.ops import nvrtc  # noqa: E402
-from sglang_fp4_indexer.ops.quantize import _cuda_store, store_index_k  # noqa: E402
-from sglang_fp4_indexer.pool import allocate_index_k_cache  # noqa: E402
+from .common import copy_bandwidth, graph_time
 
 n, sets = 65536, 12
 bw = copy_bandwidth()

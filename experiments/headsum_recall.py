@@ -2,14 +2,14 @@
 
 HEADSUM 2 rounds each relu(q_h . k) to bf16 (relative error <= 2**-8, bf16's unit roundoff) and
 multiplies by the weight as hi + lo bf16 (w to 2**-16) with fp32 accumulation
-(benchmarks/results/PERF_LOG.md, run 29). Rounding commutes with the kernel's per-key power-of-two fold, so it
+(docs/perf-notes.md, "The head sum"). Rounding commutes with the kernel's per-key power-of-two fold, so it
 is emulated here on the fp32 per-head scores of the MXFP4 keys (the format's torch oracle,
 ``format.quantize_index_k`` then ``dequantize_index_k``), with the accuracy study's workloads and
 e4m3 queries (``sglang_fp4_indexer.accuracy``). Printed per case: the top-k recall against the
 exact top-k of the fp32 FP4 logits and of the bf16-head-sum ones, and how much of the fp32 FP4
 top-k the bf16 one keeps.
 
-    PYTHONPATH=. python3 scripts/headsum_recall.py [--kinds gaussian,outlier] [--contexts 16384,65536]
+    PYTHONPATH=. python3 -m experiments.headsum_recall [--kinds gaussian,outlier] [--contexts 16384,65536]
         [--heads 64,32] [--rows 32] [--json out.json]
 """
 import argparse

@@ -7,7 +7,7 @@ or nothing; warpgroups 1-3 run a fixed amount of independent integer (PRMT/LOP3)
 times itself with clock64. If the tensor-core work and the other warps' issue did not interfere, the worker
 warps' cycles would not depend on what warpgroup 0 runs.
 
-    PYTHONPATH=. python3 scripts/sm90_interference.py [--iters 4000] [--work-iters 400] [--json $OUT/sm90_interference.json]
+    PYTHONPATH=. python3 -m experiments.sm90_interference [--iters 4000] [--work-iters 400] [--json $OUT/sm90_interference.json]
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import os
 
 import torch
 
-from sglang_fp4_indexer.ops import nvrtc, sm90
+from sglang_fp4_indexer.ops import nvrtc
 
-# The scorer's own helpers (prmt, q_desc, the RS wgmma_f8 wrapper for N = 64), as the scorer is built by default.
-_SCORER_HELPERS = sm90._source(1, 64, 0, False, sm90.DEFAULT_STAGES, 1, 0, sm90.DEFAULT_SPLIT_SIGN, sm90.DEFAULT_HEADSUM,
-                               sm90.DEFAULT_PIPELINE, sm90.DEFAULT_WGS).split('extern "C" __global__', 1)[0]
+from . import sm90_variants as variants
+
+# The scorer's own helpers (prmt, q_desc, the RS wgmma_f8 wrapper for N = 64), as the product builds them.
+_SCORER_HELPERS = variants.source(1, 64, 0, False, **variants.PRODUCTION).split('extern "C" __global__', 1)[0]
 
 SOURCE = r"""
 #define ACC32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -121,7 +122,7 @@ def build(tensor: int, work: int, group: int = 4) -> bytes:
             warnings, C7510-C7520): the timing would not be that of the scorer's pipelined wgmma.
     """
     src = f"#define TENSOR {tensor}\n#define WORK {work}\n#define GROUP {group}\n" + _SCORER_HELPERS + SOURCE
-    cubin, log = nvrtc.compile_cubin(src, f"interference_{tensor}_{work}_{group}.cu", "sm_90a")
+    cubin, log = nvrtc.compile_cubin(src, f"interference_{tensor}_{work}_{group}.cu", "sm_90a", verbose=True)
     if "serialized" in log:
         raise RuntimeError(f"ptxas serialized the probe's wgmma (tensor {tensor}, work {work}, group {group}):\n{log}")
     return cubin

@@ -1,12 +1,12 @@
 """Sweep of the Hopper scorer's build and launch knobs (not product code: a measurement tool for docs/perf-notes.md).
 
-Times ``ops.sm90.launch`` (ring depth ``stages``, register budget
+Times the full-variant kernel (``experiments/sm90_variants.py``: ring depth ``stages``, register budget
 ``min_ctas``, CTAs per SM of the persistent grid, schedule ``block_kv``) with
 CUDA graphs on a few shapes, against the HBM floor measured in the same run
 and the Triton ``folded`` scorer, and checks each variant's output against
 the folded scorer's. Usage on the device::
 
-    PYTHONPATH=. python3 scripts/sm90_probe.py [--shapes 8x131072x64x1,...] [--stages 2,4] [--min-ctas 3] [--split-sign 0,1] [--headsum 0,1]
+    PYTHONPATH=. python3 -m experiments.sm90_probe [--shapes 8x131072x64x1,...] [--stages 2,4] [--min-ctas 3] [--split-sign 0,1] [--headsum 0,1]
 """
 
 from __future__ import annotations
@@ -19,15 +19,13 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from perf_probe import build, copy_bandwidth, graph_time  # noqa: E402
+from sglang_fp4_indexer.ops.paged_logits import paged_logits
+from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
 
-from sglang_fp4_indexer.ops import sm90  # noqa: E402
-from sglang_fp4_indexer.ops.paged_logits import paged_logits  # noqa: E402
-from sglang_fp4_indexer.ops.schedule import plan_paged_schedule  # noqa: E402
+from . import sm90_variants as variants
+from .common import build, copy_bandwidth, graph_time
 
-
-TL_JOBS, TL_STAMPS = sm90.TIMELINE_JOBS, sm90.TIMELINE_STAMPS  # the kernel's PROBE 64 record layout
+TL_JOBS, TL_STAMPS = variants.TIMELINE_JOBS, variants.TIMELINE_STAMPS  # the kernel's PROBE 64 record layout
 PHASES = ("between", "decode_issue", "wgmma_wait", "epilogue", "acquire")
 
 
@@ -141,7 +139,7 @@ def main():
                 def fn(i, sched=sched, bkv=bkv, stages=stages, min_ctas=min_ctas, probe=probe, ss=ss, hs=hs, pl=pl, wgs=wgs,
                        mr=mr):
                     j = i % copies
-                    sm90.launch(q, w, caches[j], bt, lens, sched, outs[j], batch=batch, next_n=next_n, heads=heads,
+                    variants.launch(q, w, caches[j], bt, lens, sched, outs[j], batch=batch, next_n=next_n, heads=heads,
                                 width=width, block_kv=bkv, stages=stages, min_ctas=min_ctas, probe=probe, split_sign=ss,
                                 headsum=hs, pipeline=pl, wgs=wgs, mma_rows=mr)
 

@@ -1,6 +1,6 @@
-"""Condense `ncu --page source --csv` output (scripts/ncu_sm90_source.sh) to one line per SASS instruction.
+"""Condense `ncu --page source --csv` output (experiments/ncu_sm90_source.sh) to one line per SASS instruction.
 
-Usage: python3 scripts/ncu_source_summary.py ncu_sm90_source.csv > summary.tsv
+Usage: python3 -m experiments.ncu_source_summary ncu_sm90_source.csv > summary.tsv
 Columns: offset from the kernel start, executions (warp level), warp-state samples, the three
 largest stall reasons, the instruction. A last block totals the samples per stall reason.
 """
