@@ -1,4 +1,4 @@
-"""DCP for the FP4 index-key cache (sglang_fp4_indexer/dcp.py).
+"""DCP for the FP4 index-key cache (sglang_fp4_indexer/dcp/).
 
 Single-process tests of the owner rule, page math, capacity and candidate
 packing, and real multi-process tests (``torch.distributed`` with gloo, W = 2

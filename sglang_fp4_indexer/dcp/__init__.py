@@ -45,8 +45,8 @@ token and capacity), ``store`` (the sharded store), ``decode`` (local top-k, can
 ``prefill`` (staging and the ragged scorer). The public names are re-exported here.
 
 Nothing here imports SGLang. Every scale-plane access goes through
-``pool.scale_row`` inside the ops this module calls (``store_index_k`` on
-write, ``gather_index_k`` on read); this module never indexes a plane itself.
+``pool.scale_row`` inside the ops this package calls (``store_index_k`` on
+write, ``gather_index_k`` on read); this package never indexes a plane itself.
 """
 
 from __future__ import annotations
