@@ -181,17 +181,17 @@ def test_checker_sees_call_time_cycle_and_wrong_direction(tmp_path):
         "ops/__init__.py": "",
         "ops/a.py": "from ..format import X\ndef f():\n    from ..gate import decide\n",
         "gate.py": "from .ops import a\n",
-        "sglang_plugin/__init__.py": "def g():\n    from . import pool\n",
-        "sglang_plugin/pool.py": "from . import missing_hooks\nimport sglang_fp4_indexer.gate\n",
+        "sglang_plugin/__init__.py": "def g():\n    from . import kv_pool\n",
+        "sglang_plugin/kv_pool.py": "from . import missing_hooks\nimport sglang_fp4_indexer.gate\n",
         "cli.py": "SUBCOMMANDS = (_Subcommand('check', '.gate', 'help'),)\n",
     })
     g = import_graph(modules)
     assert g[f"{PACKAGE}.ops.a"] == {f"{PACKAGE}.format", f"{PACKAGE}.gate"}
-    assert g[f"{PACKAGE}.sglang_plugin.pool"] == {f"{PACKAGE}.sglang_plugin", f"{PACKAGE}.gate"}
+    assert g[f"{PACKAGE}.sglang_plugin.kv_pool"] == {f"{PACKAGE}.sglang_plugin", f"{PACKAGE}.gate"}
     assert g[f"{PACKAGE}.cli"] == {f"{PACKAGE}.gate"}
     cycles = [c for c in strongly_connected(g) if len(c) > 1]
     assert sorted(cycles) == [[f"{PACKAGE}.gate", f"{PACKAGE}.ops.a"],
-                              [f"{PACKAGE}.sglang_plugin", f"{PACKAGE}.sglang_plugin.pool"]]
+                              [f"{PACKAGE}.sglang_plugin", f"{PACKAGE}.sglang_plugin.kv_pool"]]
     assert wrong_direction(g) == [f"{PACKAGE}.ops.a (ops) -> {PACKAGE}.gate (core)"]
 
 
