@@ -18,7 +18,8 @@ import json
 import torch
 
 from sglang_fp4_indexer import format as fmt
-from sglang_fp4_indexer.accuracy import _case_tensors, _shared_key_logits, build_study_input
+from sglang_fp4_indexer.accuracy import build_study_input
+from sglang_fp4_indexer.accuracy.measuring import _case_tensors, _shared_key_logits
 from sglang_fp4_indexer.metrics import topk_recall_rows
 from sglang_fp4_indexer.reference import topk_reference
 

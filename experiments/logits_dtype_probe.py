@@ -14,7 +14,7 @@ from sglang_fp4_indexer.format import quantize_index_k
 from sglang_fp4_indexer.ops.paged_logits import default_block_kv, paged_logits
 from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
 from sglang_fp4_indexer.pool import allocate_index_k_cache, payload_plane, scale_plane
-from sglang_fp4_indexer.schedule import default_num_ctas
+from sglang_fp4_indexer.ops.grid import default_num_ctas
 
 dev = torch.device("cuda")
 bw_copy = None

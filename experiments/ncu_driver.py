@@ -6,7 +6,7 @@ from sglang_fp4_indexer.ops.paged_logits import paged_logits
 from sglang_fp4_indexer.ops.quantize import store_index_k
 from sglang_fp4_indexer.ops.schedule import plan_paged_schedule, plan_paged_schedule_into
 from sglang_fp4_indexer.pool import allocate_index_k_cache, payload_plane, scale_plane
-from sglang_fp4_indexer.schedule import default_num_ctas
+from sglang_fp4_indexer.ops.grid import default_num_ctas
 
 dev = "cuda"
 batch, ctx, heads = 8, 131072, 64

@@ -9,7 +9,7 @@ import torch
 from sglang_fp4_indexer.ops import sm90
 from sglang_fp4_indexer.ops.paged_logits import default_block_kv
 from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
-from sglang_fp4_indexer.schedule import default_num_ctas
+from sglang_fp4_indexer.ops.grid import default_num_ctas
 
 from . import sm90_variants as variants
 from .common import build

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
-from sglang_fp4_indexer.schedule import SM90_CTAS_PER_SM
+from sglang_fp4_indexer.ops.grid import SM90_CTAS_PER_SM
 
 from . import sm90_variants as variants
 from .common import build, copy_bandwidth, graph_time

@@ -9,8 +9,11 @@ subcommand whose ``device`` option is ``cpu`` gets ``TRITON_INTERPRET=1`` set
 before its module -- and so Triton and the kernels -- is imported, because
 Triton reads that variable when a kernel is defined.
 
-Subcommands now: ``demo`` (``demo.py``), ``check`` (``check.py``), ``bench`` (``bench/``),
-``accuracy`` (``accuracy.py``), ``model-accuracy`` (``model_study/study.py``), ``docs`` (``guide.py``).
+Subcommands now: ``demo`` (``demo.py``), ``check`` (``check/``), ``bench`` (``bench/``),
+``accuracy`` (``accuracy/``), ``model-accuracy`` (``model_study/study.py``), ``docs`` (``guide.py``).
+
+This module is the entry point above every layer: the one place that hands ``check`` the SGLang adapter's
+fact reader (``sglang_plugin.check_facts``), so the core never imports the adapter.
 """
 
 from __future__ import annotations
@@ -99,6 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run(sub: _Subcommand, args: argparse.Namespace) -> int:
+    """Run one subcommand. ``check`` also gets the adapter's SGLang fact reader: the core decides from fact records
+    and never imports the adapter, so this entry point (above both) wires the two together."""
+    module = _module(sub)
+    if sub.name == "check":
+        from .sglang_plugin.check_facts import read_sglang_facts
+
+        return module.main(args, read_sglang=read_sglang_facts)
+    return module.main(args)
+
+
 def _wants_interpreter(args: argparse.Namespace) -> bool:
     device = getattr(args, "device", None)
     return isinstance(device, str) and device.strip().lower() == "cpu"
@@ -120,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Must precede the first import of triton / the ops modules.
         os.environ["TRITON_INTERPRET"] = "1"
     try:
-        return int(_module(args._subcommand).main(args))
+        return int(_run(args._subcommand, args))
     except ValueError as exc:
         parser.exit(2, f"{parser.prog} {args.command}: error: {exc}\n")
 

@@ -383,7 +383,7 @@ def run_demo(workload: Workload, *, device: str | torch.device = "cpu", topk: in
     times: dict[str, float | None] = {"FP4": None, "FP8": None, "exact": None}
     if dev.type == "cuda":
         from .ops.schedule import plan_paged_schedule
-        from .schedule import default_num_ctas
+        from .ops.grid import default_num_ctas
 
         block_kv = default_block_kv(dev)
         schedule = plan_paged_schedule(lens, block_kv, default_num_ctas(dev))

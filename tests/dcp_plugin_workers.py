@@ -60,7 +60,7 @@ def _run(rank, world):
     from sglang_fp4_indexer.ops.quantize import store_index_k
     from sglang_fp4_indexer.pool import allocate_index_k_cache
     from sglang_fp4_indexer.reference import expand_context_lens, paged_slots, ragged_logits_reference, topk_reference
-    from sglang_fp4_indexer.sglang_plugin import dcp as plugin_dcp
+    from sglang_fp4_indexer.sglang_plugin import dcp_modes
     from sglang_fp4_indexer.sglang_plugin import facts
     from test_plugin_indexer import TOPK, _batch, _forward, _indexer, _metadata
 
@@ -73,7 +73,7 @@ def _run(rank, world):
             stand_in_kvc(DSV32, sa, num_layers=1), max_total_num_tokens=15 * 64, max_running_requests=8,
             dsa_pool_class=DSATokenToKVPool,
         )
-        assert plugin_dcp.is_sharded(pool)
+        assert dcp_modes.is_sharded(pool)
         pool.index_key_cache.group = dist.group.WORLD  # stands for SGLang's dcp_group.device_group
 
         lens = [1, 3, 150, 300]  # a request entirely on rank 0, one shorter than W... uneven lengths

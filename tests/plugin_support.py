@@ -92,11 +92,12 @@ def stand_in_kvc(cfg: dict, server_args, *, num_layers: int | None = None, is_dr
 def plugin(monkeypatch):
     """Hooks applied; the gate sees an H200 (there is no GPU here); pool state and reports reset around the test.
 
-    Yields ``sglang_fp4_indexer.sglang_plugin.pool``. Import it into a test module to use it.
+    Yields ``sglang_fp4_indexer.sglang_plugin.kv_pool``. Import it into a test module to use it.
     """
     load()
     from sglang_fp4_indexer import gate
-    from sglang_fp4_indexer.sglang_plugin import facts, pool
+    from sglang_fp4_indexer.sglang_plugin import facts
+    from sglang_fp4_indexer.sglang_plugin import kv_pool as pool
 
     monkeypatch.setattr(facts, "device_facts", lambda *a, **k: H200)
     monkeypatch.delenv("SGLANG_ENABLE_FP4_INDEXER", raising=False)

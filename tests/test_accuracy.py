@@ -1,4 +1,4 @@
-"""Tests of the accuracy study (``accuracy.py``) and its measures (``metrics.py``).
+"""Tests of the accuracy study (``accuracy/``) and its measures (``metrics.py``).
 
 Oracles: ``scipy.stats`` (Spearman, average ranks), ``numpy`` (percentile, L2
 norms), Python sets (top-k recall), ``reference.topk_reference`` /
@@ -194,7 +194,7 @@ def test_bad_inputs():
 
 
 def test_text_without_the_model_names_the_fix(monkeypatch):
-    monkeypatch.setattr(accuracy, "text_model_available", lambda: False)
+    monkeypatch.setattr(accuracy.inputs, "text_model_available", lambda: False)
     with pytest.raises(ValueError, match="--load-workload"):
         build_study_input("text", [(256, 32)], rows=4)
 

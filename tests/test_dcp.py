@@ -1,4 +1,4 @@
-"""DCP for the FP4 index-key cache (sglang_fp4_indexer/dcp.py).
+"""DCP for the FP4 index-key cache (sglang_fp4_indexer/dcp/).
 
 Single-process tests of the owner rule, page math, capacity and candidate
 packing, and real multi-process tests (``torch.distributed`` with gloo, W = 2
@@ -200,14 +200,14 @@ def test_local_topk_packs_in_chunks_within_its_byte_budget_and_stays_exact(monke
 
     case = _single_rank_case()
     width = case.block_table.shape[1] * 64
-    monkeypatch.setattr(dcp, "LOCAL_TOPK_CHUNK_BYTES", dcp._PACK_BYTES_PER_ELEMENT * width * 2)  # two rows' temporaries
+    monkeypatch.setattr(dcp.decode, "LOCAL_TOPK_CHUNK_BYTES", dcp.decode._PACK_BYTES_PER_ELEMENT * width * 2)  # two rows' temporaries
     blocks = []
     real = dcp.pack_candidates
-    monkeypatch.setattr(dcp, "pack_candidates", lambda *a: blocks.append(real(*a)) or blocks[-1])
+    monkeypatch.setattr(dcp.decode, "pack_candidates", lambda *a: blocks.append(real(*a)) or blocks[-1])
     got = dcp.sharded_decode_topk(case.q, case.weights, case.cache, case.block_table, case.context_lens, topk=16,
                                   world_size=1, rank=0, buffers=dcp.CandidateBuffers(5, 16, 1), check=False)
     assert [b.shape[0] for b in blocks] == [2, 2, 1]
-    assert all(b.numel() * dcp._PACK_BYTES_PER_ELEMENT <= dcp.LOCAL_TOPK_CHUNK_BYTES for b in blocks)
+    assert all(b.numel() * dcp.decode._PACK_BYTES_PER_ELEMENT <= dcp.decode.LOCAL_TOPK_CHUNK_BYTES for b in blocks)
     logits = paged_logits(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width)
     assert torch.equal(got.positions, topk_reference(logits, 16, case.context_lens))
     assert dcp.local_topk_chunk_rows(5, width) == 2
@@ -226,7 +226,7 @@ def test_gpu_local_topk_memory_is_bounded():
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    dcp._local_topk_into(local, logits, lens, 2, 1)
+    dcp.decode._local_topk_into(local, logits, lens, 2, 1)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     assert extra <= dcp.LOCAL_TOPK_CHUNK_BYTES + 4 * rows * topk * 8 + (1 << 20), extra

@@ -1,4 +1,4 @@
-"""The FP4 index under SGLang 0.5.23's decode context parallelism (sglang_plugin/dcp.py).
+"""The FP4 index under SGLang 0.5.23's decode context parallelism (sglang_plugin/dcp_modes.py).
 
 Real SGLang objects where they construct on the CPU: the parser
 (``prepare_server_args``, ``--config``), ``ServerArgs`` pickling, SGLang's
@@ -89,7 +89,7 @@ def test_shard_flag_on_every_entry(plugin, tmp_path, monkeypatch, capsys):
     from sglang.srt.entrypoints import engine as engine_module
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_fp4_indexer.sglang_plugin.cli import install_engine_kwarg
+    from sglang_fp4_indexer.sglang_plugin.server_args import install_engine_kwarg
     from sglang_fp4_indexer.sglang_plugin.facts import dcp_shard_requested, server_facts
 
     on = _server_args("--enable-fp4-indexer", "--fp4-indexer-dcp-shard")
@@ -177,7 +177,7 @@ def test_sizing_under_dcp(plugin, world):
 
 def test_build_pools_replicated_and_sharded(plugin):
     """The replicated pool keeps SGLang's widened index (68-byte cells); the sharded one 1/W of its pages, per rank."""
-    from sglang_fp4_indexer.sglang_plugin import dcp as plugin_dcp
+    from sglang_fp4_indexer.sglang_plugin import dcp_modes
 
     world = 2
     shapes = {}
@@ -188,9 +188,9 @@ def test_build_pools_replicated_and_sharded(plugin):
                                         num_layers=2))
             draft = _build(stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer", "--fp4-indexer-dcp-shard"),
                                         num_layers=2, is_draft_worker=True))
-        assert plugin.is_fp4_pool(rep) and not plugin_dcp.is_sharded(rep)
-        assert plugin.is_fp4_pool(shard) and plugin_dcp.is_sharded(shard)
-        assert not plugin_dcp.is_sharded(draft)
+        assert plugin.is_fp4_pool(rep) and not dcp_modes.is_sharded(rep)
+        assert plugin.is_fp4_pool(shard) and dcp_modes.is_sharded(shard)
+        assert not dcp_modes.is_sharded(draft)
         cache = shard.index_key_cache
         assert (cache.dcp_size, cache.dcp_rank, cache.global_buf_size) == (world, rank, rep.index_buf_size)
         shapes[rank] = ([tuple(b.shape) for b in rep.index_key_cache.buffer], [tuple(b.shape) for b in cache.buffer])

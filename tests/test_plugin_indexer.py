@@ -27,7 +27,7 @@ import torch
 from plugin_support import DSV32, H200, load, published, stand_in_kvc
 from sglang_fp4_indexer import pool as fp4_pool
 from sglang_fp4_indexer.format import dequantize_index_k, quantize_index_k
-from sglang_fp4_indexer.schedule import default_num_ctas
+from sglang_fp4_indexer.ops.grid import default_num_ctas
 from sglang_fp4_indexer.ops.paged_logits import default_block_kv
 from sglang_fp4_indexer.reference import (
     expand_context_lens,
@@ -51,7 +51,7 @@ def env():
     from sglang.srt.server_args import prepare_server_args
 
     from sglang_fp4_indexer.sglang_plugin import facts
-    from sglang_fp4_indexer.sglang_plugin import pool as plugin_pool
+    from sglang_fp4_indexer.sglang_plugin import kv_pool as plugin_pool
 
     mp = pytest.MonkeyPatch()
     mp.setattr(facts, "device_facts", lambda *a, **k: H200)
@@ -324,7 +324,7 @@ def test_request_form_only_for_fp4_verify_within_the_tile(env):
 
     from sglang_fp4_indexer.ops.paged_logits import MAX_NEXT_N
     from sglang_fp4_indexer.sglang_plugin import metadata as hooks
-    from sglang_fp4_indexer.sglang_plugin import pool as plugin_pool
+    from sglang_fp4_indexer.sglang_plugin import kv_pool as plugin_pool
 
     build = DeepseekSparseAttnBackend._build_paged_mqa_schedule_2d_ctx_lens
     lens = torch.tensor([40, 90], dtype=torch.int32)
@@ -379,7 +379,7 @@ def test_active_line_names_the_kernels(monkeypatch, caplog):
 
     from sglang_fp4_indexer import gate
     from sglang_fp4_indexer.sglang_plugin import facts
-    from sglang_fp4_indexer.sglang_plugin import pool as plugin_pool
+    from sglang_fp4_indexer.sglang_plugin import kv_pool as plugin_pool
 
     load()
     monkeypatch.setattr(facts, "device_facts", lambda *a, **k: H200)
@@ -547,7 +547,7 @@ def test_passthrough_without_fp4_pool():
     load()
     from sglang_fp4_indexer.sglang_plugin import indexer as hooks
     from sglang_fp4_indexer.sglang_plugin import metadata as meta_hooks
-    from sglang_fp4_indexer.sglang_plugin import pool as plugin_pool
+    from sglang_fp4_indexer.sglang_plugin import kv_pool as plugin_pool
 
     calls = []
 

@@ -232,7 +232,7 @@ def test_engine_keyword(monkeypatch):
     from sglang.srt.entrypoints import engine as engine_module
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_fp4_indexer.sglang_plugin.cli import install_engine_kwarg
+    from sglang_fp4_indexer.sglang_plugin.server_args import install_engine_kwarg
 
     Engine = engine_module.Engine
     monkeypatch.setattr(Engine, "server_args_class", ServerArgs)  # restored after the test

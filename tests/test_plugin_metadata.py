@@ -13,7 +13,7 @@ import torch
 
 from plugin_support import load
 from sglang_fp4_indexer.reference import paged_schedule_reference
-from sglang_fp4_indexer.schedule import default_num_ctas
+from sglang_fp4_indexer.ops.grid import default_num_ctas
 from sglang_fp4_indexer.ops.paged_logits import default_block_kv
 
 BKV = default_block_kv("cpu")
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.sglang
 def fp4(monkeypatch):
     """Hooks applied and this process marked as holding an FP4 DSA pool (as after _build_dsa_kv_pool)."""
     load()
-    from sglang_fp4_indexer.sglang_plugin import pool
+    from sglang_fp4_indexer.sglang_plugin import kv_pool as pool
 
     saved = dict(pool._state)
     pool.reset_state()
@@ -201,7 +201,7 @@ def test_non_dsa_target_with_draft_never_reaches_the_plugin():
                 assert f"{klass.__module__}.{klass.__qualname__}.{name}" not in targets, f"{cls.__name__}.{name}"
     assert DSATokenToKVPool in hooked_classes and not issubclass(MHATokenToKVPool, DSATokenToKVPool)
     # With no FP4 pool in the process the resolver is SGLang's own function.
-    from sglang_fp4_indexer.sglang_plugin import pool
+    from sglang_fp4_indexer.sglang_plugin import kv_pool as pool
 
     saved = dict(pool._state)
     pool.reset_state()

@@ -61,7 +61,7 @@ from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
 from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
 from sglang.srt.server_args import prepare_server_args
-from sglang_fp4_indexer.sglang_plugin import facts, pool
+from sglang_fp4_indexer.sglang_plugin import facts, kv_pool
 facts.device_facts = lambda *a, **k: H200  # no GPU on the CPU test machine
 record = prepare_server_args(["--model-path", "dummy", "--enable-fp4-indexer"])
 with published(page_size=64):
@@ -70,7 +70,7 @@ with published(page_size=64):
     out["cell"] = conf._compute_dsa_indexer_cell_size(kvc=kvc, num_layers=61)
     built = KVCacheConfigurator._build_dsa_kv_pool(
         kvc, max_total_num_tokens=256, max_running_requests=4, dsa_pool_class=DSATokenToKVPool)
-out["fp4_pool"] = pool.is_fp4_pool(built)
+out["fp4_pool"] = kv_pool.is_fp4_pool(built)
 out["messages"] = [m for m in messages if m[1] >= logging.WARNING]
 print("RESULT" + json.dumps(out))
 """

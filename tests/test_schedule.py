@@ -20,7 +20,8 @@ from sglang_fp4_indexer.ops.schedule import (
     plan_paged_schedule_into,
 )
 from sglang_fp4_indexer.reference import paged_schedule_reference
-from sglang_fp4_indexer.schedule import CPU_NUM_CTAS, ScheduleBuffer, default_num_ctas
+from sglang_fp4_indexer.ops.grid import CPU_NUM_CTAS, default_num_ctas
+from sglang_fp4_indexer.schedule_buffer import ScheduleBuffer
 
 needs_kernel = kernel_marker("the planner kernel needs")
 

@@ -240,7 +240,7 @@ def bench_planner(device: torch.device, batch: int, seed: int = 0) -> dict:
     """Time ``ops.schedule.plan_paged_schedule_into`` at ``batch`` requests; check it against the oracle.
 
     Lengths uniform in ``[1, PLANNER_MAX_CONTEXT]``; ``block_kv`` the scorer's
-    default, ``num_ctas`` ``schedule.default_num_ctas``. Check: equal to
+    default, ``num_ctas`` ``ops.grid.default_num_ctas``. Check: equal to
     ``reference.paged_schedule_reference`` exactly. Target: 5 us (``PLANNER_TARGET_S``).
 
     Returns:
@@ -251,7 +251,7 @@ def bench_planner(device: torch.device, batch: int, seed: int = 0) -> dict:
         from ..ops.paged_logits import default_block_kv
         from ..ops.schedule import plan_paged_schedule_into
         from ..reference import paged_schedule_reference
-        from ..schedule import default_num_ctas
+        from ..ops.grid import default_num_ctas
 
         g = torch.Generator(device=device).manual_seed(seed + 2)
         lens = torch.randint(1, PLANNER_MAX_CONTEXT + 1, (batch,), generator=g, device=device, dtype=torch.int32)

@@ -3,7 +3,7 @@
 * ``OursScorer``: this project's ``ops.paged_logits.paged_logits``, with its CTA
   schedule planned once outside the timed graph
   (``ops.schedule.plan_paged_schedule`` with the op's default ``block_kv`` and
-  ``schedule.default_num_ctas``), ``check=False`` (the serving path), writing
+  ``ops.grid.default_num_ctas``), ``check=False`` (the serving path), writing
   into preallocated outputs poisoned with NaN.
 * ``SGLangFP4Scorer``: SGLang 0.5.23's Triton FP4 scorer
   ``fp4_index_logits_paged`` on the *same cache bytes*: SGLang's DSv4 index-K
@@ -120,7 +120,7 @@ class OursScorer(Scorer):
         from ..ops.schedule import plan_paged_schedule
 
         shape, dev = inputs.shape, inputs.device
-        from ..schedule import default_num_ctas
+        from ..ops.grid import default_num_ctas
 
         block_kv, num_ctas = pl.default_block_kv(dev, self.impl), default_num_ctas(dev, self.impl)
         schedule = plan_paged_schedule(inputs.context_lens, block_kv, num_ctas)

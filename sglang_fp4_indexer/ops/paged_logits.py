@@ -557,7 +557,7 @@ def paged_logits(
             )
     if schedule is None:
         from .schedule import plan_paged_schedule
-        from ..schedule import default_num_ctas
+        from .grid import default_num_ctas
 
         schedule = plan_paged_schedule(context_lens, block_kv, default_num_ctas(q.device))
     if schedule.dtype != torch.int32 or schedule.dim() != 2 or schedule.shape[1] != 2 or schedule.shape[0] < 2:

@@ -290,7 +290,7 @@ def plan_paged_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int)
     Same call contract as SGLang's ``resolve_paged_mqa_logits_metadata_fn()()``
     and DeepGEMM's ``get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms)``.
     Allocates its result; inside a CUDA graph use ``plan_paged_schedule_into``
-    (or ``schedule.ScheduleBuffer``) with a buffer allocated before capture.
+    (or ``schedule_buffer.ScheduleBuffer``) with a buffer allocated before capture.
 
     Args:
         context_lens: int32 ``[B]`` or ``[B, next_n]`` (see ``plan_paged_schedule_into``).

@@ -14,8 +14,6 @@ import os
 
 import torch
 
-import warnings
-
 from ..gate import Decision, DeviceFacts, ModelFacts, ServerFacts, decide, report
 
 __all__ = [
@@ -33,7 +31,6 @@ __all__ = [
     "device_facts",
     "global_rank",
     "decision_for_kvc",
-    "server_args_from_flags",
     "server_field",
     "index_layer_count",
     "indexer_rope_interleaved",
@@ -328,41 +325,6 @@ def decision_for_kvc(kvc, *, log: bool = True) -> Decision:
     return decision
 
 
-def server_args_from_flags(model_path: str, flags: list[str], *, requested: bool | None = None):
-    """A raw ``ServerArgs`` from SGLang server flags, parsed by SGLang's own parser (no resolution).
-
-    The parser is ``ServerArgs.add_cli_args`` plus ``--enable-fp4-indexer``,
-    built directly so no plugin hooks need to be applied.
-
-    Args:
-        model_path: the ``--model-path`` value.
-        flags: further SGLang command-line flags.
-        requested: if not None, overrides whether the FP4 indexer is asked for.
-
-    Raises:
-        ValueError: SGLang's parser rejects the flags.
-    """
-    import argparse
-
-    from sglang.srt.server_args import ServerArgs
-
-    from .cli import add_flag
-
-    parser = argparse.ArgumentParser(prog="sglang server flags", exit_on_error=False)
-    ServerArgs.add_cli_args(parser)
-    add_flag(None, parser)
-    try:
-        ns, unknown = parser.parse_known_args(["--model-path", model_path, *flags])
-    except (argparse.ArgumentError, SystemExit) as exc:
-        raise ValueError(f"server flags: SGLang's parser rejected {flags}: {exc}") from None
-    if unknown:
-        raise ValueError(f"server flags: SGLang does not know {unknown}")
-    record = ServerArgs.from_cli_args(ns)
-    mark_requested(record, bool(ns.enable_fp4_indexer) if requested is None else requested)
-    mark_dcp_shard(record, bool(getattr(ns, "fp4_indexer_dcp_shard", False)))
-    return record
-
-
 def index_layer_count(hf_config, num_layers: int) -> int:
     """Layers of a DSA model that hold an index-key cache (SGLang's ``dsa_layer_skips_topk`` is False).
 
@@ -376,19 +338,3 @@ def index_layer_count(hf_config, num_layers: int) -> int:
     if not is_deepseek_dsa(cfg):
         return num_layers
     return sum(not dsa_layer_skips_topk(cfg, layer) for layer in range(num_layers))
-
-
-def sglang_import_error() -> str | None:
-    """Import the SGLang modules ``check`` reads; ``None`` when they import, else the reason.
-
-    SGLang's import-time UserWarnings (AWQ, GGUF on a machine without a GPU)
-    are suppressed.
-    """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            import sglang.srt.configs.model_config  # noqa: F401
-            import sglang.srt.server_args  # noqa: F401
-    except ImportError as exc:
-        return str(exc)
-    return None

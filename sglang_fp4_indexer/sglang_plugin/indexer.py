@@ -24,7 +24,7 @@ Seams (docs/sglang-seams.md), all on
   logits byte budget decides the chunks), SGLang's masking and top-k transform.
 
 Under decode context parallelism with the sharded FP4 index
-(``--fp4-indexer-dcp-shard``, ``sglang_plugin/dcp.py``) the store writes only
+(``--fp4-indexer-dcp-shard``, ``sglang_plugin/dcp_modes.py``) the store writes only
 this rank's slots, the paged path's logits come from the sharded decode top-k
 (local scores, one all-gather of candidates, exact merge) and the ragged path
 stages the batch's keys from every rank instead of gathering them locally.
@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from . import dcp as plugin_dcp
-from .pool import fp4_active, is_fp4_pool
+from . import dcp_modes
+from .kv_pool import fp4_active, is_fp4_pool
 from .seams import passthrough_around
 
 __all__ = [
@@ -78,8 +78,8 @@ def store_index_k_cache(original, self, forward_batch, layer_id, key, *, act_qua
     if hasattr(pool, "_is_layer_owned") and not pool._is_layer_owned(layer_id):
         return None
     cache = pool.get_index_k_with_scale_buffer(layer_id=layer_id)
-    if plugin_dcp.is_sharded(pool):  # DCP-sharded index: this rank writes the slots it owns
-        plugin_dcp.store(pool.index_key_cache, key, cache, out_cache_loc.contiguous(), pool.index_page_size)
+    if dcp_modes.is_sharded(pool):  # DCP-sharded index: this rank writes the slots it owns
+        dcp_modes.store(pool.index_key_cache, key, cache, out_cache_loc.contiguous(), pool.index_page_size)
         return None
     store_index_k(key, cache, out_cache_loc.contiguous(), page_size=pool.index_page_size, check_slots=False)
     return None
@@ -189,8 +189,8 @@ def get_topk_paged(original, self, forward_batch, layer_id, q_fp8, weights, meta
         # Rows per request one tile takes (1 if the op does not say: the per-row form is always valid).
         max_next_n = paged.MAX_NEXT_N
         table, lens, schedule = paged_scorer_inputs(block_tables, seqlens_2d, schedule, rows, max_next_n)
-        if plugin_dcp.is_sharded(pool):  # DCP-sharded index: local scores, candidate exchange, merged top-k
-            logits = plugin_dcp.paged_logits(
+        if dcp_modes.is_sharded(pool):  # DCP-sharded index: local scores, candidate exchange, merged top-k
+            logits = dcp_modes.paged_logits(
                 pool.index_key_cache, q_fp8[:rows], weights.reshape(weights.shape[0], -1)[:rows].float(), cache,
                 table, lens, width=width, topk=self.index_topk, page_size=page_size, block_kv=paged.default_block_kv(cache.device),
             )
@@ -266,8 +266,8 @@ def get_topk_ragged(
     lens_cpu = metadata.get_indexer_seq_len_cpu()
     total = int(torch.sum(lens_cpu).item())
     longest = int(torch.max(lens_cpu).item())
-    if plugin_dcp.is_sharded(pool):  # DCP-sharded index: stage the batch's keys from every rank
-        payload, scales = plugin_dcp.gather(
+    if dcp_modes.is_sharded(pool):  # DCP-sharded index: stage the batch's keys from every rank
+        payload, scales = dcp_modes.gather(
             pool.index_key_cache, self._get_index_k_read_buffer(pool, layer_id),
             block_tables.to(torch.int32).contiguous(), metadata.get_indexer_seq_len().contiguous(), lens_cpu,
             page_size=pool.index_page_size,

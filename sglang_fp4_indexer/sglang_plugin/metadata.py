@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from .pool import fp4_active
+from .kv_pool import fp4_active
 from .seams import passthrough_after, passthrough_around
 
 __all__ = [
@@ -54,7 +54,7 @@ def plan_fp4_schedule(context_lens, block_kv, num_sms):
 
     Plans the FP4 scorer's CTA schedule (``ops.schedule.plan_paged_schedule``)
     with the scorer's own tile and grid: ``default_block_kv(device)`` keys per tile
-    (SGLang passes DeepGEMM's 64) and ``schedule.default_num_ctas`` CTAs (the
+    (SGLang passes DeepGEMM's 64) and ``ops.grid.default_num_ctas`` CTAs (the
     scorer's measured grid; SGLang passes DeepGEMM's SM count). Every buffer
     that holds it is planned by this function or in place with the same shape,
     so SGLang's ``copy_`` refreshes between them stay shape-compatible.
@@ -64,7 +64,7 @@ def plan_fp4_schedule(context_lens, block_kv, num_sms):
     """
     from ..ops.paged_logits import default_block_kv
     from ..ops.schedule import plan_paged_schedule
-    from ..schedule import default_num_ctas
+    from ..ops.grid import default_num_ctas
 
     dev = context_lens.device
     return plan_paged_schedule(context_lens.contiguous(), default_block_kv(dev), default_num_ctas(dev))
@@ -152,7 +152,7 @@ _request_forms: dict[tuple, bool] = {}
 def _request_form(device, next_n: int) -> bool:
     """``ops.serving.verify_request_form`` for this process's FP4 pool (its index heads), once per device and next_n."""
     from ..ops.serving import verify_request_form
-    from .pool import serving_geometry
+    from .kv_pool import serving_geometry
 
     geometry = serving_geometry()
     heads = geometry[1] if geometry else None

@@ -28,8 +28,12 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import pkgutil
+from typing import NamedTuple
 
 __all__ = [
+    "Seam",
+    "SEAMS",
+    "missing_hooks",
     "TESTED_SGLANG_VERSIONS",
     "signature_text",
     "target_signature",
@@ -47,7 +51,69 @@ __all__ = [
     "passthrough_after",
 ]
 
-#: SGLang releases this release of the plugin was tested with (its hook signatures are those of ``hooks()``).
+class Seam(NamedTuple):
+    """One SGLang target the plugin hooks: its dotted path, the hook (``module.attribute`` of this subpackage),
+    the ``HookType`` name, and the target's parameter list the plugin was written for (SGLang 0.5.23, as
+    ``signature_text`` writes it). ``sglang_plugin.hooks()`` binds each row to its callable."""
+
+    target: str
+    module: str
+    attribute: str
+    kind: str
+    signature: str
+
+
+_SA = "sglang.srt.server_args.ServerArgs"
+_CFG = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
+_POOL = "sglang.srt.mem_cache.memory_pool.DSATokenToKVPool"
+_SIZING = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator"
+_INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer"
+_UTILS = "sglang.srt.layers.attention.dsa.utils"
+_BACKEND = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
+_MULTI = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnMultiStepBackend"
+
+#: Every SGLang target the plugin hooks, in registration order (docs/sglang-seams.md).
+SEAMS: tuple[Seam, ...] = (
+    Seam(f"{_SA}.add_cli_args", "server_args", "add_flag", "AFTER", "(parser)"),
+    Seam(f"{_SA}.from_cli_args", "server_args", "carry_flag", "AFTER", "(cls, args)"),
+    Seam(f"{_CFG}._build_dsa_kv_pool", "kv_pool", "build_dsa_kv_pool", "AROUND",
+         "(self, *, max_total_num_tokens, max_running_requests, dsa_pool_class)"),
+    Seam(f"{_POOL}._create_index_key_cache", "kv_pool", "create_index_key_cache", "AROUND", "(self)"),
+    Seam(f"{_SIZING}._compute_dsa_indexer_cell_size", "kv_pool", "compute_dsa_indexer_cell_size", "AROUND",
+         "(self, *, kvc, num_layers, allocate_all_layers=False)"),
+    Seam(f"{_INDEXER}._store_index_k_cache", "indexer", "store_index_k_cache", "AROUND",
+         "(self, forward_batch, layer_id, key, *, act_quant=None, out_cache_loc=None)"),
+    Seam(f"{_INDEXER}._fused_k_prepare_and_store", "indexer", "fused_k_prepare_and_store", "AROUND",
+         "(self, key_raw, positions, forward_batch, layer_id, act_quant, out_cache_loc=None)"),
+    Seam(f"{_INDEXER}._get_topk_paged", "indexer", "get_topk_paged", "AROUND",
+         "(self, forward_batch, layer_id, q_fp8, weights, metadata)"),
+    Seam(f"{_INDEXER}._get_topk_ragged", "indexer", "get_topk_ragged", "AROUND",
+         "(self, enable_dual_stream, forward_batch, layer_id, q_fp8, weights, metadata, topk_result=None)"),
+    Seam(f"{_UTILS}.resolve_paged_mqa_logits_metadata_fn", "metadata", "resolve_paged_mqa_logits_metadata_fn",
+         "AROUND", "()"),
+    Seam(f"{_BACKEND}._refresh_paged_mqa_schedule_metadata", "metadata", "refresh_paged_mqa_schedule_metadata",
+         "AROUND", "(self, metadata, seqlens_32_2d)"),
+    Seam(f"{_BACKEND}._build_paged_mqa_schedule_2d_ctx_lens", "metadata", "build_paged_mqa_schedule_2d_ctx_lens",
+         "AROUND", "(self, forward_mode, cache_seqlens_int32, seqlens_expanded, batch_size)"),
+    Seam(f"{_MULTI}.init_forward_metadata_out_graph", "metadata", "multi_step_init_forward_metadata_out_graph",
+         "AFTER", "(self, forward_batch, in_capture=False)"),
+)
+
+
+def missing_hooks() -> list[str]:
+    """Targets of ``SEAMS`` that SGLang's ``HookRegistry`` has not applied in this process.
+
+    ``apply_hooks`` logs and skips a target it cannot patch (e.g. after an
+    SGLang upgrade moved it); the FP4 pool is only built when this is empty,
+    so a half-applied plugin can never write FP4 bytes that an unhooked FP8
+    reader would then read.
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    return [s.target for s in SEAMS if s.target not in HookRegistry._patched]
+
+
+#: SGLang releases this release of the plugin was tested with (its hook signatures are those of ``SEAMS``).
 TESTED_SGLANG_VERSIONS = ("0.5.23",)
 
 #: Problems found by ``check_targets`` at registration: ``{target: problem}`` (empty: every target as expected).

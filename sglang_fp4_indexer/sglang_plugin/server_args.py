@@ -35,7 +35,8 @@ import sys
 
 from .facts import DCP_SHARD_ENV_VAR, ENV_VAR, env_flag, mark_dcp_shard, mark_requested
 
-__all__ = ["FLAG", "HELP", "DCP_SHARD_FLAG", "DCP_SHARD_HELP", "add_flag", "carry_flag", "install_engine_kwarg"]
+__all__ = ["FLAG", "HELP", "DCP_SHARD_FLAG", "DCP_SHARD_HELP", "add_flag", "carry_flag", "install_engine_kwarg",
+           "server_args_from_flags"]
 
 FLAG = "--enable-fp4-indexer"
 HELP = (
@@ -168,3 +169,36 @@ def install_engine_kwarg(engine_cls=None) -> bool:
         return True
     engine_cls.server_args_class = staticmethod(_factory(engine_cls.server_args_class))
     return True
+
+
+def server_args_from_flags(model_path: str, flags: list[str], *, requested: bool | None = None):
+    """A raw ``ServerArgs`` from SGLang server flags, parsed by SGLang's own parser (no resolution).
+
+    The parser is ``ServerArgs.add_cli_args`` plus ``--enable-fp4-indexer``,
+    built directly so no plugin hooks need to be applied.
+
+    Args:
+        model_path: the ``--model-path`` value.
+        flags: further SGLang command-line flags.
+        requested: if not None, overrides whether the FP4 indexer is asked for.
+
+    Raises:
+        ValueError: SGLang's parser rejects the flags.
+    """
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="sglang server flags", exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    add_flag(None, parser)
+    try:
+        ns, unknown = parser.parse_known_args(["--model-path", model_path, *flags])
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ValueError(f"server flags: SGLang's parser rejected {flags}: {exc}") from None
+    if unknown:
+        raise ValueError(f"server flags: SGLang does not know {unknown}")
+    record = ServerArgs.from_cli_args(ns)
+    mark_requested(record, bool(ns.enable_fp4_indexer) if requested is None else requested)
+    mark_dcp_shard(record, bool(getattr(ns, "fp4_indexer_dcp_shard", False)))
+    return record

@@ -34,7 +34,7 @@ import contextvars
 
 from .. import dcp as core
 from .. import pool as fp4_pool
-from .pool import Fp4IndexKeyCache
+from .index_key_cache import Fp4IndexKeyCache
 
 __all__ = [
     "ShardedFp4IndexKeyCache",

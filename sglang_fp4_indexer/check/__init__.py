@@ -1,0 +1,74 @@
+"""``sglang-fp4-indexer check``: would the FP4 indexer serve this model, and what does it save?
+
+Given a model directory (with ``config.json``), a Hugging Face config JSON or
+the name of a packaged config (``PACKAGED_MODELS``: the public config fields of
+DeepSeek-V3.2, GLM-5 and GLM-5.2, so no download is needed), and optionally
+SGLang server flags (``--sglang-args="..."``), prints the gate's
+``Decision`` as if ``--enable-fp4-indexer`` were given, and the memory effect:
+index bytes per token per layer (132 FP8 -> 68 FP4) and the KV tokens a memory
+budget holds with each. No weights are read and no GPU is needed.
+
+With SGLang installed, the model is classified by SGLang's own DSA helpers and
+the server flags are parsed by SGLang's own parser (the adapter's ``sglang_plugin.check_facts``, which the
+``sglang-fp4-indexer`` command hands to ``run_check``: the core never imports the adapter).
+Without SGLang (not importable), the config keys decide (``index_topk``
+present, not a DeepSeek-V4 architecture), and server flags are refused; the
+output says so. The device is the local CUDA GPU when there is one, else
+``--capability`` (default 9.0, an H200). The MLA KV format is the server
+flags' ``--kv-cache-dtype``, else ``check``'s own, else SGLang's default for
+DSA models on that device (``sglang_kv_cache_dtype``). Under DCP the memory
+rows are per rank (``dcp.bytes_per_token`` / ``dcp.dcp_capacity``); when the
+deployment refuses FP4 (flags, device, unrotated keys) its rows are labelled as
+what it would give if the refusal were lifted; when the model itself rules FP4
+out (``MODEL_REFUSALS``) no FP4 figure is printed. A config lacking a key
+``check`` reads is a usage error naming it.
+
+With ``--context N`` (at most the model's positions; ``--batch`` and ``--next-n`` only with it) it adds what FP4 gains and
+costs at that request length (``worth_it``): the requests that fit with each
+index format, the indexer scorer's time FP4 vs FP8 measured on an H200 at the
+nearest measured shape with the asked next_n, the top-k recall of each format
+and the real-model study's loss and passkey numbers at the nearest measured
+context (``tables``: the measured tables shipped in the package), then a
+verdict that decides, with its exit code (``worth_it``, ``main``).
+
+Modules, one job each: ``model`` (the config and what it says), ``findings`` (``run_check``: decision and memory),
+``trade`` (``worth_it``: gains, costs and the verdict) and ``command`` (options and the printed report). The public
+names are re-exported here.
+"""
+
+from __future__ import annotations
+
+from .model import (
+    load_hf_config,
+    mla_kv_bytes_per_token,
+    sglang_kv_cache_dtype,
+    PACKAGED_MODELS,
+    packaged_model,
+    resolve_model,
+    DSA_KV_DTYPE_ARCHS,
+)
+from .findings import run_check, MODEL_REFUSALS, LOADING_SGLANG
+from .trade import worth_it, EXIT_FP4_FITS_MORE, EXIT_REFUSED, EXIT_SAME_REQUESTS, EXIT_FITS_NEITHER
+from .command import add_arguments, main, MAX_NEXT_N, MAX_CONTEXT
+
+__all__ = [
+    "add_arguments",
+    "main",
+    "load_hf_config",
+    "mla_kv_bytes_per_token",
+    "sglang_kv_cache_dtype",
+    "run_check",
+    "worth_it",
+    "EXIT_FP4_FITS_MORE",
+    "EXIT_REFUSED",
+    "EXIT_SAME_REQUESTS",
+    "EXIT_FITS_NEITHER",
+    "PACKAGED_MODELS",
+    "packaged_model",
+    "resolve_model",
+    "DSA_KV_DTYPE_ARCHS",
+    "MODEL_REFUSALS",
+    "LOADING_SGLANG",
+    "MAX_NEXT_N",
+    "MAX_CONTEXT",
+]

@@ -1,0 +1,234 @@
+"""``sglang-fp4-indexer check``: its options and its printed report (``cli.py`` wires it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from fractions import Fraction
+from typing import Callable
+
+from ..argtypes import integer, memory_gib
+from ..dcp import DcpCapacity, SHARDED
+from ..gate import Decision
+from .model import PACKAGED_MODELS
+from .findings import run_check
+from .trade import _k, _pm, _shape_text, worth_it
+
+__all__ = [
+    "add_arguments",
+    "main",
+    "MAX_NEXT_N",
+    "MAX_CONTEXT",
+]
+
+
+#: Largest --next-n: the paged scorer's ``ops.paged_logits.MAX_NEXT_N`` (restated, not imported: that module
+#: loads Triton, which ``check`` never needs; tests/test_cli_errors.py keeps the two equal).
+MAX_NEXT_N = 8
+#: Largest --context: SGLang keeps positions and lengths as int32.
+MAX_CONTEXT = 2**31 - 1
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``check``."""
+    parser.add_argument("model", help="local model directory (with config.json) or a Hugging Face config JSON file, "
+                                      "or one of the packaged configs: " + ", ".join(PACKAGED_MODELS)
+                                      + "; another hub model needs its config first: "
+                                        "hf download REPO config.json --local-dir DIR")
+    parser.add_argument("--memory-gib", type=memory_gib(), default=100.0,
+                        help="KV-pool memory budget per GPU in GiB for the token counts (default 100)")
+    parser.add_argument("--context", type=integer(1, MAX_CONTEXT), default=None, metavar="N",
+                        help="tokens per request (e.g. 131072), at most the model's positions "
+                             "(max_position_embeddings, or --context-length in --sglang-args): adds what FP4 gains "
+                             "and costs at that length -- requests that fit, the indexer's time FP4 vs FP8 (measured "
+                             "on H200), the top-k recall FP4 vs FP8 (measured accuracy study) and the loss cost on a "
+                             "real model -- and a verdict, also as the exit code: 0 FP4 fits more requests of that "
+                             "length, 3 the same number either way (FP4 buys only indexer time, at the measured "
+                             "cost), 4 the batch fits neither; 1 FP4 refused")
+    parser.add_argument("--batch", type=integer(1), default=None, metavar="B",
+                        help="with --context: requests decoded together (default 1)")
+    parser.add_argument("--next-n", type=integer(1, MAX_NEXT_N), default=None, metavar="N",
+                        help="with --context: query tokens per request and step: 1 for plain decode, draft "
+                             "tokens + 1 with MTP / EAGLE speculative decoding, at most %d (default 1)" % MAX_NEXT_N)
+    parser.add_argument("--capability", default=None,
+                        help="CUDA compute capability to assume, e.g. 9.0 (default: the local GPU, else 9.0)")
+    parser.add_argument("--kv-cache-dtype", choices=("fp8", "bf16"), default=None,
+                        help="MLA KV cache format for the token counts: FlashMLA FP8 or bf16 (default: the "
+                             "--kv-cache-dtype in --sglang-args, else SGLang's default for DSA models on the "
+                             "device: fp8 from compute capability 10.0, bf16 below)")
+    parser.add_argument("--sglang-args", default="", metavar="FLAGS",
+                        help='SGLang server flags as one string, e.g. --sglang-args="--dcp-size 2" '
+                             "(parsed by SGLang's own parser; needs SGLang installed; the model is the "
+                             "positional argument, not --model-path)")
+
+
+def _fmt(x: Fraction) -> str:
+    return str(x.numerator) if x.denominator == 1 else f"{float(x):g}"
+
+
+def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, context: int) -> None:
+    row, heads = w["timing"], w["heads"]
+    layers = res["index_layers"]
+    console.print(f"at {_k(context)} tokens per request: requests that fit: FP8 {w['requests_fp8']}, FP4 "
+                  f"{w['requests_fp4']} (a batch of {batch} needs {w['tokens_needed']} KV tokens; "
+                  f"FP8 holds {w['tokens_fp8']}, FP4 {w['tokens_fp4']})")
+    if row is None:
+        console.print(f"indexer scorer time at next_n {next_n}: not measured (the {w['timing_gpu']} tables have "
+                      f"next_n {', '.join(map(str, w['timing_next_n']))}; no other next_n is quoted for it)")
+    else:
+        where = ("at this shape" if w["timing_exact"]
+                 else f"at the nearest measured shape, {_shape_text(row['heads'], row['batch'], row['context'], row['next_n'])}")
+        fp8 = (f"FP8 (DeepGEMM, as SGLang calls it) {row['fp8_us']:.1f} us" if row["fp8_us"] is not None
+               else "FP8 time not measured" + (f" (its memory-bandwidth floor there: {row['fp8_floor_us']:.1f} us)"
+                                               if row.get("fp8_floor_us") else ""))
+        native = row.get("fp8_native_us")
+        if native is not None and row["fp8_us"] is not None and abs(native - row["fp8_us"]) > 0.05 * row["fp8_us"]:
+            fp8 += f"; DeepGEMM with its native next_n, which SGLang 0.5.23 does not use on Hopper: {native:.1f} us"
+        console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']}{w['gpu_note']} {where}: "
+                      f"FP4 {row['fp4_us']:.1f} us (x {layers} index layers = {row['fp4_us'] * layers / 1000:.2f} ms "
+                      f"per step); {fp8}")
+    if res["dcp_size"] > 1 and res["fp4_mode"] == SHARDED:
+        console.print("  (single-GPU times; the sharded index adds a candidate exchange per step: see the user guide)")
+    ctx = w["recall"][0]["context"]
+    where = f"at {_k(ctx)}" + ("" if w["recall_exact"] else f" (the nearest measured context to {_k(context)})")
+    parts = ", ".join(f"{r['workload']} {r['fp4']:.3f} vs {r['fp8']:.3f}" for r in w["recall"])
+    if context <= w["topk"]:
+        console.print(f"top-{w['topk']} recall: 1 for FP4 and FP8 (a {_k(context)} context has at most "
+                      f"{w['topk']} keys, all of them selected)")
+    else:
+        console.print(f"top-{w['topk']} recall against exact scoring, FP4 vs FP8, {where}, H {w['recall'][0]['heads']} "
+                      f"(accuracy study on {w['recall_device']}): {parts}")
+        m = w["model_cost"]
+        if m is not None:
+            console.print(f"on a real model (Gemma 3 270M, sparse attention in its 3 global layers over a stand-in "
+                          f"indexer, CPU), at {_k(m['context'])}, top-{m['topk']}, {m['windows']} text windows "
+                          f"(the nearest measured context to {_k(context)}): Δ loss vs dense attention exact selection "
+                          f"{_pm(m['delta_exact'])}, FP8 {_pm(m['delta_fp8'])}, FP4 {_pm(m['delta_fp4'])} nats/token"
+                          + (f"; passkey retrieved dense {m['passkey_dense'][0]}/{m['passkey_dense'][1]}, FP8 "
+                             f"{m['passkey_fp8'][0]}/{m['passkey_fp8'][1]}, FP4 {m['passkey_fp4'][0]}/{m['passkey_fp4'][1]}"
+                             if "passkey_fp4" in m else ""))
+    console.print(f"verdict: {w['verdict']}")
+
+
+def _model_line(res: dict) -> str:
+    where = (f"the config fields of {res['source']} packaged with sglang-fp4-indexer, {res['file']}" if res["source"]
+             else f"config {res['file']}")
+    return f"model: {res['model_text']} ({where}); classified by {res['detection']}"
+
+
+def _context_options(args: argparse.Namespace) -> tuple[int | None, int, int]:
+    """``(context, batch, next_n)``; ``--batch`` and ``--next-n`` only with ``--context``.
+
+    Raises:
+        ValueError: ``--batch`` or ``--next-n`` without ``--context``, or a context shorter than ``--next-n``.
+    """
+    context = getattr(args, "context", None)
+    batch, next_n = getattr(args, "batch", None), getattr(args, "next_n", None)
+    if context is None:
+        given = [flag for flag, value in (("--batch", batch), ("--next-n", next_n)) if value is not None]
+        if given:
+            raise ValueError(f"{given[0]}: only used with --context N (the request length in tokens): add "
+                             f"--context, or drop {' and '.join(given)}")
+        return None, 1, 1
+    batch, next_n = batch or 1, next_n or 1
+    if context < next_n:
+        raise ValueError(f"--context: {context} tokens cannot hold --next-n {next_n} query tokens")
+    return context, batch, next_n
+
+
+def _memory_table(res: dict, d: Decision, memory_gib: float):
+    from rich.table import Table
+
+    w = res["dcp_size"]
+    where = "per GPU" if w == 1 else f"per rank, DCP {w} (MLA KV sharded over the {w} ranks)"
+    notes = []
+    if w > 1:
+        mode = ("sharded (--fp4-indexer-dcp-shard)" if res["fp4_mode"] == SHARDED
+                else "replicated (the default; --fp4-indexer-dcp-shard would shard the index)")
+        notes.append("* the mode " + ("the server would use" if d.enabled else "these flags give") + f": {mode}")
+    if not d.enabled:
+        notes.append("FP4 rows: what FP4 would give if the refusal were lifted; the server keeps FP8")
+    table = Table(title=f"memory effect, {memory_gib:g} GiB KV pool {where}", caption="\n".join(notes) or None)
+    table.add_column("index cache", no_wrap=True)
+    for header in ("index B per token and layer", "KV + index B per token and layer", "KV + index B per token",
+                   "KV tokens"):
+        table.add_column(header, justify="right")
+    for label, idx, per_layer, total, tokens in res["rows"]:
+        table.add_row(label, _fmt(idx), _fmt(per_layer), _fmt(total), str(tokens))
+    return table
+
+
+def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]], tuple] | None = None) -> int:
+    """Print the check and return its exit code; ``read_sglang`` as ``run_check``'s.
+
+    Without ``--context``: 0 when the FP4 indexer would be enabled, 1 when not (refused, or no
+    indexer). With ``--context`` and FP4 enabled, the verdict's code (``worth_it``): 0 FP4 fits
+    more requests of that length, 3 both fit the same number (FP4 buys only indexer time, at the
+    measured cost), 4 the batch fits neither; 1 when refused. 2: a usage error (``cli.main``).
+
+    Raises:
+        ValueError: bad options or config (``run_check``, ``_context_options``), or a ``--context``
+            beyond the model's positions.
+    """
+    from rich.console import Console
+
+    def announce(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        flags = shlex.split(args.sglang_args)
+    except ValueError as exc:
+        raise ValueError(f"--sglang-args: cannot split {args.sglang_args!r} into flags ({exc})") from None
+    context, batch, next_n = _context_options(args)
+    res = run_check(args.model, memory_gib=args.memory_gib, capability=args.capability,
+                    kv_cache_dtype=args.kv_cache_dtype, server_flags=flags, announce=announce,
+                    read_sglang=read_sglang)
+    if context is not None and res["positions"] is not None and context > res["positions"]:
+        raise ValueError(f"--context: {context} tokens is more than this model's {res['positions']} positions "
+                         f"({res['positions_from']}, the longest request SGLang serves); give at most "
+                         f"{res['positions']}")
+    d: Decision = res["decision"]
+    console = Console(highlight=False)
+    console.print(_model_line(res), markup=False)
+    console.print(f"device: {res['device']}", markup=False)
+    if "index_keys" in res:
+        console.print(f"index keys: {res['index_keys']}", markup=False)
+    if d.enabled:
+        console.print(f"FP4 indexer: ENABLED - {d.reason}", markup=False)
+    elif "not_dsa" in d.codes:
+        console.print(f"FP4 indexer: not applicable - {d.reason}; SGLang serves it as without the plugin",
+                      markup=False)
+    else:
+        own = "its own DeepSeek-V4 indexer" if "deepseek_v4" in d.codes else "its FP8 indexer"
+        console.print(f"FP4 indexer: DISABLED (SGLang keeps {own}) - {d.reason}", markup=False)
+        console.print(f"fix: {d.fix}", markup=False)
+    cap: DcpCapacity | None = res.get("capacity")
+    if cap is None:
+        why = ("no DSA index-key cache" if not res["model"].is_dsa or "deepseek_v4" in d.codes
+               else "FP4 cannot serve this model's indexer, see above, so SGLang sizes its own index cache as "
+                    "without the plugin")
+        console.print(f"memory effect: none ({why})", markup=False)
+        if context is not None:
+            console.print("verdict: FP4 changes nothing for this model at any context", markup=False)
+        return 0 if d.enabled else 1
+    console.print(_memory_table(res, d, args.memory_gib))
+    gain = cap.gain_sharded if res["fp4_mode"] == SHARDED else cap.gain_replicated
+    tokens = cap.tokens_fp4_sharded if res["fp4_mode"] == SHARDED else cap.tokens_fp4_replicated
+    mode = "" if res["dcp_size"] == 1 else f" ({res['fp4_mode']})"
+    console.print(
+        f"layers: {res['layers']} ({res['index_layers']} with an index cache); MLA KV {res['kv_bytes']} B per "
+        f"token and layer in {res['kv_dtype']} ({res['kv_dtype_why']})", markup=False)
+    if d.enabled:
+        console.print(f"extra KV tokens with FP4{mode}: {tokens - cap.tokens_fp8} (+{gain * 100:.1f} %)")
+    else:
+        console.print(f"FP4 is not used; if the refusal were lifted, FP4{mode} would add "
+                      f"{tokens - cap.tokens_fp8} KV tokens (+{gain * 100:.1f} %)")
+    if context is None:
+        console.print("add --context N (and --batch, --next-n) for the time and recall FP4 costs or saves at that length")
+    elif d.enabled:
+        verdict = worth_it(res, context=context, batch=batch, next_n=next_n)
+        _print_worth_it(console, res, verdict, batch, next_n, context)
+        return verdict["exit_code"]
+    else:
+        console.print("verdict: FP4 is refused for this deployment (above), so SGLang keeps FP8 at any context")
+    return 0 if d.enabled else 1

@@ -1,0 +1,155 @@
+"""``run_check``: the gate's decision for a model config, device and server flags, and the memory effect of each
+index format (per rank under DCP). No GPU and no weights are needed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from fractions import Fraction
+from typing import Callable
+
+from ..argtypes import MAX_MEMORY_GIB
+from ..dcp import DcpCapacity, REPLICATED, SHARDED, bytes_per_token, dcp_capacity
+from ..gate import Decision, DeviceFacts, dcp_mode_for, decide, index_key_rotation
+from .model import (
+    _SGLANG_KV_DTYPES,
+    _check_complete,
+    _without_sglang,
+    load_hf_config,
+    mla_kv_bytes_per_token,
+    resolve_model,
+    sglang_kv_cache_dtype,
+)
+
+__all__ = [
+    "run_check",
+    "MODEL_REFUSALS",
+    "LOADING_SGLANG",
+]
+
+
+#: Refusal codes (``Decision.codes``) that come from the model itself: no server flag or environment lifts them,
+#: so ``check`` gives no FP4 figure for such a model.
+MODEL_REFUSALS = frozenset({"not_dsa", "deepseek_v4", "index_head_dim", "index_heads", "index_kpool"})
+#: The line ``check`` prints on stderr before SGLang's import (measured: 23-27 s on a 2-core machine, every run).
+LOADING_SGLANG = "loading SGLang to classify the model and parse its flags (its import takes 20-30 s)..."
+def _device(capability: str | None) -> tuple[DeviceFacts, str]:
+    if capability is not None:
+        try:
+            major, minor = (int(x) for x in capability.split("."))
+        except ValueError:
+            raise ValueError(f"--capability: expected MAJOR.MINOR such as 9.0, got {capability!r}") from None
+        return DeviceFacts("cuda", (major, minor), "given"), f"CUDA {major}.{minor} (given)"
+    import torch
+
+    if torch.cuda.is_available() and not getattr(torch.version, "hip", None):
+        cap = tuple(torch.cuda.get_device_capability())
+        name = torch.cuda.get_device_name()
+        return DeviceFacts("cuda", cap, name), f"{name}, CUDA {cap[0]}.{cap[1]} (local)"
+    return DeviceFacts("cuda", (9, 0), "assumed H200"), "CUDA 9.0 (assumed: no local GPU; --capability to change)"
+
+
+def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None = None,
+              kv_cache_dtype: str | None = None, server_flags: list[str] | None = None,
+              announce: Callable[[str], None] = lambda line: None,
+              read_sglang: Callable[[dict, str, list[str]], tuple] | None = None) -> dict:
+    """Do the check and return its findings (what ``main`` prints).
+
+    ``model`` is a local model directory or config JSON file, or a packaged
+    config's name (``resolve_model``). ``announce`` is called with one progress line before SGLang's slow import
+    (``main`` prints it to stderr).
+
+    ``read_sglang(cfg, model_dir, server_flags)`` reads the model and server facts through SGLang (the adapter's
+    ``sglang_plugin.check_facts.read_sglang_facts``, which the ``sglang-fp4-indexer`` command passes): it returns
+    ``((model facts, server facts, index layers, SGLang's --kv-cache-dtype, --context-length), "")``, or
+    ``(None, why)`` when SGLang cannot be imported. Without it the config keys decide, as without SGLang.
+
+    The MLA KV format is ``kv_cache_dtype`` (``"fp8"``/``"bf16"``) when given,
+    else the ``--kv-cache-dtype`` of the server flags, else SGLang's default
+    for the device (``sglang_kv_cache_dtype``). Under DCP (``--dcp-size W``)
+    the memory rows are per rank (``dcp.bytes_per_token``, ``dcp.dcp_capacity``):
+    the MLA KV is sharded over the W ranks, the index replicated or sharded.
+
+    Returns:
+        dict with ``decision`` (``Decision``), ``device`` (text), ``detection``
+        (what classified the model: SGLang's helpers or the config keys), ``model``
+        (``ModelFacts``), ``model_text``, ``layers``, ``index_layers``,
+        ``dcp_size``, ``file``, ``source`` (the Hugging Face repository of a
+        packaged config, else empty), ``positions`` (the longest request: the
+        server flags' ``--context-length``, else ``max_position_embeddings``,
+        else None) and ``positions_from``, ``model_refusal`` (the refusal is the
+        model's own, ``MODEL_REFUSALS``: then nothing below is given); for DSA
+        models FP4 can serve ``index_keys`` (whether SGLang Hadamard-rotates the
+        index keys, and why: ``gate.index_key_rotation``), ``kv_dtype``, ``kv_dtype_why``, ``kv_bytes``, ``capacity
+        (``dcp.DcpCapacity``), ``fp4_mode`` (the DCP mode of the FP4 rows the
+        gain refers to: the decision's, or what the flags would give when refused)
+        and ``rows``: ``(label, index bytes per rank, KV + index bytes per layer
+        per rank, KV + index bytes of all layers per rank, tokens)``, bytes as
+        ``Fraction``; also ``device_facts`` (``DeviceFacts``).
+
+    Raises:
+        ValueError: unreadable or incomplete config (a DSA model without its
+            layer count or MLA sizes, a DSA-by-name architecture without
+            ``index_topk``), bad options (``memory_gib`` not a finite number in
+            ``(0, MAX_MEMORY_GIB]``), rejected server flags, a KV dtype conflict
+            between ``kv_cache_dtype`` and the server flags.
+    """
+    if not (isinstance(memory_gib, (int, float)) and math.isfinite(memory_gib) and 0 < memory_gib <= MAX_MEMORY_GIB):
+        raise ValueError(f"--memory-gib: expected a finite number > 0 and <= {MAX_MEMORY_GIB}, got {memory_gib}")
+    flags = list(server_flags or [])
+    path, source = resolve_model(model)
+    cfg, file = load_hf_config(path)
+    if read_sglang is None:
+        found, why = None, "the check was not given SGLang's fact reader"
+    else:
+        if importlib.util.find_spec("sglang") is not None:
+            announce(LOADING_SGLANG)
+        found, why = read_sglang(cfg, str(file.parent), flags)
+    detection = "SGLang's own DSA helpers"
+    if found is None:
+        found, detection = _without_sglang(cfg, flags, why), f"its config keys, SGLang not being importable here: {why}"
+    model_facts, server, index_layers, server_kv, context_length = found
+    _check_complete(cfg, file, model_facts)
+    device, device_text = _device(capability)
+    decision: Decision = decide(model_facts, server, device)
+    arch = model_facts.architecture or f"no architectures in config, model_type {cfg.get('model_type')!r}"
+    positions = context_length or cfg.get("max_position_embeddings")
+    out = {"decision": decision, "device": device_text, "detection": detection, "model": model_facts,
+           "model_text": arch, "layers": int(cfg.get("num_hidden_layers", 0) or 0), "index_layers": index_layers,
+           "file": str(file), "source": source, "dcp_size": server.dcp_size, "device_facts": device,
+           "positions": int(positions) if isinstance(positions, int) and positions > 0 else None,
+           "positions_from": ("--context-length in --sglang-args" if context_length
+                              else "max_position_embeddings in its config.json"),
+           "model_refusal": bool(MODEL_REFUSALS.intersection(decision.codes))}
+    if model_facts.is_dsa and not out["model_refusal"]:
+        out["index_keys"] = index_key_rotation(model_facts, server)[1]
+        if kv_cache_dtype is not None and server_kv != "auto":
+            if _SGLANG_KV_DTYPES.get(server_kv) != kv_cache_dtype:
+                raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} conflicts with --kv-cache-dtype {server_kv} "
+                                 "in --sglang-args; give one of them")
+        if kv_cache_dtype is not None and server_kv == "auto":
+            dtype, dtype_why = kv_cache_dtype, "--kv-cache-dtype of check"
+        else:
+            dtype, dtype_why = sglang_kv_cache_dtype(cfg, server_kv, device.capability or (9, 0))
+        kv = mla_kv_bytes_per_token(cfg, dtype)
+        w, layers = server.dcp_size, out["layers"]
+        cap: DcpCapacity = dcp_capacity(int(memory_gib * 2**30), w, kv_bytes=kv, num_layers=layers,
+                                        num_index_layers=index_layers)
+        fp4_mode = dcp_mode_for(server) or REPLICATED  # gate.decide's rule, refused or not
+
+        def row(label, index, mode, tokens):
+            per_layer = bytes_per_token(w, index=index, mode=mode, kv_bytes=kv)
+            total = (layers - index_layers) * Fraction(kv, w) + index_layers * per_layer
+            index_per_rank = bytes_per_token(w, index=index, mode=mode, kv_bytes=0)
+            return label, index_per_rank, per_layer, total, tokens
+
+        rows = [row("FP8 (SGLang)", "fp8", REPLICATED, cap.tokens_fp8)]
+        fp4 = "FP4 (this plugin)" if decision.enabled else "FP4 (refused)"
+        if w == 1:
+            rows.append(row(fp4, "fp4", REPLICATED, cap.tokens_fp4_replicated))
+        else:
+            for mode, tokens in ((REPLICATED, cap.tokens_fp4_replicated), (SHARDED, cap.tokens_fp4_sharded)):
+                rows.append(row(f"FP4 {mode}{' *' if mode == fp4_mode else ''}", "fp4", mode, tokens))
+        out.update(kv_dtype=dtype, kv_dtype_why=dtype_why, kv_bytes=kv, capacity=cap, fp4_mode=fp4_mode, rows=rows)
+    return out

@@ -1,0 +1,156 @@
+"""``worth_it``: what FP4 gains and costs at one request length, from the measured tables shipped in the package,
+and the verdict with its exit code.
+"""
+
+from __future__ import annotations
+
+from ..dcp import DcpCapacity, SHARDED
+from ..gate import DeviceFacts
+
+__all__ = [
+    "worth_it",
+    "EXIT_FP4_FITS_MORE",
+    "EXIT_REFUSED",
+    "EXIT_SAME_REQUESTS",
+    "EXIT_FITS_NEITHER",
+]
+
+
+def _k(tokens: int) -> str:
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
+
+
+def _shape_text(heads: int, batch: int, context: int, next_n: int) -> str:
+    return f"H {heads}, batch {batch} x {_k(context)}, next_n {next_n}"
+
+
+#: ``check --context`` exit codes: the verdict as a number (``main``).
+EXIT_FP4_FITS_MORE = 0
+EXIT_REFUSED = 1
+EXIT_SAME_REQUESTS = 3
+EXIT_FITS_NEITHER = 4
+
+
+def _pm(ms) -> str:
+    m, se = ms
+    return f"{m:+.4f}" if se != se else f"{m:+.4f} ± {se:.4f}"  # se != se: NaN (one window)
+
+
+def _model_cost_text(row: dict | None, context: int, topk: int) -> str:
+    if row is None:
+        return "the effect on a model's loss is not in these tables"
+    text = (f"Δ loss vs dense attention FP4 {_pm(row['delta_fp4'])}, FP8 {_pm(row['delta_fp8'])} nats/token "
+            f"(FP4 - FP8 {_pm(row['fp4_minus_fp8'])})")
+    if "passkey_fp4" in row:
+        text += f", passkey {row['passkey_fp4'][0]}/{row['passkey_fp4'][1]} vs {row['passkey_fp8'][0]}/{row['passkey_fp8'][1]}"
+    return text + f" on Gemma 3 270M at {_k(row['context'])}, top-{row['topk']} (real-model study, stand-in indexer)"
+
+
+def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tables: dict | None = None) -> dict:
+    """What FP4 gains and costs at one serving shape, and the decision, from ``run_check``'s findings and the tables.
+
+    The decision (``decision``, and the exit code ``main`` returns for it):
+
+    - ``"neither"`` (``EXIT_FITS_NEITHER``): ``batch`` requests of ``context``
+      tokens fit the KV pool with neither index format;
+    - ``"more"`` (``EXIT_FP4_FITS_MORE``): FP4 fits more requests of this
+      length than FP8 (the verdict says how many more, and whether the batch
+      fits only with FP4);
+    - ``"same"`` (``EXIT_SAME_REQUESTS``): both fit the same number of
+      requests, so FP4 buys only its indexer time, at the measured cost.
+
+    The time is the measured row nearest the shape among rows with the asked
+    ``next_n`` (``tables.nearest_timing``); without such a row none is quoted.
+    The cost is the top-k recall at the nearest measured context
+    (``tables.nearest_recall``) and the real-model study's loss and passkey
+    numbers at the nearest measured context (``tables.nearest_model_cost``,
+    at the tables' top-k, 2048, DSA's ``index_topk``).
+
+    Args:
+        found: ``run_check``'s result for a DSA model (with ``capacity``).
+        context: tokens per request.
+        batch: requests decoded together.
+        next_n: query tokens per request and step (1: decode; draft tokens + 1: speculative verify).
+        tables: measured tables (default: the packaged ones, ``tables.load_tables``).
+
+    Returns:
+        dict: ``requests_fp8`` / ``requests_fp4`` (requests of ``context`` tokens
+        that fit), ``tokens_needed`` (``batch * context``), ``timing`` (the
+        nearest measured row with this next_n, or None), ``timing_next_n``
+        (the measured next_n values), ``timing_exact``, ``timing_gpu``,
+        ``recall`` (rows at the nearest measured context), ``recall_exact``,
+        ``recall_device``, ``model_cost`` (``tables.nearest_model_cost`` or
+        None), ``topk``, ``gpu_note``, ``decision``, ``exit_code`` and
+        ``verdict`` (one line).
+
+    Raises:
+        ValueError: ``found`` has no memory rows (not a DSA model), a
+            non-positive shape, or ``context < next_n``.
+    """
+    from ..tables import load_tables, nearest_model_cost, nearest_recall, nearest_timing
+
+    cap: DcpCapacity | None = found.get("capacity")
+    if cap is None:
+        raise ValueError("--context: the model has no DSA index-key cache, so FP4 changes nothing at any context")
+    if context < next_n:
+        raise ValueError(f"--context: {context} tokens cannot hold --next-n {next_n} query tokens")
+    tables = load_tables() if tables is None else tables
+    heads = found["model"].index_n_heads or 64
+    sharded = found["fp4_mode"] == SHARDED
+    tokens_fp4 = cap.tokens_fp4_sharded if sharded else cap.tokens_fp4_replicated
+    gain = cap.gain_sharded if sharded else cap.gain_replicated
+    measured_n = sorted({r["next_n"] for r in tables["timing"]["rows"]})
+    same_n = [r for r in tables["timing"]["rows"] if r["next_n"] == next_n]
+    row = nearest_timing({"timing": {"rows": same_n}}, heads, batch, context, next_n) if same_n else None
+    recall = nearest_recall(tables, heads, context)
+    topk = int(tables["recall"]["topk"])
+    model_cost = nearest_model_cost(tables, context, topk)
+    gpu = tables["timing"]["gpu"]
+    dev: DeviceFacts = found["device_facts"]
+    if dev.name in ("assumed H200", "given"):
+        gpu_note = "" if tuple(dev.capability or ()) == (9, 0) else f" (not on a CUDA {dev.capability[0]}.{dev.capability[1]} GPU)"
+    else:
+        gpu_note = "" if "H200" in (dev.name or "") else f" (not on this {dev.name}: times differ)"
+    out = {
+        "requests_fp8": cap.tokens_fp8 // context, "requests_fp4": tokens_fp4 // context,
+        "tokens_needed": batch * context, "tokens_fp8": cap.tokens_fp8, "tokens_fp4": tokens_fp4, "gain": gain,
+        "timing": row, "timing_next_n": measured_n, "timing_gpu": gpu, "gpu_note": gpu_note,
+        "timing_exact": row is not None and (row["heads"], row["batch"], row["context"]) == (heads, batch, context),
+        "recall": recall, "recall_exact": recall[0]["context"] == context, "recall_device": tables["recall"]["device"],
+        "model_cost": model_cost, "topk": topk, "heads": heads,
+    }
+    if row is None:
+        speed = (f"an indexer time at next_n {next_n} that is not measured (measured: next_n "
+                 f"{', '.join(map(str, measured_n))})")
+    elif row["fp8_us"] is not None:
+        fp4, fp8 = row["fp4_us"], row["fp8_us"]
+        speed = f"a {fp8 / fp4:.2f}x faster indexer" if fp4 <= fp8 else f"a {fp4 / fp8:.2f}x slower indexer"
+    elif row.get("fp8_floor_us") and row["fp4_us"] < row["fp8_floor_us"]:
+        speed = "a faster indexer (FP4 under FP8's bandwidth floor)"
+    else:
+        speed = "an indexer time vs FP8 not measured"
+    text = next((r for r in recall if r["workload"] == "text"), recall[0])
+    if context <= topk:
+        cost = f"no cost (top-{topk} keeps all {_k(context)} keys, so the selection cannot change)"
+    else:
+        cost = (f"{(text['fp8'] - text['fp4']) * 100:.1f} points less top-{topk} recall at "
+                f"{_k(text['context'])} ({text['workload']} workload); {_model_cost_text(model_cost, context, topk)}")
+    rf8, rf4 = out["requests_fp8"], out["requests_fp4"]
+    if out["tokens_needed"] > tokens_fp4:
+        out["decision"], out["exit_code"] = "neither", EXIT_FITS_NEITHER
+        out["verdict"] = (f"neither format fits the batch: {batch} x {_k(context)} needs {out['tokens_needed']} KV "
+                          f"tokens, FP8 holds {cap.tokens_fp8} ({rf8} such requests), FP4 {tokens_fp4} ({rf4}); "
+                          f"lower --batch or add memory")
+    elif rf4 > rf8:
+        only = "; your batch fits only with FP4" if out["tokens_needed"] > cap.tokens_fp8 else ""
+        out["decision"], out["exit_code"] = "more", EXIT_FP4_FITS_MORE
+        out["verdict"] = (f"turn FP4 on where KV memory limits you: it fits {rf4 - rf8} more {_k(context)}-token "
+                          f"request{'s' if rf4 - rf8 > 1 else ''} ({rf8} -> {rf4}, +{gain * 100:.1f} % KV tokens)"
+                          f"{only}, with {speed}; "
+                          f"measured cost: {cost}")
+    else:
+        out["decision"], out["exit_code"] = "same", EXIT_SAME_REQUESTS
+        out["verdict"] = (f"FP4 fits no more {_k(context)}-token requests ({rf8} either way; +{gain * 100:.1f} % KV "
+                          f"tokens), so it buys only {speed}, at a measured cost of {cost}: turn it on if that "
+                          f"cost is acceptable")
+    return out
