@@ -17,9 +17,13 @@ from ..format import INDEX_HEAD_DIM
 from ..pool import scale_row
 
 __all__ = [
+    "MAX_NEXT_N",
     "interpreting", "scale_row_jit", "scale_row_is_identity", "fp8_mma_available", "select_mma", "MMA_DTYPES",
     "check_index_queries", "check_int32", "check_finite_queries", "to_logits_dtype",
 ]
+
+#: Most query rows per request one scorer call takes (target verify with up to 7 draft tokens).
+MAX_NEXT_N = 8
 
 
 def interpreting() -> bool:

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..pool import PAGE_SIZE, check_cache
-from ._common import (MMA_DTYPES, check_finite_queries, check_index_queries, check_int32, fp8_mma_available,
+from ._common import (MAX_NEXT_N, MMA_DTYPES, check_finite_queries, check_index_queries, check_int32, fp8_mma_available,
                       scale_row_jit, select_mma, to_logits_dtype)
 
 __all__ = [
@@ -78,8 +78,6 @@ def _cuda_block_kv(index: int) -> int:
     return WGMMA_BLOCK_KV if sm90.available(torch.device("cuda", index)) else DEFAULT_BLOCK_KV
 #: Index head counts the scorer supports (powers of two; 32 and 64 are the DSA models').
 SUPPORTED_HEADS = (16, 32, 64, 128)
-#: Most query rows per request one call takes (target verify with up to 7 draft tokens).
-MAX_NEXT_N = 8
 
 
 # Folded decode (impl "folded"): each group's UE8M0 scale is folded into the

@@ -31,7 +31,7 @@ import torch
 
 from ..pool import PAGE_SIZE
 from . import nvrtc
-from ._common import scale_row_is_identity
+from ._common import MAX_NEXT_N, scale_row_is_identity
 
 __all__ = ["Config", "available", "unavailable_reason", "supports", "query_tile_problem", "serving_unavailable",
            "record_serving_failure", "launch", "rel_bound", "logit_error_bound", "MAX_Q_BYTES"]
@@ -201,10 +201,8 @@ def _of_call(next_n: int, heads: int, out_dtype: torch.dtype, lens_2d: bool) -> 
 
 
 def served_configs():
-    """Every ``Config`` serving can ask for (``Config.of_call`` over next_n 1 .. ``paged_logits.MAX_NEXT_N``
+    """Every ``Config`` serving can ask for (``Config.of_call`` over next_n 1 .. ``MAX_NEXT_N``
     within ``MAX_Q_BYTES``, ``HEADS``, the three logits dtypes and both lengths forms)."""
-    from .paged_logits import MAX_NEXT_N
-
     for heads in HEADS:
         for next_n in range(1, MAX_NEXT_N + 1):
             if query_tile_problem(next_n, heads) is None:
