@@ -322,3 +322,24 @@ def test_benchmarks_summary_against_deepgemm_is_the_decode_table():
     assert rows[4][1].startswith(f"{min(ratios):.2f}-{max(ratios):.2f} ")
     page = _page("docs/benchmarks.md")
     assert "| goal |" not in page and "missed" not in page and "target <" not in page
+
+
+def test_benchmarks_headline_history_is_the_headline_table():
+    """docs/benchmarks.md's 8 x 128K history: each row is headline.csv's row of that raw file, and the
+    bandwidth range is the reports' (headline.csv itself is checked against the reports in
+    tests/test_bench_history.py)."""
+    import csv
+
+    with open(RESULTS / "headline.csv", newline="") as fh:
+        table = [r for r in csv.DictReader(fh) if r["spec"].split("@")[0] == "64x8x128Kx1"]
+    page = _page("docs/benchmarks.md")
+    rows = _table_rows(page, "## Earlier results")
+    assert [cells[5] for cells in rows] == [Path(r["source"]).name for r in table]
+    for cells, r in zip(rows, table):
+        assert cells[0] == r["date"][:16].replace("T", " "), cells
+        m = re.fullmatch(r"([\d.]+) \((\d+) %\)", cells[2])
+        assert _shown(m.group(1), float(r["ours_us"])) and _shown(m.group(2), float(r["pct_fp4_floor"])), cells
+        for cell, col in ((cells[3], "deepgemm_sglang_us"), (cells[4], "sglang_triton_fp4_us")):
+            assert (cell == "--") if not r[col] else _shown(cell, float(r[col])), (cells, col)
+    bws = [_json(Path(r["source"]).name)["meta"]["copy_bandwidth_bytes_per_s"] / 1e12 for r in table]
+    assert f"({min(bws):.2f}-{max(bws):.2f} TB/s)" in _flat(page)
