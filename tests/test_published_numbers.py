@@ -343,3 +343,23 @@ def test_benchmarks_headline_history_is_the_headline_table():
             assert (cell == "--") if not r[col] else _shown(cell, float(r[col])), (cells, col)
     bws = [_json(Path(r["source"]).name)["meta"]["copy_bandwidth_bytes_per_s"] / 1e12 for r in table]
     assert f"({min(bws):.2f}-{max(bws):.2f} TB/s)" in _flat(page)
+
+
+def test_user_pages_name_no_run_or_issue_numbers():
+    """README.md and docs/ cite raw files by name (which may carry a run number, e.g. ``_run23.json``) but
+    never a run, an issue or the internal engineering log in their own words."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    found = [(p.name, m.group(0)) for p in pages for m in re.finditer(r"\b(?:run|issue) ?\d+|PERF_LOG", p.read_text(), re.I)]
+    assert found == []
+    # Every raw file a page links under benchmarks/results/ exists.
+    links = {(p.name, m.group(1)) for p in pages
+             for m in re.finditer(r"\]\(\.\./benchmarks/results/([^)#]+)\)", p.read_text())}
+    assert links and [(page, f) for page, f in sorted(links) if not (RESULTS / f).exists()] == []
+
+
+def test_every_raw_file_is_cited():
+    """Each file under benchmarks/results/ is named by a page (docs/, README.md) or by one of the two logs there."""
+    citing = " ".join(p.read_text() for p in [REPO / "README.md", *(REPO / "docs").glob("*.md"),
+                                               RESULTS / "HISTORY.md", RESULTS / "PERF_LOG.md"])
+    raw = sorted(p.name for p in RESULTS.iterdir() if p.is_file() and p.suffix != ".md")
+    assert len(raw) > 60 and [name for name in raw if name not in citing] == []
