@@ -165,7 +165,7 @@ def test_full_size_h64_batch8_32k(next_n):
 @pytest.mark.parametrize("next_n", [1, 2])
 @pytest.mark.parametrize("heads", [32, 64])
 def test_decode_head_sum_and_pipeline_build_options(split_sign, headsum, pipeline, wgs, next_n, heads):
-    # Build options SPLIT_SIGN, HEADSUM, PIPELINE, WGS (benchmarks/results/PERF_LOG.md, runs 12, 14, 15, 29); 7 schedule
+    # Build options SPLIT_SIGN, HEADSUM, PIPELINE, WGS (measured: docs/perf-notes.md); 7 schedule
     # entries, so with WGS > 1 the last CTA has math warpgroups past the schedule's end. The tf32 head sum
     # (HEADSUM 1) truncates relu(S) to tf32 and rounds the weights to tf32: each term's relative
     # error is below 2**-10 + 2**-11 = 1.5e-3, on top of the FP8 MMA's 1e-3 bound; the bf16 one

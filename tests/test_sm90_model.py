@@ -254,7 +254,7 @@ def test_nvrtc_builds_within_the_register_budget(next_n, heads, out_kind, lens_2
     # makes ptxas reserve all 16, which limits the CTAs per SM).
     assert re.search(r"used %d barriers" % (1 + wgs), log), log
     # A wgmma under a branch ptxas cannot prove warp-uniform serializes every wgmma (measured:
-    # the software-pipelined loop of run 14 lost its overlap that way).
+    # the software-pipelined loop, PIPELINE 1, lost its overlap that way).
     assert "C7518" not in log, log
 
 
@@ -321,7 +321,7 @@ def test_unsupported_configurations_are_refused():
         sm90.build(1, 48)
     with pytest.raises(ValueError, match="next_n"):
         sm90.build(8, 64)
-    # Measured and removed (benchmarks/results/PERF_LOG.md, runs 21 and 27): five math warpgroups, decode-ahead.
+    # Measured and removed (docs/perf-notes.md, "What was tried and not kept"): five math warpgroups, decode-ahead.
     with pytest.raises(ValueError, match="wgs"):
         sm90.build(1, 64, wgs=5)
     with pytest.raises(ValueError, match="pipeline"):
