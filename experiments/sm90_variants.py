@@ -45,7 +45,7 @@ DEFAULT_HEADSUM = 2
 DEFAULT_PIPELINE = 0
 #: Math warpgroups per CTA (build option WGS): 1 with one producer warp, several CTAs per SM;
 #: 2-4 warp-specialised with a producer warpgroup and setmaxnreg, one CTA per SM (docs/perf-notes.md,
-#: runs 15 and 27).
+#: "The warp-specialised CTA").
 DEFAULT_WGS = 4
 #: Relative rounding per term of each head sum (build option HEADSUM): 0 fp32 FFMA (none beyond fp32),
 #: 1 tf32 (relu(S) truncated, weights rounded: 2**-10 + 2**-11), 2 bf16 (relu(S) rounded, bf16's unit

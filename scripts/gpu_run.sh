@@ -115,4 +115,5 @@ fi
 if [ -s "$OUTDIR/prefill.json" ]; then
   "$PY" -m sglang_fp4_indexer.bench.report "$OUTDIR/prefill.json"
 fi
+[ -s "$OUTDIR/bench.json" ] && { cp benchmarks/results/headline.csv "$OUTDIR/headline.csv" && "$PY" -m sglang_fp4_indexer.bench.history append "$OUTDIR/headline.csv" "$OUTDIR/bench.json" --commit "$(git describe --always --dirty 2>/dev/null)" || echo "== headline.csv: not appended (see above); the run's result is unaffected"; }  # a copy of the headline table with this run's rows
 [ "$BENCH_RC" = 0 ] && [ "${PREFILL_RC:-0}" = 0 ]

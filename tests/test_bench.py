@@ -8,7 +8,7 @@ failing, while the real ops pass with rows actually compared; the SGLang
 layout mapping and the FP8 copy against the reference's own slot and decode
 functions; the command line end to end (JSON and plot); and that SGLang's
 scorer module loads without SGLang's package ``__init__`` side effects.
-Prefill rows (``bench --prefill``, issue 4): FLOP counting against hand-computed
+Prefill rows (``bench --prefill``): FLOP counting against hand-computed
 pair counts and the reference's own causal windows, the chunked scoring loop
 and the gather checked for real (broken scorers and a corrupting gather are
 reported as failing), and the command line.
@@ -55,7 +55,7 @@ MiB = 1 << 20
 
 
 def test_fp4_floor_bytes_by_hand():
-    # Issue 3: batch 8 x 131072, H 64: (68 + 4) B per key, ~18 us at ~4.2 TB/s.
+    # The headline shape: batch 8 x 131072, H 64: (68 + 4) B per key, ~18 us at ~4.2 TB/s.
     s = ScorerShape(64, 8, 131072, 1)
     assert fl.fp4_scorer_bytes(s) == 8 * 131072 * 68 + 8 * 131072 * 4 == 75_497_472
     assert fl.floor_seconds(75_497_472, 4.2e12) == pytest.approx(17.975e-6, rel=1e-4)
@@ -392,7 +392,7 @@ def test_sglang_scorer_module_loads_without_package_init():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-# ---------------------------------------------------------------- prefill rows (issue 4)
+# ---------------------------------------------------------------- prefill rows
 
 
 def test_prefill_flops_by_hand():
@@ -400,7 +400,7 @@ def test_prefill_flops_by_hand():
     assert pf.visible_pairs(3, 2) == 12
     assert pf.prefill_flops(pf.PrefillShape(64, 3, 2)) == 2 * 64 * 128 * 12 == 196_608
     assert pf.visible_pairs(4, 0) == 1 + 2 + 3 + 4
-    # Issue 4's largest row: 32K new on a 32K prefix = 2**30 + 32768 * 32769 / 2 pairs, 26.4 PFLOP at H 64.
+    # The largest prefill row: 32K new on a 32K prefix = 2**30 + 32768 * 32769 / 2 pairs, 26.4 PFLOP at H 64.
     assert pf.visible_pairs(32768, 32768) == 1_073_741_824 + 536_887_296 == 1_610_629_120
     assert pf.prefill_flops(pf.PrefillShape(64, 32768, 32768)) == 16384 * 1_610_629_120 == 26_388_547_502_080
     assert pf.gather_bytes(100) == 100 * 136

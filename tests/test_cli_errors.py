@@ -115,9 +115,9 @@ def test_load_workload_of_a_foreign_file_is_one_line(tmp_path, capsys, command, 
 _INTERNAL = re.compile(r"\bissue \d|\bruns? \d|\bsession\b|\bCEO\b|(?-i:DESIGN)|METHOD\.md|device tool|\.carry\b|"
                        r"\bcarry \[|huggingface-cli|\bgoals?\b|\bnot met\b|\btarget \d|\btarget <|the issue's",
                        re.IGNORECASE)
-#: What a user reads (docs/benchmarks.md and docs/perf-notes.md are the measurement logs, kept apart).
+#: What a user reads (the run-by-run measurement logs are benchmarks/results/HISTORY.md and PERF_LOG.md).
 _USER_DOCS = ("README.md", "CHANGELOG.md", "docs/user-guide.md", "docs/accuracy.md", "docs/demo.md",
-              "docs/format.md", "docs/sglang-seams.md", "docs/design.md")
+              "docs/format.md", "docs/sglang-seams.md", "docs/design.md", "docs/benchmarks.md", "docs/perf-notes.md")
 
 
 @pytest.mark.parametrize("command", [[], ["demo"], ["check"], ["bench"], ["accuracy"], ["model-accuracy"], ["docs"]],

@@ -185,7 +185,7 @@ def test_capacity_deepseek_v32_gains_8_8_percent():
     assert cap.tokens_fp4 == budget // (61 * 724)
     exact = Fraction(656 + 132, 656 + 68) - 1
     assert abs(cap.gain - float(exact)) < 1e-5  # integer floor at this budget
-    assert abs(cap.gain - 0.088) < 0.001  # the +8.8 % of issue 2, to 0.1 %
+    assert abs(cap.gain - 0.088) < 0.001  # the +8.8 % of docs/user-guide.md, "Memory effect", to 0.1 %
 
 
 def test_capacity_general_and_edge_cases():

@@ -322,3 +322,44 @@ def test_benchmarks_summary_against_deepgemm_is_the_decode_table():
     assert rows[4][1].startswith(f"{min(ratios):.2f}-{max(ratios):.2f} ")
     page = _page("docs/benchmarks.md")
     assert "| goal |" not in page and "missed" not in page and "target <" not in page
+
+
+def test_benchmarks_headline_history_is_the_headline_table():
+    """docs/benchmarks.md's 8 x 128K history: each row is headline.csv's row of that raw file, and the
+    bandwidth range is the reports' (headline.csv itself is checked against the reports in
+    tests/test_bench_history.py)."""
+    import csv
+
+    with open(RESULTS / "headline.csv", newline="") as fh:
+        table = [r for r in csv.DictReader(fh) if r["spec"].split("@")[0] == "64x8x128Kx1"]
+    page = _page("docs/benchmarks.md")
+    rows = _table_rows(page, "## Earlier results")
+    assert [cells[5] for cells in rows] == [Path(r["source"]).name for r in table]
+    for cells, r in zip(rows, table):
+        assert cells[0] == r["date"][:16].replace("T", " "), cells
+        m = re.fullmatch(r"([\d.]+) \((\d+) %\)", cells[2])
+        assert _shown(m.group(1), float(r["ours_us"])) and _shown(m.group(2), float(r["pct_fp4_floor"])), cells
+        for cell, col in ((cells[3], "deepgemm_sglang_us"), (cells[4], "sglang_triton_fp4_us")):
+            assert (cell == "--") if not r[col] else _shown(cell, float(r[col])), (cells, col)
+    bws = [_json(Path(r["source"]).name)["meta"]["copy_bandwidth_bytes_per_s"] / 1e12 for r in table]
+    assert f"({min(bws):.2f}-{max(bws):.2f} TB/s)" in _flat(page)
+
+
+def test_user_pages_name_no_run_or_issue_numbers():
+    """README.md and docs/ cite raw files by name (which may carry a run number, e.g. ``_run23.json``) but
+    never a run, an issue or the internal engineering log in their own words."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    found = [(p.name, m.group(0)) for p in pages for m in re.finditer(r"\b(?:run|issue) ?\d+|PERF_LOG", p.read_text(), re.I)]
+    assert found == []
+    # Every raw file a page links under benchmarks/results/ exists.
+    links = {(p.name, m.group(1)) for p in pages
+             for m in re.finditer(r"\]\(\.\./benchmarks/results/([^)#]+)\)", p.read_text())}
+    assert links and [(page, f) for page, f in sorted(links) if not (RESULTS / f).exists()] == []
+
+
+def test_every_raw_file_is_cited():
+    """Each file under benchmarks/results/ is named by a page (docs/, README.md) or by one of the two logs there."""
+    citing = " ".join(p.read_text() for p in [REPO / "README.md", *(REPO / "docs").glob("*.md"),
+                                               RESULTS / "HISTORY.md", RESULTS / "PERF_LOG.md"])
+    raw = sorted(p.name for p in RESULTS.iterdir() if p.is_file() and p.suffix != ".md")
+    assert len(raw) > 60 and [name for name in raw if name not in citing] == []

@@ -13,7 +13,8 @@ device), ``checks`` (the oracle comparisons), ``scorers`` (ours and the peers),
 ``peers`` (loading SGLang's kernel module and DeepGEMM), ``runner`` (one run),
 ``report`` (table, summary, JSON, plot), ``prefill`` (the ``--prefill`` rows:
 gather and ragged scoring, TFLOP/s against the FP8 MMA rate measured in the
-same run).
+same run), ``history`` (the table of past headline results,
+benchmarks/results/headline.csv, appended from a saved report).
 
 This package module imports nothing heavy: ``cli.py`` builds its parser
 before deciding whether Triton must run in interpreter mode. SGLang is loaded
