@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Per-instruction (SASS) warp-state samples of the Hopper scorer at 8 x 128K, H 64 (device machine, one
-# call; docs/perf-notes.md, "Where the time goes"), with the issue, pipe, occupancy and memory sections:
+# call; docs/perf-notes.md, "Not one saturated pipe, and not latency"), with the issue, pipe, occupancy and memory sections:
 #   bash experiments/ncu_sm90_source.sh  -> $OUT/ncu_sm90_source.{ncu-rep,csv,txt,tsv} and _raw.csv
 # The .tsv is experiments/ncu_source_summary.py's condensed form (its stall totals are printed last,
 # after the headline metrics).

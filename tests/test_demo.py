@@ -228,7 +228,7 @@ def _recall(a: torch.Tensor, b: torch.Tensor) -> float:
 def _check_demo_result(res, w: Workload, k: int, memory_gib: float, device: str = "cpu") -> None:
     from sglang_fp4_indexer.demo import render_table
 
-    # Format sizes of docs/design.md, The index-key format / SGLang's FP8 cache.
+    # Format sizes of docs/design.md, "The index-key format".
     assert res.fp4.bytes_per_token == 68 and res.fp8.bytes_per_token == 132
     mem = int(memory_gib * 2**30)
     cap = pool.capacity(mem)

@@ -56,7 +56,7 @@ def _ours_name(report: dict, source: str) -> str:
     for name in names:
         if name == "ours" or name.startswith("ours["):
             return name
-    raise ValueError(f"bench_json {source}: no 'ours' scorer in its scorer list {names}")
+    raise ValueError(f"report {source}: no 'ours' scorer in its scorer list {names}")
 
 
 def _us(result: dict | None) -> str:
@@ -99,7 +99,7 @@ def headline_rows(bench_json: dict, source: str = "", commit: str | None = None)
     """
     if not isinstance(bench_json, dict) or not isinstance(bench_json.get("rows"), list):
         kind = "a bench --prefill report" if isinstance(bench_json, dict) and "prefill" in bench_json else "not a report"
-        raise ValueError(f"bench_json {source or '(given)'}: no decode rows ({kind}); "
+        raise ValueError(f"report {source or '(given)'}: no decode rows ({kind}); "
                          "the headline table takes decode reports of sglang-fp4-indexer bench --json")
     meta = bench_json.get("meta", {})
     ours_name = _ours_name(bench_json, source)
@@ -177,7 +177,7 @@ def append_headline(csv_path: str | Path, bench_json_path: str | Path, commit: s
         seen = {(r["gpu"], r["date"], r["spec"]) for r in read_headline(csv_path)}
         dup = [r["spec"] for r in rows if (r["gpu"], r["date"], r["spec"]) in seen]
         if dup:
-            raise ValueError(f"bench_json {source}: the run of {rows[0]['date']} on {rows[0]['gpu']} is already in "
+            raise ValueError(f"report {source}: the run of {rows[0]['date']} on {rows[0]['gpu']} is already in "
                              f"{csv_path} ({len(dup)} of its {len(rows)} shapes)")
     with open(csv_path, "a", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS, lineterminator="\n")
