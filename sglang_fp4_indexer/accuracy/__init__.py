@@ -84,67 +84,22 @@ only to draw the plot.
 
 from __future__ import annotations
 
-from .inputs import (
-    STUDY_WORKLOADS,
-    DEFAULT_CONTEXTS,
-    GPU_CONTEXTS,
-    STUDY_HEADS,
-    DEFAULT_ROWS,
-    DEFAULT_TOPK,
-    NEEDLE_DEPTHS,
-    NEEDLE_MARGIN,
-    OUTLIER_CHANNELS,
-    OUTLIER_SIGNS,
-    OUTLIER_GAIN,
-    OUTLIER_SPREAD,
-    decode_row_lengths,
-    DecodeRows,
-    StudyInput,
-    build_study_input,
-    save_inputs,
-    load_inputs,
-)
-from .encoders import SCALE_RULES, fp4_keys_variant
-from .measuring import LOGITS_DTYPES, FormatMetrics, CaseResult, run_case
-from .diagnostics import LossAnalysis, Diagnostics, diagnose
-from .study import StudyResult, run_accuracy
-from .output import render_markdown, plot_recall, load_result, write_outputs
-from .command import add_arguments, main
+# The package's names are its modules' __all__ (one list each, in the module that defines them).
+from . import inputs, encoders, measuring, diagnostics, study, output, command
+from .inputs import *  # noqa: F401,F403
+from .encoders import *  # noqa: F401,F403
+from .measuring import *  # noqa: F401,F403
+from .diagnostics import *  # noqa: F401,F403
+from .study import *  # noqa: F401,F403
+from .output import *  # noqa: F401,F403
+from .command import *  # noqa: F401,F403
 
 __all__ = [
-    "STUDY_WORKLOADS",
-    "DEFAULT_CONTEXTS",
-    "GPU_CONTEXTS",
-    "STUDY_HEADS",
-    "DEFAULT_ROWS",
-    "DEFAULT_TOPK",
-    "NEEDLE_DEPTHS",
-    "NEEDLE_MARGIN",
-    "OUTLIER_CHANNELS",
-    "OUTLIER_SIGNS",
-    "OUTLIER_GAIN",
-    "OUTLIER_SPREAD",
-    "LOGITS_DTYPES",
-    "SCALE_RULES",
-    "decode_row_lengths",
-    "DecodeRows",
-    "StudyInput",
-    "build_study_input",
-    "save_inputs",
-    "load_inputs",
-    "fp4_keys_variant",
-    "FormatMetrics",
-    "CaseResult",
-    "LossAnalysis",
-    "Diagnostics",
-    "StudyResult",
-    "run_case",
-    "diagnose",
-    "run_accuracy",
-    "render_markdown",
-    "plot_recall",
-    "load_result",
-    "write_outputs",
-    "add_arguments",
-    "main",
+    *inputs.__all__,
+    *encoders.__all__,
+    *measuring.__all__,
+    *diagnostics.__all__,
+    *study.__all__,
+    *output.__all__,
+    *command.__all__,
 ]

@@ -38,37 +38,16 @@ names are re-exported here.
 
 from __future__ import annotations
 
-from .model import (
-    load_hf_config,
-    mla_kv_bytes_per_token,
-    sglang_kv_cache_dtype,
-    PACKAGED_MODELS,
-    packaged_model,
-    resolve_model,
-    DSA_KV_DTYPE_ARCHS,
-)
-from .findings import run_check, MODEL_REFUSALS, LOADING_SGLANG
-from .trade import worth_it, EXIT_FP4_FITS_MORE, EXIT_REFUSED, EXIT_SAME_REQUESTS, EXIT_FITS_NEITHER
-from .command import add_arguments, main, MAX_NEXT_N, MAX_CONTEXT
+# The package's names are its modules' __all__ (one list each, in the module that defines them).
+from . import model, findings, trade, command
+from .model import *  # noqa: F401,F403
+from .findings import *  # noqa: F401,F403
+from .trade import *  # noqa: F401,F403
+from .command import *  # noqa: F401,F403
 
 __all__ = [
-    "add_arguments",
-    "main",
-    "load_hf_config",
-    "mla_kv_bytes_per_token",
-    "sglang_kv_cache_dtype",
-    "run_check",
-    "worth_it",
-    "EXIT_FP4_FITS_MORE",
-    "EXIT_REFUSED",
-    "EXIT_SAME_REQUESTS",
-    "EXIT_FITS_NEITHER",
-    "PACKAGED_MODELS",
-    "packaged_model",
-    "resolve_model",
-    "DSA_KV_DTYPE_ARCHS",
-    "MODEL_REFUSALS",
-    "LOADING_SGLANG",
-    "MAX_NEXT_N",
-    "MAX_CONTEXT",
+    *model.__all__,
+    *findings.__all__,
+    *trade.__all__,
+    *command.__all__,
 ]

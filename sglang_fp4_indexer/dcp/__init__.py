@@ -51,63 +51,18 @@ write, ``gather_index_k`` on read); this package never indexes a plane itself.
 
 from __future__ import annotations
 
-from .layout import (
-    check_world,
-    owner_rank,
-    local_slot,
-    local_store_slots,
-    owned_local_slots,
-    local_num_slots,
-    local_block_table,
-    check_block_table_layout,
-    dcp_block_table,
-    local_context_lens,
-)
-from .memory import REPLICATED, SHARDED, MODES, bytes_per_token, DcpCapacity, dcp_capacity
-from .store import store_index_k_sharded
-from .decode import (
-    PAD_KEY,
-    LOCAL_TOPK_CHUNK_BYTES,
-    local_topk_chunk_rows,
-    pack_candidates,
-    unpack_candidates,
-    merge_candidates,
-    CandidateBuffers,
-    DecodeTopK,
-    sharded_decode_topk,
-    scatter_topk_logits,
-)
-from .prefill import StagingBuffers, stage_index_k, sharded_ragged_logits
+# The package's names are its modules' __all__ (one list each, in the module that defines them).
+from . import layout, memory, store, decode, prefill
+from .layout import *  # noqa: F401,F403
+from .memory import *  # noqa: F401,F403
+from .store import *  # noqa: F401,F403
+from .decode import *  # noqa: F401,F403
+from .prefill import *  # noqa: F401,F403
 
 __all__ = [
-    "REPLICATED",
-    "SHARDED",
-    "MODES",
-    "PAD_KEY",
-    "LOCAL_TOPK_CHUNK_BYTES",
-    "local_topk_chunk_rows",
-    "check_world",
-    "owner_rank",
-    "local_slot",
-    "local_store_slots",
-    "owned_local_slots",
-    "local_num_slots",
-    "local_block_table",
-    "check_block_table_layout",
-    "dcp_block_table",
-    "local_context_lens",
-    "bytes_per_token",
-    "DcpCapacity",
-    "dcp_capacity",
-    "store_index_k_sharded",
-    "pack_candidates",
-    "unpack_candidates",
-    "merge_candidates",
-    "CandidateBuffers",
-    "DecodeTopK",
-    "sharded_decode_topk",
-    "scatter_topk_logits",
-    "StagingBuffers",
-    "stage_index_k",
-    "sharded_ragged_logits",
+    *layout.__all__,
+    *memory.__all__,
+    *store.__all__,
+    *decode.__all__,
+    *prefill.__all__,
 ]
