@@ -55,7 +55,8 @@ stage() {  # name limit command...
 
 # A stage that fails inside SGLang's start-up (before any request) is run once more with this plugin
 # not loaded (SGLANG_PLUGINS names no installed plugin) and CUDA_LAUNCH_BLOCKING=1, as <name>_without_plugin:
-# it tells whether the plugin is at fault and which kernel fails first. Its output file is renamed so that
+# it tells whether the plugin is at fault and which kernel fails first (WITHOUT_PLUGIN_ARGS: arguments added to
+# that run, e.g. to leave out --enable-fp4-indexer, which only the plugin defines). Its output file is renamed so that
 # the comparison never reads it as the plugin's.
 stage_or_bisect() {  # name limit out command...
   local name=$1 limit=$2 out=$3
@@ -64,7 +65,7 @@ stage_or_bisect() {  # name limit out command...
   grep -qs "Scheduler hit an exception" "$WORK/logs/$name.log" "$out.log" || return 1
   [ -f "$out.log" ] && mv "$out.log" "$WORK/logs/${name}_launch.log"
   [ -f "$out" ] && mv "$out" "$out.with_plugin"
-  SGLANG_PLUGINS=none-loaded CUDA_LAUNCH_BLOCKING=1 stage "${name}_without_plugin" "$limit" "$@"
+  SGLANG_PLUGINS=none-loaded CUDA_LAUNCH_BLOCKING=1 stage "${name}_without_plugin" "$limit" "$@" ${WITHOUT_PLUGIN_ARGS:-}
   [ -f "$out" ] && mv "$out" "$WORK/logs/${name}_without_plugin.json"
   [ -f "$out.log" ] && mv "$out.log" "$WORK/logs/${name}_without_plugin_launch.log"
   [ -f "$out.with_plugin" ] && mv "$out.with_plugin" "$out"
@@ -83,11 +84,23 @@ case "$STEP" in
     ;;
   engine)
     # The first stage on a fresh machine also compiles SGLang's and DeepGEMM's JIT kernels (about 4 minutes).
-    stage_or_bisect engine_fp8 280 "$WORK/engine_fp8.json" "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json" \
-      && stage engine_fp4 200 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp4.json" --fp4
+    # If the Engine fails at start-up with SGLang's default pool, the pair runs again with a 32K-token pool
+    # (ENGINE_POOL_TOKENS), whose indexer top-k host cache is 0.5 GB instead of 2 x 2.8 GB, and SGLang's
+    # --mem-fraction-static ENGINE_MEM_FRACTION.
+    # ENGINE_DEFAULT=0 goes straight to the second pair.
+    if [ "${ENGINE_DEFAULT:-1}" = 1 ] && stage_or_bisect engine_fp8 280 "$WORK/engine_fp8.json" "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json"; then
+      stage engine_fp4 200 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp4.json" --fp4
+    else
+      POOL=(--max-total-tokens "${ENGINE_POOL_TOKENS:-32768}" --mem-fraction-static "${ENGINE_MEM_FRACTION:-0.006}")
+      stage engine_fp8_pool 280 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json" "${POOL[@]}" \
+        && stage engine_fp4_pool 200 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp4.json" --fp4 "${POOL[@]}"
+    fi
     ;;
   server)
-    stage_or_bisect server 260 "$WORK/server.json" "$PY" scripts/sglang_one_batch.py server --model "$M" --out "$WORK/server.json"
+    # A fresh machine compiles SGLang's and DeepGEMM's JIT kernels while it captures the first decode graph
+    # (about 150 s): SERVER_READY_S bounds the wait for /health.
+    READY="${SERVER_READY_S:-450}"
+    WITHOUT_PLUGIN_ARGS=--fp8 stage_or_bisect server $((READY + 60)) "$WORK/server.json" "$PY" scripts/sglang_one_batch.py server --model "$M" --out "$WORK/server.json" --ready-timeout "$READY"
     ;;
   *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|server]" >&2; exit 2 ;;
 esac

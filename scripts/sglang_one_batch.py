@@ -392,23 +392,30 @@ def engine(argv: list[str]) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--fp4", action="store_true")
     p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--max-total-tokens", type=int, default=None,
+                   help="SGLang's --max-total-tokens: a smaller KV pool, and with it a smaller indexer top-k host "
+                        "cache (pool tokens x layers x 2048 int32, pinned with cudaHostRegister)")
+    p.add_argument("--mem-fraction-static", type=float, default=0.006)
     opts = p.parse_args(argv)
     import sglang
 
     kwargs = dict(
-        model_path=opts.model, load_format="dummy", kv_cache_dtype="fp8_e4m3", mem_fraction_static=0.006, disable_prefill_cuda_graph=True,
+        model_path=opts.model, load_format="dummy", kv_cache_dtype="fp8_e4m3", mem_fraction_static=opts.mem_fraction_static,
+        disable_prefill_cuda_graph=True,
         disable_radix_cache=True, enable_return_indexer_topk=True, random_seed=0, max_running_requests=8,
         cuda_graph_max_bs_decode=4, speculative_algorithm="EAGLE", speculative_num_steps=1, speculative_eagle_topk=1,
         speculative_num_draft_tokens=2, log_level="info",
     )
     if opts.fp4:
         kwargs["enable_fp4_indexer"] = True
+    if opts.max_total_tokens is not None:
+        kwargs["max_total_tokens"] = opts.max_total_tokens
     t0 = time.time()
     eng = sglang.Engine(**kwargs)
     prompts = seeded_prompts()[:2]
     outs = eng.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": opts.new_tokens,
                                                              "ignore_eos": True}, return_indexer_topk=True)
-    res = {"fp4": opts.fp4, "wall_s": time.time() - t0, "requests": []}
+    res = {"fp4": opts.fp4, "max_total_tokens": opts.max_total_tokens, "wall_s": time.time() - t0, "requests": []}
     from sglang.srt.state_capturer.indexer_topk import extract_indexer_topk_from_meta_info
 
     for prompt, o in zip(prompts, outs):
@@ -434,17 +441,27 @@ def server(argv: list[str]) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--port", type=int, default=30731)
-    p.add_argument("--ready-timeout", type=float, default=200.0,
+    p.add_argument("--ready-timeout", type=float, default=450.0,
                    help="seconds to wait for /health (a fresh machine compiles JIT kernels first)")
+    p.add_argument("--fp8", action="store_true", help="leave out --enable-fp4-indexer (SGLang's own FP8 indexer)")
     opts = p.parse_args(argv)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", opts.model, "--host", "127.0.0.1",
            "--port", str(opts.port), "--load-format", "dummy", "--kv-cache-dtype", "fp8_e4m3",
            "--mem-fraction-static", "0.006", "--disable-prefill-cuda-graph", "--max-running-requests", "8", "--cuda-graph-max-bs-decode", "4",
-           "--enable-fp4-indexer"]
+           # SGLang's radix cache (its Rust tree core) fails on the first insert under torch 2.11 with or
+           # without this plugin ("insert value must be an int64 tensor, got Uint8"); the runner and Engine
+           # stages run without it too.
+           "--skip-server-warmup", "--disable-radix-cache"]
+    if not opts.fp8:
+        cmd.append("--enable-fp4-indexer")
     log_path = opts.out + ".log"
     t0 = time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        # /health runs a one-token generation, and prompts up to the dense threshold (index_topk) are prefilled
+        # densely through FA3, which the slimmed sglang-kernel leaves out: threshold 0 keeps every prefill on
+        # the sparse path (SGLang keeps a threshold that is set by hand).
+        env = dict(os.environ, SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD="0")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         res = {"cmd": " ".join(cmd)}
         try:
             base = f"http://127.0.0.1:{opts.port}"
