@@ -19,6 +19,10 @@ WORK=/tmp/sglang-check
 mkdir -p "$OUTDIR" "$WORK/logs"
 STEP="${1:-runner}"
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1  # sglang-kernel 0.4.5 (built for torch 2.11) instead of the pinned 0.4.10
+# The slimmed sglang-kernel leaves out FA3, through which SGLang prefills prompts up to its dense threshold
+# (index_topk) densely: the server's warm-up request and /health's one-token generation are such prompts.
+# Threshold 0 keeps every prefill of every stage on the sparse path (SGLang keeps a threshold set by hand).
+export SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0
 export DG_JIT_CACHE_DIR="$WORK/deepgemm-jit" TRITON_CACHE_DIR="$WORK/triton" TVM_FFI_CACHE_DIR="$WORK/tvm-ffi"
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET

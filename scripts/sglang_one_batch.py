@@ -451,17 +451,13 @@ def server(argv: list[str]) -> None:
            # SGLang's radix cache (its Rust tree core) fails on the first insert under torch 2.11 with or
            # without this plugin ("insert value must be an int64 tensor, got Uint8"); the runner and Engine
            # stages run without it too.
-           "--skip-server-warmup", "--disable-radix-cache"]
+           "--disable-radix-cache"]
     if not opts.fp8:
         cmd.append("--enable-fp4-indexer")
     log_path = opts.out + ".log"
     t0 = time.time()
     with open(log_path, "w") as log:
-        # /health runs a one-token generation, and prompts up to the dense threshold (index_topk) are prefilled
-        # densely through FA3, which the slimmed sglang-kernel leaves out: threshold 0 keeps every prefill on
-        # the sparse path (SGLang keeps a threshold that is set by hand).
-        env = dict(os.environ, SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD="0")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         res = {"cmd": " ".join(cmd)}
         try:
             base = f"http://127.0.0.1:{opts.port}"
