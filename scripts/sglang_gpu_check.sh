@@ -7,7 +7,8 @@
 # other while the machine keeps /tmp:
 #   bash scripts/sglang_gpu_check.sh install   # carry .peers/sglang-runtime/part1 and .peers/deepgemm.tar.gz
 #   bash scripts/sglang_gpu_check.sh runner    # carry .peers/sglang-runtime/part2: one-batch FP8, FP4, FP4 eager
-#   bash scripts/sglang_gpu_check.sh engine    # sglang.Engine with MTP (speculative decoding), FP8 then FP4
+#   bash scripts/sglang_gpu_check.sh engine    # sglang.Engine with MTP (speculative decoding), FP8 then FP4;
+#                                              # without speculative decoding if that does not start
 #   bash scripts/sglang_gpu_check.sh server    # one request to launch_server with --enable-fp4-indexer
 # Each step installs whatever wheels it finds under .peers/sglang-runtime into /tmp/site.
 # Output: $OUT (default ./out): summary.json, table.txt, logs.tar.gz; the table is printed last.
@@ -88,16 +89,20 @@ case "$STEP" in
     ;;
   engine)
     # The first stage on a fresh machine also compiles SGLang's and DeepGEMM's JIT kernels (about 4 minutes).
-    # If the Engine fails at start-up with SGLang's default pool, the pair runs again with a 32K-token pool
-    # (ENGINE_POOL_TOKENS), whose indexer top-k host cache is 0.5 GB instead of 2 x 2.8 GB, and SGLang's
-    # --mem-fraction-static ENGINE_MEM_FRACTION.
+    # cuBLAS logs why it fails if it does: SGLang's start-up matmul has failed inside cublasCreate with EAGLE,
+    # with this plugin loaded or not (benchmarks/results/sglang_engine_mtp_h200_fp8_without_plugin_cublas.log).
+    # If the EAGLE Engine fails at start-up, the same Engine runs without speculative decoding, FP8 then FP4
+    # (ENGINE_POOL_TOKENS / ENGINE_MEM_FRACTION set SGLang's --max-total-tokens / --mem-fraction-static there).
     # ENGINE_DEFAULT=0 goes straight to the second pair.
-    if [ "${ENGINE_DEFAULT:-1}" = 1 ] && stage_or_bisect engine_fp8 280 "$WORK/engine_fp8.json" "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json"; then
+    export CUBLAS_LOGINFO_DBG=1 CUBLAS_LOGDEST_DBG=stderr
+    if [ "${ENGINE_DEFAULT:-1}" = 1 ] && stage engine_fp8 280 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json"; then
       stage engine_fp4 200 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp4.json" --fp4
     else
-      POOL=(--max-total-tokens "${ENGINE_POOL_TOKENS:-32768}" --mem-fraction-static "${ENGINE_MEM_FRACTION:-0.006}")
-      stage engine_fp8_pool 280 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json" "${POOL[@]}" \
-        && stage engine_fp4_pool 200 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp4.json" --fp4 "${POOL[@]}"
+      POOL=()
+      [ -n "${ENGINE_POOL_TOKENS:-}" ] && POOL+=(--max-total-tokens "$ENGINE_POOL_TOKENS")
+      [ -n "${ENGINE_MEM_FRACTION:-}" ] && POOL+=(--mem-fraction-static "$ENGINE_MEM_FRACTION")
+      stage engine_fp8_plain 280 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json" --speculative none ${POOL[@]+"${POOL[@]}"} \
+        && stage engine_fp4_plain 200 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp4.json" --fp4 --speculative none ${POOL[@]+"${POOL[@]}"}
     fi
     ;;
   server)

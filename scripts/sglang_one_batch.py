@@ -24,11 +24,14 @@ Subcommands:
   step's index queries, weights, page table and FP4 cache bytes are recorded at
   the paged seam and the Hopper scorer's logits are compared there with the fp64
   oracle (``reference.logits_from_keys`` on the decoded keys) within ``sm90.logit_error_bound``.
-* ``engine --model DIR --out FILE.json [--fp4]``: ``sglang.Engine`` with MTP
-  speculative decoding (EAGLE on the model's own next-n layer), so target
-  verify and draft steps run through the plugin; the top-k of each generated
-  token is returned by SGLang (``return_indexer_topk``).
-* ``compare FP8.pt FP4.pt FP4_EAGER.pt [--engine FP8.json FP4.json] [--json OUT]``:
+* ``engine --model DIR --out FILE.json [--fp4] [--speculative eagle|none]``:
+  ``sglang.Engine`` with MTP speculative decoding (EAGLE on the model's own
+  next-n layer), so target verify and draft steps run through the plugin, or
+  with plain decode (``none``); the top-k of every token is returned by SGLang
+  (``return_indexer_topk``) and checked (distinct, ``min(t + 1, 2048)`` entries).
+* ``server --model DIR --out FILE.json [--fp8]``: ``python -m sglang.launch_server``
+  with ``--enable-fp4-indexer`` and one ``/generate`` request on localhost.
+* ``compare [FP8.pt FP4.pt FP4_EAGER.pt] [--engine FP8.json FP4.json] [--server S.json] [--json OUT]``:
   the checks as a table (printed last).
 
 ``scripts/sglang_gpu_check.sh`` runs the whole sequence on a GPU machine
@@ -396,6 +399,9 @@ def engine(argv: list[str]) -> None:
                    help="SGLang's --max-total-tokens: a smaller KV pool, and with it a smaller indexer top-k host "
                         "cache (pool tokens x layers x 2048 int32, pinned with cudaHostRegister)")
     p.add_argument("--mem-fraction-static", type=float, default=0.006)
+    p.add_argument("--speculative", choices=("eagle", "none"), default="eagle",
+                   help="eagle: MTP on the model's next-n layer (one draft token, target verify at next_n 2); "
+                        "none: plain decode, to tell an EAGLE start-up failure from an Engine one")
     opts = p.parse_args(argv)
     import sglang
 
@@ -403,9 +409,11 @@ def engine(argv: list[str]) -> None:
         model_path=opts.model, load_format="dummy", kv_cache_dtype="fp8_e4m3", mem_fraction_static=opts.mem_fraction_static,
         disable_prefill_cuda_graph=True,
         disable_radix_cache=True, enable_return_indexer_topk=True, random_seed=0, max_running_requests=8,
-        cuda_graph_max_bs_decode=4, speculative_algorithm="EAGLE", speculative_num_steps=1, speculative_eagle_topk=1,
-        speculative_num_draft_tokens=2, log_level="info",
+        cuda_graph_max_bs_decode=4, log_level="info",
     )
+    if opts.speculative == "eagle":
+        kwargs.update(speculative_algorithm="EAGLE", speculative_num_steps=1, speculative_eagle_topk=1,
+                      speculative_num_draft_tokens=2)
     if opts.fp4:
         kwargs["enable_fp4_indexer"] = True
     if opts.max_total_tokens is not None:
@@ -415,7 +423,8 @@ def engine(argv: list[str]) -> None:
     prompts = seeded_prompts()[:2]
     outs = eng.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": opts.new_tokens,
                                                              "ignore_eos": True}, return_indexer_topk=True)
-    res = {"fp4": opts.fp4, "max_total_tokens": opts.max_total_tokens, "wall_s": time.time() - t0, "requests": []}
+    res = {"fp4": opts.fp4, "speculative": opts.speculative, "max_total_tokens": opts.max_total_tokens,
+           "wall_s": time.time() - t0, "requests": []}
     from sglang.srt.state_capturer.indexer_topk import extract_indexer_topk_from_meta_info
 
     for prompt, o in zip(prompts, outs):
@@ -580,17 +589,45 @@ def compare(argv: list[str]) -> int:
         lines8 = [ln for ln in fp8.get("plugin_log", []) if "FP4" in ln]
         add("FP8 run: plugin silent", not lines8, " | ".join(lines8) or "no plugin line")
     if opts.engine:
+        import numpy as np
+
         e8, e4 = (json.load(open(f)) for f in opts.engine)
+        spec = e4.get("speculative", "eagle")
+        if e8.get("speculative", "eagle") != spec:
+            p.error(f"--engine: FP8 run has speculative={e8.get('speculative', 'eagle')}, FP4 run {spec}")
+        what = "Engine with MTP (target verify + draft through the plugin)" if spec == "eagle" else \
+            "Engine, plain decode (no speculative decoding)"
         got = []
         for r8, r4 in zip(e8["requests"], e4["requests"]):
-            got.append(f"prompt {r4['prompt_len']}: {r4['completion_tokens']} tokens in {r4['spec_verify_ct']} "
-                       f"verify steps (FP8: {r8['completion_tokens']} in {r8['spec_verify_ct']})")
+            steps = f" in {r4['spec_verify_ct']} verify steps (FP8: {r8['completion_tokens']} in {r8['spec_verify_ct']})" \
+                if spec == "eagle" else f" (FP8: {r8['completion_tokens']})"
+            got.append(f"prompt {r4['prompt_len']}: {r4['completion_tokens']} tokens" + steps)
         have_topk = all(r.get("indexer_topk") for r in e4["requests"])
-        add("Engine with MTP (target verify + draft through the plugin)", have_topk and e4["requests"],
-            "; ".join(got) + ("" if have_topk else "; no indexer top-k returned"))
+        add(what, have_topk and e4["requests"], "; ".join(got) + ("" if have_topk else "; no indexer top-k returned"))
+        # SGLang returns (prompt + output - 1, indexer layers, index_topk) per request: row t is token t, which sees
+        # t + 1 keys, so it holds min(t + 1, index_topk) distinct entries (-1 pads).
+        for name, run_ in (("FP8", e8), ("FP4", e4)):
+            rows_ = bad = 0
+            shapes = set()
+            for r in run_["requests"]:
+                if not r.get("indexer_topk"):
+                    continue
+                seq = r["prompt_len"] + (r["completion_tokens"] or 0) - 1
+                flat = np.array(r["indexer_topk"])
+                if flat.size % (seq * TOPK):
+                    shapes.add(f"{flat.size} values, not a multiple of {seq} x {TOPK}")
+                    bad += 1
+                    continue
+                a = flat.reshape(seq, -1, TOPK)
+                shapes.add(a.shape[1])
+                for t in range(seq):
+                    for layer in range(a.shape[1]):
+                        x = a[t, layer][a[t, layer] >= 0]
+                        rows_ += 1
+                        bad += x.size != min(t + 1, TOPK) or len(set(x.tolist())) != x.size
+            add(f"Engine {name}: every returned top-k row valid (distinct, min(t + 1, {TOPK}) entries)",
+                rows_ > 0 and bad == 0, f"{rows_} rows ({sorted(shapes)} layers per token), {bad} failures")
         if have_topk and all(r.get("indexer_topk") for r in e8["requests"]):
-            import numpy as np
-
             ovs = []
             for r8, r4 in zip(e8["requests"], e4["requests"]):
                 a8 = np.array(r8["indexer_topk"]).reshape(-1, TOPK)
@@ -598,7 +635,7 @@ def compare(argv: list[str]) -> int:
                 n = min(a8.shape[0], a4.shape[0])
                 mean, low = _overlap(torch.from_numpy(a4[:n]), torch.from_numpy(a8[:n]))
                 ovs.append(mean)
-            add("Engine MTP: FP4 vs FP8 returned top-k overlap (reported)", True,
+            add(f"{what.split(' (')[0]}: FP4 vs FP8 returned top-k overlap (reported)", True,
                 f"mean per request {', '.join(f'{v:.4f}' for v in ovs)}")
     if opts.server:
         sv = json.load(open(opts.server))

@@ -71,12 +71,25 @@ def test_tiny_model_is_served_by_the_plugin(tmp_path, capsys):
     assert "FP4 indexer: ENABLED" in out and "64 index heads x 128" in out
 
 
-def _engine_result(path, fp4, topk_rows):
+PROMPT, NEW, LAYERS = 3, 2, 2  # SGLang returns (PROMPT + NEW - 1, LAYERS, TOPK) per request
+
+
+def _topk_rows(replace_last=False):
+    """Rows as SGLang returns them: token t holds t + 1 distinct entries, -1 pads (FP4: the last one differs)."""
+    a = -torch.ones(PROMPT + NEW - 1, LAYERS, tool.TOPK, dtype=torch.int64)
+    for t in range(a.shape[0]):
+        a[t, :, : t + 1] = torch.arange(t + 1)
+        if replace_last:
+            a[t, :, t] = 10**6
+    return a
+
+
+def _engine_result(path, fp4, topk, speculative="eagle"):
     import json
 
-    reqs = [{"prompt_len": 5121, "output_ids": [5] * 4, "spec_verify_ct": 2, "completion_tokens": 4,
-             "indexer_topk": topk_rows}]
-    path.write_text(json.dumps({"fp4": fp4, "wall_s": 1.0, "requests": reqs}))
+    reqs = [{"prompt_len": PROMPT, "output_ids": [5] * NEW, "spec_verify_ct": 1, "completion_tokens": NEW,
+             "indexer_topk": None if topk is None else topk.flatten().tolist()}]
+    path.write_text(json.dumps({"fp4": fp4, "speculative": speculative, "wall_s": 1.0, "requests": reqs}))
     return str(path)
 
 
@@ -84,11 +97,8 @@ def test_compare_checks_engine_and_server_results_without_the_runner_files(tmp_p
     """``compare`` with only the Engine (MTP) and server results: each check passes or fails on what they hold."""
     import json
 
-    rows = torch.arange(3 * tool.TOPK).reshape(3, tool.TOPK)
-    fp8 = _engine_result(tmp_path / "e8.json", False, rows.flatten().tolist())
-    half = rows.clone()
-    half[:, : tool.TOPK // 2] += 10**6  # half of each row differs from FP8's
-    fp4 = _engine_result(tmp_path / "e4.json", True, half.flatten().tolist())
+    fp8 = _engine_result(tmp_path / "e8.json", False, _topk_rows())
+    fp4 = _engine_result(tmp_path / "e4.json", True, _topk_rows(replace_last=True))
     server = tmp_path / "server.json"
     server.write_text(json.dumps({"completion_tokens": 8, "ready_s": 40.0,
                                   "plugin_log": ["FP4 indexer active: MXFP4 index-key cache"]}))
@@ -98,12 +108,50 @@ def test_compare_checks_engine_and_server_results_without_the_runner_files(tmp_p
     checks = {c["check"]: c for c in summary["checks"]}
     assert rc == 0 and all(c["ok"] for c in checks.values())
     overlap = next(c for name, c in checks.items() if "returned top-k overlap" in name)
-    assert "0.5000" in overlap["detail"]
+    rows = [t / (t + 1) for t in range(PROMPT + NEW - 1)]  # |FP4 & FP8| / |FP8| for row t
+    assert f"{sum(rows) / len(rows):.4f}" in overlap["detail"]
+    valid = [c for name, c in checks.items() if "every returned top-k row valid" in name]
+    assert len(valid) == 2 and all(f"{(PROMPT + NEW - 1) * LAYERS} rows" in c["detail"] for c in valid)
     # no top-k returned by the FP4 engine, no tokens from the server: both fail
     _engine_result(tmp_path / "e4.json", True, None)
     server.write_text(json.dumps({"completion_tokens": 0, "plugin_log": []}))
     assert tool.compare(["--engine", fp8, fp4, "--server", str(server)]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fault", ["duplicate", "missing", "extra"])
+def test_an_engine_row_with_a_planted_fault_fails_its_check(tmp_path, fault):
+    import json
+
+    a = _topk_rows()
+    if fault == "duplicate":
+        a[2, 1, 1] = a[2, 1, 0]
+    elif fault == "missing":
+        a[3, 0, 3] = -1
+    else:
+        a[1, 0, 2] = 7
+    fp8 = _engine_result(tmp_path / "e8.json", False, _topk_rows())
+    fp4 = _engine_result(tmp_path / "e4.json", True, a)
+    out_json = tmp_path / "summary.json"
+    assert tool.compare(["--engine", fp8, fp4, "--json", str(out_json)]) == 1
+    checks = {c["check"]: c for c in json.loads(out_json.read_text())["checks"]}
+    bad = [c for name, c in checks.items() if not c["ok"]]
+    assert len(bad) == 1 and "Engine FP4" in json.dumps(bad) and "1 failures" in bad[0]["detail"]
+
+
+def test_compare_refuses_engine_runs_of_different_decoding(tmp_path):
+    fp8 = _engine_result(tmp_path / "e8.json", False, _topk_rows(), speculative="none")
+    fp4 = _engine_result(tmp_path / "e4.json", True, _topk_rows())
+    with pytest.raises(SystemExit):
+        tool.compare(["--engine", fp8, fp4])
+
+
+def test_plain_engine_runs_are_labelled_as_such(tmp_path, capsys):
+    fp8 = _engine_result(tmp_path / "e8.json", False, _topk_rows(), speculative="none")
+    fp4 = _engine_result(tmp_path / "e4.json", True, _topk_rows(), speculative="none")
+    assert tool.compare(["--engine", fp8, fp4]) == 0
+    out = capsys.readouterr().out
+    assert "plain decode" in out and "MTP" not in out
 
 
 def test_compare_takes_three_runs_or_none(tmp_path):
