@@ -94,8 +94,7 @@ case "$STEP" in
     # If the EAGLE Engine fails at start-up, the same Engine runs without speculative decoding, FP8 then FP4
     # (ENGINE_POOL_TOKENS / ENGINE_MEM_FRACTION set SGLang's --max-total-tokens / --mem-fraction-static there).
     # ENGINE_DEFAULT=0 goes straight to the second pair.
-    export CUBLAS_LOGINFO_DBG=1 CUBLAS_LOGDEST_DBG=stderr
-    if [ "${ENGINE_DEFAULT:-1}" = 1 ] && stage engine_fp8 280 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json"; then
+    if [ "${ENGINE_DEFAULT:-1}" = 1 ] && CUBLAS_LOGINFO_DBG=1 CUBLAS_LOGDEST_DBG=stderr stage engine_fp8 280 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp8.json"; then
       stage engine_fp4 200 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp4.json" --fp4
     else
       POOL=()

@@ -421,8 +421,13 @@ def engine(argv: list[str]) -> None:
     t0 = time.time()
     eng = sglang.Engine(**kwargs)
     prompts = seeded_prompts()[:2]
-    outs = eng.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": opts.new_tokens,
-                                                             "ignore_eos": True}, return_indexer_topk=True)
+    # Engine.generate() does not pass return_indexer_topk on (SGLang 0.5.23): the request goes to the
+    # Engine's tokenizer manager as Engine.generate() sends it, with the flag set.
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    obj = GenerateReqInput(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": opts.new_tokens,
+                                                               "ignore_eos": True}, return_indexer_topk=True)
+    outs = eng.loop.run_until_complete(eng.tokenizer_manager.generate_request(obj, None).__anext__())
     res = {"fp4": opts.fp4, "speculative": opts.speculative, "max_total_tokens": opts.max_total_tokens,
            "wall_s": time.time() - t0, "requests": []}
     from sglang.srt.state_capturer.indexer_topk import extract_indexer_topk_from_meta_info

@@ -4,11 +4,11 @@ One sequence (``run_sequence``) is scored under every variant at once,
 sharing what the variants share:
 
 - the embedding and the layers before the first global layer (5) run once;
-- the dense run of the remaining layers records every layer's keys and
-  values; a sparse variant with top-k ``k`` recomputes only positions from
-  ``P0`` = ``min(k, score_from)`` rounded down to a query chunk (a query at
-  ``p < k`` keeps every key, so positions below ``k`` are the dense ones in
-  every layer), reading the dense keys and values of ``0 .. P0 - 1``;
+- every variant, like the dense run, computes every position of the
+  remaining layers: the same rows through the same calls, so a sparse variant
+  that keeps every key gives the dense loss bit for bit (CPU matrix products
+  in bf16 round differently for different row counts, so recomputing only the
+  positions past a shared prefix would not);
 - the first global layer's index keys and top-k indices (the largest ``k``,
   sorted, so every smaller ``k`` is a prefix) are computed once per format.
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .gemma import BOS_ID, GLOBAL_LAYERS
-from .sparse import QUERY_CHUNK, IndexerProjection, KVCache, Selection, calibrate_projection
+from .sparse import IndexerProjection, KVCache, Selection, calibrate_projection
 
 __all__ = ["LOSS_CHUNK", "Variant", "SequenceResult", "run_sequence", "calibrate", "dense_loss_reference"]
 
@@ -131,8 +131,7 @@ def run_sequence(model, ids: torch.Tensor, score_from: int, variants: list[Varia
     h_first = _layers(model, h, positions, range(first), KVCache())
     res.seconds["shared"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    dense = KVCache(record=True)
-    hd = _layers(model, h_first, positions, range(first, n_layers), dense)
+    hd = _layers(model, h_first, positions, range(first, n_layers), KVCache())
     res.nll["dense"], res.argmax_ok["dense"] = _score(model, hd[:, score_from:length - 1], targets)
     res.seconds["dense"] = time.perf_counter() - t0
     del hd
@@ -140,13 +139,10 @@ def run_sequence(model, ids: torch.Tensor, score_from: int, variants: list[Varia
     max_k = max((v.topk for v in variants), default=0)
     for v in variants:
         t0 = time.perf_counter()
-        p0 = min(v.topk, score_from) // QUERY_CHUNK * QUERY_CHUNK
-        prefix = {i: (k[:, :, :p0], val[:, :, :p0]) for i, (k, val) in dense.kv.items()} if p0 else None
         sel = Selection(v.form, v.topk, projection, first, shared, shared_topk=max_k,
                         recall_from=score_from if recall else None, store_op=store_op)
-        hv = _layers(model, h_first[:, p0:], positions[p0:], range(first, n_layers), KVCache(prefix),
-                     fp4_selection=sel)
-        res.nll[v.name], res.argmax_ok[v.name] = _score(model, hv[:, score_from - p0:length - 1 - p0], targets)
+        hv = _layers(model, h_first, positions, range(first, n_layers), KVCache(), fp4_selection=sel)
+        res.nll[v.name], res.argmax_ok[v.name] = _score(model, hv[:, score_from:length - 1], targets)
         res.recall[v.name] = {layer: s / n for layer, (s, n) in sel.recall.items() if n}
         if sel.fp4_paths:
             res.fp4_paths[v.name] = sel.fp4_paths

@@ -271,6 +271,7 @@ class Selection:
         end = int(positions[-1]) + 1
         tag = (layer, "top", form, int(positions[0]), end)
         if layer == self.shared_layer and tag in self.shared and self.shared[tag].shape[1] >= width:
+            self._keys(layer, key, form)  # computed by an earlier variant: only notes which path made them
             return self.shared[tag][:, :width].long()
         q, w = self._queries(layer, query, form)
         logits = index_logits(q, w, self._keys(layer, key, form)[:end], positions)
@@ -314,30 +315,14 @@ class Selection:
 
 
 class KVCache:
-    """The one cache method ``transformers``' attention modules call, ``update``, over a shared prefix.
+    """The one cache method ``transformers``' attention modules call, ``update``, for one pass over a sequence.
 
-    A variant that recomputes only positions ``P0 ..`` gets, in every layer,
-    the dense run's keys and values of positions ``0 .. P0 - 1`` (identical:
-    a query at ``p < k`` keeps every key) joined in front of its own.
-
-    Args:
-        prefix: ``{layer: (K [1, 1, P0, D], V)}`` or None.
-        record: keep each layer's full keys and values (``self.kv``), for later prefixes.
+    Each layer is called once per pass with every position, so ``update``
+    returns the keys and values it is given (a fresh cache per pass).
     """
 
-    def __init__(self, prefix: dict | None = None, record: bool = False):
-        self.prefix = prefix or {}
-        self.record = record
-        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        """Return the layer's full keys and values (prefix + new), as ``Cache.update`` does."""
-        if layer_idx in self.prefix:
-            pk, pv = self.prefix[layer_idx]
-            key_states = torch.cat([pk, key_states], dim=2)
-            value_states = torch.cat([pv, value_states], dim=2)
-        if self.record:
-            self.kv[layer_idx] = (key_states, value_states)
+        """Return the layer's keys and values, as ``Cache.update`` does on a cache that starts empty."""
         return key_states, value_states
 
 
