@@ -231,7 +231,7 @@ def _scorer(mma_rows: int | None = None):
             sets = min(len(inputs.caches), rotation_sets(case, l2_bytes))
             outs = [torch.full((shape.rows, inputs.width), float("nan"), device=dev) for _ in range(sets)]
             cfg = sm90.Config.of_call(shape.next_n, shape.heads, torch.float32, False)
-            if mma_rows is not None:
+            if mma_rows is not None and shape.next_n % mma_rows == 0:  # else the product's rows per wgmma
                 cfg = sm90.Config(cfg.next_n, cfg.heads, cfg.out_kind, cfg.lens_2d, mma_rows)
             self.ran = f"f16acc mma_rows {cfg.mma_rows}"
             q = inputs.q.view(shape.batch * shape.next_n, shape.heads, 128)
@@ -256,7 +256,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.sm90_f16acc")
     p.add_argument("--shapes", default="64x8x128Kx1@160K,64x8x128Kx2@160K,32x8x128Kx1@160K,64x32x32Kx1@160K,"
                                        "64x1x4Kx1@160K,64x128x8Kx1@160K,64x128x8Kx2@160K")
-    p.add_argument("--rows2", action="store_true", help="also time MMA_ROWS 2 at next_n 2 (N = 2 x heads)")
+    p.add_argument("--rows2", action="store_true",
+                   help="also time 2 next_n rows per wgmma (N = 2 x heads) where next_n is even (else as f16acc)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     scorers = [OursScorer(), _scorer(), DeepGemmFP8Scorer(), DeepGemmFP8Scorer(native=True)]
