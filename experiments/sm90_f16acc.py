@@ -35,7 +35,6 @@ the benchmark's own runner (``bench.runner.run_benchmark``: same inputs, checks 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch

@@ -594,14 +594,12 @@ def compare(argv: list[str]) -> int:
         lines8 = [ln for ln in fp8.get("plugin_log", []) if "FP4" in ln]
         add("FP8 run: plugin silent", not lines8, " | ".join(lines8) or "no plugin line")
     if opts.engine:
-        import numpy as np
-
         e8, e4 = (json.load(open(f)) for f in opts.engine)
         spec = e4.get("speculative", "eagle")
         if e8.get("speculative", "eagle") != spec:
             p.error(f"--engine: FP8 run has speculative={e8.get('speculative', 'eagle')}, FP4 run {spec}")
-        what = "Engine with MTP (target verify + draft through the plugin)" if spec == "eagle" else \
-            "Engine, plain decode (no speculative decoding)"
+        short = "Engine with MTP" if spec == "eagle" else "Engine, plain decode"
+        what = short + (" (target verify + draft through the plugin)" if spec == "eagle" else " (no speculative decoding)")
         got = []
         for r8, r4 in zip(e8["requests"], e4["requests"]):
             steps = f" in {r4['spec_verify_ct']} verify steps (FP8: {r8['completion_tokens']} in {r8['spec_verify_ct']})" \
@@ -610,37 +608,41 @@ def compare(argv: list[str]) -> int:
         have_topk = all(r.get("indexer_topk") for r in e4["requests"])
         add(what, have_topk and e4["requests"], "; ".join(got) + ("" if have_topk else "; no indexer top-k returned"))
         # SGLang returns (prompt + output - 1, indexer layers, index_topk) per request: row t is token t, which sees
-        # t + 1 keys, so it holds min(t + 1, index_topk) distinct entries (-1 pads).
+        # t + 1 keys (check_topk_rows with lengths 1 .. seq; the request's slots are not returned, so a row's range
+        # is read as positions and reported, not counted as a failure).
         for name, run_ in (("FP8", e8), ("FP4", e4)):
-            rows_ = bad = 0
+            rows_ = bad = as_pos = 0
             shapes = set()
             for r in run_["requests"]:
                 if not r.get("indexer_topk"):
                     continue
                 seq = r["prompt_len"] + (r["completion_tokens"] or 0) - 1
-                flat = np.array(r["indexer_topk"])
-                if flat.size % (seq * TOPK):
-                    shapes.add(f"{flat.size} values, not a multiple of {seq} x {TOPK}")
+                flat = torch.tensor(r["indexer_topk"])
+                if flat.numel() % (seq * TOPK):
+                    shapes.add(f"{flat.numel()} values, not a multiple of {seq} x {TOPK}")
                     bad += 1
                     continue
-                a = flat.reshape(seq, -1, TOPK)
+                a = flat.view(seq, -1, TOPK)
                 shapes.add(a.shape[1])
-                for t in range(seq):
-                    for layer in range(a.shape[1]):
-                        x = a[t, layer][a[t, layer] >= 0]
-                        rows_ += 1
-                        bad += x.size != min(t + 1, TOPK) or len(set(x.tolist())) != x.size
+                lens = torch.arange(1, seq + 1)
+                for layer in range(a.shape[1]):
+                    got = check_topk_rows(a[:, layer], lens, torch.empty(0, dtype=torch.long))
+                    rows_ += got["rows"]
+                    bad += got["count"] + got["duplicate"]
+                    as_pos += got["position"]
             add(f"Engine {name}: every returned top-k row valid (distinct, min(t + 1, {TOPK}) entries)",
-                rows_ > 0 and bad == 0, f"{rows_} rows ({sorted(shapes)} layers per token), {bad} failures")
+                rows_ > 0 and bad == 0,
+                f"{rows_} rows ({sorted(shapes, key=str)} layers per token), {bad} failures; "
+                f"{as_pos} rows hold positions < t + 1")
         if have_topk and all(r.get("indexer_topk") for r in e8["requests"]):
             ovs = []
             for r8, r4 in zip(e8["requests"], e4["requests"]):
-                a8 = np.array(r8["indexer_topk"]).reshape(-1, TOPK)
-                a4 = np.array(r4["indexer_topk"]).reshape(-1, TOPK)
+                a8 = torch.tensor(r8["indexer_topk"]).view(-1, TOPK)
+                a4 = torch.tensor(r4["indexer_topk"]).view(-1, TOPK)
                 n = min(a8.shape[0], a4.shape[0])
-                mean, low = _overlap(torch.from_numpy(a4[:n]), torch.from_numpy(a8[:n]))
+                mean, low = _overlap(a4[:n], a8[:n])
                 ovs.append(mean)
-            add(f"{what.split(' (')[0]}: FP4 vs FP8 returned top-k overlap (reported)", True,
+            add(f"{short}: FP4 vs FP8 returned top-k overlap (reported)", True,
                 f"mean per request {', '.join(f'{v:.4f}' for v in ovs)}")
     if opts.server:
         sv = json.load(open(opts.server))

@@ -260,10 +260,15 @@ class Selection:
             ki = self.projection.project(layer, key)
             use = self.store_op == "all" or (self.store_op == "first" and layer == self.shared_layer)
             cache[tag], cache[(layer, "path", form)] = index_keys(ki, form, use_store_op=use)
+        self._note_path(layer, form)
+        return cache[tag]
+
+    def _note_path(self, layer: int, form: str) -> None:
+        """Record once per layer which path made this variant's FP4 index keys (``fp4_paths``)."""
         if form == "fp4" and (layer, "seen") not in self._layer:
             self._layer[(layer, "seen")] = True
+            cache = self.shared if layer == self.shared_layer else self._layer
             self.fp4_paths.append(f"layer {layer}: {cache[(layer, 'path', form)]}")
-        return cache[tag]
 
     def _topk(self, layer: int, form: str, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
               width: int) -> torch.Tensor:
@@ -271,7 +276,7 @@ class Selection:
         end = int(positions[-1]) + 1
         tag = (layer, "top", form, int(positions[0]), end)
         if layer == self.shared_layer and tag in self.shared and self.shared[tag].shape[1] >= width:
-            self._keys(layer, key, form)  # computed by an earlier variant: only notes which path made them
+            self._note_path(layer, form)  # keys and top-k from an earlier variant of this sequence
             return self.shared[tag][:, :width].long()
         q, w = self._queries(layer, query, form)
         logits = index_logits(q, w, self._keys(layer, key, form)[:end], positions)
