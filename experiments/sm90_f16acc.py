@@ -35,6 +35,7 @@ the benchmark's own runner (``bench.runner.run_benchmark``: same inputs, checks 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import torch
@@ -169,36 +170,215 @@ EDITS = [
 ]
 
 
-def source(n: int) -> str:
-    """The edited kernel text with its wrappers for N = ``n`` (rows per wgmma x heads).
+#: Two pages per math-warpgroup step (``--pairs``), edits applied after ``EDITS``: the producer pads each
+#: (schedule entry, request) run of jobs to an even count with a job without a page (request set, no page
+#: index: nothing stored), so the math warpgroup takes its slots two at a time, both of one request; it
+#: decodes both pages, issues both k-chains (two f16 accumulators) under one commit, waits once, and runs
+#: both head sums under one commit and one wait. Per page that halves the fences, commits, waits, the
+#: descriptor arithmetic and the loop, and puts two independent chains on the tensor cores per wait.
+#: One wgmma per next_n row (``MMA_ROWS`` 1).
+PAIR_EDITS = [
+    ("""            const int p_end = npages == 0 ? p + 1 : min(blk_hi * pages_per_block, npages);
+            for (; p < p_end; ++p) {
+""", """            const int p_end = npages == 0 ? p + 1 : min(blk_hi * pages_per_block, npages);
+            const int p_first = p;
+            for (; p < p_end; ++p) {
+""", 1),
+    ("""                if (++stage == STAGES) {
+                    stage = 0;
+                    parity ^= 1;
+                }
+            }
+        }
+        if (lane == 0) {
+            mbar_wait(empty0 + 8 * stage, parity);
+            *reinterpret_cast<int4*>(info + 4 * stage) = make_int4(-1, -1, -1, -1);
+""", """                if (++stage == STAGES) {
+                    stage = 0;
+                    parity ^= 1;
+                }
+            }
+            if ((p_end - p_first) & 1) {  // padding: the math warpgroup takes a request's jobs in pairs
+                if (lane == 0) {
+                    mbar_wait(empty0 + 8 * stage, parity);
+                    *reinterpret_cast<int4*>(info + 4 * stage) = make_int4(-1, b, -1, -1);
+                    mbar_arrive(full0 + 8 * stage);
+                }
+                __syncwarp();
+                if (++stage == STAGES) {
+                    stage = 0;
+                    parity ^= 1;
+                }
+            }
+        }
+        if (lane == 0) {
+            mbar_wait(empty0 + 8 * stage, parity);
+            *reinterpret_cast<int4*>(info + 4 * stage) = make_int4(-1, -1, -1, -1);
+""", 1),
+    ("""    Slot next;
+    acquire(next);
+    while (next.job.y >= 0) {
+        const int4 job = next.job;
+        if (job.y != cur_b) {
+            cur_b = job.y;
+            load_request(cur_b);  // no wgmma is in flight here
+        }
+        Frag fr;
+        float f;
+        decode(next, fr, f);
+#pragma unroll
+        for (int i = 0; i + MMA_ROWS < NEXT_N; i += MMA_ROWS) {
+            issue_row(i, fr);
+            FINISH_GROUP(i);
+        }
+        issue_row(NEXT_N - MMA_ROWS, fr);
+        FINISH_GROUP(NEXT_N - MMA_ROWS);
+        acquire(next);
+        fill_tail(job);
+    }
+""", """    static_assert(MMA_ROWS == 1, "pairs: one wgmma per next_n row");
+    u32 acc2[MMA_N / 4];
+    // Both pages' k-chains of next_n row i under one commit.
+    auto issue_pair = [&](int i, const Frag& fa, const Frag& fb) {
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int s = 0; s < 4; ++s) wgmma_f8(acc, fa.a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) wgmma_f8(acc2, fb.a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    };
+    // Row i's epilogue of both pages (finish_row's numerics): one wait for the chains, both head sums
+    // under one commit and one wait.
+    auto finish_pair = [&](int i, const int4& ja, float fa, const int4& jb, float fb) {
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < MMA_N / 4; ++j) asm volatile("" : "+r"(acc[j]), "+r"(acc2[j])::"memory");
+        u32 ra[HEADS / 4], rb[HEADS / 4];
+#pragma unroll
+        for (int j = 0; j < HEADS / 4; ++j) {
+            asm("max.f16x2 %0, %1, %2;" : "=r"(ra[j]) : "r"(acc[j]), "r"(0u));
+            asm("max.f16x2 %0, %1, %2;" : "=r"(rb[j]) : "r"(acc2[j]), "r"(0u));
+        }
+        float hs[4], hs2[4];
+        const u32 hb = smem_u32(hs_smem) + i * HS_BYTES;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int t = 0; t < HEADS / 16; ++t) wgmma_f16_n8(hs, ra + 4 * t, hs_desc(hb + 256 * t), t > 0);
+#pragma unroll
+        for (int t = 0; t < HEADS / 16; ++t) wgmma_f16_n8(hs2, rb + 4 * t, hs_desc(hb + 256 * t), t > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[j]), "+f"(hs2[j])::"memory");
+        const float ninf = -__int_as_float(0x7f800000);
+        const int col_a = ja.z * PAGE + my_row, col_b = jb.z * PAGE + my_row;
+        float va = 2.f * (mine1 ? hs[2] + hs[3] : hs[0] + hs[1]);
+        float vb = 2.f * (mine1 ? hs2[2] + hs2[3] : hs2[0] + hs2[1]);
+        va = ja.z >= 0 && ja.x >= 0 && col_a < row_len[i] ? va * fa * row_g[i] : ninf;
+        vb = jb.z >= 0 && jb.x >= 0 && col_b < row_len[i] ? vb * fb * row_g[i] : ninf;
+        if (ja.z >= 0 && c < 2 && col_a < width) store_logit(row_out + i * stride_out + col_a, va);
+        if (jb.z >= 0 && c < 2 && col_b < width) store_logit(row_out + i * stride_out + col_b, vb);
+    };
+    Slot sa, sb;
+    acquire(sa);
+    while (sa.job.y >= 0) {
+        acquire(sb);  // the same request's next job (the producer pads each run of jobs to an even count)
+        const int4 ja = sa.job, jb = sb.job;
+        if (ja.y != cur_b) {
+            cur_b = ja.y;
+            load_request(cur_b);  // no wgmma is in flight here
+        }
+        Frag fa, fb;
+        float f_a, f_b;
+        decode(sa, fa, f_a);
+        decode(sb, fb, f_b);
+#pragma unroll
+        for (int i = 0; i < NEXT_N; ++i) {
+            issue_pair(i, fa, fb);
+            finish_pair(i, ja, f_a, jb, f_b);
+        }
+        acquire(sa);
+        fill_tail(ja);
+        fill_tail(jb);
+    }
+""", 1),
+]
+
+
+#: Diagnostic variants (``--variants``), edits applied after ``EDITS`` (never with ``--pairs``):
+#: ``warpmax``: each row's largest scaled weight reduced within the warp (a request's row is warp-uniform:
+#: HEADS is a multiple of 32) and one shared atomic per warp instead of one per weight; ``noshift``: the
+#: index query is never shifted (``p`` = 0: exact only while every head score's partial sums stay in f16's
+#: range, which the benchmark's 2 x N(0, 1) queries do; the check says if not) -- the cost of the shift.
+VARIANT_EDITS = {
+    "warpmax": [
+        ("            atomicMax(rowmax + i, __float_as_int(fabsf(ldexpf(wv[k], wsh[k]))));\n",
+         "            const int wmax = static_cast<int>(__reduce_max_sync(0xffffffffu, static_cast<u32>(\n"
+         "                __float_as_int(fabsf(ldexpf(wv[k], wsh[k]))))));\n"
+         "            if (lane == 0) atomicMax(rowmax + i, wmax);\n", 1),
+    ],
+    "noshift": [
+        ("                const int pq = max(0, static_cast<int>(mb >> 3) - 9);\n",
+         "                const int pq = 0 * static_cast<int>(mb);\n", 1),
+    ],
+}
+
+def _apply(text: str, edits, what: str) -> str:
+    for old, new, count in edits:
+        if text.count(old) != count:
+            raise RuntimeError(f"edit no longer matches {what} {count} time(s): {old[:60]!r}")
+        text = text.replace(old, new)
+    return text
+
+
+def source(n: int, pairs: bool = False, variant: str | None = None) -> str:
+    """The edited kernel text with its wrappers for N = ``n`` (rows per wgmma x heads); ``pairs``: with
+    ``PAIR_EDITS`` too; ``variant``: with ``VARIANT_EDITS[variant]`` too.
 
     Raises:
         RuntimeError: an edit no longer matches the product kernel the expected number of times.
+        KeyError: ``variant`` is not in ``VARIANT_EDITS``.
     """
-    text = sm90.SOURCE.read_text()
-    for old, new, count in EDITS:
-        if text.count(old) != count:
-            raise RuntimeError(f"edit no longer matches the product kernel {count} time(s): {old[:60]!r}")
-        text = text.replace(old, new)
+    text = _apply(sm90.SOURCE.read_text(), EDITS, "the product kernel")
+    if pairs:
+        text = _apply(text, PAIR_EDITS, "the f16 kernel")
+    if variant is not None:
+        text = _apply(text, VARIANT_EDITS[variant], "the f16 kernel")
     head, tail = text.split(sm90._MARKER, 1)
     return head + _wrappers(n) + sm90._MARKER + tail
 
 
-def spec(config: sm90.Config) -> nvrtc.KernelSpec:
-    """The ``nvrtc.KernelSpec`` of the f16 build of ``config`` (same defines and layout as the product's)."""
-    return nvrtc.KernelSpec(source(config.mma_rows * config.heads), "paged_logits_sm90_f16acc.cu",
-                            "fp4_paged_logits_sm90", config.defines(), config.smem_bytes, "the f16-accumulator kernel",
-                            "nothing")
+@functools.lru_cache(maxsize=None)
+def spec(config: sm90.Config, pairs: bool = False, variant: str | None = None) -> nvrtc.KernelSpec:
+    """The ``nvrtc.KernelSpec`` of the f16 build of ``config`` (same defines and layout as the product's);
+    ``variant`` ``"product"``: the product kernel's own spec, unedited (``sm90._spec``), so that it can be timed
+    through this module's launcher with the same per-call host cost as the edited kernels. Memoised: the
+    benchmark's timer sizes its CUDA graphs from an eager estimate of one call, host time included, so a launcher
+    that re-edits the source on every call would get fewer calls per graph than its peers.
+
+    Raises:
+        ValueError: ``pairs`` with more than one next_n row per wgmma, or with ``variant``.
+    """
+    if variant == "product":
+        if pairs:
+            raise ValueError("pairs: not with variant 'product'")
+        return sm90._spec(config)
+    if pairs and config.mma_rows != 1:
+        raise ValueError(f"pairs needs config.mma_rows 1, got {config.mma_rows}")
+    name = "paged_logits_sm90_f16acc" + ("_pairs" if pairs else "") + (f"_{variant}" if variant else "") + ".cu"
+    return nvrtc.KernelSpec(source(config.mma_rows * config.heads, pairs, variant), name, "fp4_paged_logits_sm90",
+                            config.defines(), config.smem_bytes, "the f16-accumulator kernel", "nothing")
 
 
 def launch(config, q, weights, cache, block_table, context_lens, schedule, out, *, block_kv: int,
-           clean_logits: bool = True) -> None:
+           clean_logits: bool = True, pairs: bool = False, variant: str | None = None) -> None:
     """Launch it as ``sm90.launch`` launches the product kernel (same arguments, grid and block).
 
     Raises:
         RuntimeError: the build, the load or the launch fails.
+        ValueError: as ``spec``.
     """
-    sp = spec(config)
+    sp = spec(config, pairs, variant)
     fn = nvrtc.load(q.device, sp)
     if fn is None:
         raise RuntimeError(nvrtc.failure(q.device, sp))
@@ -207,7 +387,7 @@ def launch(config, q, weights, cache, block_table, context_lens, schedule, out, 
     nvrtc.launch(fn, q.device, -(-(schedule.shape[0] - 1) // sm90.WGS), sm90.THREADS, sp.smem, args)
 
 
-def _scorer(mma_rows: int | None = None):
+def _scorer(mma_rows: int | None = None, pairs: bool = False, variant: str | None = None):
     from sglang_fp4_indexer.bench.scorers import OursScorer, PreparedScorer, _case_bytes
     from sglang_fp4_indexer.bench.timing import rotation_sets
     from sglang_fp4_indexer.ops import paged_logits as pl
@@ -219,7 +399,8 @@ def _scorer(mma_rows: int | None = None):
 
         def __init__(self):
             super().__init__(None)
-            self.name = "f16acc" if mma_rows is None else f"f16acc[rows {mma_rows}]"
+            self.name = ("ours[same launch]" if variant == "product" else f"f16acc[{variant}]" if variant else "f16acc[pairs]" if pairs else "f16acc" if mma_rows is None
+                         else f"f16acc[rows {mma_rows}]")
             self.label = "experiments.sm90_f16acc"
 
         def prepare(self, inputs, l2_bytes):
@@ -230,18 +411,19 @@ def _scorer(mma_rows: int | None = None):
             sets = min(len(inputs.caches), rotation_sets(case, l2_bytes))
             outs = [torch.full((shape.rows, inputs.width), float("nan"), device=dev) for _ in range(sets)]
             cfg = sm90.Config.of_call(shape.next_n, shape.heads, torch.float32, False)
-            if mma_rows is not None and shape.next_n % mma_rows == 0:  # else the product's rows per wgmma
-                cfg = sm90.Config(cfg.next_n, cfg.heads, cfg.out_kind, cfg.lens_2d, mma_rows)
-            self.ran = f"f16acc mma_rows {cfg.mma_rows}"
+            rows = 1 if pairs else mma_rows
+            if rows is not None and shape.next_n % rows == 0:  # else the product's rows per wgmma
+                cfg = sm90.Config(cfg.next_n, cfg.heads, cfg.out_kind, cfg.lens_2d, rows)
+            self.ran = f"f16acc mma_rows {cfg.mma_rows}" + (" pairs" if pairs else "")
             q = inputs.q.view(shape.batch * shape.next_n, shape.heads, 128)
             clean = not shape.width
 
             def fn(s):
                 launch(cfg, q, inputs.weights, inputs.caches[s], inputs.block_table, inputs.context_lens, schedule,
-                       outs[s], block_kv=block_kv, clean_logits=clean)
+                       outs[s], block_kv=block_kv, clean_logits=clean, pairs=pairs, variant=variant)
                 return outs[s]
 
-            return PreparedScorer(fn, sets, REL, clean, case)
+            return PreparedScorer(fn, sets, sm90.rel_bound() if variant == "product" else REL, clean, case)
 
     return F16AccScorer()
 
@@ -257,13 +439,29 @@ def main(argv=None) -> int:
                                        "64x1x4Kx1@160K,64x128x8Kx1@160K,64x128x8Kx2@160K")
     p.add_argument("--rows2", action="store_true",
                    help="also time 2 next_n rows per wgmma (N = 2 x heads) where next_n is even (else as f16acc)")
+    p.add_argument("--pairs", action="store_true",
+                   help="also time two pages per math-warpgroup step (PAIR_EDITS; one wgmma per next_n row)")
+    p.add_argument("--variants", default="",
+                   help="comma-separated names of VARIANT_EDITS to time as well; 'product': the product kernel "
+                        "unedited through this module's launcher (the same host cost per call as the edited ones)")
+    p.add_argument("--no-deepgemm", action="store_true", help="leave DeepGEMM out (diagnostic runs)")
+    p.add_argument("--seed", type=int, default=0, help="the benchmark inputs' seed")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    scorers = [OursScorer(), _scorer(), DeepGemmFP8Scorer(), DeepGemmFP8Scorer(native=True)]
+    unknown = [v for v in a.variants.split(",") if v and v not in VARIANT_EDITS and v != "product"]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}, expected names from {sorted(VARIANT_EDITS)}")
+    scorers = [OursScorer(), _scorer()]
+    scorers += [_scorer(variant=v) for v in a.variants.split(",") if v]
+    if not a.no_deepgemm:
+        scorers += [DeepGemmFP8Scorer(), DeepGemmFP8Scorer(native=True)]
     if a.rows2:
         scorers.insert(2, _scorer(2))
+    if a.pairs:
+        scorers.insert(2, _scorer(pairs=True))
     cfg = BenchConfig(device=torch.device("cuda"), shapes=parse_shapes(a.shapes), scorers=scorers, store_tokens=None,
-                      planner_batch=None, command="python -m experiments.sm90_f16acc " + " ".join(argv or sys.argv[1:]))
+                      planner_batch=None, seed=a.seed,
+                      command="python -m experiments.sm90_f16acc " + " ".join(argv or sys.argv[1:]))
 
     def save(rep):  # after every shape, so that a run cut short still leaves its numbers
         if a.json:
