@@ -309,7 +309,10 @@ PAIR_EDITS = [
 #: ``warpmax``: each row's largest scaled weight reduced within the warp (a request's row is warp-uniform:
 #: HEADS is a multiple of 32) and one shared atomic per warp instead of one per weight; ``noshift``: the
 #: index query is never shifted (``p`` = 0: exact only while every head score's partial sums stay in f16's
-#: range, which the benchmark's 2 x N(0, 1) queries do; the check says if not) -- the cost of the shift.
+#: range, which the benchmark's 2 x N(0, 1) queries do; the check says if not) -- the cost of the shift;
+#: ``intshift``: the same shift, exact, without conversions where it can: a query word whose four exponent
+#: fields all exceed ``p`` is shifted by subtracting ``p << 3`` from each byte (no byte borrows, the results are
+#: normal e4m3), any other word through the e4m3 -> f16 -> e4m3 conversions as before.
 VARIANT_EDITS = {
     "warpmax": [
         ("            atomicMax(rowmax + i, __float_as_int(fabsf(ldexpf(wv[k], wsh[k]))));\n",
@@ -320,6 +323,16 @@ VARIANT_EDITS = {
     "noshift": [
         ("                const int pq = max(0, static_cast<int>(mb >> 3) - 9);\n",
          "                const int pq = 0 * static_cast<int>(mb);\n", 1),
+    ],
+    "intshift": [
+        ("#pragma unroll\n                    for (int kk = 0; kk < 4; ++kk) words[kk] = scale_e4m3x4(words[kk], hs2);\n",
+         "                    const u32 lim = static_cast<u32>((pq + 1) << 3) * 0x01010101u;\n"
+         "                    const u32 dec = static_cast<u32>(pq << 3) * 0x01010101u;\n"
+         "#pragma unroll\n"
+         "                    for (int kk = 0; kk < 4; ++kk) {\n"
+         "                        const u32 ge = (((words[kk] & 0x78787878u) | 0x80808080u) - lim) & 0x80808080u;\n"
+         "                        words[kk] = ge == 0x80808080u ? words[kk] - dec : scale_e4m3x4(words[kk], hs2);\n"
+         "                    }\n", 1),
     ],
 }
 

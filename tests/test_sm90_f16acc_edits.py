@@ -17,7 +17,8 @@ from sglang_fp4_indexer.ops import sm90
 f16acc = pytest.importorskip("experiments.sm90_f16acc", reason="the repository's experiments/ folder")
 
 
-@pytest.mark.parametrize("pairs, variant", [(False, None), (True, None), (False, "warpmax"), (False, "noshift")])
+@pytest.mark.parametrize("pairs, variant", [(False, None), (True, None), (False, "warpmax"), (False, "noshift"),
+                                           (False, "intshift")])
 def test_edits_apply_to_the_product_kernel(pairs, variant):
     text = f16acc.source(64, pairs, variant)
     product = sm90._source_text(64)
