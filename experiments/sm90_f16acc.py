@@ -178,43 +178,20 @@ EDITS = [
 #: descriptor arithmetic and the loop, and puts two independent chains on the tensor cores per wait.
 #: One wgmma per next_n row (``MMA_ROWS`` 1).
 PAIR_EDITS = [
+    # the producer's own loop runs one job further where a request's run is odd: that job has no page
     ("""            const int p_end = npages == 0 ? p + 1 : min(blk_hi * pages_per_block, npages);
             for (; p < p_end; ++p) {
+                int page = -1;
+                if (npages > 0) {
 """, """            const int p_end = npages == 0 ? p + 1 : min(blk_hi * pages_per_block, npages);
-            const int p_first = p;
-            for (; p < p_end; ++p) {
+            const int p_stop = p_end + ((p_end - p) & 1);  // the math warpgroup takes a request's jobs in pairs
+            for (; p < p_stop; ++p) {
+                const bool pad = p >= p_end;  // warp-uniform
+                int page = -1;
+                if (npages > 0 && !pad) {
 """, 1),
-    ("""                if (++stage == STAGES) {
-                    stage = 0;
-                    parity ^= 1;
-                }
-            }
-        }
-        if (lane == 0) {
-            mbar_wait(empty0 + 8 * stage, parity);
-            *reinterpret_cast<int4*>(info + 4 * stage) = make_int4(-1, -1, -1, -1);
-""", """                if (++stage == STAGES) {
-                    stage = 0;
-                    parity ^= 1;
-                }
-            }
-            if ((p_end - p_first) & 1) {  // padding: the math warpgroup takes a request's jobs in pairs
-                if (lane == 0) {
-                    mbar_wait(empty0 + 8 * stage, parity);
-                    *reinterpret_cast<int4*>(info + 4 * stage) = make_int4(-1, b, -1, -1);
-                    mbar_arrive(full0 + 8 * stage);
-                }
-                __syncwarp();
-                if (++stage == STAGES) {
-                    stage = 0;
-                    parity ^= 1;
-                }
-            }
-        }
-        if (lane == 0) {
-            mbar_wait(empty0 + 8 * stage, parity);
-            *reinterpret_cast<int4*>(info + 4 * stage) = make_int4(-1, -1, -1, -1);
-""", 1),
+    ("const bool last = p == npages - 1 || npages == 0;", "const bool last = !pad && (p == npages - 1 || npages == 0);", 1),
+    ("make_int4(page, b, npages == 0 ? -1 : p,", "make_int4(page, b, npages == 0 || pad ? -1 : p,", 1),
     ("""    Slot next;
     acquire(next);
     while (next.job.y >= 0) {
