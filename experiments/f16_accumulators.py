@@ -57,6 +57,12 @@ DIM, GROUP, GROUPS = 128, 32, 4
 FOLD_EXP = 3
 #: The chosen query scaling: the index query fed as ``q * 2**-QUERY_SHIFT`` (today's kernel: 0).
 QUERY_SHIFT = 6
+#: The other fold (``--fold key``): the index query as it comes and a key's largest group at ``2**-3 x E2M1``
+#: (the same ``c - p = -3``, so the same partial-sum bound), the groups whose values fall below e4m3's normal
+#: range decoded as e4m3 subnormals rounded to nearest (``experiments.sm90_f16acc``'s ``keyfold`` table).
+KEY_FOLD = dict(fold_exp=-3, query_shift=0, subnormals=True)
+#: The default fold (``--fold query``).
+QUERY_FOLD = dict(fold_exp=FOLD_EXP, query_shift=QUERY_SHIFT, subnormals=False)
 #: Rounding points per 128-long dot product of each accumulation model (k32 step, k8 chunk, product).
 ROUNDINGS = {"k32": DIM // 32, "k8": DIM // 8, "product": DIM}
 
@@ -101,16 +107,20 @@ def round_f16(x: torch.Tensor) -> torch.Tensor:
     return torch.where(y.abs() > F16_MAX, torch.copysign(torch.full_like(y, math.inf), y), y)
 
 
-def fold_keys(payload: torch.Tensor, scales: torch.Tensor, fold_exp: int = FOLD_EXP):
+def fold_keys(payload: torch.Tensor, scales: torch.Tensor, fold_exp: int = FOLD_EXP, subnormals: bool = False):
     """The e4m3 values the kernel would feed to the MMA for stored MXFP4 keys, as fp64.
 
     Args:
         payload, scales: ``format.quantize_index_k`` output, uint8 ``[N, 64]`` and ``[N, 4]``.
         fold_exp: the fold's exponent ``c``.
+        subnormals: False: the normals-only decode (groups below ``flushed_below`` are zero); True: every
+            element is ``E2M1 * 2**(d + c)`` rounded to nearest e4m3, subnormals included (one rounding: the
+            value is exact in fp32 before torch's ``float8_e4m3fn`` cast).
 
     Returns:
         ``(folded fp64 [N, 128], key_scale fp64 [N], flushed bool [N, 4])``: ``folded * key_scale`` is
-        the dequantized key except in the flushed groups (zero there).
+        the dequantized key except in the flushed groups (zero there) and, with ``subnormals``, the rounded
+        elements; ``flushed`` marks, with ``subnormals``, the groups that are not exact.
     """
     deq = fmt.dequantize_index_k(payload, scales).to(torch.float64)
     s = scales.to(torch.int64) - 127
@@ -120,6 +130,12 @@ def fold_keys(payload: torch.Tensor, scales: torch.Tensor, fold_exp: int = FOLD_
     group_mul = torch.ldexp(torch.ones_like(d, dtype=torch.float64), (fold_exp - s_max[:, None] + 0 * d).to(torch.float64))
     group_mul = torch.where(flushed, torch.zeros_like(group_mul), group_mul)
     folded = (deq.view(-1, GROUPS, GROUP) * group_mul[:, :, None]).view(-1, DIM)
+    if subnormals:
+        exact = (deq.view(-1, GROUPS, GROUP) * torch.ldexp(torch.ones_like(d, dtype=torch.float64),
+                                                            (fold_exp - s_max[:, None] + 0 * d).to(torch.float64))[:, :, None])
+        rounded = exact.to(torch.float32).to(torch.float8_e4m3fn).to(torch.float64)
+        flushed = (rounded != exact).any(dim=2)
+        folded = rounded.view(-1, DIM)
     key_scale = torch.ldexp(torch.ones_like(s_max, dtype=torch.float64), (s_max - fold_exp).to(torch.float64))
     return folded, key_scale, flushed
 
@@ -151,7 +167,8 @@ def f16_scores(qs: torch.Tensor, folded: torch.Tensor, model: str = "k32") -> to
     return acc
 
 
-def f16_logits(q8, w8, payload, scales, lengths, model="k32", fold_exp=FOLD_EXP, query_shift=QUERY_SHIFT):
+def f16_logits(q8, w8, payload, scales, lengths, model="k32", fold_exp=FOLD_EXP, query_shift=QUERY_SHIFT,
+               subnormals=False):
     """``[rows, width]`` logits of the f16-accumulator kernel emulation; ``-inf`` past each row's length.
 
     f16 head scores (``f16_scores``), relu, rounded to bf16, weights as hi + lo bf16, an fp64 sum
@@ -160,9 +177,10 @@ def f16_logits(q8, w8, payload, scales, lengths, model="k32", fold_exp=FOLD_EXP,
 
     Args:
         q8: float8_e4m3fn ``[rows, H, 128]``; w8: fp32 ``[rows, H]``; payload, scales: the stored keys
-        (``[width, 64]``, ``[width, 4]`` uint8); lengths: int ``[rows]``.
+        (``[width, 64]``, ``[width, 4]`` uint8); lengths: int ``[rows]``; fold_exp, query_shift, subnormals:
+        the fold (``QUERY_FOLD`` or ``KEY_FOLD``).
     """
-    folded, key_scale, _ = fold_keys(payload, scales, fold_exp)
+    folded, key_scale, _ = fold_keys(payload, scales, fold_exp, subnormals)
     qs = scale_queries(q8, query_shift)
     rows, width = q8.shape[0], folded.shape[0]
     out = torch.full((rows, width), float("-inf"), dtype=torch.float64)
@@ -200,36 +218,39 @@ def f16_logit_error_bound(term, relu_term, flush_term, abs_w, model: str = "k32"
     return e + HEADSUM_REL * (relu_term + e)
 
 
-def _bound_check(q8, w8, payload, scales, lengths, logits, model):
+def _bound_check(q8, w8, payload, scales, lengths, logits, model, fold_exp=FOLD_EXP, query_shift=QUERY_SHIFT,
+                 subnormals=False):
     """Largest measured ``|logit - exact| / f16_logit_error_bound`` over the case (must be <= 1)."""
     deq = fmt.dequantize_index_k(payload, scales).to(torch.float64)
-    folded, key_scale, _ = fold_keys(payload, scales)
-    qs = scale_queries(q8)
+    folded, key_scale, _ = fold_keys(payload, scales, fold_exp, subnormals)
+    qs = scale_queries(q8, query_shift)
     worst = 0.0
     for r, n in enumerate(lengths.tolist()):
-        sc = key_scale[:n, None] * 2.0**QUERY_SHIFT
+        sc = key_scale[:n, None] * 2.0**query_shift
         q, w = q8[r].to(torch.float64), w8[r].to(torch.float64)
         exact_s = deq[:n] @ q.T  # [n, H], unscaled
         exact = torch.relu(exact_s) @ w
         term = (folded[:n].abs() @ qs[r].abs().T) @ w.abs()
         # |q k - q' k'| (unscaled) <= |q - q's| |k| + |q's| |k - k'sc|, per element
-        dq, dk = (q - qs[r] * 2.0**QUERY_SHIFT).abs(), (deq[:n] - folded[:n] * key_scale[:n, None]).abs()
-        flush = (deq[:n].abs() @ dq.T + dk @ (qs[r].abs() * 2.0**QUERY_SHIFT).T) @ w.abs() / sc[:, 0]
+        dq, dk = (q - qs[r] * 2.0**query_shift).abs(), (deq[:n] - folded[:n] * key_scale[:n, None]).abs()
+        flush = (deq[:n].abs() @ dq.T + dk @ (qs[r].abs() * 2.0**query_shift).T) @ w.abs() / sc[:, 0]
         relu_term = (torch.relu(exact_s) @ w.abs()) / sc[:, 0]
         bound = f16_logit_error_bound(term, relu_term, flush, float(w.abs().sum()), model) * sc[:, 0]
         worst = max(worst, float(((logits[r, :n] - exact).abs() / bound).max()))
     return worst
 
 
-def flush_stats(payload: torch.Tensor, scales: torch.Tensor, q8: torch.Tensor) -> dict:
-    """What the chosen fold and query scaling drop on one case: flushed (key, group)s and query
-    elements below ``query_exact_above`` (their share, and the query's largest relative change)."""
-    _, _, flushed = fold_keys(payload, scales)
+def flush_stats(payload: torch.Tensor, scales: torch.Tensor, q8: torch.Tensor, fold_exp=FOLD_EXP,
+                query_shift=QUERY_SHIFT, subnormals=False) -> dict:
+    """What the chosen fold and query scaling drop on one case: flushed (inexact, with ``subnormals``)
+    (key, group)s and query elements below ``query_exact_above`` (their share, and the query's largest
+    relative change)."""
+    _, _, flushed = fold_keys(payload, scales, fold_exp, subnormals)
     s = scales.to(torch.int64)
     d = s - s.max(dim=1, keepdim=True).values
     q = q8.to(torch.float64)
-    lossy = (q.abs() < query_exact_above(QUERY_SHIFT)) & (q != 0)
-    changed = (scale_queries(q8) * 2.0**QUERY_SHIFT - q).abs()
+    lossy = (q.abs() < query_exact_above(query_shift)) & (q != 0) if query_shift else torch.zeros_like(q, dtype=torch.bool)
+    changed = (scale_queries(q8, query_shift) * 2.0**query_shift - q).abs()
     amax = q.abs().amax(dim=-1, keepdim=True)
     return dict(groups_flushed=float(flushed.double().mean()), min_group_offset=int(d.min()),
                 query_elements_inexact=float(lossy.double().mean()),
@@ -246,14 +267,19 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--topk", type=int, default=2048)
     ap.add_argument("--models", default="k32,k8,product")
+    ap.add_argument("--fold", choices=("query", "key"), default="query",
+                    help="query: the index query shifted by 2**-6, keys' largest group at 2**3 (QUERY_FOLD); key: "
+                         "the query as it comes, keys' largest group at 2**-3, subnormal decode (KEY_FOLD)")
     ap.add_argument("--json", default=None, help="also write the results here (appended to its runs if it exists)")
     args = ap.parse_args()
+    fold_args = KEY_FOLD if args.fold == "key" else QUERY_FOLD
     cases = [(int(c), int(h)) for c in args.contexts.split(",") for h in args.heads.split(",")]
     models = args.models.split(",")
-    fold = dict(fold_exp=FOLD_EXP, query_shift=QUERY_SHIFT,
-                worst_partial_sum_per_k32_step=[worst_partial_sum(FOLD_EXP, QUERY_SHIFT, j) for j in range(1, 5)],
-                f16_max=F16_MAX, groups_flushed_below_offset=flushed_below(FOLD_EXP),
-                query_exact_above=query_exact_above(QUERY_SHIFT),
+    c, p = fold_args["fold_exp"], fold_args["query_shift"]
+    fold = dict(fold_exp=c, query_shift=p, subnormals=fold_args["subnormals"],
+                worst_partial_sum_per_k32_step=[worst_partial_sum(c, p, j) for j in range(1, 5)],
+                f16_max=F16_MAX, groups_flushed_below_offset=None if fold_args["subnormals"] else flushed_below(c),
+                query_exact_above=query_exact_above(p) if p else 0.0,
                 f16_rel={m: f16_rel(m) for m in ROUNDINGS}, headsum_rel=HEADSUM_REL,
                 today=dict(fold_exp=6, worst_partial_sum=worst_partial_sum(6, 0), groups_flushed_below_offset=-11))
     results = []
@@ -269,19 +295,19 @@ def main() -> None:
                                                     args.topk, lengths=lengths), ref_top)
             row = dict(kind=kind, context=context, heads=h, rows=args.rows, topk=args.topk,
                        today_f32_bf16_mean=float(today.mean()), today_f32_bf16_min=float(today.min()),
-                       **flush_stats(payload, scales, q8))
+                       **flush_stats(payload, scales, q8, **fold_args))
             for m in models:
-                lg = f16_logits(q8, w8, payload, scales, lengths, m)
+                lg = f16_logits(q8, w8, payload, scales, lengths, m, **fold_args)
                 a = topk_recall_rows(topk_reference(lg, args.topk, lengths=lengths), ref_top)
                 row[f"f16_{m}_mean"], row[f"f16_{m}_min"] = float(a.mean()), float(a.min())
                 row[f"f16_{m}_nonfinite"] = int((~torch.isfinite(lg) & torch.isfinite(ref)).sum())
-                row[f"f16_{m}_err_over_bound_max"] = _bound_check(q8, w8, payload, scales, lengths, lg, m)
+                row[f"f16_{m}_err_over_bound_max"] = _bound_check(q8, w8, payload, scales, lengths, lg, m, **fold_args)
             results.append(row)
             print(json.dumps(row), flush=True)
     if args.json:  # one file holds the runs of several commands (the fold is the same in all)
         command = ("PYTHONPATH=. python3 -m experiments.f16_accumulators "
                    f"--kinds {args.kinds} --contexts {args.contexts} --heads {args.heads} "
-                   f"--rows {args.rows} --models {args.models}")
+                   f"--rows {args.rows} --models {args.models}" + (" --fold key" if args.fold == "key" else ""))
         try:
             with open(args.json) as f:
                 runs = json.load(f)["runs"]
