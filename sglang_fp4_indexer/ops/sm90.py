@@ -225,7 +225,7 @@ def served_configs():
 
 def keyfold_table() -> list[tuple[int, int]]:
     """The decode's LUT rows for the low exponent fields ``A = KEYFOLD_LOW .. 0`` and a row of zeros (what the
-    kernel's ``keyfold_row`` gives): row ``A - KEYFOLD_LOW`` is ``(lo, hi)``, the little-endian words of the
+    kernel's ``KEYFOLD_TABLE`` holds): row ``A - KEYFOLD_LOW`` is ``(lo, hi)``, the little-endian words of the
     bytes ``e4m3(E2M1(x) x 2**(A - 6))`` for the magnitude codes ``x = 0 .. 3`` and ``4 .. 7``, rounded to
     nearest (ties to even) by torch's ``float8_e4m3fn`` cast; below ``2**-6`` they are e4m3 subnormals
     (docs/format.md, "How the scorers read it").
@@ -246,17 +246,18 @@ def keyfold_table() -> list[tuple[int, int]]:
 def _wgmma_wrapper(n: int) -> str:
     """C++ for ``wgmma_f8(acc, a, desc, accumulate)`` (``acc (+)= A B``: m64 n``n`` k32, ``n`` = rows per wgmma x
     heads, e4m3 x e4m3 -> f16, ``n / 4`` registers of f16x2, A in registers), ``wgmma_f16_n8`` (the head sum:
-    m64n8k16 f16 -> fp32) and ``keyfold_row(i)``, row ``i`` of ``keyfold_table`` as immediates."""
+    m64n8k16 f16 -> fp32) and ``KEYFOLD_TABLE``, the rows of ``keyfold_table`` (a global constant array: copying
+    it into shared memory at the kernel's start measured 0.3 µs faster at 1 x 4K than building the rows from
+    immediates)."""
     n_acc = n // 4
     d = ", ".join(f"%{i}" for i in range(n_acc))
     a = ", ".join(f"%{n_acc + i}" for i in range(4))
     outs = ", ".join(f'"+r"(d[{i}])' for i in range(n_acc))
     ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)'
-    rows = keyfold_table()
-    select = "".join(f"i == {i} ? make_uint2(0x{lo:08X}u, 0x{hi:08X}u) : " for i, (lo, hi) in enumerate(rows[:-1]))
+    table = ", ".join(f"{{0x{lo:08X}u, 0x{hi:08X}u}}" for lo, hi in keyfold_table())
     return (
-        "// Row i of the decode's low-exponent LUTs (sm90.keyfold_table), from immediates: no memory load.\n"
-        f"__device__ __forceinline__ uint2 keyfold_row(int i) {{ return {select}make_uint2(0u, 0u); }}\n"
+        "// The decode's low-exponent LUT rows (sm90.keyfold_table), copied into shared memory at the start.\n"
+        f"static __device__ const uint2 KEYFOLD_TABLE[8] = {{{table}}};\n"
         "__device__ __forceinline__ void wgmma_f8(u32* d, const u32* a, u64 desc, bool accumulate) {\n"
         '    asm volatile("{\\n.reg .pred p;\\n"\n'
         f'        "setp.ne.b32 p, %{n_acc + 5}, 0;\\n"\n'

@@ -183,9 +183,9 @@ __device__ __forceinline__ u32 max_byte(u32 w) {
     return max(max(w & 0xFFu, b1), max(b2, w >> 24));
 }
 
-// The LUTs of A = KEYFOLD_LOW .. 0 (row A - KEYFOLD_LOW of sm90.keyfold_table(), given as immediates
-// by keyfold_row(), which sm90.py inserts before the kernel), then a row of zeros for A < KEYFOLD_LOW:
-// written once per CTA into shared memory (one 8-byte shared load per (key, group) and thread; a
+// The LUTs of A = KEYFOLD_LOW .. 0 (row A - KEYFOLD_LOW of sm90.keyfold_table(), the array
+// KEYFOLD_TABLE that sm90.py inserts before the kernel), then a row of zeros for A < KEYFOLD_LOW:
+// copied once per CTA into shared memory (one 8-byte shared load per (key, group) and thread; a
 // constant-memory load would serialize on the lanes' different rows).
 #define KEYFOLD_LOW (-6)  // sm90.KEYFOLD_LOW
 __shared__ uint2 keyfold_lut[8];
@@ -272,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    if (threadIdx.x < 8) keyfold_lut[threadIdx.x] = keyfold_row(threadIdx.x);
+    if (threadIdx.x < 8) keyfold_lut[threadIdx.x] = KEYFOLD_TABLE[threadIdx.x];
     __syncthreads();
 
     // This thread's math warpgroup (a producer warp: the one it serves) and its shared memory:

@@ -1,0 +1,137 @@
+"""Small-batch A/B of the product Hopper kernel: which part of its prologue costs at 1 x 4K.
+
+Each variant is a text edit of ``sglang_fp4_indexer/ops/cuda/paged_logits_sm90.cu`` (the product untouched),
+built like the product (``sm90._spec``'s defines and wrappers) and timed through one launcher by the benchmark's
+runner (same inputs, checks, CUDA graphs). Diagnostic variants may fail the check; their time is still recorded:
+
+* ``product``: unedited;
+* ``table_immediates``: the low-exponent LUT rows built from immediates (a select chain on the thread index)
+  instead of copied from the global constant array ``KEYFOLD_TABLE``;
+* ``no_table``: no LUT row for the low exponent fields (zeros; wrong where a group is far below its key's
+  largest);
+* ``no_rowmax``: every row's weight exponent taken as 127 (no reduction, no barrier; weights not rescaled to the
+  row's range).
+
+    PYTHONPATH=. python3 -m experiments.sm90_small_ab [--variants product,...] [--shapes ...] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+
+import torch
+
+from sglang_fp4_indexer.ops import nvrtc, sm90
+
+VARIANT_EDITS = {
+    "product": [],
+    "table_immediates": [
+        ("    if (threadIdx.x < 8) keyfold_lut[threadIdx.x] = KEYFOLD_TABLE[threadIdx.x];\n",
+         "    if (threadIdx.x < 8) keyfold_lut[threadIdx.x] = keyfold_row(threadIdx.x);\n", 1),
+        ('extern "C" __global__',
+         "__device__ __forceinline__ uint2 keyfold_row(int i) { return %smake_uint2(0u, 0u); }\nextern \"C\" __global__"
+         % "".join(f"i == {i} ? make_uint2(0x{lo:08X}u, 0x{hi:08X}u) : "
+                   for i, (lo, hi) in enumerate(sm90.keyfold_table()[:-1])), 1),
+    ],
+    "no_table": [
+        ("    const uint2 t = keyfold_lut[", "    const uint2 t = make_uint2(0u, 0u); (void)keyfold_lut[", 1),
+    ],
+    "no_rowmax": [
+        ("            wmax = __reduce_max_sync(0xffffffffu, wmax);\n", "", 1),
+        ("            if (idx < NEXT_N * HEADS && idx % WSEG == 0) wmax_smem[idx / WSEG] = wmax;\n", "", 1),
+        ("        math_barrier(wg);  // the warps' largest weights\n", "", 1),
+        ("            return min(max(static_cast<int>(m >> 23), 12), 254);\n", "            return 127 + 0 * static_cast<int>(m);\n", 1),
+        ("for (int s = 0; s < HEADS / WSEG; ++s) m = max(m, wmax_smem[i * (HEADS / WSEG) + s]);", "(void)i;", 1),
+    ],
+}
+
+
+def source(config: sm90.Config, variant: str) -> str:
+    """The product's program source for ``config`` (wrappers inserted) with ``VARIANT_EDITS[variant]`` applied.
+
+    Raises:
+        RuntimeError: an edit no longer matches the expected number of times.
+        KeyError: unknown ``variant``.
+    """
+    text = sm90._source_text(config.mma_rows * config.heads)
+    for old, new, count in VARIANT_EDITS[variant]:
+        if text.count(old) != count:
+            raise RuntimeError(f"edit no longer matches the product kernel {count} time(s): {old[:60]!r}")
+        text = text.replace(old, new)
+    return text
+
+
+@functools.lru_cache(maxsize=None)
+def spec(config: sm90.Config, variant: str) -> nvrtc.KernelSpec:
+    """The variant's ``nvrtc.KernelSpec`` (memoised: equal host cost per call for every variant)."""
+    return nvrtc.KernelSpec(source(config, variant), f"paged_logits_sm90_{variant}.cu", "fp4_paged_logits_sm90",
+                            config.defines(), config.smem_bytes, f"the {variant} variant", "nothing")
+
+
+def _scorer(variant: str):
+    from sglang_fp4_indexer.bench.scorers import OursScorer, PreparedScorer, _case_bytes
+    from sglang_fp4_indexer.bench.timing import rotation_sets
+    from sglang_fp4_indexer.ops import paged_logits as pl
+    from sglang_fp4_indexer.ops.grid import default_num_ctas
+    from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
+
+    class VariantScorer(OursScorer):
+        def __init__(self):
+            super().__init__(None)
+            self.name, self.label = f"ab[{variant}]", "experiments.sm90_small_ab"
+
+        def prepare(self, inputs, l2_bytes):
+            shape, dev = inputs.shape, inputs.device
+            block_kv, num_ctas = pl.default_block_kv(dev, None), default_num_ctas(dev, None)
+            schedule = plan_paged_schedule(inputs.context_lens, block_kv, num_ctas)
+            case = _case_bytes(shape, self.key_bytes)
+            sets = min(len(inputs.caches), rotation_sets(case, l2_bytes))
+            outs = [torch.full((shape.rows, inputs.width), float("nan"), device=dev) for _ in range(sets)]
+            cfg = sm90.Config.of_call(shape.next_n, shape.heads, torch.float32, False)
+            sp = spec(cfg, variant)
+            fn_k = nvrtc.load(dev, sp)
+            if fn_k is None:
+                raise RuntimeError(nvrtc.failure(dev, sp))
+            q = inputs.q.view(shape.batch * shape.next_n, shape.heads, 128)
+            clean = not shape.width
+            self.ran = variant
+
+            def fn(s):
+                args = sm90._kernel_args(q, inputs.weights, inputs.caches[s], inputs.block_table, inputs.context_lens,
+                                         schedule, outs[s], inputs.block_table.shape[0], outs[s].shape[1], block_kv,
+                                         clean)
+                nvrtc.launch(fn_k, dev, -(-(schedule.shape[0] - 1) // sm90.WGS), sm90.THREADS, sp.smem, args)
+                return outs[s]
+
+            return PreparedScorer(fn, sets, sm90.rel_bound(), clean, case, floor=True)
+
+    return VariantScorer()
+
+
+def main(argv=None) -> int:
+    from sglang_fp4_indexer.bench.report import render_summary, write_json
+    from sglang_fp4_indexer.bench.runner import BenchConfig, run_benchmark
+    from sglang_fp4_indexer.bench.scorers import OursScorer
+    from sglang_fp4_indexer.bench.shapes import parse_shapes
+
+    p = argparse.ArgumentParser(prog="python -m experiments.sm90_small_ab")
+    p.add_argument("--shapes", default="64x1x4Kx1@160K,64x1x128Kx1@160K,64x64x4Kx1@160K,64x8x128Kx1@160K")
+    p.add_argument("--variants", default=",".join(VARIANT_EDITS))
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    unknown = [v for v in a.variants.split(",") if v not in VARIANT_EDITS]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}, expected names from {sorted(VARIANT_EDITS)}")
+    scorers = [OursScorer()] + [_scorer(v) for v in a.variants.split(",")]
+    cfg = BenchConfig(device=torch.device("cuda"), shapes=parse_shapes(a.shapes), scorers=scorers, store_tokens=None,
+                      planner_batch=None, seed=0, command="python -m experiments.sm90_small_ab " + " ".join(argv or sys.argv[1:]))
+    report = run_benchmark(cfg, log=lambda line: print(line, flush=True),
+                           on_progress=(lambda rep: write_json(rep, a.json)) if a.json else None)
+    print(render_summary(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
