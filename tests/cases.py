@@ -94,7 +94,7 @@ def term_bound(case: PagedCase, width: int) -> torch.Tensor:
 
 def relu_bound(case: PagedCase, width: int) -> torch.Tensor:
     """``sum_h |w| relu(s_h)`` per (row, column), ``s_h`` the exact head score, fp64 ``[rows, width]`` (0 past
-    a row's length): the scale of a rounding applied to each relu'd head score (the Hopper bf16 head sum)."""
+    a row's length): the scale of a rounding applied to each relu'd head score (the Hopper kernel's head sum)."""
     return _error_scales(case, width, relu=True)
 
 
