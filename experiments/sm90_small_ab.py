@@ -10,7 +10,11 @@ runner (same inputs, checks, CUDA graphs). Diagnostic variants may fail the chec
 * ``no_table``: no LUT row for the low exponent fields (zeros; wrong where a group is far below its key's
   largest);
 * ``no_rowmax``: every row's weight exponent taken as 127 (no reduction, no barrier; weights not rescaled to the
-  row's range).
+  row's range);
+* ``table_all``: every LUT from the shared table, the rows of ``A = 1 .. 3`` included (no formula, no select:
+  what the shared-memory read costs beside the ALU work it replaces);
+* ``warp_any``: the table read only where a lane of the warp needs it (``__any_sync``; on keys whose groups all
+  lie within ``2**2`` of their largest, as the accuracy study's, no warp reads it).
 
     PYTHONPATH=. python3 -m experiments.sm90_small_ab [--variants product,...] [--shapes ...] [--json OUT]
 """
@@ -24,6 +28,14 @@ import sys
 import torch
 
 from sglang_fp4_indexer.ops import nvrtc, sm90
+
+def _bytes(a: int) -> list[int]:
+    """The eight LUT bytes of exponent field ``a``: ``E2M1(x) x 2**(a - 6)`` rounded to nearest e4m3."""
+    from sglang_fp4_indexer.format import E2M1_MAGNITUDES
+
+    mags = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32) * 2.0 ** (a - 6)
+    return mags.to(torch.float8_e4m3fn).view(torch.uint8).tolist()
+
 
 VARIANT_EDITS = {
     "product": [],
@@ -44,6 +56,31 @@ VARIANT_EDITS = {
         ("        math_barrier(wg);  // the warps' largest weights\n", "", 1),
         ("            return min(max(static_cast<int>(m >> 23), 12), 254);\n", "            return 127 + 0 * static_cast<int>(m);\n", 1),
         ("for (int s = 0; s < HEADS / WSEG; ++s) m = max(m, wmax_smem[i * (HEADS / WSEG) + s]);", "(void)i;", 1),
+    ],
+    "table_all": [
+        ("__shared__ uint2 keyfold_lut[8];", "__shared__ uint2 keyfold_lut[16];", 1),
+        ("    if (threadIdx.x < 8) keyfold_lut[threadIdx.x] = KEYFOLD_TABLE[threadIdx.x];\n",
+         "    if (threadIdx.x < 11) keyfold_lut[threadIdx.x] = KF_ALL[threadIdx.x];\n", 1),
+        ('extern "C" __global__',
+         "static __device__ const uint2 KF_ALL[11] = {%s};\nextern \"C\" __global__" % ", ".join(
+             f"{{0x{int.from_bytes(bytes(_b[:4]), 'little'):08X}u, 0x{int.from_bytes(bytes(_b[4:]), 'little'):08X}u}}"
+             for _b in [_bytes(a) for a in range(sm90.KEYFOLD_LOW, 4)] + [[0] * 8]), 1),
+        ("""    const uint2 t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(-KEYFOLD_LOW)
+                                    ? a - KEYFOLD_LOW : 7];
+    lut_lo = a >= 1 ? ua * 0x08080800u + 0x0C080000u : t.x;
+    lut_hi = a >= 1 ? ua * 0x08080808u + 0x1C181410u : t.y;""",
+         """    const uint2 t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(3 - KEYFOLD_LOW)
+                                    ? a - KEYFOLD_LOW : 10];
+    (void)ua;
+    lut_lo = t.x;
+    lut_hi = t.y;""", 1),
+    ],
+    "warp_any": [
+        ("""    const uint2 t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(-KEYFOLD_LOW)
+                                    ? a - KEYFOLD_LOW : 7];""",
+         """    uint2 t = make_uint2(0u, 0u);
+    if (__any_sync(0xffffffffu, a < 1))
+        t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(-KEYFOLD_LOW) ? a - KEYFOLD_LOW : 7];""", 1),
     ],
 }
 
