@@ -92,7 +92,10 @@ def flushed_below(fold_exp: int) -> int:
 def query_exact_above(query_shift: int) -> float:
     """Smallest |q| (e4m3, before scaling) that ``q * 2**-query_shift`` keeps exactly; below it the
     scaled query is rounded to a multiple of ``2**(query_shift - 9)`` (absolute error at most
-    ``2**(query_shift - 10)``, unscaled units), and |q| below ``2**(query_shift - 10)`` becomes 0."""
+    ``2**(query_shift - 10)``, unscaled units), and |q| below ``2**(query_shift - 10)`` becomes 0. With no
+    shift every e4m3 value is kept (0.0)."""
+    if query_shift == 0:
+        return 0.0
     return 2.0 ** (query_shift - 6)
 
 
@@ -127,12 +130,11 @@ def fold_keys(payload: torch.Tensor, scales: torch.Tensor, fold_exp: int = FOLD_
     s_max = s.max(dim=1).values
     d = s - s_max[:, None]
     flushed = d < flushed_below(fold_exp)
-    group_mul = torch.ldexp(torch.ones_like(d, dtype=torch.float64), (fold_exp - s_max[:, None] + 0 * d).to(torch.float64))
-    group_mul = torch.where(flushed, torch.zeros_like(group_mul), group_mul)
+    mul = torch.ldexp(torch.ones_like(d, dtype=torch.float64), (fold_exp - s_max[:, None] + 0 * d).to(torch.float64))
+    group_mul = torch.where(flushed, torch.zeros_like(mul), mul)
     folded = (deq.view(-1, GROUPS, GROUP) * group_mul[:, :, None]).view(-1, DIM)
     if subnormals:
-        exact = (deq.view(-1, GROUPS, GROUP) * torch.ldexp(torch.ones_like(d, dtype=torch.float64),
-                                                            (fold_exp - s_max[:, None] + 0 * d).to(torch.float64))[:, :, None])
+        exact = deq.view(-1, GROUPS, GROUP) * mul[:, :, None]
         rounded = exact.to(torch.float32).to(torch.float8_e4m3fn).to(torch.float64)
         flushed = (rounded != exact).any(dim=2)
         folded = rounded.view(-1, DIM)
@@ -249,7 +251,7 @@ def flush_stats(payload: torch.Tensor, scales: torch.Tensor, q8: torch.Tensor, f
     s = scales.to(torch.int64)
     d = s - s.max(dim=1, keepdim=True).values
     q = q8.to(torch.float64)
-    lossy = (q.abs() < query_exact_above(query_shift)) & (q != 0) if query_shift else torch.zeros_like(q, dtype=torch.bool)
+    lossy = (q.abs() < query_exact_above(query_shift)) & (q != 0)
     changed = (scale_queries(q8, query_shift) * 2.0**query_shift - q).abs()
     amax = q.abs().amax(dim=-1, keepdim=True)
     return dict(groups_flushed=float(flushed.double().mean()), min_group_offset=int(d.min()),
@@ -279,7 +281,7 @@ def main() -> None:
     fold = dict(fold_exp=c, query_shift=p, subnormals=fold_args["subnormals"],
                 worst_partial_sum_per_k32_step=[worst_partial_sum(c, p, j) for j in range(1, 5)],
                 f16_max=F16_MAX, groups_flushed_below_offset=None if fold_args["subnormals"] else flushed_below(c),
-                query_exact_above=query_exact_above(p) if p else 0.0,
+                query_exact_above=query_exact_above(p),
                 f16_rel={m: f16_rel(m) for m in ROUNDINGS}, headsum_rel=HEADSUM_REL,
                 today=dict(fold_exp=6, worst_partial_sum=worst_partial_sum(6, 0), groups_flushed_below_offset=-11))
     results = []

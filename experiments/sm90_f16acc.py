@@ -544,14 +544,8 @@ class _CooledScorer:
     def __init__(self, inner, seconds: float):
         self._inner, self._seconds = inner, seconds
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # name, label, key_bytes, ran (set by the inner prepare), availability
         return getattr(self._inner, name)
-
-    def __setattr__(self, name, value):
-        if name in ("_inner", "_seconds"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._inner, name, value)
 
     def prepare(self, inputs, l2_bytes):
         import time
