@@ -16,6 +16,19 @@ runner (same inputs, checks, CUDA graphs). Diagnostic variants may fail the chec
 * ``warp_any``: the table read only where a lane of the warp needs it (``__any_sync``; on keys whose groups all
   lie within ``2**2`` of their largest, as the accuracy study's, no warp reads it).
 
+Probe variants (wrong scores by construction, so they fail the check; their time says what a part costs):
+
+* ``no_decode``: the payload words fed to the wgmma as they are (no LUT, no nibble-to-byte decode);
+* ``no_mma``: no score wgmma (the fragments kept alive, the accumulators zero; the head sum and the stores as
+  in the product);
+* ``no_decode_mma``: both.
+
+A structural variant:
+
+* ``pipeline``: the next page read and decoded while this page's score wgmma runs (two fragment sets, the loop
+  unrolled by two so that they alternate without copies); the next request's queries still load only when no
+  wgmma is in flight.
+
     PYTHONPATH=. python3 -m experiments.sm90_small_ab [--variants product,...] [--shapes ...] [--json OUT]
 """
 
@@ -83,6 +96,79 @@ VARIANT_EDITS = {
         t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(-KEYFOLD_LOW) ? a - KEYFOLD_LOW : 7];""", 1),
     ],
 }
+
+_NO_DECODE = (
+    """            decode_word_rep(w0[s], lo0, hi0, k16, k65536, fr.a[s][0], fr.a[s][2]);
+            decode_word_rep(w1[s], lo1, hi1, k16, k65536, fr.a[s][1], fr.a[s][3]);
+""",
+    """            fr.a[s][0] = fr.a[s][2] = w0[s];
+            fr.a[s][1] = fr.a[s][3] = w1[s];
+""", 1)
+_NO_MMA = [
+    ("        for (int s = 0; s < 4; ++s) wgmma_f8(acc, fr.a[s], q_desc0 + (i * Q_BYTES + 32 * s) / 16, s > 0);\n",
+     '        for (int s = 0; s < 4; ++s) asm volatile("" :: "r"(fr.a[s][0]), "r"(fr.a[s][1]), "r"(fr.a[s][2]), '
+     '"r"(fr.a[s][3]));\n', 1),
+    ("    u32 acc[MMA_N / 4];  //", "    u32 acc[MMA_N / 4] = {};  //", 1),
+]
+_LOOP = """    Slot next;
+    acquire(next);
+    while (next.job.y >= 0) {
+        const int4 job = next.job;
+        if (job.y != cur_b) {
+            cur_b = job.y;
+            load_request(cur_b);  // no wgmma is in flight here
+        }
+        Frag fr;
+        float f;
+        decode(next, fr, f);
+#pragma unroll
+        for (int i = 0; i + MMA_ROWS < NEXT_N; i += MMA_ROWS) {
+            issue_row(i, fr);
+            FINISH_GROUP(i);
+        }
+        issue_row(NEXT_N - MMA_ROWS, fr);
+        FINISH_GROUP(NEXT_N - MMA_ROWS);
+        acquire(next);
+        fill_tail(job);
+    }
+}"""
+_PIPELINED_LOOP = """    Slot next;
+    acquire(next);
+    Frag fa, fb;
+    float fa_f = 0.f, fb_f = 0.f;
+    if (next.job.y >= 0) decode(next, fa, fa_f);
+    // One page: its first wgmma issued, the next page read and decoded while it runs, then its epilogue.
+    auto step = [&](const Frag& fr, const float f, Frag& fn, float& fn_f) -> bool {
+        const int4 job = next.job;
+        if (job.y != cur_b) {
+            cur_b = job.y;
+            load_request(cur_b);  // no wgmma is in flight here
+        }
+        issue_row(0, fr);
+        acquire(next);
+        if (next.job.y >= 0) decode(next, fn, fn_f);
+        FINISH_GROUP(0);
+#pragma unroll
+        for (int i = MMA_ROWS; i < NEXT_N; i += MMA_ROWS) {
+            issue_row(i, fr);
+            FINISH_GROUP(i);
+        }
+        // fr stays unmodified until its last wgmma has been waited for.
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+            asm volatile("" ::"r"(fr.a[s][0]), "r"(fr.a[s][1]), "r"(fr.a[s][2]), "r"(fr.a[s][3]) : "memory");
+        fill_tail(job);
+        return next.job.y >= 0;
+    };
+    while (next.job.y >= 0) {
+        if (!step(fa, fa_f, fb, fb_f)) break;
+        if (!step(fb, fb_f, fa, fa_f)) break;
+    }
+}"""
+VARIANT_EDITS["pipeline"] = [(_LOOP, _PIPELINED_LOOP, 1)]
+VARIANT_EDITS["no_decode"] = [_NO_DECODE]
+VARIANT_EDITS["no_mma"] = list(_NO_MMA)
+VARIANT_EDITS["no_decode_mma"] = [_NO_DECODE] + _NO_MMA
 
 
 def source(config: sm90.Config, variant: str) -> str:
