@@ -1,5 +1,8 @@
 """Proof that the product Hopper kernel is the full-variant kernel at its production settings.
 
+Historical: it applies to the product kernel of commit 650565e, before the kernel took f16 accumulators and the
+fold on the index key (docs/perf-notes.md); run it from that commit.
+
 For every configuration serving builds (``sm90.served_configs()``: next_n x heads within 32 KB of
 queries, fp32/bf16/fp16 logits, [B] and [B, next_n] lengths, the default rows per wgmma), this
 preprocesses

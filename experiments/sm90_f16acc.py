@@ -1,5 +1,8 @@
 """The Hopper scorer with f16 accumulators: the product kernel's source, edited, built, checked and timed.
 
+Historical: it applies to the product kernel of commit 650565e, before the kernel took f16 accumulators and the
+fold on the index key (docs/perf-notes.md); run it from that commit.
+
 The score wgmma accumulates in f16 (``wgmma.mma_async ... .f16.e4m3.e4m3``: ``MMA_N / 4`` registers of
 packed f16x2 per thread instead of ``MMA_N / 2`` fp32), which the interference probe
 (``sm90_interference.py --acc f32,f16``) says no longer slows the decode's integer work beside it.

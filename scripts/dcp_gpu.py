@@ -73,7 +73,8 @@ PREFILL_QUERIES = 1024
 GRAPH_CALLS = 20
 GRAPH_REPLAYS = 10
 # The oracle bound relative to sum_h |w| sum_d |q k| for the Triton scorers (fp32 sums); where the Hopper CUDA
-# kernel runs, its own bound sm90.rel_bound() (FP8 MMA accumulation and its bf16 head sum) instead.
+# kernel runs, its own bound sm90.rel_bound() (FP8 MMA with f16 accumulation, its f16 head sum) and
+# sm90.logit_error_floor instead.
 REL = 2e-5
 DEVICE = "cuda"
 

@@ -94,8 +94,25 @@ def term_bound(case: PagedCase, width: int) -> torch.Tensor:
 
 def relu_bound(case: PagedCase, width: int) -> torch.Tensor:
     """``sum_h |w| relu(s_h)`` per (row, column), ``s_h`` the exact head score, fp64 ``[rows, width]`` (0 past
-    a row's length): the scale of a rounding applied to each relu'd head score (the Hopper bf16 head sum)."""
+    a row's length): the scale of a rounding applied to each relu'd head score (the Hopper kernel's head sum)."""
     return _error_scales(case, width, relu=True)
+
+
+def floor_bound(case: PagedCase, width: int) -> torch.Tensor:
+    """The Hopper kernel's ``sm90.logit_error_floor`` per (row, column), fp64 ``[rows, width]`` (0 past a row's
+    length): what its decode's rounding of low groups and its f16 subnormals can add."""
+    from sglang_fp4_indexer.ops import sm90
+
+    lens = expand_context_lens(case.context_lens.cpu(), case.next_n).reshape(-1)
+    cache = case.cache.cpu()
+    out = torch.zeros(case.q.shape[0], width, dtype=torch.float64)
+    for r in range(case.q.shape[0]):
+        n = int(lens[r])
+        if n:
+            payload, scales = read_index_k(cache, paged_slots(case.block_table[r // case.next_n].cpu(), n))
+            out[r, :n] = sm90.logit_error_floor(case.q[r].cpu().float(), case.weights[r].cpu(),
+                                                dequantize_index_k(payload, scales), scales)
+    return out
 
 
 def runs_wgmma(heads: int, next_n: int = 1, device: str = "cuda") -> bool:

@@ -416,9 +416,10 @@ def test_gpu_study_matches_the_torch_path():
     inputs = [build_study_input(k, cases, rows=32, seed=0, device="cuda") for k in ("gaussian", "needle")]
     triton = run_accuracy(inputs, cases, device="cuda", diagnose_cases=[])
     torch_path = run_accuracy(inputs, cases, device="cuda", triton_max_context=0, diagnose_cases=[])
-    # On Hopper the kernel path is the CUDA scorer, whose bf16 head sum (sm90.HEADSUM_REL) moves the
-    # Spearman mean by up to 1.5e-6 on these cases (its CPU emulation, experiments/headsum_recall.py's
-    # bf16_head_sum_logits, against the fp32 FP4 logits); elsewhere only fp32 summation order differs.
+    # On Hopper the kernel path is the CUDA scorer, whose f16 accumulation (sm90.MMA_REL) moves the
+    # Spearman mean by less than the bf16 head sum it replaced did (up to 1.5e-6 on these cases, by its CPU
+    # emulation, experiments/headsum_recall.py's bf16_head_sum_logits); elsewhere only fp32 summation order
+    # differs.
     from sglang_fp4_indexer.ops import sm90
 
     wgmma = any(runs_wgmma(h) for _, h in cases)

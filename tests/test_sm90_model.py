@@ -60,19 +60,28 @@ def _max_byte(w):
     return np.maximum(np.maximum(w & u(0xFF), b1), np.maximum(b2, w >> u(24)))
 
 
-def _lut_words(scales_word, group, s_max, consts):
-    """A = code - s_max + 12 of one (key, group) and, per (multiplier, addend) in ``consts``, the
-    LUT word A * multiplier + addend (mod 2**32), zero where A < 1 (the group is flushed)."""
-    code = _prmt(scales_word, np.zeros_like(scales_word), np.full_like(scales_word, 0x4440 + group))
-    a = code.astype(np.int64) - s_max.astype(np.int64) + 12
+def _lut_of_a(a):
+    """Mirror of group_lut's choice for exponent fields ``a`` (int64 array): ``A * multiplier + addend``
+    (mod 2**32) for A >= 1, else row ``A - KEYFOLD_LOW`` of ``sm90.keyfold_table`` when
+    ``KEYFOLD_LOW <= A <= 0``, else its last row (zeros). Returns the (lo, hi) words."""
+    table = np.array(sm90.keyfold_table(), dtype=np.uint64)
     ua = a.astype(np.uint64) & 0xFFFFFFFF
-    return tuple(np.where(a >= 1, ((ua * mul + add) & 0xFFFFFFFF).astype(np.uint32), 0).astype(np.uint32)
-                 for mul, add in consts)
+    row = np.where((a - sm90.KEYFOLD_LOW >= 0) & (a <= 0), a - sm90.KEYFOLD_LOW, len(table) - 1)
+    return tuple(np.where(a >= 1, (ua * mul + add) & 0xFFFFFFFF, table[row, i]).astype(np.uint32)
+                 for i, (mul, add) in enumerate([(0x08080800, 0x0C080000), (0x08080808, 0x1C181410)]))
 
 
 def _group_lut(scales_word, group, s_max):
-    """Mirror of group_lut(prmt(scales, 0, 0x4440 + group), s_max) in the .cu file."""
-    return _lut_words(scales_word, group, s_max, [(0x08080800, 0x0C080000), (0x08080808, 0x1C181410)])
+    """Mirror of group_lut(prmt(scales, 0, 0x4440 + group), s_max) in the .cu file: A = code - s_max + 3."""
+    code = _prmt(scales_word, np.zeros_like(scales_word), np.full_like(scales_word, 0x4440 + group))
+    return _lut_of_a(code.astype(np.int64) - s_max.astype(np.int64) + 3)
+
+
+def _nearest_e4m3(x: float) -> float:
+    """Independent oracle: the e4m3 value nearest to ``x >= 0`` among all finite non-negative e4m3 values
+    (bytes 0 .. 0x7E: subnormals m 2**-9, normals (1 + m / 8) 2**(e - 7)), ties to the even byte."""
+    values = [(b & 7) * 2.0**-9 if b < 8 else (1 + (b & 7) / 8) * 2.0 ** ((b >> 3) - 7) for b in range(0x7F)]
+    return values[min(range(0x7F), key=lambda b: (abs(values[b] - x), b & 1))]
 
 
 def _e4m3(bits: np.ndarray) -> np.ndarray:
@@ -105,29 +114,34 @@ def _b_operand(smem: np.ndarray, heads: int, step: int) -> np.ndarray:
 
 
 def test_sign_replicate_decode_matches_the_e2m1_values_for_every_nibble():
-    # Every nibble value in every position (and random words), for every LUT exponent A = 1..12
-    # and a flushed group: decode_word_rep gives the e4m3 bytes of E2M1(x) * 2**(A - 6) with x's sign.
+    # Every nibble value in every position (and random words), for every exponent field the fold makes
+    # (A = s_g - s_max + 3 <= 3) down past the table: decode_word_rep gives the e4m3 bytes of
+    # E2M1(x) * 2**(A - 6) rounded to nearest e4m3 (exact for A >= -2), with x's sign.
     rng = np.random.default_rng(3)
     words = np.concatenate([np.array([sum(v << (4 * i) for i in range(8)) for v in range(16)], dtype=np.uint32),
                             rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)])
     e2m1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float64)
-    for a in range(0, 13):
-        ua = np.uint64(a)
-        lo = np.full_like(words, int((ua * 0x08080800 + 0x0C080000) & 0xFFFFFFFF) if a >= 1 else 0)
-        hi = np.full_like(words, int((ua * 0x08080808 + 0x1C181410) & 0xFFFFFFFF) if a >= 1 else 0)
+    for a in range(-9, 4):
+        lo_w, hi_w = _lut_of_a(np.array([a], dtype=np.int64))
+        lo, hi = np.full_like(words, int(lo_w[0])), np.full_like(words, int(hi_w[0]))
         out0, out1 = _decode_word_rep(words, lo, hi)
         got = _e4m3(np.frombuffer(np.stack([out0, out1], axis=1).astype("<u4").tobytes(), dtype=np.uint8))
         nib = (words[:, None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF
-        want = np.where(nib & 8, -1.0, 1.0) * e2m1[nib & 7] * (2.0 ** (a - 6) if a >= 1 else 0.0)
+        mags = np.array([_nearest_e4m3(v * 2.0 ** (a - 6)) for v in e2m1])
+        if a >= sm90.KEYFOLD_EXACT_LOW:
+            np.testing.assert_array_equal(mags, e2m1 * 2.0 ** (a - 6))  # exact there
+        want = np.where(nib & 8, -1.0, 1.0) * mags[nib & 7]
         np.testing.assert_array_equal(got.reshape(-1, 8), want)
         assert np.array_equal(np.signbit(got.reshape(-1, 8)), (nib & 8) > 0)  # -0 keeps its sign
+    assert _nearest_e4m3(6 * 2.0 ** (sm90.KEYFOLD_LOW - 7)) == 0.0  # below the table's rows all is zero
 
 
 @pytest.mark.parametrize("heads", [64, 32])
 def test_fragment_replay_gives_the_exact_dot_products(heads):
     g = torch.Generator().manual_seed(heads)
-    keys = torch.randn(64, 128, generator=g) * torch.exp2(torch.randint(-5, 6, (64, 4), generator=g).double()).repeat_interleave(32, 1).float()
-    # group scales within 2**10 of each other: the folded form is exact there
+    keys = torch.randn(64, 128, generator=g) * torch.exp2(torch.randint(-2, 2, (64, 4), generator=g).double()).repeat_interleave(32, 1).float()
+    # group scales within 2**5 of each other (2**3 apart, and the quantizer's rounding of each group's
+    # scale): the folded form is exact there
     keys[3] = 0.0  # an all-zero key
     keys[5, 32:64] = 0.0  # a zero group
     payload, scales = quantize_index_k(keys)
@@ -161,7 +175,10 @@ def test_fragment_replay_gives_the_exact_dot_products(heads):
                     vals = _e4m3(np.frombuffer(np.uint32(regs[(s, reg)]).tobytes(), dtype=np.uint8))
                     acc[row] += vals @ b_ops[s][:, k0:k0 + 4].T
     s_max = scales.max(dim=1).values.double()
-    got = acc * 2.0**-6 * torch.exp2(s_max - 127).numpy()[:, None]
+    d = scales.to(torch.int64) - scales.max(dim=1, keepdim=True).values.to(torch.int64)
+    nonzero = dequantize_index_k(payload, scales).view(64, 4, 32).abs().amax(dim=2) > 0
+    assert int(d[nonzero].min()) >= sm90.KEYFOLD_EXACT_LOW - 3  # every nonzero group within the exact rows
+    got = acc * torch.exp2(s_max - 124).numpy()[:, None]  # the fold put k at 2**(124 - s_max)
     want = dequantize_index_k(payload, scales).double().numpy() @ q.double().numpy().T
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-30)
 
@@ -235,23 +252,50 @@ def test_rows_per_wgmma_defaults_and_limits():
 
 
 def test_rel_bound_is_the_mma_bound_plus_the_head_sums_rounding():
-    # The tolerance of the GPU tests and the benchmark's check for the Hopper kernel: the FP8 MMA's 1e-3
-    # plus the bf16 head sum's 2**-8 (relu(S) to bf16) + 2**-16 (the weights as hi + lo bf16).
-    assert sm90.rel_bound() == pytest.approx(1e-3 + 1 / 256 + 1 / 65536, rel=1e-15)
-    assert sm90.HEADSUM_REL == 2.0**-8 + 2.0**-16
+    # The tolerance of the GPU tests and the benchmark's check for the Hopper kernel (beside its floor): the FP8
+    # MMA's 1e-3, four faithful f16 roundings of the accumulator (gamma_4 at u = 2**-10), and the f16 head sum's
+    # 2**-15 + 2**-21 of what it adds (relu(S) exact, hi + lo f16 weights, fp32 additions), of a term bound that
+    # may itself be off by MMA_REL.
+    mma = 1e-3 + 4 * 2.0**-10 / (1 - 4 * 2.0**-10)
+    assert sm90.MMA_REL == pytest.approx(mma, rel=1e-15)
+    assert sm90.HEADSUM_REL == 2.0**-15 + 2.0**-21
+    assert sm90.rel_bound() == pytest.approx(mma + (2.0**-15 + 2.0**-21) * (1 + mma), rel=1e-15)
 
 
 def test_logit_error_bound_splits_the_mma_and_head_sum_scales():
-    # 1e-3 of the term bound for the FP8 MMA; the head sum's rounding of the relu'd scores, themselves
-    # off by at most 1e-3 of the term bound; never above the one-factor rel_bound() x term bound.
+    # MMA_REL of the term bound plus the floor for the score; the head sum's rounding of the relu'd scores,
+    # themselves off by at most that; never above the one-factor rel_bound() x term bound plus the floor's share.
+    mma, hs = sm90.MMA_REL, sm90.HEADSUM_REL
     term = torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)
     relu = torch.tensor([0.0, 2.5, 100.0], dtype=torch.float64)
-    want = 1e-3 * term + (2.0**-8 + 2.0**-16) * (relu + 1e-3 * term)
-    assert torch.allclose(sm90.logit_error_bound(term, relu), want, rtol=1e-15, atol=0)
-    assert sm90.logit_error_bound(4.0, 1.0) == pytest.approx(4e-3 + (2.0**-8 + 2.0**-16) * (1.0 + 4e-3))
-    assert torch.all(sm90.logit_error_bound(term, relu) <= sm90.rel_bound() * term * (1 + 1e-3))
+    floor = torch.tensor([0.0, 1e-3, 0.5], dtype=torch.float64)
+    want = mma * term + floor + hs * (relu + mma * term + floor)
+    assert torch.allclose(sm90.logit_error_bound(term, relu, floor), want, rtol=1e-15, atol=0)
+    assert sm90.logit_error_bound(4.0, 1.0) == pytest.approx(4 * mma + hs * (1.0 + 4 * mma))
+    assert torch.all(sm90.logit_error_bound(term, relu) <= sm90.rel_bound() * term * (1 + 1e-12))
     # No relu'd score: the MMA part, and the head sum's rounding of what the MMA may have added.
-    assert float(sm90.logit_error_bound(term, relu)[0]) == pytest.approx(1e-3 * (1 + 2.0**-8 + 2.0**-16))
+    assert float(sm90.logit_error_bound(term, relu)[0]) == pytest.approx(mma * (1 + hs))
+
+
+def test_logit_error_floor_is_what_the_low_groups_and_the_subnormals_can_add():
+    # Oracle: the floor's three terms written out per element. Key 0: groups 0, 1, 4 and 7 below its largest
+    # (only the last is rounded: A = 3 - 7 = -4 < -2); key 1: all groups equal (nothing rounded).
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(4, 128, generator=g)
+    w = torch.tensor([0.5, -2.0, 0.0, 1.0])
+    scales = torch.tensor([[130, 129, 126, 123], [120, 120, 120, 120]], dtype=torch.uint8)
+    keys = torch.randn(2, 128, generator=g)
+    got = sm90.logit_error_floor(q, w, keys, scales)
+    qw = (w.abs().double()[:, None] * q.abs().double()).sum(dim=0)  # [128]
+    decode0 = 2.0 ** (130 - 134) * float(qw[96:].sum())
+    sub = [2.0 ** (s - 146) * float(w.abs().sum()) for s in (130, 120)]
+    wfl = [2.0**-39 * 2.0 * float((keys[k].abs().double() * q.abs().double().sum(dim=0)).sum()) for k in range(2)]
+    want = torch.tensor([decode0 + sub[0] + wfl[0], sub[1] + wfl[1]], dtype=torch.float64)
+    assert torch.allclose(got, want, rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="keys, scales"):
+        sm90.logit_error_floor(q, w, keys, scales[:1])
+    with pytest.raises(ValueError, match="q, weights"):
+        sm90.logit_error_floor(q, w[:3], keys, scales)
 
 
 def test_unsupported_configurations_are_refused():
@@ -519,19 +563,24 @@ def _bf16_round(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("heads", [128, 64, 32, 16])
-def test_bf16_head_sum_fragment_replay(heads):
-    # HEADSUM 2: ra[j] = cvt.rn.relu.bf16x2(acc[2j + 1] -> high half, acc[2j] -> low half), and tile t's
-    # A fragment is ra[4t .. 4t + 3], read as m64n8k16's bf16 A fragment (a0 (r0, k 2c, 2c + 1), a1 (r1,
-    # same k), a2 (r0, k 2c + 8, 2c + 9), a3 (r1, same k); the low half is the lower k) against the
-    # tiles load_request writes (short 64 (k / 8) + 8 n + k % 8 of tile t = h / 16, k = h % 16: hi =
-    # bf16(w) in columns 0 and 2, lo = bf16(w - hi) in 1 and 3), read through hs_desc.
+def test_f16_head_sum_fragment_replay(heads):
+    # The score wgmma's f16 accumulator register j holds (low half, high half) = the fp32 layout's
+    # (acc[2j], acc[2j + 1]); ra[j] = max.f16x2(acc[j], 0), and tile t's A fragment is ra[4t .. 4t + 3],
+    # read as m64n8k16's f16 A fragment (a0 (r0, k 2c, 2c + 1), a1 (r1, same k), a2 (r0, k 2c + 8, 2c + 9),
+    # a3 (r1, same k); the low half is the lower k) against the tiles load_request writes (short
+    # 64 (k / 8) + 8 n + k % 8 of tile t = h / 16, k = h % 16: hi = f16(w') in columns 0 and 2, lo =
+    # f16(w' - hi) in 1 and 3, w' = w 2**(141 - e_r), e_r the fp32 exponent field of the row's largest
+    # |w| clamped to [12, 254]), read through hs_desc.
     g = np.random.default_rng(heads + 7)
-    s_acc = (g.normal(size=(64, heads)) * 300).astype(np.float32)  # the dot products (rows = keys)
+    s_acc = (g.normal(size=(64, heads)) * 300).astype(np.float16).astype(np.float32)  # f16 accumulators
     w = g.normal(size=heads).astype(np.float32) * 0.01
-    tiles = np.zeros((heads // 16, 128), dtype=np.float32)  # 256 bytes of bf16 per tile
+    e_r = min(max(int(np.abs(w).max().view(np.uint32)) >> 23, 12), 254)
+    w_scaled = np.ldexp(w, 141 - e_r).astype(np.float32)
+    assert 2.0**14 <= np.abs(w_scaled).max() < 2.0**15
+    tiles = np.zeros((heads // 16, 128), dtype=np.float32)  # 256 bytes of f16 per tile
     for h in range(heads):
-        hi = _bf16_round(w[h:h + 1])[0]
-        lo = _bf16_round(np.array([w[h] - hi], dtype=np.float32))[0]
+        hi = np.float32(np.float16(w_scaled[h]))
+        lo = np.float32(np.float16(w_scaled[h] - hi))
         t, kb, e = h >> 4, (h >> 3) & 1, h & 7
         for n, v in ((0, hi), (1, lo), (2, hi), (3, lo)):
             tiles[t, 64 * kb + 8 * n + e] = v
@@ -545,7 +594,7 @@ def test_bf16_head_sum_fragment_replay(heads):
         for j in range(heads // 8):
             acc[4 * j:4 * j + 4] = [s_acc[r0, 8 * j + 2 * c], s_acc[r0, 8 * j + 2 * c + 1], s_acc[r0 + 8, 8 * j + 2 * c],
                                     s_acc[r0 + 8, 8 * j + 2 * c + 1]]
-        relu = _bf16_round(np.maximum(acc, 0))
+        relu = np.maximum(acc, 0)  # exact: max.f16x2 of f16 values
         return [(relu[2 * j], relu[2 * j + 1]) for j in range(heads // 4)]
 
     got = np.zeros(64)
@@ -568,11 +617,12 @@ def test_bf16_head_sum_fragment_replay(heads):
                 got[r0] = d[0] + d[1]  # columns 0, 1: row r0 by hi and lo
             elif c == 1:
                 got[r1] = d[2] + d[3]  # columns 2, 3: row r1 by hi and lo
-    want = (np.maximum(s_acc.astype(np.float64), 0) * w).sum(axis=1)
-    bound = (np.maximum(s_acc.astype(np.float64), 0) * np.abs(w)).sum(axis=1)
+    got = got * 2.0 ** (e_r - 141)  # the row's weight scale undone (row_g and the epilogue's f)
+    want = (np.maximum(s_acc.astype(np.float64), 0) * w.astype(np.float64)).sum(axis=1)
+    bound = (np.maximum(s_acc.astype(np.float64), 0) * np.abs(w.astype(np.float64))).sum(axis=1)
     err = np.abs(got - want)
-    assert np.all(err <= (2.0**-8 + 2.0**-16) * bound * 1.01 + 1e-12), err.max()  # bf16: unit roundoff 2**-8
-    assert err.max() > 0  # bf16 did round: the replay reads bf16, not the fp64 values
+    assert np.all(err <= 2.0**-22 * bound * 1.01), err.max()  # hi + lo f16: within 2**-22 of w'
+    assert err.max() > 0  # the split did round: the replay reads f16 weights, not the fp32 values
 
 
 class _StandInHopper:

@@ -11,8 +11,10 @@ of the magnitudes of every term of the logit; a scorer passes where
   or the same values in fp16/bf16) and sums fp32 (2**-24 per addition, a few
   dozen additions), but Hopper's FP8 MMA adds products in an accumulator
   narrower than fp32 (DeepGEMM's notes); 1e-3 is the bound the project's GPU
-  test uses. The Hopper CUDA kernel (``wgmma``) adds its head sum's rounding:
-  ``sm90.rel_bound()`` (1e-3 + 2**-8 + 2**-16 with its default bf16 head sum).
+  test uses. The Hopper CUDA kernel (``wgmma``) accumulates in f16 and decodes the
+  groups far below their key's largest with rounding: ``sm90.rel_bound()`` (its
+  f16 accumulation and head sum) of the bound plus ``sm90.logit_error_floor``
+  per (row, key), computed from the inputs (``Expected.floor``).
 * SGLang's Triton FP4 scorer: ``SGLANG_REL`` = 2e-2. Its own semantics round
   four times to bf16 (the weights, each head's dot, each weighted head score,
   the logit), each within 2**-8 (bf16's unit roundoff) of the bound: 4 x 2**-8 = 1.6e-2 < 2e-2.
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from ..format import dequantize_index_k
+from ..ops import sm90
 from ..pool import read_index_k
 from ..reference import expand_context_lens, logits_from_keys, paged_logits_reference, paged_slots
 from .inputs import ScorerInputs, checked_requests
@@ -56,6 +59,8 @@ class Expected:
         logits: fp32 ``[len(rows), width]`` from ``paged_logits_reference``.
         bound: fp64 ``[len(rows), width]`` term-magnitude bound (0 past the length).
         all_lens: int64 ``[rows_total]`` visible keys of every row (for the -inf sweep).
+        floor: fp64 ``[len(rows), width]`` the Hopper kernel's ``sm90.logit_error_floor`` (0 past the length;
+            None where not computed), added to the tolerance of a scorer that asks for it.
     """
 
     rows: list[int]
@@ -63,6 +68,7 @@ class Expected:
     logits: torch.Tensor
     bound: torch.Tensor
     all_lens: torch.Tensor
+    floor: torch.Tensor | None = None
 
 
 @dataclass
@@ -113,21 +119,25 @@ def expected_logits(inputs: ScorerInputs) -> Expected:
     ref = paged_logits_reference(q, w, cache, bt, lens_req, width=inputs.width)
     lens = expand_context_lens(lens_req, next_n).reshape(-1)
     bound = torch.zeros(len(rows), inputs.width, dtype=torch.float64, device=inputs.device)
+    floor = torch.zeros_like(bound)
     for j, b in enumerate(reqs):
         longest = int(lens[j * next_n : (j + 1) * next_n].max())
         if longest == 0:
             continue
-        keys = dequantize_index_k(*read_index_k(cache, paged_slots(inputs.block_table[b], longest))).abs()
+        payload, scales = read_index_k(cache, paged_slots(inputs.block_table[b], longest))
+        keys = dequantize_index_k(payload, scales).abs()
         for i in range(next_n):
             r = j * next_n + i
             n = int(lens[r])
             if n:
                 bound[r, :n] = logits_from_keys(q[r].float().abs(), w[r].abs(), keys[:n])
+                floor[r, :n] = sm90.logit_error_floor(q[r].float(), w[r], keys[:n], scales[:n])
     all_lens = expand_context_lens(inputs.context_lens, next_n).reshape(-1)
-    return Expected(rows, lens, ref, bound, all_lens)
+    return Expected(rows, lens, ref, bound, all_lens, floor)
 
 
-def _compare_rows(out: torch.Tensor, exp: Expected, rel: float, visible_only: bool) -> tuple[bool, str, float]:
+def _compare_rows(out: torch.Tensor, exp: Expected, rel: float, visible_only: bool,
+                  floor: bool = False) -> tuple[bool, str, float]:
     got = out[torch.tensor(exp.rows, device=out.device)].to(torch.float64)
     ref = exp.logits.to(torch.float64)
     cols = torch.arange(ref.shape[1], device=ref.device)
@@ -140,13 +150,19 @@ def _compare_rows(out: torch.Tensor, exp: Expected, rel: float, visible_only: bo
         return False, "a column past a checked row's length is not -inf", float("nan")
     err = (got - ref).abs()[visible]
     allowed = rel * exp.bound[visible]
+    if floor:
+        if exp.floor is None:
+            raise ValueError("floor: the reference was computed without Expected.floor")
+        allowed = allowed + exp.floor[visible]
     worst = float((err / allowed.clamp_min(1e-300)).max()) if err.numel() else 0.0
     if err.numel() and not torch.all(err <= allowed):
-        return False, f"|out - ref| exceeds {rel:g} x bound (worst {worst:.3g} x the tolerance)", worst
+        plus = " + floor" if floor else ""
+        return False, f"|out - ref| exceeds {rel:g} x bound{plus} (worst {worst:.3g} x the tolerance)", worst
     return True, "", worst
 
 
-def check_logits(outputs: dict[int, torch.Tensor], exp: Expected, rel: float, *, writes_all: bool) -> CheckResult:
+def check_logits(outputs: dict[int, torch.Tensor], exp: Expected, rel: float, *, writes_all: bool,
+                 floor: bool = False) -> CheckResult:
     """Check every rotation set's output of one scorer against the reference.
 
     Args:
@@ -156,6 +172,7 @@ def check_logits(outputs: dict[int, torch.Tensor], exp: Expected, rel: float, *,
         rel: tolerance relative to the term-magnitude bound.
         writes_all: the scorer's contract writes every element (``-inf`` past
             the length): sweep the whole output for NaN and the ``-inf`` tail.
+        floor: add ``exp.floor`` (the Hopper kernel's ``sm90.logit_error_floor``) to the tolerance.
 
     Returns:
         ``CheckResult`` (``ok`` False on the first failing set, naming it).
@@ -177,7 +194,7 @@ def check_logits(outputs: dict[int, torch.Tensor], exp: Expected, rel: float, *,
             tail = cols[None, :] >= exp.all_lens.to(out.device)[:, None]
             if not torch.all(out[tail] == float("-inf")):
                 return CheckResult(False, f"set {s}: a column at or past its row's length is not -inf", sets_checked=s)
-        ok, why, w = _compare_rows(out, exp, rel, visible_only=not writes_all)
+        ok, why, w = _compare_rows(out, exp, rel, visible_only=not writes_all, floor=floor)
         if w == w:  # not NaN
             worst = max(worst, w)
         if not ok:
@@ -185,7 +202,8 @@ def check_logits(outputs: dict[int, torch.Tensor], exp: Expected, rel: float, *,
     scope = "all elements written, -inf tails, " if writes_all else "visible columns, "
     return CheckResult(
         True,
-        f"{scope}{len(exp.rows)} rows vs reference within {rel:g} x bound, {len(outputs)} set(s)",
+        f"{scope}{len(exp.rows)} rows vs reference within {rel:g} x bound{' + floor' if floor else ''}, "
+        f"{len(outputs)} set(s)",
         worst,
         len(exp.rows),
         len(outputs),

@@ -163,7 +163,7 @@ def _run_scorer(scorer: Scorer, inputs, expected, l2, bandwidth: float, device) 
         floor = floor_seconds(scorer_bytes(shape, scorer.key_bytes), bandwidth)
         result["floor_s"] = floor
         result["pct_floor"] = percent_of_floor(run.timing.seconds, floor)
-        check = check_logits(run.outputs, expected, prepared.rel, writes_all=prepared.writes_all)
+        check = check_logits(run.outputs, expected, prepared.rel, writes_all=prepared.writes_all, floor=prepared.floor)
     except Exception as exc:  # recorded, the run goes on
         result["status"] = _error(exc)
         try:

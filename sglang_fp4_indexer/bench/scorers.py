@@ -64,6 +64,7 @@ class PreparedScorer:
         rel: its check tolerance (``checks``).
         writes_all: whether its contract writes every element (``-inf`` tails).
         case_bytes: bytes of one call's working set (cache + logits), for the record.
+        floor: its tolerance adds ``checks.Expected.floor`` (the Hopper kernel's absolute terms).
     """
 
     fn: Callable[[int], torch.Tensor]
@@ -71,6 +72,7 @@ class PreparedScorer:
     rel: float
     writes_all: bool
     case_bytes: int
+    floor: bool = False
 
 
 class Scorer:
@@ -144,14 +146,13 @@ class OursScorer(Scorer):
                 out=outs[s], check=False, clean_logits=clean, **extra,
             )
 
-        # The Hopper kernel's bound includes its head sum's rounding (sm90.rel_bound(): OURS_REL plus
-        # the bf16 head sum's 2**-8 + 2**-16 with the default HEADSUM 2).
-        rel = OURS_REL
+        # The Hopper kernel's bound: its f16 accumulation and head sum (sm90.rel_bound()) and the absolute
+        # terms of its decode's rounding and f16 subnormals (sm90.logit_error_floor, checks.Expected.floor).
         if self.ran == "wgmma":
             from ..ops import sm90
 
-            rel = sm90.rel_bound()
-        return PreparedScorer(fn, sets, rel, clean, case)
+            return PreparedScorer(fn, sets, sm90.rel_bound(), clean, case, floor=True)
+        return PreparedScorer(fn, sets, OURS_REL, clean, case)
 
 
 def sglang_request_table(block_table: torch.Tensor, width: int, page_size: int = PAGE_SIZE) -> torch.Tensor:

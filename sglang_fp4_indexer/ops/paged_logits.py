@@ -469,10 +469,11 @@ def paged_logits(
         impl: ``"auto"`` (default): ``"wgmma"`` where it runs (below), else
             ``"folded"`` where FP8 MMA runs (e4m3 q), else ``"scaled"``.
             ``"wgmma"``: the CUDA C++ Hopper kernel (``ops/sm90.py``, built by
-            NVRTC at first use): the folded numerics below with the decoded
-            keys as wgmma's register operand, pages streamed by bulk copies, the
-            head sum as a bf16 wgmma (each relu'd head score rounded to bf16:
-            logits within ``sm90.logit_error_bound``);
+            NVRTC at first use): the decoded keys as wgmma's register operand
+            with the fold on the key (a key's largest group at 2**-3 x E2M1,
+            docs/format.md), f16 accumulators, pages streamed by bulk copies,
+            the head sum as an f16 wgmma (logits within
+            ``sm90.logit_error_bound`` with ``sm90.logit_error_floor``);
             needs compute capability 9.0, ``cuda-bindings``, e4m3 q with
             ``next_n * H * 128 <= 32768`` bytes, 16-byte aligned q rows and
             cache, 64-token pages and ``block_kv`` a multiple of 64 (the

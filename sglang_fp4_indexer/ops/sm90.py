@@ -34,7 +34,8 @@ from . import nvrtc
 from ._common import MAX_NEXT_N, scale_row_is_identity
 
 __all__ = ["Config", "available", "unavailable_reason", "supports", "query_tile_problem", "serving_unavailable",
-           "record_serving_failure", "launch", "rel_bound", "logit_error_bound", "MAX_Q_BYTES"]
+           "record_serving_failure", "launch", "rel_bound", "logit_error_bound", "logit_error_floor",
+           "keyfold_table", "MAX_Q_BYTES"]
 
 #: The kernel's CUDA C++ source.
 SOURCE = Path(__file__).with_name("cuda") / "paged_logits_sm90.cu"
@@ -71,13 +72,24 @@ MMA_ROWS_DEFAULTS: dict[tuple[int, int], int] = {(2, 32): 2, (4, 32): 4}
 #: (N = 256 does not build).
 MAX_MMA_N = 128
 
-#: Relative error of a head score ``s_h`` from Hopper FP8 MMA's accumulation, narrower than fp32
-#: (DeepGEMM's notes; measured in docs/perf-notes.md, "The head sum"), relative to ``sum_d |q_hd k_d|``.
-MMA_REL = 1e-3
-#: Relative rounding per term of the head sum, a bf16 wgmma: relu(S) rounded to bf16 (its unit
-#: roundoff 2**-8) and the weights as hi + lo bf16 (2**-16). It moves the top-k recall by at most
-#: 3.4e-4 (docs/perf-notes.md, "The head sum").
-HEADSUM_REL = 2.0**-8 + 2.0**-16
+#: Relative error of a head score ``s_h`` from the score wgmma's accumulation in f16 (``.f16.e4m3.e4m3``),
+#: relative to ``sum_d |q_hd k_d|``: what Hopper's FP8 MMA loses inside a step, narrower than fp32
+#: (DeepGEMM's notes; 1e-3, measured in docs/perf-notes.md, "The head sum"), plus one rounding to f16
+#: per k32 step, four per head score, taken as faithful (below one unit in the last place, 2**-10
+#: relative: round-to-nearest and truncation alike, the hardware's rounding is not documented):
+#: ``1e-3 + gamma_4``, ``gamma_4 = 4 u / (1 - 4 u)``, ``u = 2**-10``.
+MMA_REL = 1e-3 + 4 * 2.0**-10 / (1 - 4 * 2.0**-10)
+#: Relative rounding per term of the head sum, an f16 wgmma with fp32 accumulation, relative to
+#: ``sum_h |w_h| relu(s_h)``: relu(S) enters exact (the f16 accumulator as it stands); the weights enter as
+#: hi + lo f16 after a power of two per row (2**-22); the heads' additions (at most 128) are taken at
+#: 2**-22 each, as coarse as the FP8 MMA's accumulation (2**-15), and the hi and lo sums' one fp32
+#: addition (2**-24).
+HEADSUM_REL = 2.0**-15 + 2.0**-21
+#: Lowest decode exponent field ``A = s_g - s_max + 3`` with its own LUT row (``keyfold_table``); a group
+#: further below its key's largest is zero.
+KEYFOLD_LOW = -6
+#: Groups with ``A`` at or below this are not exact: their e4m3 subnormals are rounded to nearest.
+KEYFOLD_EXACT_LOW = -2
 
 
 def query_tile_problem(next_n: int, heads: int) -> str | None:
@@ -211,27 +223,53 @@ def served_configs():
                         yield Config.of_call(next_n, heads, dtype, lens_2d)
 
 
+def keyfold_table() -> list[tuple[int, int]]:
+    """The decode's LUT rows for the low exponent fields ``A = KEYFOLD_LOW .. 0`` and a row of zeros (what the
+    kernel's ``KEYFOLD_TABLE`` holds): row ``A - KEYFOLD_LOW`` is ``(lo, hi)``, the little-endian words of the
+    bytes ``e4m3(E2M1(x) x 2**(A - 6))`` for the magnitude codes ``x = 0 .. 3`` and ``4 .. 7``, rounded to
+    nearest (ties to even) by torch's ``float8_e4m3fn`` cast; below ``2**-6`` they are e4m3 subnormals
+    (docs/format.md, "How the scorers read it").
+
+    Returns:
+        ``1 - KEYFOLD_LOW + 1`` pairs of ints (8).
+    """
+    from ..format import E2M1_MAGNITUDES
+
+    rows = []
+    for a in range(KEYFOLD_LOW, 1):
+        mags = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float64) * 2.0 ** (a - 6)
+        b = bytes(mags.to(torch.float32).to(torch.float8_e4m3fn).view(torch.uint8).tolist())
+        rows.append((int.from_bytes(b[:4], "little"), int.from_bytes(b[4:], "little")))
+    return rows + [(0, 0)]
+
+
 def _wgmma_wrapper(n: int) -> str:
     """C++ for ``wgmma_f8(acc, a, desc, accumulate)`` (``acc (+)= A B``: m64 n``n`` k32, ``n`` = rows per wgmma x
-    heads, e4m3 x e4m3 -> fp32, A in registers) and ``wgmma_bf16_n8`` (the head sum: m64n8k16 bf16)."""
-    n_acc = n // 2
+    heads, e4m3 x e4m3 -> f16, ``n / 4`` registers of f16x2, A in registers), ``wgmma_f16_n8`` (the head sum:
+    m64n8k16 f16 -> fp32) and ``KEYFOLD_TABLE``, the rows of ``keyfold_table`` (a global constant array: copying
+    it into shared memory at the kernel's start measured 0.3 µs faster at 1 x 4K than building the rows from
+    immediates)."""
+    n_acc = n // 4
     d = ", ".join(f"%{i}" for i in range(n_acc))
     a = ", ".join(f"%{n_acc + i}" for i in range(4))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n_acc))
+    outs = ", ".join(f'"+r"(d[{i}])' for i in range(n_acc))
     ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)'
+    table = ", ".join(f"{{0x{lo:08X}u, 0x{hi:08X}u}}" for lo, hi in keyfold_table())
     return (
-        "__device__ __forceinline__ void wgmma_f8(float* d, const u32* a, u64 desc, bool accumulate) {\n"
+        "// The decode's low-exponent LUT rows (sm90.keyfold_table), copied into shared memory at the start.\n"
+        f"static __device__ const uint2 KEYFOLD_TABLE[8] = {{{table}}};\n"
+        "__device__ __forceinline__ void wgmma_f8(u32* d, const u32* a, u64 desc, bool accumulate) {\n"
         '    asm volatile("{\\n.reg .pred p;\\n"\n'
         f'        "setp.ne.b32 p, %{n_acc + 5}, 0;\\n"\n'
-        f'        "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{d}}}, {{{a}}}, %{n_acc + 4}, p, 1, 1;\\n"\n'
+        f'        "wgmma.mma_async.sync.aligned.m64n{n}k32.f16.e4m3.e4m3 {{{d}}}, {{{a}}}, %{n_acc + 4}, p, 1, 1;\\n"\n'
         '        "}\\n"\n'
         f"        : {outs}\n"
         f'        : {ins}, "r"(static_cast<u32>(accumulate)));\n'
         "}\n"
-        "__device__ __forceinline__ void wgmma_bf16_n8(float* d, const u32* a, u64 desc, bool accumulate) {\n"
+        "__device__ __forceinline__ void wgmma_f16_n8(float* d, const u32* a, u64 desc, bool accumulate) {\n"
         '    asm volatile("{\\n.reg .pred p;\\n"\n'
         '        "setp.ne.b32 p, %9, 0;\\n"\n'
-        '        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\\n"\n'
+        '        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\\n"\n'
         '        "}\\n"\n'
         '        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])\n'
         '        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(static_cast<u32>(accumulate)));\n'
@@ -353,27 +391,69 @@ def supports(q: torch.Tensor, cache: torch.Tensor, next_n: int, heads: int) -> s
 
 
 def rel_bound() -> float:
-    """The kernel's logit error bound as one factor of the term bound ``sum_h |w_h| sum_d |q_hd k_d|`` of
-    each key (what the benchmark's check allows): ``MMA_REL + HEADSUM_REL`` (the head sum's rounding is
-    relative to ``sum_h |w_h| relu(s_h)``, which the term bound exceeds, so this is looser than
-    ``logit_error_bound``)."""
-    return MMA_REL + HEADSUM_REL
+    """The kernel's relative logit error bound as one factor of the term bound ``sum_h |w_h| sum_d |q_hd k_d|``
+    of each key (what the benchmark's check allows, with ``logit_error_floor`` added): ``MMA_REL + HEADSUM_REL
+    (1 + MMA_REL)`` (the head sum's rounding is relative to ``sum_h |w_h| relu(s_h)``, which the term bound
+    exceeds, so this is looser than ``logit_error_bound``)."""
+    return MMA_REL + HEADSUM_REL * (1 + MMA_REL)
 
 
-def logit_error_bound(term, relu_term):
+def logit_error_bound(term, relu_term, floor=0.0):
     """The kernel's error bound per logit (what the Hopper GPU tests assert).
 
     Args:
         term: ``sum_h |w_h| sum_d |q_hd k_d|`` per (row, key) (a tensor or a float).
         relu_term: ``sum_h |w_h| relu(s_h)`` per (row, key), same shape, ``s_h`` the exact head score.
+        floor: ``logit_error_floor`` per (row, key) (same shape, or 0 where no group of the key is more than
+            ``2**5`` below its largest and no score is near f16's subnormal range).
 
     Returns:
-        ``MMA_REL * term + HEADSUM_REL * (relu_term + MMA_REL * term)``: each head score off by at most
-        ``MMA_REL * sum_d |q k|`` (the FP8 MMA's accumulation), then its relu rounded with relative error
-        ``HEADSUM_REL`` (bf16, the weights' hi + lo split included) in the head sum, whose fp32 additions
-        the generous ``MMA_REL`` covers.
+        ``E + HEADSUM_REL * (relu_term + E)`` with ``E = MMA_REL * term + floor``: each head score off by at
+        most ``MMA_REL * sum_d |q k|`` (the FP8 MMA and its f16 accumulator) plus what the decode's rounding
+        of low groups and the f16 subnormals add, then the head sum's relative ``HEADSUM_REL``.
     """
-    return MMA_REL * term + HEADSUM_REL * (relu_term + MMA_REL * term)
+    e = MMA_REL * term + floor
+    return e + HEADSUM_REL * (relu_term + e)
+
+
+def logit_error_floor(q, weights, keys, scales):
+    """What the kernel's roundings can add to a logit beyond ``MMA_REL`` of its term bound, per key of one row
+    (fp64, from the inputs alone; the ``floor`` of ``logit_error_bound``). The sum of:
+
+    * the decode of groups more than ``2**5`` below their key's largest (``A = s_g - s_max + 3 <=
+      KEYFOLD_EXACT_LOW - 1``): each element rounded to the ``2**-9`` grid of the folded key, at most
+      ``2**(s_max - 134)``, so ``2**(s_max - 134) sum_h |w_h| sum_(d in those groups) |q_hd|``;
+    * the f16 accumulator below ``2**-14`` (subnormal: one unit ``2**-24``, four roundings) in the folded
+      units ``2**(124 - s_max)``: ``2**(s_max - 146) sum_h |w_h|``;
+    * the weights' lo part when it is an f16 subnormal (at most ``2**-25`` after the row's scale, which puts
+      its largest ``|w|`` at ``2**14`` or more): ``2**-39 max(max_h |w_h|, 2**-115) sum_h sum_d |q_hd k_d|``.
+
+    Args:
+        q: ``[H, 128]`` index queries of the row (any float dtype; only magnitudes are used).
+        weights: ``[H]``.
+        keys: ``[N, 128]`` the dequantized keys (``format.dequantize_index_k``).
+        scales: uint8 ``[N, 4]`` their UE8M0 group scales.
+
+    Returns:
+        fp64 ``[N]``.
+
+    Raises:
+        ValueError: shapes that do not match.
+    """
+    if q.dim() != 2 or q.shape[1] != 128 or weights.shape != (q.shape[0],):
+        raise ValueError(f"q, weights: expected [H, 128] and [H], got {tuple(q.shape)} and {tuple(weights.shape)}")
+    if keys.dim() != 2 or keys.shape[1] != 128 or scales.shape != (keys.shape[0], 4):
+        raise ValueError(f"keys, scales: expected [N, 128] and [N, 4], got {tuple(keys.shape)} and {tuple(scales.shape)}")
+    qa, wa = q.to(torch.float64).abs(), weights.to(torch.float64).abs()
+    ka = keys.to(torch.float64).abs()
+    s = scales.to(torch.int64)
+    s_max = s.max(dim=1, keepdim=True).values
+    low = (s - s_max + 3 < KEYFOLD_EXACT_LOW).to(torch.float64).repeat_interleave(32, dim=1)  # [N, 128]
+    qw = wa @ qa  # [128]: sum_h |w_h| |q_hd|
+    decode = torch.ldexp(low @ qw, (s_max[:, 0] - 134).to(torch.float64))
+    subnormal = torch.ldexp(torch.full_like(decode, float(wa.sum())), (s_max[:, 0] - 146).to(torch.float64))
+    w_floor = 2.0**-39 * max(float(wa.max()) if wa.numel() else 0.0, 2.0**-115) * (ka @ qa.sum(dim=0))
+    return decode + subnormal + w_floor
 
 
 def launch(config: Config, q, weights, cache, block_table, context_lens, schedule, out, *, block_kv: int,

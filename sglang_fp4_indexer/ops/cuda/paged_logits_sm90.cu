@@ -11,21 +11,30 @@
 // "folded" form of that module:
 //
 // * Each key's group scales are folded into the e4m3 bytes relative to its
-//   largest group scale s_max: for a group with A = s_g - s_max + 12 >= 1 the
-//   E2M1 magnitude x becomes LUT_A[x] = e4m3(E2M1(x) * 2**(s_g - s_max + 6))
-//   (LUT_A[0] = 0, LUT_A[1] = A << 3, LUT_A[x >= 2] = (x << 2) + (A << 3), all
-//   exact); groups with A < 1 (more than 2**11 below the largest) are flushed
-//   to zero. The LUT's eight bytes sit in two registers and one PRMT turns four
-//   nibbles into four e4m3 bytes; the signs are spread by PRMT's sign-replicate
-//   mode (7 ALU ops and 2 IMADs per payload word).
+//   largest group scale s_max, the key's largest group at 2**-3 x E2M1: group g
+//   has the exponent field A = s_g - s_max + 3 (<= 3) and its E2M1 magnitude x
+//   becomes LUT_A[x] = e4m3(E2M1(x) * 2**(A - 6)), rounded to nearest. For
+//   A >= 1 (groups up to 2**2 below the largest) LUT_A[0] = 0, LUT_A[1] = A << 3,
+//   LUT_A[x >= 2] = (x << 2) + (A << 3), all exact; for -6 <= A <= 0 the LUT is
+//   a row of sm90.keyfold_table() (e4m3 subnormals, exact down to
+//   A = -2, i.e. groups up to 2**5 below the largest, rounded to the 2**-9 grid
+//   below that); for A < -6 it is zero. The LUT's eight bytes sit in two
+//   registers and one PRMT turns four nibbles into four e4m3 bytes; the signs
+//   are spread by PRMT's sign-replicate mode (7 ALU ops and 2 IMADs per payload
+//   word).
 // * One K = 128 FP8 wgmma per 64-key page and MMA_ROWS next_n rows (four k32
-//   steps) with fp32 accumulation: products of e4m3 values are exact.
-// * Epilogue: relu, times the head weight, summed over heads, times 2**-6 and
-//   2**(s_max - 127) per key (relu(c x) = c relu(x) for c > 0), -inf where the
-//   key is not visible. The head sum runs on the tensor cores as a bf16
-//   m64n8k16 wgmma: relu(S) packed two per cvt.rn.relu.bf16x2 (the fp32
-//   accumulator fragment is the bf16 A fragment as it stands), the weights as
-//   hi + lo bf16 columns of B: below 2**-8 + 2**-16 relative error per term.
+//   steps) with f16 accumulation (.f16.e4m3.e4m3: half the accumulator registers
+//   of fp32). Products of e4m3 values are exact in f16, and with |q| <= 448 and
+//   |k'| <= 6 x 2**-3 no partial sum of a head score exceeds 4 x 32 x 448 x 0.75
+//   = 43008 < 65504, for any index query and any stored key.
+// * Epilogue: relu, times the head weight, summed over heads, times
+//   2**(s_max - 128) and the row's weight scale per key (relu(c x) = c relu(x)
+//   for c > 0), -inf where the key is not visible. The head sum runs on the
+//   tensor cores as an f16 m64n8k16 wgmma: relu(S) is max.f16x2 of the
+//   accumulator registers as they stand (the f16 accumulator fragment is the
+//   f16 A fragment; no rounding), the weights as hi + lo f16 columns of B after
+//   a power of two that puts the row's largest |weight| in [2**14, 2**15)
+//   (hi + lo = w to 2**-22 relative), fp32 accumulation.
 //
 // The other variants measured (sign handling, fp32 and tf32 head sums, a software
 // pipeline, one warpgroup per CTA, probe builds) are in experiments/cuda/.
@@ -54,6 +63,7 @@ typedef unsigned long long u64;
 typedef long long i64;
 
 #define MMA_N (MMA_ROWS * HEADS)  // the rows' queries are adjacent in shared memory
+#define WSEG (HEADS < 32 ? HEADS : 32)  // lanes whose weights (of one k) belong to one row
 static_assert(NEXT_N % MMA_ROWS == 0 && MMA_N <= 256, "MMA_ROWS must divide NEXT_N, N = MMA_ROWS x HEADS <= 256");
 
 #define PAGE 64
@@ -173,13 +183,22 @@ __device__ __forceinline__ u32 max_byte(u32 w) {
     return max(max(w & 0xFFu, b1), max(b2, w >> 24));
 }
 
+// The LUTs of A = KEYFOLD_LOW .. 0 (row A - KEYFOLD_LOW of sm90.keyfold_table(), the array
+// KEYFOLD_TABLE that sm90.py inserts before the kernel), then a row of zeros for A < KEYFOLD_LOW:
+// copied once per CTA into shared memory (one 8-byte shared load per (key, group) and thread; a
+// constant-memory load would serialize on the lanes' different rows).
+#define KEYFOLD_LOW (-6)  // sm90.KEYFOLD_LOW
+__shared__ uint2 keyfold_lut[8];
+
 // The LUT of one (key, group) from the group's code and the key's largest: bytes LUT_A[0..3] and
-// LUT_A[4..7]; zero when flushed.
+// LUT_A[4..7].
 __device__ __forceinline__ void group_lut(u32 code, u32 s_max, u32& lut_lo, u32& lut_hi) {
-    const int a = static_cast<int>(code) - static_cast<int>(s_max) + 12;
+    const int a = static_cast<int>(code) - static_cast<int>(s_max) + 3;
     const u32 ua = static_cast<u32>(a);
-    lut_lo = a >= 1 ? ua * 0x08080800u + 0x0C080000u : 0u;
-    lut_hi = a >= 1 ? ua * 0x08080808u + 0x1C181410u : 0u;
+    const uint2 t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(-KEYFOLD_LOW)
+                                    ? a - KEYFOLD_LOW : 7];
+    lut_lo = a >= 1 ? ua * 0x08080800u + 0x0C080000u : t.x;
+    lut_hi = a >= 1 ? ua * 0x08080808u + 0x1C181410u : t.y;
 }
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart.
@@ -188,7 +207,7 @@ __device__ __forceinline__ u64 q_desc(u32 addr) {
            (static_cast<u64>(1024 >> 4) << 32) | (static_cast<u64>(1) << 62);
 }
 
-// Shared-memory matrix descriptor of one head-sum B tile (n8 x k16 bf16): K-major, no swizzle, two
+// Shared-memory matrix descriptor of one head-sum B tile (n8 x k16 f16): K-major, no swizzle, two
 // 8 x 16-byte core matrices 128 bytes apart along K (both offsets 128: N = 8 has one along N).
 __device__ __forceinline__ u64 hs_desc(u32 addr) {
     return static_cast<u64>((addr & 0x3FFFFu) >> 4) | (static_cast<u64>(128 >> 4) << 16) |
@@ -253,11 +272,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
+    if (threadIdx.x < 8) keyfold_lut[threadIdx.x] = KEYFOLD_TABLE[threadIdx.x];
     __syncthreads();
 
     // This thread's math warpgroup (a producer warp: the one it serves) and its shared memory:
     // queries NEXT_N x [HEADS, 128] e4m3 (swizzled), head-sum tiles, the page ring
-    // STAGES x PAGE_BYTES, permuted weights NEXT_N x 4 x W_STRIDE floats, STAGES int4 job slots,
+    // STAGES x PAGE_BYTES, the weights region (NEXT_N x HEADS / WSEG lane groups' largest |weight|), STAGES int4 job slots,
     // mbarriers full[STAGES] and empty[STAGES].
     const bool producer = warp >= 4 * WGS;
     // Broadcast from lane 0: ptxas then treats it as warp-uniform (the wgmma descriptors built
@@ -267,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
     unsigned char* q_smem = smem;
     unsigned char* hs_smem = smem + HS_OFF;
     unsigned char* stage_smem = smem + RING_OFF;
-    float* w_smem = reinterpret_cast<float*>(smem + W_OFF);
+    u32* wmax_smem = reinterpret_cast<u32*>(smem + W_OFF);
     int* info = reinterpret_cast<int*>(smem + INFO_OFF);
     const u32 full0 = smem_u32(smem + BAR_OFF), empty0 = full0 + 8 * STAGES;
     const int vcta = blockIdx.x * WGS + wg;  // this warpgroup's entry of the CTA schedule
@@ -358,6 +378,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
     const int my_row = mine1 ? r0 + 8 : r0;
     int cur_b = -1;
     int row_len[NEXT_N];
+    float row_g[NEXT_N];  // 2**(e_r - 138): undoes the row's weight scale 2**(141 - e_r)
     // 16 and 65536 from a kernel argument (block_kv >= 64): ptxas cannot fold them, so the decode's
     // w << 4 and m >> 16 stay IMADs (the FMA pipe).
     const u32 k16 = static_cast<u32>(block_kv >> 31) + 16u, k65536 = static_cast<u32>(block_kv >> 31) + 65536u;
@@ -398,6 +419,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
         };
         load_chunk(0);     // in flight across the barrier
         math_barrier(wg);  // every wgmma reading the previous queries has completed
+        // The rows' largest |weight|: for each k, WSEG consecutive lanes hold weights of one row, and the
+        // first of them publishes their largest (fp32 bits: the order of non-negative floats) to slot
+        // idx / WSEG; row i's slots are i x HEADS / WSEG onwards.
+#pragma unroll
+        for (int k = 0; k < WV; ++k) {
+            const int idx = tid + k * MATH_THREADS;
+            u32 wmax = idx < NEXT_N * HEADS ? __float_as_uint(fabsf(wv[k])) : 0u;
+#if HEADS >= 32
+            wmax = __reduce_max_sync(0xffffffffu, wmax);
+#else
+#pragma unroll
+            for (int o = WSEG / 2; o > 0; o >>= 1) wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, o));
+#endif
+            if (idx < NEXT_N * HEADS && idx % WSEG == 0) wmax_smem[idx / WSEG] = wmax;
+        }
 #pragma unroll
         for (int k0 = 0; k0 < QV; k0 += Q_CHUNK) {
             if (k0 > 0) load_chunk(k0);
@@ -418,20 +454,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
                 }
             }
         }
+        math_barrier(wg);  // the warps' largest weights
+        // Row i's weight exponent e_r: the fp32 exponent field of its largest |weight|, clamped to
+        // [12, 254]; its weights are scaled by 2**(141 - e_r) (largest in [2**14, 2**15): f16 holds it,
+        // and times relu(S) <= 43008 the fp32 head sum cannot overflow), undone by row_g at the store.
+        auto row_exp = [&](int i) {
+            u32 m = 0;
+#pragma unroll
+            for (int s = 0; s < HEADS / WSEG; ++s) m = max(m, wmax_smem[i * (HEADS / WSEG) + s]);
+            return min(max(static_cast<int>(m >> 23), 12), 254);
+        };
+#pragma unroll
+        for (int i = 0; i < NEXT_N; ++i) row_g[i] = __int_as_float((row_exp(i) - 11) << 23);
 #pragma unroll
         for (int k = 0; k < WV; ++k) {
             const int idx = tid + k * MATH_THREADS, i = idx / HEADS, h = idx % HEADS;
             if (idx >= NEXT_N * HEADS) break;
-            // fp32 epilogue: lane c reads (w[8j + 2c], w[8j + 2c + 1]) for j = 0 .. HEADS / 8 - 1.
-            const int j = h >> 3, cc = (h & 7) >> 1;
-            w_smem[(i * 4 + cc) * W_STRIDE + 2 * j + (h & 1)] = wv[k];
-            // bf16 head sum, tile t = h / 16 (k = h % 16): B[k][n] = hi = bf16(w) for n = 0, 2 and
-            // lo = bf16(w - hi) for n = 1, 3 (hi + lo = w to 2**-16); core matrix k / 8 at byte
-            // 128 (k / 8) + 16 n + 2 (k % 8).
+            // f16 head sum, tile t = h / 16 (k = h % 16): B[k][n] = hi = f16(w') for n = 0, 2 and
+            // lo = f16(w' - hi) for n = 1, 3 (w' = w 2**(141 - e_r); hi + lo = w' to 2**-22); core matrix
+            // k / 8 at byte 128 (k / 8) + 16 n + 2 (k % 8).
+            const float ws = ldexpf(wv[k], 141 - row_exp(i));
             unsigned short hi16, lo16;
-            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(hi16) : "f"(wv[k]));
-            const float rest = wv[k] - __uint_as_float(static_cast<u32>(hi16) << 16);
-            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(lo16) : "f"(rest));
+            float hif;
+            asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi16) : "f"(ws));
+            asm("cvt.f32.f16 %0, %1;" : "=f"(hif) : "h"(hi16));
+            asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo16) : "f"(ws - hif));
             unsigned short* tile =
                 reinterpret_cast<unsigned short*>(hs_smem + i * HS_BYTES + 256 * (h >> 4) + 128 * ((h >> 3) & 1)) + (h & 7);
             tile[0] = hi16;
@@ -490,10 +537,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
     struct Frag {
         u32 a[4][4];
     };
-    float acc[MMA_N / 2];  // MMA_ROWS rows' accumulators, row k of the group at acc[k * HEADS / 2 ..]
+    u32 acc[MMA_N / 4];  // MMA_ROWS rows' accumulators (f16x2), row k of the group at acc[k * HEADS / 4 ..]
 
-    // A slot's page -> A fragments, and f: 2**-6 * 2**(s_max - 127) of the row this lane stores times
-    // the 1/2 of x + |x|. Needs no query: it may run for the next request before its queries load.
+    // A slot's page -> A fragments, and f: 2**(s_max - 128) of the row this lane stores (the fold's
+    // 2**(124 - s_max) and the head sum's 2**-3 and x 2 undone). Needs no query: it may run for the next request before its queries load.
     auto decode = [&](const Slot& sl, Frag& fr, float& f) {
         const u32 smax0 = max_byte(sl.sc0), smax1 = max_byte(sl.sc1);
         u32 lo0, hi0, lo1, hi1;
@@ -506,7 +553,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
             decode_word_rep(w0[s], lo0, hi0, k16, k65536, fr.a[s][0], fr.a[s][2]);
             decode_word_rep(w1[s], lo1, hi1, k16, k65536, fr.a[s][1], fr.a[s][3]);
         }
-        f = __int_as_float(static_cast<int>((mine1 ? smax1 : smax0) << 23)) * 0.0078125f;
+        f = __int_as_float(static_cast<int>((mine1 ? smax1 : smax0) << 23)) * 0.5f;
     };
 
     // wgmma of next_n rows i .. i + MMA_ROWS - 1 (N = MMA_ROWS x HEADS: their queries are adjacent):
@@ -523,37 +570,36 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
     auto finish_row = [&](int i, const int4& job, float f) {
         const bool mma = job.z >= 0 && job.x >= 0;
         const int col = job.z * PAGE + my_row;
-        float* acc_i = acc + (i % MMA_ROWS) * (HEADS / 2);  // this row's accumulators (i is a constant)
+        u32* acc_i = acc + (i % MMA_ROWS) * (HEADS / 4);  // this row's accumulators (i is a constant)
         if (i % MMA_ROWS == 0) {  // the first row of a wgmma group waits for it
             asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-            for (int j = 0; j < MMA_N / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
+            for (int j = 0; j < MMA_N / 4; ++j) asm volatile("" : "+r"(acc[j])::"memory");
         }
-        // 2 relu(x) = x + |x| (exact); the 2 is taken out through f.
-        // bf16 head sum on the tensor cores: relu(S) rounded to bf16 (relative error <= 2**-8 per
-        // term), two per cvt, is the bf16 A fragment of m64n8k16 as it stands (the fp32 accumulator
-        // fragment's layout); the weights are B as hi + lo bf16 columns, fp32 accumulation.
+        // f16 head sum on the tensor cores: relu(S), max.f16x2 of the accumulator registers (exact), is
+        // the f16 A fragment of m64n8k16 as it stands (the f16 accumulator fragment's layout); the
+        // weights are B as hi + lo f16 columns, fp32 accumulation.
         float hs[4];
         u32 ra[HEADS / 4];
 #pragma unroll
         for (int j = 0; j < HEADS / 4; ++j)
-            asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(ra[j]) : "f"(acc_i[2 * j + 1]), "f"(acc_i[2 * j]));
+            asm("max.f16x2 %0, %1, %2;" : "=r"(ra[j]) : "r"(acc_i[j]), "r"(0u));
         const u32 hb = smem_u32(hs_smem) + i * HS_BYTES;
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-        for (int t = 0; t < HEADS / 16; ++t) wgmma_bf16_n8(hs, ra + 4 * t, hs_desc(hb + 256 * t), t > 0);
+        for (int t = 0; t < HEADS / 16; ++t) wgmma_f16_n8(hs, ra + 4 * t, hs_desc(hb + 256 * t), t > 0);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
         for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[j])::"memory");
         // Lane c = 0 holds columns 0, 1 (row r0 and r1 by hi and lo), lane c = 1 columns 2, 3 (the same).
         float v = 2.f * (mine1 ? hs[2] + hs[3] : hs[0] + hs[1]);
-        v = mma && col < row_len[i] ? v * f : -__int_as_float(0x7f800000);
+        v = mma && col < row_len[i] ? v * f * row_g[i] : -__int_as_float(0x7f800000);
         if (job.z >= 0 && c < 2 && col < width) store_logit(row_out + i * stride_out + col, v);
     };
 
 #if MMA_ROWS > 1
-    // Epilogue of next_n rows i0 .. i0 + MMA_ROWS - 1 (one wgmma group): each row's relu(S) packed to bf16 and
+    // Epilogue of next_n rows i0 .. i0 + MMA_ROWS - 1 (one wgmma group): each row's relu(S) (f16x2) and
     // its head-sum wgmma issued, all rows' head sums under one commit and one wait (finish_row waits twice
     // per row). Same numerics as finish_row.
     auto finish_group = [&](int i0, const int4& job, float f) {
@@ -561,22 +607,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
         const int col = job.z * PAGE + my_row;
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-        for (int j = 0; j < MMA_N / 2; ++j) asm volatile("" : "+f"(acc[j])::"memory");
+        for (int j = 0; j < MMA_N / 4; ++j) asm volatile("" : "+r"(acc[j])::"memory");
         float hs[MMA_ROWS][4];
         u32 ra[MMA_ROWS][HEADS / 4];
 #pragma unroll
         for (int k = 0; k < MMA_ROWS; ++k)
 #pragma unroll
             for (int j = 0; j < HEADS / 4; ++j)
-                asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;"
-                    : "=r"(ra[k][j])
-                    : "f"(acc[k * (HEADS / 2) + 2 * j + 1]), "f"(acc[k * (HEADS / 2) + 2 * j]));
+                asm("max.f16x2 %0, %1, %2;" : "=r"(ra[k][j]) : "r"(acc[k * (HEADS / 4) + j]), "r"(0u));
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int k = 0; k < MMA_ROWS; ++k) {
             const u32 hb = smem_u32(hs_smem) + (i0 + k) * HS_BYTES;
 #pragma unroll
-            for (int t = 0; t < HEADS / 16; ++t) wgmma_bf16_n8(hs[k], ra[k] + 4 * t, hs_desc(hb + 256 * t), t > 0);
+            for (int t = 0; t < HEADS / 16; ++t) wgmma_f16_n8(hs[k], ra[k] + 4 * t, hs_desc(hb + 256 * t), t > 0);
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
@@ -585,7 +629,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
 #pragma unroll
             for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(hs[k][j])::"memory");
             float v = 2.f * (mine1 ? hs[k][2] + hs[k][3] : hs[k][0] + hs[k][1]);
-            v = mma && col < row_len[i0 + k] ? v * f : -__int_as_float(0x7f800000);
+            v = mma && col < row_len[i0 + k] ? v * f * row_g[i0 + k] : -__int_as_float(0x7f800000);
             if (job.z >= 0 && c < 2 && col < width) store_logit(row_out + (i0 + k) * stride_out + col, v);
         }
     };
