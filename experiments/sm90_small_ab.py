@@ -50,53 +50,6 @@ def _bytes(a: int) -> list[int]:
     return mags.to(torch.float8_e4m3fn).view(torch.uint8).tolist()
 
 
-VARIANT_EDITS = {
-    "product": [],
-    "table_immediates": [
-        ("    if (threadIdx.x < 8) keyfold_lut[threadIdx.x] = KEYFOLD_TABLE[threadIdx.x];\n",
-         "    if (threadIdx.x < 8) keyfold_lut[threadIdx.x] = keyfold_row(threadIdx.x);\n", 1),
-        ('extern "C" __global__',
-         "__device__ __forceinline__ uint2 keyfold_row(int i) { return %smake_uint2(0u, 0u); }\nextern \"C\" __global__"
-         % "".join(f"i == {i} ? make_uint2(0x{lo:08X}u, 0x{hi:08X}u) : "
-                   for i, (lo, hi) in enumerate(sm90.keyfold_table()[:-1])), 1),
-    ],
-    "no_table": [
-        ("    const uint2 t = keyfold_lut[", "    const uint2 t = make_uint2(0u, 0u); (void)keyfold_lut[", 1),
-    ],
-    "no_rowmax": [
-        ("            wmax = __reduce_max_sync(0xffffffffu, wmax);\n", "", 1),
-        ("            if (idx < NEXT_N * HEADS && idx % WSEG == 0) wmax_smem[idx / WSEG] = wmax;\n", "", 1),
-        ("        math_barrier(wg);  // the warps' largest weights\n", "", 1),
-        ("            return min(max(static_cast<int>(m >> 23), 12), 254);\n", "            return 127 + 0 * static_cast<int>(m);\n", 1),
-        ("for (int s = 0; s < HEADS / WSEG; ++s) m = max(m, wmax_smem[i * (HEADS / WSEG) + s]);", "(void)i;", 1),
-    ],
-    "table_all": [
-        ("__shared__ uint2 keyfold_lut[8];", "__shared__ uint2 keyfold_lut[16];", 1),
-        ("    if (threadIdx.x < 8) keyfold_lut[threadIdx.x] = KEYFOLD_TABLE[threadIdx.x];\n",
-         "    if (threadIdx.x < 11) keyfold_lut[threadIdx.x] = KF_ALL[threadIdx.x];\n", 1),
-        ('extern "C" __global__',
-         "static __device__ const uint2 KF_ALL[11] = {%s};\nextern \"C\" __global__" % ", ".join(
-             f"{{0x{int.from_bytes(bytes(_b[:4]), 'little'):08X}u, 0x{int.from_bytes(bytes(_b[4:]), 'little'):08X}u}}"
-             for _b in [_bytes(a) for a in range(sm90.KEYFOLD_LOW, 4)] + [[0] * 8]), 1),
-        ("""    const uint2 t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(-KEYFOLD_LOW)
-                                    ? a - KEYFOLD_LOW : 7];
-    lut_lo = a >= 1 ? ua * 0x08080800u + 0x0C080000u : t.x;
-    lut_hi = a >= 1 ? ua * 0x08080808u + 0x1C181410u : t.y;""",
-         """    const uint2 t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(3 - KEYFOLD_LOW)
-                                    ? a - KEYFOLD_LOW : 10];
-    (void)ua;
-    lut_lo = t.x;
-    lut_hi = t.y;""", 1),
-    ],
-    "warp_any": [
-        ("""    const uint2 t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(-KEYFOLD_LOW)
-                                    ? a - KEYFOLD_LOW : 7];""",
-         """    uint2 t = make_uint2(0u, 0u);
-    if (__any_sync(0xffffffffu, a < 1))
-        t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(-KEYFOLD_LOW) ? a - KEYFOLD_LOW : 7];""", 1),
-    ],
-}
-
 _NO_DECODE = (
     """            decode_word_rep(w0[s], lo0, hi0, k16, k65536, fr.a[s][0], fr.a[s][2]);
             decode_word_rep(w1[s], lo1, hi1, k16, k65536, fr.a[s][1], fr.a[s][3]);
@@ -110,6 +63,8 @@ _NO_MMA = [
      '"r"(fr.a[s][3]));\n', 1),
     ("    u32 acc[MMA_N / 4];  //", "    u32 acc[MMA_N / 4] = {};  //", 1),
 ]
+#: The product's main loop, quoted whole: the pipelined loop replaces it, so a change of the product's loop
+#: breaks this edit instead of being pipelined unseen.
 _LOOP = """    Slot next;
     acquire(next);
     while (next.job.y >= 0) {
@@ -165,10 +120,57 @@ _PIPELINED_LOOP = """    Slot next;
         if (!step(fb, fb_f, fa, fa_f)) break;
     }
 }"""
-VARIANT_EDITS["pipeline"] = [(_LOOP, _PIPELINED_LOOP, 1)]
-VARIANT_EDITS["no_decode"] = [_NO_DECODE]
-VARIANT_EDITS["no_mma"] = list(_NO_MMA)
-VARIANT_EDITS["no_decode_mma"] = [_NO_DECODE] + _NO_MMA
+VARIANT_EDITS = {
+    "product": [],
+    "table_immediates": [
+        ("    if (threadIdx.x < 8) keyfold_lut[threadIdx.x] = KEYFOLD_TABLE[threadIdx.x];\n",
+         "    if (threadIdx.x < 8) keyfold_lut[threadIdx.x] = keyfold_row(threadIdx.x);\n", 1),
+        ('extern "C" __global__',
+         "__device__ __forceinline__ uint2 keyfold_row(int i) { return %smake_uint2(0u, 0u); }\nextern \"C\" __global__"
+         % "".join(f"i == {i} ? make_uint2(0x{lo:08X}u, 0x{hi:08X}u) : "
+                   for i, (lo, hi) in enumerate(sm90.keyfold_table()[:-1])), 1),
+    ],
+    "no_table": [
+        ("    const uint2 t = keyfold_lut[", "    const uint2 t = make_uint2(0u, 0u); (void)keyfold_lut[", 1),
+    ],
+    "no_rowmax": [
+        ("            wmax = __reduce_max_sync(0xffffffffu, wmax);\n", "", 1),
+        ("            if (idx < NEXT_N * HEADS && idx % WSEG == 0) wmax_smem[idx / WSEG] = wmax;\n", "", 1),
+        ("        math_barrier(wg);  // the warps' largest weights\n", "", 1),
+        ("            return min(max(static_cast<int>(m >> 23), 12), 254);\n", "            return 127 + 0 * static_cast<int>(m);\n", 1),
+        ("for (int s = 0; s < HEADS / WSEG; ++s) m = max(m, wmax_smem[i * (HEADS / WSEG) + s]);", "(void)i;", 1),
+    ],
+    "table_all": [
+        ("__shared__ uint2 keyfold_lut[8];", "__shared__ uint2 keyfold_lut[16];", 1),
+        ("    if (threadIdx.x < 8) keyfold_lut[threadIdx.x] = KEYFOLD_TABLE[threadIdx.x];\n",
+         "    if (threadIdx.x < 11) keyfold_lut[threadIdx.x] = KF_ALL[threadIdx.x];\n", 1),
+        ('extern "C" __global__',
+         "static __device__ const uint2 KF_ALL[11] = {%s};\nextern \"C\" __global__" % ", ".join(
+             f"{{0x{int.from_bytes(bytes(_b[:4]), 'little'):08X}u, 0x{int.from_bytes(bytes(_b[4:]), 'little'):08X}u}}"
+             for _b in [_bytes(a) for a in range(sm90.KEYFOLD_LOW, 4)] + [[0] * 8]), 1),
+        ("""    const uint2 t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(-KEYFOLD_LOW)
+                                    ? a - KEYFOLD_LOW : 7];
+    lut_lo = a >= 1 ? ua * 0x08080800u + 0x0C080000u : t.x;
+    lut_hi = a >= 1 ? ua * 0x08080808u + 0x1C181410u : t.y;""",
+         """    const uint2 t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(3 - KEYFOLD_LOW)
+                                    ? a - KEYFOLD_LOW : 10];
+    (void)ua;
+    lut_lo = t.x;
+    lut_hi = t.y;""", 1),
+    ],
+    "warp_any": [
+        ("""    const uint2 t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(-KEYFOLD_LOW)
+                                    ? a - KEYFOLD_LOW : 7];""",
+         """    uint2 t = make_uint2(0u, 0u);
+    if (__any_sync(0xffffffffu, a < 1))
+        t = keyfold_lut[static_cast<u32>(a - KEYFOLD_LOW) <= static_cast<u32>(-KEYFOLD_LOW) ? a - KEYFOLD_LOW : 7];""", 1),
+    ],
+    "no_decode": [_NO_DECODE],
+    "no_mma": _NO_MMA,
+    "no_decode_mma": [_NO_DECODE, *_NO_MMA],
+    "pipeline": [(_LOOP, _PIPELINED_LOOP, 1)],
+}
+
 
 
 def source(config: sm90.Config, variant: str) -> str:

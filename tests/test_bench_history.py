@@ -129,5 +129,6 @@ def test_committed_headline_table_is_its_sources():
                [{k: v for k, v in r.items() if k != "commit"} for r in want], src
     dates = [r["date"] for r in rows]
     assert dates == sorted(dates)  # appended in the order the runs were made
-    current = [r for r in rows if r["source"] == "benchmarks/results/bench_h200_decode.json"]
-    assert len(current) == 14 and {r["commit"] for r in current} == {"8fa316f"}
+    for name, commit in (("bench_h200_decode.json", "8fa316f"), ("bench_h200_decode_2026-12-03.json", "d8bdeac")):
+        measured = [r for r in rows if r["source"] == f"benchmarks/results/{name}"]
+        assert len(measured) == 14 and {r["commit"] for r in measured} == {commit}, name

@@ -38,7 +38,9 @@ def _flat(text):
     return " ".join(text.split())
 
 
-DECODE = _json("bench_h200_decode_2026-12-03.json")
+#: The current decode report: what the pages and the check tables quote.
+DECODE_REPORT = "bench_h200_decode_2026-12-03.json"
+DECODE = _json(DECODE_REPORT)
 PREFILL = _json("bench_h200_prefill.json")
 ACC_CPU = _json("accuracy-cpu.json")
 ACC_GPU = _json("accuracy-gpu.json")
@@ -69,7 +71,7 @@ def _shown(text: str, value: float) -> bool:
 
 
 def test_check_tables_are_built_from_the_published_reports():
-    assert TABLES["sources"] == ["benchmarks/results/bench_h200_decode_2026-12-03.json", "benchmarks/results/accuracy-gpu.json",
+    assert TABLES["sources"] == [f"benchmarks/results/{DECODE_REPORT}", "benchmarks/results/accuracy-gpu.json",
                                  "benchmarks/results/model-accuracy-cpu.json"]
     for t in TABLES["timing"]["rows"]:
         row = _row(t["heads"], t["batch"], t["context"], t["next_n"])
