@@ -9,6 +9,10 @@
 #   bash scripts/sglang_gpu_check.sh runner    # carry .peers/sglang-runtime/part2: one-batch FP8, FP4, FP4 eager
 #   bash scripts/sglang_gpu_check.sh engine    # sglang.Engine with MTP (speculative decoding), FP8 then FP4;
 #                                              # without speculative decoding if that does not start
+#   bash scripts/sglang_gpu_check.sh mtp       # EAGLE (MTP) 1 step / 2 draft tokens and 3 / 4, FP8 then FP4, every
+#                                              # top-k row read by the test-only trace plugin and checked
+#   bash scripts/sglang_gpu_check.sh e2e       # DeepSeek-V3.2-size layers in SGLang's bench_one_batch, FP8 and FP4,
+#                                              # with the decode profile by kernel category
 #   bash scripts/sglang_gpu_check.sh server    # one request to launch_server with --enable-fp4-indexer
 # Each step installs whatever wheels it finds under .peers/sglang-runtime into /tmp/site.
 # Output: $OUT (default ./out): summary.json, table.txt, logs.tar.gz; the table is printed last.
@@ -43,6 +47,11 @@ fi
 if [ -f .peers/deepgemm.tar.gz ] && [ ! -f "$WORK/deepgemm.site" ]; then
   bash scripts/build_deepgemm.sh .peers/deepgemm.tar.gz /tmp/deepgemm >"$WORK/logs/deepgemm_build.log" 2>&1 \
     && tail -n 1 "$WORK/logs/deepgemm_build.log" >"$WORK/deepgemm.site" || echo "DeepGEMM build failed"
+fi
+# The test-only top-k trace plugin (scripts/topk_trace): registers nothing unless FP4_INDEXER_TOPK_TRACE_DIR is set.
+if [ ! -f "$WORK/topk_trace.installed" ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site \
+    scripts/topk_trace >>"$WORK/logs/pip.log" 2>&1 && touch "$WORK/topk_trace.installed" || echo "topk_trace install failed (logs/pip.log)"
 fi
 DG_SITE="$(cat "$WORK/deepgemm.site" 2>/dev/null)"
 export PYTHONPATH="/tmp/site${DG_SITE:+:$DG_SITE}"
@@ -104,13 +113,48 @@ case "$STEP" in
         && stage engine_fp4_plain 200 "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/engine_fp4.json" --fp4 --speculative none ${POOL[@]+"${POOL[@]}"}
     fi
     ;;
+  mtp)
+    # SGLang's EAGLE (MTP on the next-n layer) through sglang.Engine, FP8 then FP4, the top-k of every target
+    # verify, draft decode and draft extend call read by the trace plugin (SGLang's --enable-return-indexer-topk
+    # capturer makes its start-up cuBLAS call fail on this stack). MTP_CONFIGS: "STEPS:DRAFT_TOKENS ...".
+    for cfg in ${MTP_CONFIGS:-1:2 3:4}; do
+      s=${cfg%%:*}; n=${cfg##*:}
+      for fmt in fp8 fp4; do
+        rm -rf "$WORK/trace_mtp${s}_$fmt"
+        stage "mtp${s}_$fmt" "${MTP_LIMIT:-280}" "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/mtp${s}_$fmt.json" \
+          --spec-steps "$s" --draft-tokens "$n" --trace "$WORK/trace_mtp${s}_$fmt" $([ $fmt = fp4 ] && echo --fp4)
+      done
+      "$PY" scripts/sglang_one_batch.py trace-check --fp8 "$WORK/mtp${s}_fp8.json" --fp4 "$WORK/mtp${s}_fp4.json" \
+        --fp4-log "$WORK/logs/mtp${s}_fp4.log" --json "$OUTDIR/mtp${s}.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
+    done
+    ;;
+  e2e)
+    # DeepSeek-V3.2's real per-layer sizes (make-model --size v32-layers) in SGLang's own bench_one_batch, FP8 then
+    # FP4 in the same call, with a torch-profiler trace of 3 decode steps per shape. E2E_SHAPES: "BATCH:INPUT ...".
+    M2="$WORK/v32-layers"
+    "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
+    for shape in ${E2E_SHAPES:-1:131072 8:32768}; do
+      b=${shape%%:*}; il=${shape##*:}
+      for fmt in fp8 fp4; do
+        stage "one_batch_${fmt}_${b}x${il}" "${E2E_LIMIT:-300}" "$PY" scripts/sglang_bench.py one-batch --model-path "$M2" \
+          --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton --mem-fraction-static 0.3 \
+          --random-seed 0 --batch-size "$b" --input-len "$il" --output-len 32 --run-name "$fmt" \
+          --result-filename "$OUTDIR/one_batch.jsonl" --profile --profile-stage decode --profile-steps 3 \
+          --profile-activities CPU GPU --profile-prefix "$WORK/prof_$fmt" $([ $fmt = fp4 ] && echo --enable-fp4-indexer)
+      done
+      "$PY" scripts/sglang_bench.py profile-table --steps 3 "$WORK"/prof_fp8_batch${b}_input${il}_*decode*.trace.json.gz \
+        "$WORK"/prof_fp4_batch${b}_input${il}_*decode*.trace.json.gz --json "$OUTDIR/profile_${b}x${il}.json" \
+        >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
+    done
+    grep -h "FP4 indexer active\|KV Cache is allocated\|max_total_num_tokens" "$WORK"/logs/one_batch_*.log | head -n 8 >>"$OUTDIR/table.txt"
+    ;;
   server)
     # A fresh machine compiles SGLang's and DeepGEMM's JIT kernels while it captures the first decode graph
     # (about 150 s): SERVER_READY_S bounds the wait for /health.
     READY="${SERVER_READY_S:-450}"
     WITHOUT_PLUGIN_ARGS=--fp8 stage_or_bisect server $((READY + 60)) "$WORK/server.json" "$PY" scripts/sglang_one_batch.py server --model "$M" --out "$WORK/server.json" --ready-timeout "$READY"
     ;;
-  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|server]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|server]" >&2; exit 2 ;;
 esac
 
 ENGINE=()

@@ -12,8 +12,9 @@ heads x 128, top-2048), so every indexer kernel runs at its serving shape.
 
 Subcommands:
 
-* ``make-model DIR``: the tiny model's ``config.json`` and a word-level
-  tokenizer (``tokenizers``) of its vocabulary.
+* ``make-model DIR [--size tiny|v32-layers]``: the model's ``config.json`` and a
+  word-level tokenizer (``tokenizers``) of its vocabulary; ``v32-layers`` has
+  DeepSeek-V3.2's per-layer sizes on three layers and its MTP layer (``V32_LAYERS_CONFIG``).
 * ``run --model DIR --out FILE.pt [--fp4] [--eager] [SGLang server flags]``:
   prefill of seeded prompts (3K-7K tokens, through ``Indexer._get_topk_ragged``)
   then decode steps with seeded input tokens (through ``Indexer._get_topk_paged``,
@@ -31,6 +32,8 @@ Subcommands:
   (``return_indexer_topk``) and checked (distinct, ``min(t + 1, 2048)`` entries).
 * ``server --model DIR --out FILE.json [--fp8]``: ``python -m sglang.launch_server``
   with ``--enable-fp4-indexer`` and one ``/generate`` request on localhost.
+* ``trace-check --fp8 E.json --fp4 E.json``: the MTP runs' top-k checks from the
+  test-only trace plugin (``scripts/topk_trace``), per mode, and FP4 against FP8.
 * ``compare [FP8.pt FP4.pt FP4_EAGER.pt] [--engine FP8.json FP4.json] [--server S.json] [--json OUT]``:
   the checks as a table (printed last).
 
@@ -71,6 +74,22 @@ TINY_CONFIG = {
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "initializer_range": 0.02,
 }
 
+#: DeepSeek-V3.2's per-layer sizes (its Hugging Face config.json) on a few layers: hidden 7168, 128 attention
+#: heads (one DP-attention rank's view: attention is not split by TP there), q / kv LoRA ranks 1536 / 512,
+#: nope / rope / v head dims 128 / 64 / 128, index 64 heads x 128, top-2048, FP8 block-quantized weights
+#: (128 x 128 blocks, e4m3, UE8M0 scales, as the checkpoint stores them), the real vocabulary, one dense layer
+#: (intermediate 18432) and two MoE layers holding one EP8 rank's share of the 256 routed experts (32 of
+#: intermediate 2048, top-8, one shared expert), and the MTP (next-n) layer. The 61-layer model differs in its
+#: layer count only: every per-layer kernel (indexer, sparse MLA, GEMMs, MoE) runs at its serving shape.
+V32_LAYERS_CONFIG = dict(
+    TINY_CONFIG, vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+    num_hidden_layers=3, first_k_dense_replace=1, num_attention_heads=128, num_key_value_heads=128,
+    q_lora_rank=1536, kv_lora_rank=512, n_routed_experts=32, n_shared_experts=1, num_experts_per_tok=8,
+    quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                         "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+)
+MODEL_SIZES = {"tiny": TINY_CONFIG, "v32-layers": V32_LAYERS_CONFIG}
+
 #: SGLang server flags every stage uses (dummy weights, FP8 MLA KV -> FlashMLA's sparse FP8 decode on SM90).
 COMMON_SERVER_ARGS = (
     "--load-format", "dummy", "--kv-cache-dtype", "fp8_e4m3", "--mem-fraction-static", "0.006", "--disable-prefill-cuda-graph",
@@ -79,19 +98,25 @@ COMMON_SERVER_ARGS = (
 )
 
 
-def make_model(directory: str) -> None:
-    """Write the tiny DeepSeek-V3.2 ``config.json`` and a word-level tokenizer into ``directory``.
+def make_model(directory: str, size: str = "tiny") -> None:
+    """Write a DeepSeek-V3.2 ``config.json`` (``MODEL_SIZES[size]``) and a word-level tokenizer into ``directory``.
 
     The tokenizer maps ``t<i>`` to id ``i`` (ids 0 and 1 are ``<bos>`` / ``<eos>``);
     the runs feed token ids directly, the tokenizer only satisfies SGLang's loader.
+
+    Raises:
+        ValueError: ``size`` is not a key of ``MODEL_SIZES``.
     """
     from tokenizers import Tokenizer, models, pre_tokenizers
 
+    if size not in MODEL_SIZES:
+        raise ValueError(f"size: expected one of {sorted(MODEL_SIZES)}, got {size!r}")
+    config = MODEL_SIZES[size]
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(TINY_CONFIG, f, indent=1)
+        json.dump(config, f, indent=1)
     vocab = {"<bos>": 0, "<eos>": 1, "<unk>": 2}
-    vocab.update({f"t{i}": i for i in range(3, VOCAB)})
+    vocab.update({f"t{i}": i for i in range(3, config["vocab_size"])})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(os.path.join(directory, "tokenizer.json"))
@@ -100,7 +125,7 @@ def make_model(directory: str) -> None:
                    "unk_token": "<unk>", "model_max_length": 163840}, f)
     with open(os.path.join(directory, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": 0, "eos_token_id": 1}, f)
-    print(f"tiny DeepseekV32ForCausalLM written to {directory}")
+    print(f"{size} DeepseekV32ForCausalLM written to {directory}")
 
 
 def seeded_prompts(seed: int = 0) -> list[list[int]]:
@@ -400,20 +425,28 @@ def engine(argv: list[str]) -> None:
                         "cache (pool tokens x layers x 2048 int32, pinned with cudaHostRegister)")
     p.add_argument("--mem-fraction-static", type=float, default=0.006)
     p.add_argument("--speculative", choices=("eagle", "none"), default="eagle",
-                   help="eagle: MTP on the model's next-n layer (one draft token, target verify at next_n 2); "
+                   help="eagle: MTP on the model's next-n layer (target verify at next_n = --draft-tokens); "
                         "none: plain decode, to tell an EAGLE start-up failure from an Engine one")
+    p.add_argument("--spec-steps", type=int, default=1, help="SGLang's --speculative-num-steps (EAGLE)")
+    p.add_argument("--draft-tokens", type=int, default=2, help="SGLang's --speculative-num-draft-tokens (EAGLE)")
+    p.add_argument("--trace", metavar="DIR", default=None,
+                   help="read the top-k through the test-only plugin scripts/topk_trace (every call of target "
+                        "verify, draft decode and draft extend, CUDA-graph replays included) into DIR instead of "
+                        "SGLang's --enable-return-indexer-topk capturer")
     opts = p.parse_args(argv)
+    if opts.trace:
+        os.environ["FP4_INDEXER_TOPK_TRACE_DIR"] = opts.trace  # inherited by SGLang's scheduler process
     import sglang
 
     kwargs = dict(
         model_path=opts.model, load_format="dummy", kv_cache_dtype="fp8_e4m3", mem_fraction_static=opts.mem_fraction_static,
         disable_prefill_cuda_graph=True,
-        disable_radix_cache=True, enable_return_indexer_topk=True, random_seed=0, max_running_requests=8,
+        disable_radix_cache=True, enable_return_indexer_topk=not opts.trace, random_seed=0, max_running_requests=8,
         cuda_graph_max_bs_decode=4, log_level="info",
     )
     if opts.speculative == "eagle":
-        kwargs.update(speculative_algorithm="EAGLE", speculative_num_steps=1, speculative_eagle_topk=1,
-                      speculative_num_draft_tokens=2)
+        kwargs.update(speculative_algorithm="EAGLE", speculative_num_steps=opts.spec_steps, speculative_eagle_topk=1,
+                      speculative_num_draft_tokens=opts.draft_tokens)
     if opts.fp4:
         kwargs["enable_fp4_indexer"] = True
     if opts.max_total_tokens is not None:
@@ -426,9 +459,10 @@ def engine(argv: list[str]) -> None:
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     obj = GenerateReqInput(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": opts.new_tokens,
-                                                               "ignore_eos": True}, return_indexer_topk=True)
+                                                               "ignore_eos": True}, return_indexer_topk=not opts.trace)
     outs = eng.loop.run_until_complete(eng.tokenizer_manager.generate_request(obj, None).__anext__())
     res = {"fp4": opts.fp4, "speculative": opts.speculative, "max_total_tokens": opts.max_total_tokens,
+           "spec_steps": opts.spec_steps, "draft_tokens": opts.draft_tokens, "trace": opts.trace,
            "wall_s": time.time() - t0, "requests": []}
     from sglang.srt.state_capturer.indexer_topk import extract_indexer_topk_from_meta_info
 
@@ -505,6 +539,192 @@ def server(argv: list[str]) -> None:
     with open(opts.out, "w") as f:
         json.dump(res, f)
     print(f"saved {opts.out}: {res}")
+
+
+#: Top-k rows per request in each forward mode of EAGLE with one draft branch (``--speculative-eagle-topk 1``):
+#: target verify and draft extend score every draft token, draft decode one token per step.
+MODE_NAMES = {"TARGET_VERIFY": "target verify", "DRAFT_EXTEND_V2": "draft extend", "DECODE": "draft decode"}
+
+
+def rows_per_request(mode: str, draft_tokens: int) -> int:
+    """Top-k rows each request contributes to one call of ``mode`` (``ForwardMode`` name).
+
+    Raises:
+        ValueError: ``mode`` is not one of ``MODE_NAMES``.
+    """
+    if mode not in MODE_NAMES:
+        raise ValueError(f"mode: expected one of {sorted(MODE_NAMES)}, got {mode!r}")
+    return 1 if mode == "DECODE" else draft_tokens
+
+
+def check_trace(records: list[dict], draft_tokens: int) -> dict:
+    """Check every real row of a top-k trace (``scripts/topk_trace``) and index its rows for comparison.
+
+    A call's first ``batch_size x rows_per_request`` rows are the batch's requests in order (the rest
+    pad a CUDA graph's batch); row ``r`` of request ``i`` at position ``p`` sees ``p + 1`` keys, and
+    ``check_topk_rows`` holds it to that with the request's ``req_to_token`` slots. A call whose rows
+    are not at the batch's positions is counted as ``stale`` and not checked: a CUDA-graph capture's
+    warm-up run on dummy inputs, or a captured slot that this step did not write (a graph of another
+    batch size) or whose memory another graph reused (the trace plugin's first version recorded
+    warm-up runs and allocated its slots inside graph capture; it no longer does either).
+
+    Args:
+        records: what ``fp4_indexer_topk_trace.read_trace`` returns.
+        draft_tokens: SGLang's ``--speculative-num-draft-tokens`` of the run.
+
+    Returns:
+        dict: ``modes`` (per mode name: calls, rows, graph calls, stale calls, failures by kind, layers
+        seen) and ``rows`` ({(mode, layer, prompt_len, position, occurrence): frozenset of key positions},
+        valid rows only) for ``trace_overlap``.
+    """
+    import torch
+
+    modes: dict = {}
+    keyed: dict = {}
+    seen: dict = {}
+    for rec in records:
+        for call in rec["calls"]:
+            mode = call["mode"]
+            if mode not in MODE_NAMES:
+                continue
+            per = rows_per_request(mode, draft_tokens)
+            st = modes.setdefault(mode, {"calls": 0, "graph_calls": 0, "stale": 0, "rows": 0, "count": 0,
+                                         "duplicate": 0, "out_of_range": 0, "missing_rows": 0, "layers": set()})
+            need = rec["batch_size"] * per
+            if not _positions_of_batch(call["pos"][:need], rec, per, draft_tokens):
+                st["stale"] += 1  # not this batch's rows (see docstring)
+                continue
+            st["calls"] += 1
+            st["graph_calls"] += bool(call.get("graph"))
+            st["layers"].add(call["layer"])
+            if call["rows"] < need:
+                st["missing_rows"] += need - call["rows"]
+            for i, slots in enumerate(rec["req_slots"]):
+                lo, hi = i * per, min((i + 1) * per, call["rows"])
+                if hi <= lo or slots is None:
+                    continue
+                topk, pos = call["topk"][lo:hi], call["pos"][lo:hi]
+                got = check_topk_rows(topk, pos + 1, slots)
+                st["rows"] += got["rows"]
+                for kind in ("count", "duplicate", "out_of_range"):
+                    st[kind] += got[kind]
+                if got["count"] + got["duplicate"] + got["out_of_range"]:
+                    continue  # only valid rows are compared between formats
+                inv = {int(v): j for j, v in enumerate(slots.tolist())}
+                for r in range(hi - lo):
+                    row = topk[r][topk[r] >= 0].tolist()
+                    key = (mode, call["layer"], rec["prompt_lens"][i], int(pos[r]))
+                    k = seen[key] = seen.get(key, -1) + 1
+                    keyed[key + (k,)] = frozenset(inv.get(v, -1 - v) for v in row)
+    for st in modes.values():
+        st["layers"] = sorted(st["layers"])
+    return {"modes": modes, "rows": keyed}
+
+
+def _positions_of_batch(pos, rec: dict, per: int, draft_tokens: int) -> bool:
+    """Whether a captured call's rows hold positions of the batch's requests (``per`` rows each, in order).
+
+    A request with ``prompt_len`` prompt and ``req_len`` tokens so far scores positions from its last
+    prompt token to its draft tokens: ``prompt_len - 1 <= p < req_len + draft_tokens``.
+    """
+    if pos.numel() < rec["batch_size"] * per:
+        return False
+    for i, (plen, rlen) in enumerate(zip(rec["prompt_lens"], rec["req_lens"])):
+        p = pos[i * per:(i + 1) * per]
+        if bool(((p < plen - 1) | (p >= rlen + draft_tokens)).any()):
+            return False
+    return True
+
+
+def trace_overlap(fp8: dict, fp4: dict, same_until: dict[int, int]) -> dict:
+    """FP4 against FP8 top-k overlap per mode, on rows both runs scored with the same tokens.
+
+    Args:
+        fp8, fp4: ``check_trace`` results of the two runs.
+        same_until: prompt length -> the first position at which the two runs' tokens differ (rows at
+            positions below it saw the same tokens in both runs).
+
+    Returns:
+        dict: per mode name, ``rows`` compared and the mean and lowest ``|FP4 & FP8| / |FP8|``.
+    """
+    out: dict = {}
+    for key, b in fp8["rows"].items():
+        a = fp4["rows"].get(key)
+        mode, _layer, plen, p, _k = key
+        if a is None or p >= same_until.get(plen, 0) or not b:
+            continue
+        v = len(a & b) / len(b)
+        st = out.setdefault(mode, {"rows": 0, "sum": 0.0, "min": 1.0})
+        st["rows"] += 1
+        st["sum"] += v
+        st["min"] = min(st["min"], v)
+    return {m: {"rows": st["rows"], "mean": st["sum"] / st["rows"], "min": st["min"]} for m, st in out.items()}
+
+
+def _first_difference(r8: dict, r4: dict) -> int:
+    """The first position at which two Engine results of one prompt differ (prompt + output tokens)."""
+    a, b = r8.get("output_ids") or [], r4.get("output_ids") or []
+    n = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return r8["prompt_len"] + n
+
+
+def trace_check(argv: list[str]) -> int:
+    """``trace-check --fp8 ENGINE.json --fp4 ENGINE.json [--fp4-log LOG] [--json OUT]``: MTP top-k checks, as a table."""
+    p = argparse.ArgumentParser(prog="sglang_one_batch.py trace-check")
+    p.add_argument("--fp8", required=True, help="the FP8 run's engine JSON (written with --trace)")
+    p.add_argument("--fp4", required=True, help="the FP4 run's engine JSON (written with --trace)")
+    p.add_argument("--fp4-log", help="the FP4 run's log, for the plugin's start-up line")
+    p.add_argument("--json")
+    opts = p.parse_args(argv)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "topk_trace"))
+    from fp4_indexer_topk_trace import read_trace
+
+    e8, e4 = (json.load(open(f)) for f in (opts.fp8, opts.fp4))
+    for name, e in (("--fp8", e8), ("--fp4", e4)):
+        if not e.get("trace"):
+            p.error(f"{name}: the run was not traced (engine ... --trace DIR)")
+    if (e8["spec_steps"], e8["draft_tokens"]) != (e4["spec_steps"], e4["draft_tokens"]):
+        p.error("--fp8 / --fp4: runs of different speculative settings")
+    n = e4["draft_tokens"]
+    runs = {name: check_trace(read_trace(e["trace"]), n) for name, e in (("FP8", e8), ("FP4", e4))}
+    same = {r8["prompt_len"]: _first_difference(r8, r4) for r8, r4 in zip(e8["requests"], e4["requests"])}
+    ov = trace_overlap(runs["FP8"], runs["FP4"], same)
+    label = f"EAGLE {e4['spec_steps']} step(s), {n} draft tokens"
+    rows = []
+    for name, run_ in runs.items():
+        for mode, st in sorted(run_["modes"].items()):
+            bad = st["count"] + st["duplicate"] + st["out_of_range"] + st["missing_rows"]
+            rows.append({"check": f"{label}, {name}: every {MODE_NAMES[mode]} top-k row valid",
+                         "ok": st["rows"] > 0 and bad == 0,
+                         "detail": f"{st['rows']} rows in {st['calls']} calls ({st['graph_calls']} from CUDA-graph "
+                                   f"replays), layers {st['layers']}, {bad} failures"
+                                   + (f"; {st['stale']} calls not at the batch's positions (capture warm-ups, stale slots), not checked"
+                                      if st["stale"] else "")})
+        missing = sorted(set(MODE_NAMES) - set(run_["modes"]) - ({"DECODE"} if e4["spec_steps"] == 1 else set()))
+        if missing:
+            rows.append({"check": f"{label}, {name}: every mode traced", "ok": False,
+                         "detail": "no call of " + ", ".join(MODE_NAMES[m] for m in missing)})
+    for mode, st in sorted(ov.items()):
+        rows.append({"check": f"{label}: FP4 vs FP8 {MODE_NAMES[mode]} top-k overlap (reported)", "ok": True,
+                     "detail": f"mean {st['mean']:.4f}, lowest row {st['min']:.4f} over {st['rows']} rows scored "
+                               "with the same tokens"})
+    toks = "; ".join(f"prompt {r['prompt_len']}: {r['completion_tokens']} tokens in {r['spec_verify_ct']} verify "
+                     f"steps (FP8 {r8['completion_tokens']} in {r8['spec_verify_ct']})"
+                     for r8, r in zip(e8["requests"], e4["requests"]))
+    rows.append({"check": f"{label}: Engine generated", "ok": all(r.get("completion_tokens") for r in e4["requests"]),
+                 "detail": toks})
+    if opts.fp4_log:
+        lines = [ln.strip() for ln in open(opts.fp4_log, errors="replace") if "FP4 indexer active" in ln]
+        rows.append({"check": f"{label}: start-up line names the scorer of each mode",
+                     "ok": any("scorer:" in ln for ln in lines), "detail": lines[0] if lines else "no start-up line"})
+    if opts.json:
+        modes = {k: v["modes"] for k, v in runs.items()}
+        with open(opts.json, "w") as f:
+            json.dump({"checks": rows, "modes": modes, "overlap": ov, "spec_steps": e4["spec_steps"],
+                       "draft_tokens": n}, f, indent=1, default=str)
+    for r in rows:
+        print(f"{r['check']:<78} {'PASS' if r['ok'] else 'FAIL':4} {r['detail']}")
+    return 0 if all(r["ok"] for r in rows) else 1
 
 
 def _overlap(a, b):
@@ -664,12 +884,16 @@ def compare(argv: list[str]) -> int:
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("make-model", "run", "engine", "server", "compare"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("make-model", "run", "engine", "server", "compare", "trace-check"):
         print(__doc__)
         return 2
     cmd, rest = sys.argv[1], sys.argv[2:]
     if cmd == "make-model":
-        make_model(rest[0])
+        mp = argparse.ArgumentParser(prog="sglang_one_batch.py make-model")
+        mp.add_argument("directory")
+        mp.add_argument("--size", choices=sorted(MODEL_SIZES), default="tiny")
+        mo = mp.parse_args(rest)
+        make_model(mo.directory, mo.size)
         return 0
     if cmd == "run":
         run(rest)
@@ -680,6 +904,8 @@ def main() -> int:
     if cmd == "server":
         server(rest)
         return 0
+    if cmd == "trace-check":
+        return trace_check(rest)
     return compare(rest)
 
 

@@ -157,3 +157,145 @@ def test_plain_engine_runs_are_labelled_as_such(tmp_path, capsys):
 def test_compare_takes_three_runs_or_none(tmp_path):
     with pytest.raises(SystemExit):
         tool.compare([str(tmp_path / "a.pt")])
+
+
+# --- EAGLE (MTP) top-k traces: scripts/topk_trace and ``trace-check`` ---------------------------------------
+
+_TRACE_DIR = Path(__file__).resolve().parents[1] / "scripts" / "topk_trace"
+
+
+def _request_rows(slots, positions, g):
+    """Valid top-k rows of one request: row at position p holds min(p + 1, TOPK) of its slots at positions <= p."""
+    out = torch.full((len(positions), tool.TOPK), -1, dtype=torch.int32)
+    for r, p in enumerate(positions):
+        k = min(p + 1, tool.TOPK)
+        out[r, :k] = slots[torch.randperm(p + 1, generator=g)[:k]].int()
+    return out
+
+
+def _verify_record(seed=0, pad_rows=4):
+    """One scheduled batch of two requests in target verify (2 draft tokens), as the trace plugin saves it."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_lens, req_lens = [2890, 2390], [2900, 2400]
+    slots = [torch.randperm(30000, generator=g)[:2920], torch.randperm(30000, generator=g)[:2420] + 30000]
+    pos = [[2900, 2901], [2400, 2401]]
+    topk = torch.cat([_request_rows(slots[0], pos[0], g), _request_rows(slots[1], pos[1], g),
+                      torch.full((pad_rows, tool.TOPK), -1, dtype=torch.int32)])  # a CUDA graph's padding rows
+    p = torch.tensor(pos[0] + pos[1] + [0] * pad_rows)
+    call = {"layer": 0, "mode": "TARGET_VERIFY", "rows": topk.shape[0], "graph": True, "topk": topk, "pos": p}
+    return {"batch_size": 2, "prompt_lens": prompt_lens, "req_lens": req_lens, "req_slots": slots, "calls": [call]}
+
+
+def test_trace_check_passes_valid_verify_rows_and_skips_the_padding():
+    got = tool.check_trace([_verify_record()], draft_tokens=2)["modes"]["TARGET_VERIFY"]
+    assert (got["rows"], got["calls"], got["graph_calls"], got["stale"]) == (4, 1, 1, 0)
+    assert got["count"] == got["duplicate"] == got["out_of_range"] == got["missing_rows"] == 0
+
+
+@pytest.mark.parametrize("fault", ["duplicate", "beyond_position", "other_request", "missing_entry"])
+def test_trace_check_counts_each_planted_fault(fault):
+    rec = _verify_record()
+    call, slots = rec["calls"][0], rec["req_slots"]
+    if fault == "duplicate":
+        call["topk"][0, 5] = call["topk"][0, 6]
+    elif fault == "beyond_position":  # the request's own slot, at a position the row does not see
+        call["topk"][1, 0] = int(slots[0][2910])
+    elif fault == "other_request":
+        call["topk"][2, 0] = int(slots[0][3])
+    else:
+        call["topk"][3, 100] = -1
+    got = tool.check_trace([rec], draft_tokens=2)["modes"]["TARGET_VERIFY"]
+    kind = {"duplicate": "duplicate", "beyond_position": "out_of_range", "other_request": "out_of_range",
+            "missing_entry": "count"}[fault]
+    assert got[kind] >= 1 and got["rows"] == 4
+
+
+def test_trace_check_does_not_check_calls_away_from_the_batch_positions():
+    """A capture's warm-up run (positions 0) and a slot this step did not write are counted as stale, not checked."""
+    rec = _verify_record()
+    warm = dict(rec["calls"][0], graph=False, pos=torch.zeros(8, dtype=torch.int64),
+                topk=torch.full((8, tool.TOPK), 7, dtype=torch.int32))
+    rec["calls"].append(warm)
+    got = tool.check_trace([rec], draft_tokens=2)["modes"]["TARGET_VERIFY"]
+    assert got["stale"] == 1 and got["rows"] == 4 and got["duplicate"] == 0
+
+
+def test_trace_overlap_compares_valid_rows_scored_with_the_same_tokens():
+    a, b = tool.check_trace([_verify_record(0)], 2), tool.check_trace([_verify_record(0)], 2)
+    same = tool.trace_overlap(a, b, {2890: 10**6, 2390: 10**6})["TARGET_VERIFY"]
+    assert same == {"rows": 4, "mean": 1.0, "min": 1.0}
+    # rows at or after the first differing token are left out
+    assert tool.trace_overlap(a, b, {2890: 2901, 2390: 0})["TARGET_VERIFY"]["rows"] == 1
+    # a different selection at one row: the overlap is |A & B| / |B| over that row's 2048 positions
+    rec = _verify_record(0)
+    rec["calls"][0]["topk"][0] = _request_rows(rec["req_slots"][0], [2900], torch.Generator().manual_seed(9))[0]
+    c = tool.check_trace([rec], 2)
+    row0 = len(c["rows"][("TARGET_VERIFY", 0, 2890, 2900, 0)] & a["rows"][("TARGET_VERIFY", 0, 2890, 2900, 0)])
+    got = tool.trace_overlap(a, c, {2890: 10**6, 2390: 10**6})["TARGET_VERIFY"]
+    assert got["min"] == row0 / tool.TOPK < 1.0 and got["mean"] == pytest.approx((3 + row0 / tool.TOPK) / 4)
+
+
+def test_rows_per_request_by_mode():
+    assert [tool.rows_per_request(m, 4) for m in ("TARGET_VERIFY", "DRAFT_EXTEND_V2", "DECODE")] == [4, 4, 1]
+    with pytest.raises(ValueError, match="mode"):
+        tool.rows_per_request("EXTEND", 4)
+
+
+@pytest.mark.sglang
+def test_trace_plugin_registers_nothing_unless_asked(monkeypatch):
+    """With FP4_INDEXER_TOPK_TRACE_DIR unset the test-only plugin leaves SGLang's hook registry untouched."""
+    import sys
+
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    monkeypatch.syspath_prepend(str(_TRACE_DIR))
+    sys.modules.pop("fp4_indexer_topk_trace", None)
+    import fp4_indexer_topk_trace as trace
+
+    monkeypatch.delenv(trace.ENV, raising=False)
+    before = {k: list(v) for k, v in HookRegistry._hooks.items()}
+    trace.register()
+    assert {k: list(v) for k, v in HookRegistry._hooks.items()} == before
+    monkeypatch.setenv(trace.ENV, "/tmp/unused")
+    try:
+        trace.register()
+        targets = set(HookRegistry._hooks) - set(before)
+        assert targets == {"sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.forward_cuda",
+                           "sglang.srt.managers.scheduler.Scheduler.run_batch"}
+    finally:
+        for t in set(HookRegistry._hooks) - set(before):
+            del HookRegistry._hooks[t]
+
+
+@pytest.mark.sglang
+def test_trace_plugin_records_eager_calls_and_reads_them_back(tmp_path, monkeypatch):
+    """The hooks' eager path on the CPU: what ``_after_indexer`` keeps, ``_after_run_batch`` saves and ``read_trace`` returns.
+
+    ``SimpleNamespace`` objects stand for SGLang's ForwardBatch, Req, ScheduleBatch and Scheduler (a GPU
+    forward pass cannot run here); the hooks read only the attributes given.
+    """
+    import sys
+    from types import SimpleNamespace as NS
+
+    monkeypatch.syspath_prepend(str(_TRACE_DIR))
+    sys.modules.pop("fp4_indexer_topk_trace", None)
+    import fp4_indexer_topk_trace as trace
+
+    monkeypatch.setenv(trace.ENV, str(tmp_path))
+    rec = _verify_record(pad_rows=0)
+    call = rec["calls"][0]
+    fb = NS(forward_mode=NS(name="TARGET_VERIFY"))
+    assert trace._after_indexer(call["topk"], None, None, None, call["pos"], fb, 3) is None
+    big = torch.zeros(trace.MAX_ROWS + 1, tool.TOPK, dtype=torch.int32)  # a prefill chunk: not recorded
+    trace._after_indexer(big, None, None, None, torch.arange(trace.MAX_ROWS + 1), fb, 3)
+    table = torch.zeros(4, 3000, dtype=torch.int32)
+    reqs = []
+    for i, (plen, rlen, slots) in enumerate(zip(rec["prompt_lens"], rec["req_lens"], rec["req_slots"])):
+        table[i + 1, : slots.numel()] = slots.int()
+        reqs.append(NS(origin_input_ids=[0] * plen, output_ids=[0] * (rlen - plen), kv=NS(req_pool_idx=i + 1)))
+    sched = NS(req_to_token_pool=NS(req_to_token=table))
+    trace._after_run_batch(None, sched, NS(reqs=reqs, forward_mode=NS(name="DECODE")))
+    (saved,) = trace.read_trace(str(tmp_path))
+    assert [c["layer"] for c in saved["calls"]] == [3] and torch.equal(saved["calls"][0]["topk"], call["topk"])
+    got = tool.check_trace([saved], draft_tokens=2)["modes"]["TARGET_VERIFY"]
+    assert got["rows"] == 4 and got["count"] + got["duplicate"] + got["out_of_range"] == 0

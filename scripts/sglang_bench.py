@@ -1,0 +1,119 @@
+"""SGLang's own benchmarks with the plugin loaded as a server loads it, and the decode profile as a table.
+
+* ``one-batch ARGS...``: ``python -m sglang.bench_one_batch ARGS...`` (SGLang's
+  ``sglang.benchmark.one_batch.cli_main``) after SGLang's ``load_plugins()``, which
+  SGLang's servers call in every process but ``bench_one_batch`` does not; with
+  ``--enable-fp4-indexer`` in ARGS the FP4 indexer serves, without it the plugin
+  passes every call through. Its results go where ``--result-filename`` says.
+* ``profile-table TRACE.json.gz [...] [--json OUT]``: a torch-profiler trace
+  (``bench_one_batch --profile``) summed by kernel category (``CATEGORIES``): GPU
+  time per decode step in each, and its share.
+
+Run on a GPU machine by ``scripts/sglang_gpu_check.sh e2e``; results and logs
+under benchmarks/results/ (docs/benchmarks.md, "Inside SGLang").
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+
+#: Kernel categories of a DSA decode step, first match wins (regular expressions over kernel names).
+CATEGORIES = (
+    ("indexer logits", r"fp4_paged_logits|paged_mqa_logits|mqa_logits|plan_paged_schedule|paged_logits"),
+    ("index-key store", r"store_index_k|index_k_cache|indexer_k|set_index_k"),
+    ("MoE", r"moe|expert|topk_softmax|grouped_topk|biased_grouped"),
+    ("indexer top-k", r"topk|top_k|radix_select"),
+    ("sparse MLA", r"flash_mla|flashmla|sparse_attn|mla"),
+    ("GEMMs", r"gemm|cutlass|sm90_xmma|nvjet|cublas|wgmma|fp8_blockwise|matmul"),
+    ("norm, RoPE, activation, quant", r"norm|rope|rotary|silu|act_and_mul|quant|fp8"),
+)
+
+
+def categorize(name: str) -> str:
+    """The category (``CATEGORIES``) of a kernel name, ``"rest"`` when none matches."""
+    low = name.lower()
+    for cat, pat in CATEGORIES:
+        if re.search(pat, low):
+            return cat
+    return "rest"
+
+
+def profile_table(paths: list[str], steps: int) -> dict:
+    """GPU kernel time by category in torch-profiler traces (Chrome trace JSON, ``.gz`` or not).
+
+    Args:
+        paths: trace files (one per run); each holds ``steps`` decode steps.
+        steps: decode steps each trace covers (``bench_one_batch --profile-steps``).
+
+    Returns:
+        dict: per trace, ``{category: microseconds per step}``, the total, and the ten longest kernels.
+
+    Raises:
+        ValueError: ``steps`` < 1, or a trace holds no GPU kernel event.
+    """
+    if steps < 1:
+        raise ValueError(f"steps: expected >= 1, got {steps}")
+    out = {}
+    for path in paths:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt") as f:
+            events = json.load(f).get("traceEvents", [])
+        per_cat: dict[str, float] = {}
+        per_kernel: dict[str, float] = {}
+        for e in events:
+            if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+                continue
+            name, dur = e.get("name", "?"), float(e.get("dur", 0.0))
+            cat = categorize(name) if e["cat"] == "kernel" else "copies"
+            per_cat[cat] = per_cat.get(cat, 0.0) + dur
+            per_kernel[name] = per_kernel.get(name, 0.0) + dur
+        if not per_kernel:
+            raise ValueError(f"{path}: no GPU kernel events (was the profile taken with GPU activities?)")
+        total = sum(per_cat.values())
+        out[path] = {"us_per_step": {k: v / steps for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])},
+                     "total_us_per_step": total / steps,
+                     "top_kernels": sorted(((k, v / steps) for k, v in per_kernel.items()), key=lambda kv: -kv[1])[:10]}
+    return out
+
+
+def _one_batch(argv: list[str]) -> int:
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()  # SGLang's own loader (entry point group sglang.srt.plugins), as its servers run it
+    from sglang.benchmark import one_batch
+
+    sys.argv = ["sglang.bench_one_batch", *argv]
+    one_batch.cli_main()
+    return 0
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in ("one-batch", "profile-table"):
+        print(__doc__)
+        return 2
+    if sys.argv[1] == "one-batch":
+        return _one_batch(sys.argv[2:])
+    p = argparse.ArgumentParser(prog="sglang_bench.py profile-table")
+    p.add_argument("traces", nargs="+")
+    p.add_argument("--steps", type=int, default=1, help="decode steps in each trace (--profile-steps)")
+    p.add_argument("--json")
+    opts = p.parse_args(sys.argv[2:])
+    res = profile_table(opts.traces, opts.steps)
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(res, f, indent=1)
+    cats = sorted({c for r in res.values() for c in r["us_per_step"]})
+    print(f"{'us per decode step':<32}" + "".join(f"{p.split('/')[-1][:28]:>30}" for p in res))
+    for c in cats + ["total"]:
+        vals = [r["total_us_per_step"] if c == "total" else r["us_per_step"].get(c, 0.0) for r in res.values()]
+        tots = [r["total_us_per_step"] for r in res.values()]
+        print(f"{c:<32}" + "".join(f"{v:>20.1f} ({100 * v / t:4.1f} %)" for v, t in zip(vals, tots)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

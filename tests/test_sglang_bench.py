@@ -1,0 +1,59 @@
+"""scripts/sglang_bench.py on the CPU: the decode profile's table by kernel category, on a planted trace.
+
+Its ``one-batch`` subcommand runs SGLang's ``bench_one_batch`` on a GPU (docs/benchmarks.md, "Inside SGLang").
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "scripts" / "sglang_bench.py"
+_spec = importlib.util.spec_from_file_location("sglang_bench", _PATH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+@pytest.mark.parametrize("name, cat", [
+    ("fp4_paged_logits_sm90", "indexer logits"),
+    ("void deep_gemm::sm90_fp8_paged_mqa_logits<1u, 64u>(unsigned int)", "indexer logits"),
+    ("plan_paged_schedule", "indexer logits"),
+    ("store_index_k", "index-key store"),
+    ("void sglang::topk_small_batch_cluster_kernel<true>(sglang::TopKPagedParams)", "indexer top-k"),
+    ("fused_moe_kernel", "MoE"),
+    ("void legacy::sm90::decode::sparse::flash_fwd_splitkv_mla_fp8_sparse_kernel<>", "sparse MLA"),
+    ("_w8a8_block_fp8_matmul", "GEMMs"),
+    ("nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT", "GEMMs"),
+    ("void at::native::elementwise_kernel<128, 2>", "rest"),
+])
+def test_kernel_names_fall_in_their_category(name, cat):
+    assert bench.categorize(name) == cat
+
+
+def test_profile_table_sums_gpu_time_per_step(tmp_path):
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "fp4_paged_logits_sm90", "dur": 10.0},
+        {"ph": "X", "cat": "kernel", "name": "fp4_paged_logits_sm90", "dur": 12.0},
+        {"ph": "X", "cat": "kernel", "name": "fused_moe_kernel", "dur": 30.0},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "dur": 2.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 500.0},  # host side: not GPU time
+    ]
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    got = bench.profile_table([str(path)], steps=2)[str(path)]
+    assert got["us_per_step"] == {"MoE": 15.0, "indexer logits": 11.0, "copies": 1.0}
+    assert got["total_us_per_step"] == 27.0 and got["top_kernels"][0] == ("fused_moe_kernel", 15.0)
+
+
+def test_profile_table_refuses_a_trace_without_kernels_and_bad_steps(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "dur": 1}]}))
+    with pytest.raises(ValueError, match="no GPU kernel events"):
+        bench.profile_table([str(path)], steps=1)
+    with pytest.raises(ValueError, match="steps"):
+        bench.profile_table([str(path)], steps=0)
