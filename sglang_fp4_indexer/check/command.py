@@ -72,7 +72,10 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
     console.print(f"at {_k(context)} tokens per request: requests that fit: FP8 {w['requests_fp8']}, FP4 "
                   f"{w['requests_fp4']} (a batch of {batch} needs {w['tokens_needed']} KV tokens; "
                   f"FP8 holds {w['tokens_fp8']}, FP4 {w['tokens_fp4']})")
-    if row is None:
+    if w.get("timing_unmeasured"):
+        console.print(f"indexer scorer time: not measured for this configuration ({w['timing_unmeasured']}); "
+                      "measure it on your GPU: sglang-fp4-indexer bench --device cuda --quick")
+    elif row is None:
         console.print(f"indexer scorer time at next_n {next_n}: not measured (the {w['timing_gpu']} tables have "
                       f"next_n {', '.join(map(str, w['timing_next_n']))}; no other next_n is quoted for it)")
     else:
@@ -84,11 +87,9 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
         native = row.get("fp8_native_us")
         if native is not None and row["fp8_us"] is not None and abs(native - row["fp8_us"]) > 0.05 * row["fp8_us"]:
             fp8 += f"; DeepGEMM with its native next_n, which SGLang 0.5.23 does not use on Hopper: {native:.1f} us"
-        console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']}{w['gpu_note']} {where}: "
+        console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']} {where}: "
                       f"FP4 {row['fp4_us']:.1f} us (x {layers} index layers = {row['fp4_us'] * layers / 1000:.2f} ms "
                       f"per step); {fp8}")
-    if res["dcp_size"] > 1 and res["fp4_mode"] == SHARDED:
-        console.print("  (single-GPU times; the sharded index adds a candidate exchange per step: see the user guide)")
     ctx = w["recall"][0]["context"]
     where = f"at {_k(ctx)}" + ("" if w["recall_exact"] else f" (the nearest measured context to {_k(context)})")
     parts = ", ".join(f"{r['workload']} {r['fp4']:.3f} vs {r['fp8']:.3f}" for r in w["recall"])
@@ -134,6 +135,21 @@ def _context_options(args: argparse.Namespace) -> tuple[int | None, int, int]:
     if context < next_n:
         raise ValueError(f"--context: {context} tokens cannot hold --next-n {next_n} query tokens")
     return context, batch, next_n
+
+
+def _verify_next_n(res: dict, given: int | None, default: int) -> int:
+    """next_n for the trade: the speculative flags' target verify rows when they give them, else ``--next-n``.
+
+    Raises:
+        ValueError: ``--next-n`` differs from what the speculative flags give.
+    """
+    spec = res.get("verify_next_n")
+    if spec is None:
+        return default
+    if given is not None and given != spec:
+        raise ValueError(f"--next-n {given} differs from the {spec} rows per request that target verify scores "
+                         f"with these flags ({res['verify_how']}); drop --next-n or change the flags")
+    return spec
 
 
 def _memory_table(res: dict, d: Decision, memory_gib: float):
@@ -183,6 +199,9 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
     res = run_check(args.model, memory_gib=args.memory_gib, capability=args.capability,
                     kv_cache_dtype=args.kv_cache_dtype, server_flags=flags, announce=announce,
                     read_sglang=read_sglang)
+    next_n = _verify_next_n(res, getattr(args, "next_n", None), next_n)
+    if context is not None and context < next_n:
+        raise ValueError(f"--context: {context} tokens cannot hold next_n {next_n} query tokens")
     if context is not None and res["positions"] is not None and context > res["positions"]:
         raise ValueError(f"--context: {context} tokens is more than this model's {res['positions']} positions "
                          f"({res['positions_from']}, the longest request SGLang serves); give at most "
@@ -193,6 +212,9 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
     console.print(f"device: {res['device']}", markup=False)
     if "index_keys" in res:
         console.print(f"index keys: {res['index_keys']}", markup=False)
+    if res.get("verify_how"):
+        used = f"next_n {res['verify_next_n']}" if res["verify_next_n"] else f"next_n {next_n} (--next-n)"
+        console.print(f"speculative decoding: {res['verify_how']}; the trade below uses {used}", markup=False)
     if d.enabled:
         console.print(f"FP4 indexer: ENABLED - {d.reason}", markup=False)
     elif "not_dsa" in d.codes:
