@@ -194,3 +194,11 @@ def test_cli_parses_cases_and_renders_from_json(tmp_path):
     with pytest.raises(SystemExit) as exc:
         cli.main(["model-accuracy", "--cases", "100:5"])
     assert exc.value.code == 2
+
+
+def test_the_longest_case_is_the_models_own_context_length():
+    import gguf
+
+    reader = gguf.GGUFReader(str(gemma.gguf_path()))
+    field = reader.fields["gemma3.context_length"]
+    assert int(field.parts[field.data[0]][0]) == study.MAX_CONTEXT
