@@ -698,3 +698,13 @@ def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, 
     code, out = _run(capsys, _write_dir(tmp_path, "rep", DSV32), "--context", "131072", "--batch", "8",
                      "--sglang-args=--tp-size 8 --dcp-size 2")
     assert "faster indexer" in out and "not measured for this configuration" not in out
+
+
+def test_the_kv_budget_says_it_is_assumed_unless_given(tmp_path, capsys):
+    from sglang_fp4_indexer.check import ASSUMED_MEMORY_GIB
+
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "9.0")
+    assert f"KV pool: {ASSUMED_MEMORY_GIB:g} GiB per GPU assumed, not derived from the GPU's memory" in out
+    assert str(int(ASSUMED_MEMORY_GIB * GIB) // (61 * (1152 + 132))) in out
+    code, out = _run(capsys, _write_dir(tmp_path, "given", DSV32), "--capability", "9.0", "--memory-gib", "30")
+    assert "assumed" not in out and str(30 * GIB // (61 * (1152 + 132))) in out
