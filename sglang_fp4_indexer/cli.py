@@ -67,6 +67,9 @@ class _Parser(argparse.ArgumentParser):
     """
 
     def error(self, message: str):
+        if message.startswith("argument --sglang-args: expected one argument"):
+            message += (" (a value that starts with '-' needs the = form: --sglang-args=\"--enable-hierarchical-cache\"; "
+                        "argparse reads --sglang-args \"--flag\" as two options)")
         self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
@@ -129,6 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         also used for a ``ValueError`` raised by the subcommand on bad options).
     """
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        names = ", ".join(sub.name for sub in SUBCOMMANDS)
+        parser.error(f"unrecognized option {argv[0]}: the command comes first, one of {names} "
+                     "(its options after it: sglang-fp4-indexer COMMAND --help)")
     args = parser.parse_args(argv)
     if _wants_interpreter(args):
         # Must precede the first import of triton / the ops modules.

@@ -73,6 +73,7 @@ from .workload import (
     WORKLOAD_KINDS,
     Workload,
     build_workload,
+    check_memory,
     check_output_path,
 )
 from . import workload as _workload  # text_model_available looked up at call time (tests replace it)
@@ -628,6 +629,8 @@ def main(args: argparse.Namespace, console: Console | None = None) -> int:
     opts = {name: _GEOMETRY_DEFAULTS[name] if value is None else value for name, value in given.items()}
     _check_options(args)
     _device(args.device)  # fail before the (slow) workload build
+    if args.load_workload is None:
+        check_memory(opts["batch"] * opts["context"], "--context" if given["context"] else "--batch", args.device)
     kind_label = opts["workload"]
     if args.load_workload is None and kind_label == "text" and not _workload.text_model_available():
         if args.save_workload is not None:

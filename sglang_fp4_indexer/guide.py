@@ -1,9 +1,10 @@
-"""``sglang-fp4-indexer docs``: where the user documentation is, and how to report a result.
+"""``sglang-fp4-indexer docs``: where the user documentation and the SGLang ``--config`` files are, and how to report.
 
-The wheel carries the user documents in ``sglang_fp4_indexer/docs/`` (copied
-there at build time by the checkout's ``setup.py``: README.md, CHANGELOG.md and
-every page of docs/). From a checkout (an editable install, or ``PYTHONPATH``)
-the same documents are the checkout's own README.md, CHANGELOG.md and docs/.
+The wheel carries the user documents in ``sglang_fp4_indexer/docs/`` and the
+per-model SGLang ``--config`` files in ``sglang_fp4_indexer/configs/`` (copied
+there at build time by the checkout's ``setup.py``: README.md, CHANGELOG.md,
+every page of docs/ and every file of configs/). From a checkout (an editable
+install, or ``PYTHONPATH``) they are the checkout's own files.
 Nothing here imports torch, Triton or SGLang.
 """
 
@@ -12,7 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["DOCS", "REPORT", "docs_dir", "doc_path", "add_arguments", "main"]
+__all__ = ["DOCS", "REPORT", "docs_dir", "doc_path", "configs_dir", "config_names", "config_path", "add_arguments",
+           "main"]
 
 #: The user documents, in reading order, with what each answers.
 DOCS = (
@@ -65,15 +67,64 @@ def doc_path(name: str) -> Path | None:
     return None
 
 
+def configs_dir() -> Path | None:
+    """The folder of the shipped SGLang ``--config`` files, or None when neither copy is there.
+
+    Returns:
+        ``sglang_fp4_indexer/configs`` of an installed wheel; from a checkout, the checkout's ``configs/``.
+    """
+    for folder in (_PACKAGE / "configs", _PACKAGE.parent / "configs"):
+        if any(folder.glob("*.yaml")):
+            return folder
+    return None
+
+
+def config_names() -> list[str]:
+    """The names of the shipped ``--config`` files (file names without ``.yaml``), sorted; empty when none."""
+    folder = configs_dir()
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder is not None else []
+
+
+def config_path(name: str) -> Path:
+    """The shipped ``--config`` file ``name`` (``deepseek-v3.2``, with or without ``.yaml``).
+
+    Raises:
+        ValueError: no shipped config of that name (the message lists the names), or none is installed.
+    """
+    folder = configs_dir()
+    stem = name[:-5] if name.endswith(".yaml") else name
+    if folder is None:
+        raise ValueError("--config: the SGLang config files are not installed with this copy "
+                         "(a wheel built with 'make wheel' carries them)")
+    if stem not in config_names():
+        raise ValueError(f"--config: no shipped config {name!r}; expected one of {', '.join(config_names())}")
+    return folder / f"{stem}.yaml"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``docs``."""
-    parser.add_argument("--path", action="store_true",
-                        help="print only the folder of the user guide (for scripts: "
-                             "less \"$(sglang-fp4-indexer docs --path)/user-guide.md\")")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--path", action="store_true",
+                       help="print only the folder of the user guide (for scripts: "
+                            "less \"$(sglang-fp4-indexer docs --path)/user-guide.md\")")
+    group.add_argument("--config", metavar="NAME", default=None,
+                       help="print only the path of the shipped SGLang --config file NAME (e.g. deepseek-v3.2), "
+                            "for sglang serve --model-path MODEL --config \"$(sglang-fp4-indexer docs --config "
+                            "NAME)\"")
 
 
 def main(args: argparse.Namespace) -> int:
-    """List the user documents with their paths, then how to report a result; 1 when they are not installed."""
+    """List the user documents and config files with their paths, then how to report a result.
+
+    Returns:
+        0; 1 when the documents are not installed.
+
+    Raises:
+        ValueError: ``--config NAME`` names no shipped config (``config_path``).
+    """
+    if getattr(args, "config", None) is not None:
+        print(config_path(args.config))
+        return 0
     folder = docs_dir()
     if folder is None:
         print("the user documentation is not installed with this copy of sglang-fp4-indexer "
@@ -92,5 +143,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"  {name:<{width}}  {what}")
     print("(plain Markdown: open them in any viewer, e.g. less; the links to benchmarks/results/ point into the "
           "source checkout, which keeps the raw measurements)")
+    configs = configs_dir()
+    if configs is not None:
+        print(f"SGLang --config files, in {configs} (one path: sglang-fp4-indexer docs --config NAME):")
+        for name in config_names():
+            print(f"  {name}.yaml")
     print(REPORT)
     return 0

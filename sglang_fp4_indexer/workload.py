@@ -74,6 +74,9 @@ import torch
 from .format import INDEX_HEAD_DIM
 
 __all__ = [
+    "MIN_BYTES_PER_KEY",
+    "available_memory_bytes",
+    "check_memory",
     "ROPE_HEAD_DIM",
     "ROPE_THETA",
     "DEFAULT_HEADS",
@@ -274,6 +277,49 @@ def check_output_path(path: str | os.PathLike) -> None:
         raise ValueError(f"{name}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{name}: the directory {parent} is not writable")
+
+
+#: The least a key costs the demo and the accuracy study in memory: its bf16 index key (256 B), its FP8 and FP4
+#: cache cells (132 + 68 B) and one fp32 logit per format (exact, FP8, FP4: 12 B). The runs hold more (fp64
+#: reference scores, temporaries); this lower bound only refuses what cannot fit at all.
+MIN_BYTES_PER_KEY = 256 + 132 + 68 + 12
+
+
+def available_memory_bytes(device: str | torch.device = "cpu") -> int | None:
+    """Memory free for a run on ``device`` in bytes: the CPU's available RAM, a CUDA device's free memory.
+
+    Returns:
+        None where it cannot be read (a platform without ``os.sysconf`` pages, another device type).
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0])
+    if dev.type != "cpu":
+        return None
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(keys: int, option: str, device: str | torch.device = "cpu", *, available: int | None = None) -> None:
+    """Refuse, before allocating, a run of ``keys`` index keys that cannot fit in memory (one line naming ``option``).
+
+    Args:
+        keys: index keys the run holds at once (batch x context).
+        option: the option to name in the error, e.g. ``"--context"``.
+        device: where the keys live.
+        available: free bytes (default: ``available_memory_bytes(device)``; None there: nothing is checked).
+
+    Raises:
+        ValueError: ``keys * MIN_BYTES_PER_KEY`` exceeds the free memory.
+    """
+    free = available_memory_bytes(device) if available is None else available
+    need = keys * MIN_BYTES_PER_KEY
+    if free is not None and need > free:
+        raise ValueError(f"{option}: {keys:,} keys need at least {need / 2**30:,.1f} GiB of memory "
+                         f"({MIN_BYTES_PER_KEY} B per key), and {'this machine' if torch.device(device).type == 'cpu' else 'the GPU'} has "
+                         f"{free / 2**30:,.1f} GiB free; lower it")
 
 
 def check_output_dir(path: str | os.PathLike) -> None:

@@ -177,3 +177,83 @@ def test_bench_output_file_in_a_missing_folder_is_refused_not_created(tmp_path, 
     assert not folder.exists()
     err = _usage_error(capsys, ["demo", "--save-workload", str(folder / "w.pt")])
     assert f"error: --save-workload: {folder / 'w.pt'}: the directory {folder} does not exist" in err
+
+
+# --- inputs too large for the machine, and the smaller things a new user meets ------------------------------
+
+@pytest.mark.parametrize("argv, option, keys", [
+    (["demo", "--context", "99999999999999"], "--context", 2 * 99999999999999),
+    (["demo", "--context", "50000000", "--workload", "gaussian", "--batch", "4"], "--context", 4 * 50000000),
+    (["accuracy", "--contexts", "99999999999"], "--contexts", 99999999999),
+], ids=["demo-huge", "demo-gaussian", "accuracy-huge"])
+def test_inputs_that_cannot_fit_in_memory_are_refused_before_allocating(capsys, argv, option, keys):
+    from sglang_fp4_indexer.workload import MIN_BYTES_PER_KEY, available_memory_bytes
+
+    assert keys * MIN_BYTES_PER_KEY > available_memory_bytes("cpu")  # the premise: it cannot fit here
+    err = _usage_error(capsys, argv)
+    assert f"{option}: {keys:,} keys need at least {keys * MIN_BYTES_PER_KEY / 2**30:,.1f} GiB of memory" in err
+
+
+def test_the_memory_check_is_a_lower_bound_of_what_a_key_takes():
+    from sglang_fp4_indexer.format import INDEX_HEAD_DIM
+    from sglang_fp4_indexer.workload import MIN_BYTES_PER_KEY, check_memory
+
+    # bf16 key, SGLang's FP8 cell (e4m3 + fp32 scale), the MXFP4 cell, an fp32 logit for exact, FP8 and FP4.
+    assert MIN_BYTES_PER_KEY == INDEX_HEAD_DIM * 2 + (INDEX_HEAD_DIM + 4) + (INDEX_HEAD_DIM // 2 + 4) + 3 * 4
+    check_memory(1000, "--context", available=1000 * MIN_BYTES_PER_KEY)  # exactly fits: no error
+    with pytest.raises(ValueError, match="--context: 1,001 keys need at least"):
+        check_memory(1001, "--context", available=1000 * MIN_BYTES_PER_KEY)
+
+
+def test_an_option_before_the_command_names_the_commands(capsys):
+    err = _usage_error(capsys, ["--bogus"])
+    assert "unrecognized option --bogus: the command comes first, one of demo, check, bench" in err
+
+
+@pytest.mark.parametrize("cases, detail", [
+    ("4096:0", "'4096:0': expected each top-k >= 1 and below the context"),
+    ("4096:4096", "'4096:4096': expected each top-k >= 1 and below the context"),
+    ("99999999:2048", "'99999999:2048': expected a context from 1024 to 32768"),
+    ("4096:x", "expected CONTEXT:K/K/..., comma-separated, got '4096:x'"),
+])
+def test_model_accuracy_cases_are_refused_while_parsing(capsys, cases, detail):
+    err = _usage_error(capsys, ["model-accuracy", "--cases", cases])
+    assert f"argument --cases: {detail}" in err and "invalid" not in err
+
+
+@pytest.mark.parametrize("content", ["{}", '{"format": "sglang-fp4-indexer bench 1", "rows": []}', "not json"])
+def test_model_accuracy_from_json_refuses_what_is_not_its_result(tmp_path, capsys, content):
+    path = tmp_path / "x.json"
+    path.write_text(content)
+    err = _usage_error(capsys, ["model-accuracy", "--from-json", str(path), "--out-dir", str(tmp_path / "o")])
+    assert f"--from-json: {path} is not" in err
+
+
+def test_model_accuracy_renders_its_own_published_result(tmp_path, capsys):
+    code = main(["model-accuracy", "--from-json", str(REPO / "benchmarks/results/model-accuracy-cpu.json"),
+                 "--out-dir", str(tmp_path)])
+    assert code == 0 and "None disjoint windows" not in capsys.readouterr().out
+
+
+def test_model_accuracy_estimate_is_the_published_runs_pace(capsys):
+    """The per-pass seconds behind the estimate are the published run's own times (its raw file)."""
+    import json
+    import statistics
+
+    from sglang_fp4_indexer.model_study.study import (LOSS_PASS_SECONDS, PASSKEY_PASS_SECONDS, QUICK_ARGS,
+                                                      estimate_seconds)
+
+    doc = json.loads((REPO / "benchmarks/results/model-accuracy-cpu.json").read_text())
+    assert doc["environment"]["threads"] == "2"
+    per_pass = {int(c): statistics.mean(sum(w["seconds"].values()) / len(w["seconds"]) for w in e["windows"])
+                for c, e in doc["loss"].items()}
+    assert round(per_pass[4096]) == LOSS_PASS_SECONDS and abs(per_pass[8192] - LOSS_PASS_SECONDS) < 3
+    prompts = doc["passkey"]["4096"]["prompts"]
+    assert round(statistics.mean(p["seconds"] / len(p["logprob"]) for p in prompts)) == PASSKEY_PASS_SECONDS
+    # One 4K window with one top-k: shared prefix, dense, three formats.
+    assert estimate_seconds([(4096, (2048,))], 1, [], 2, ()) == 5 * LOSS_PASS_SECONDS
+    with pytest.raises(SystemExit):
+        main(["model-accuracy", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    quick = estimate_seconds([(4096, (2048,))], 2, [], 2, ())
+    assert f"a quick first look, about {round(quick / 60)} min: sglang-fp4-indexer model-accuracy {QUICK_ARGS}" in out

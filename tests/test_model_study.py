@@ -184,7 +184,7 @@ def test_cli_parses_cases_and_renders_from_json(tmp_path):
         study.parse_cases("4096:x")
     from sglang_fp4_indexer import cli
 
-    doc = {"windows": 2, "scored": 8, "loss": {"4096": {"topk": [2048], "windows": [
+    doc = {"format": study._FORMAT, "windows": 2, "scored": 8, "loss": {"4096": {"topk": [2048], "windows": [
         {"nll": {"dense": 2.0, "exact k=2048": 2.01, "fp8 k=2048": 2.02, "fp4 k=2048": 2.03}, "recall": {}}] * 2}},
         "passkey": {}}
     src = tmp_path / "in.json"
@@ -194,3 +194,11 @@ def test_cli_parses_cases_and_renders_from_json(tmp_path):
     with pytest.raises(SystemExit) as exc:
         cli.main(["model-accuracy", "--cases", "100:5"])
     assert exc.value.code == 2
+
+
+def test_the_longest_case_is_the_models_own_context_length():
+    import gguf
+
+    reader = gguf.GGUFReader(str(gemma.gguf_path()))
+    field = reader.fields["gemma3.context_length"]
+    assert int(field.parts[field.data[0]][0]) == study.MAX_CONTEXT

@@ -61,7 +61,7 @@ def test_bf16_kv_and_fewer_index_layers(tmp_path, capsys):
 
 def test_refusals_name_reason_and_exit_1(tmp_path, capsys):
     path = _write(tmp_path, GLM5)
-    code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--dcp-size 2 --enable-hierarchical-cache")
+    code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--tp-size 2 --dcp-size 2 --enable-hierarchical-cache")
     assert code == 1 and "DISABLED" in out and "hierarchical cache" in out and "--dcp-size" not in out
     code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--enable-flexkv")
     assert code == 1 and "external KV stores (flexkv)" in out
@@ -202,7 +202,7 @@ def test_config_reporting(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["check", _write(tmp_path, DSV32), "--sglang-args=--model-path foo"])
     err = " ".join(capsys.readouterr().err.split())
-    assert exc.value.code == 2 and "--model-path foo is not used by check" in err
+    assert exc.value.code == 2 and "--model-path is not used by check" in err
 
 
 def test_deepseek_v4_points_to_sglang_flag(tmp_path, capsys):
@@ -448,10 +448,10 @@ def test_context_quotes_only_the_asked_next_n(tmp_path, capsys):
 
 
 def test_context_names_the_nearest_measured_shape(tmp_path, capsys):
-    code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "10.0", "--context", "100000", "--batch", "6",
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "9.0", "--context", "100000", "--batch", "6",
                      "--next-n", "4")
     assert code in (0, 3)
-    assert "(not on a CUDA 10.0 GPU) at the nearest measured shape, H 64, batch 8 x 128K, next_n 4" in out
+    assert "measured on NVIDIA H200 at the nearest measured shape, H 64, batch 8 x 128K, next_n 4" in out
     assert "at 128K (the nearest measured context to 100000)" in out
     code, out = _run(capsys, _write_dir(tmp_path, "short", DSV32), "--capability", "9.0", "--context", "2048")
     assert "top-2048 recall: 1 for FP4 and FP8 (a 2K context has at most 2048 keys" in out
@@ -609,3 +609,102 @@ def test_packaged_configs_check_offline(tmp_path, capsys, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
     code, out = _run(capsys, name)
     assert code == 1 and "model: LlamaForCausalLM (config " in out and "packaged" not in out
+
+
+# --- what check is told: a --config file as SGLang reads it, speculative flags, parallel sizes ---------------
+
+_CONFIGS = _REPO / "configs"
+
+
+def test_a_config_file_is_read_as_sglang_reads_it(tmp_path, capsys):
+    import yaml
+
+    path = _CONFIGS / "deepseek-v3.2.yaml"
+    file = yaml.safe_load(path.read_text())
+    assert file["kv-cache-dtype"] == "fp8_e4m3"
+    code, out = _run(capsys, _write(tmp_path, DSV32), f"--sglang-args=--config {path}")
+    assert code == 0 and "MLA KV 656 B per token and layer in fp8 (--kv-cache-dtype fp8_e4m3 in --sglang-args)" in out
+    t8, t4 = 100 * GIB // (61 * (656 + 132)), 100 * GIB // (61 * (656 + 68))
+    assert f"{t4 - t8} (+{(t4 / t8 - 1) * 100:.1f} %)" in out and f"+{(t4 / t8 - 1) * 100:.1f} %" == "+8.8 %"
+    # A flag after the file wins over it, as in SGLang (its merger puts the file first).
+    code, out = _run(capsys, _write_dir(tmp_path, "bf", DSV32), f"--sglang-args=--config {path} --kv-cache-dtype bf16")
+    assert "MLA KV 1152 B per token and layer in bf16 (--kv-cache-dtype bf16 in --sglang-args)" in out
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("--config /nonexistent/c.yaml", "--config: Config file not found: /nonexistent/c.yaml"),
+    ("--config={cfg}", "SGLang merges a config file only when it is given as --config FILE"),
+    ("--config {json}", "--config: Config file must be YAML format, got: .json"),
+    ("--tp-size -3", "--tp-size -3: expected an integer >= 1"),
+    ("--dcp-size 3 --tp-size 8", "--dcp-size 3 must divide --tp-size 8"),
+], ids=["missing", "equals", "not-yaml", "tp-negative", "dcp-not-dividing"])
+def test_what_sglang_would_refuse_is_a_usage_error(tmp_path, capsys, flags, message):
+    cfg = _write(tmp_path, DSV32)
+    flags = flags.format(cfg=_CONFIGS / "deepseek-v3.2.yaml", json=cfg + "/config.json")
+    with pytest.raises(SystemExit) as exc:
+        main(["check", cfg, f"--sglang-args={flags}"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert exc.value.code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_the_space_form_of_sglang_args_says_to_use_the_equals_form(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["check", _write(tmp_path, DSV32), "--sglang-args", "--enable-hierarchical-cache"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and '--sglang-args="--enable-hierarchical-cache"' in err
+
+
+def test_next_n_comes_from_the_speculative_flags(tmp_path, capsys):
+    bench, _ = _sources()
+    cfg = _write(tmp_path, DSV32)
+    flags = "--speculative-algorithm EAGLE --speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2"
+    code, out = _run(capsys, cfg, "--context", "131072", "--batch", "8", f"--sglang-args={flags}")
+    fp4_us, _ = _bench_us(bench, 64, 8, 131072, 2, "ours")
+    fp8_us, _ = _bench_us(bench, 64, 8, 131072, 2, "deepgemm-fp8")
+    assert "the trade below uses next_n 2" in out
+    assert f"at this shape: FP4 {fp4_us:.1f} us" in out and f"a {fp8_us / fp4_us:.2f}x faster indexer" in out
+    # SGLang's own rule for top-k 1: draft tokens = steps + 1, whatever --speculative-num-draft-tokens says.
+    from sglang_fp4_indexer.sglang_plugin.check_facts import speculative_next_n
+    from sglang_fp4_indexer.sglang_plugin.server_args import server_args_from_flags
+
+    record = server_args_from_flags(cfg, ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+                                          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "9"])
+    assert speculative_next_n(record, "DeepseekV32ForCausalLM")[0] == 4
+    # Without steps SGLang chooses them itself; its function is the oracle.
+    from sglang.srt.arg_groups.speculative_hook import _auto_choose_speculative_params
+
+    auto = server_args_from_flags(cfg, ["--speculative-algorithm", "EAGLE"])
+    assert speculative_next_n(auto, "DeepseekV32ForCausalLM")[0] == _auto_choose_speculative_params(
+        auto, "DeepseekV32ForCausalLM")[2]
+    # The shipped MTP config: 6 rows per request, not in the measured tables, so no time is quoted.
+    code, out = _run(capsys, _write_dir(tmp_path, "mtp", DSV32), "--context", "131072",
+                     f"--sglang-args=--config {_CONFIGS / 'deepseek-v3.2-mtp.yaml'}")
+    assert "the trade below uses next_n 6" in out and "indexer scorer time at next_n 6: not measured" in out
+    with pytest.raises(SystemExit) as exc:
+        main(["check", cfg, "--context", "131072", "--next-n", "3", f"--sglang-args={flags}"])
+    assert exc.value.code == 2 and "--next-n 3 differs from the 2 rows per request" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--capability", "10.0", "--next-n", "2"], "on compute capability 10.0 this plugin scores with its Triton kernel"),
+    (["--capability", "8.9"], "on compute capability 8.9 this plugin scores with its Triton kernel"),
+    (["--sglang-args=--tp-size 8 --dcp-size 2 --fp4-indexer-dcp-shard"], "the sharded index under DCP adds"),
+], ids=["sm100", "sm89", "dcp-sharded"])
+def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, capsys, argv, why):
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8", *argv)
+    assert code in (0, 3) and "indexer scorer time: not measured for this configuration (" in out and why in out
+    assert "faster indexer" not in out and "slower indexer" not in out and " us " not in out
+    # The replicated DCP rank runs the single-GPU kernel: its measured time holds and is quoted.
+    code, out = _run(capsys, _write_dir(tmp_path, "rep", DSV32), "--context", "131072", "--batch", "8",
+                     "--sglang-args=--tp-size 8 --dcp-size 2")
+    assert "faster indexer" in out and "not measured for this configuration" not in out
+
+
+def test_the_kv_budget_says_it_is_assumed_unless_given(tmp_path, capsys):
+    from sglang_fp4_indexer.check import ASSUMED_MEMORY_GIB
+
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "9.0")
+    assert f"KV pool: {ASSUMED_MEMORY_GIB:g} GiB per GPU assumed, not derived from the GPU's memory" in out
+    assert str(int(ASSUMED_MEMORY_GIB * GIB) // (61 * (1152 + 132))) in out
+    code, out = _run(capsys, _write_dir(tmp_path, "given", DSV32), "--capability", "9.0", "--memory-gib", "30")
+    assert "assumed" not in out and str(30 * GIB // (61 * (1152 + 132))) in out

@@ -365,3 +365,12 @@ def test_every_raw_file_is_cited():
                                                RESULTS / "HISTORY.md", RESULTS / "PERF_LOG.md"])
     raw = sorted(p.name for p in RESULTS.iterdir() if p.is_file() and p.suffix != ".md")
     assert len(raw) > 60 and [name for name in raw if name not in citing] == []
+
+
+def test_benchmarks_page_names_only_impls_bench_takes():
+    from sglang_fp4_indexer.bench.scorers import make_scorers
+
+    listed = re.findall(r"`--impl ([\w,]+)`", _page("docs/benchmarks.md"))
+    assert listed
+    for names in listed:
+        make_scorers(["ours"], names.split(","))  # raises ValueError on a name bench refuses

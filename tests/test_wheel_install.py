@@ -89,6 +89,8 @@ def test_wheel_installs_next_to_sglang_and_sglang_loads_it(tmp_path):
     missing = [n for n in user_docs if f"sglang_fp4_indexer/docs/{n}" not in names]
     assert missing == [], missing  # the user docs travel with the wheel
     assert {f"sglang_fp4_indexer/data/models/{m}/config.json" for m in ("deepseek-v3.2", "glm-5", "glm-5.2")} <= names
+    configs = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
+    assert configs and {f"sglang_fp4_indexer/configs/{n}" for n in configs} <= names  # the --config files too
 
     venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
@@ -135,3 +137,8 @@ def test_wheel_installs_next_to_sglang_and_sglang_loads_it(tmp_path):
     assert f"Theuserdocumentationisin{installed}(" in "".join(helped.stdout.split())  # argparse wraps at hyphens
     listed = run(str(script), "docs", cwd=tmp_path, env=env)
     assert listed.returncode == 0 and "no public issue tracker" in listed.stdout and "../" not in listed.stdout
+    assert all(name in listed.stdout for name in configs)
+    for name in configs:  # the path the user guide's launch commands take, byte-equal to the checkout's file
+        where = run(str(script), "docs", "--config", name[:-5], cwd=tmp_path, env=env)
+        assert where.returncode == 0 and Path(where.stdout.strip()) == site / "sglang_fp4_indexer" / "configs" / name
+        assert Path(where.stdout.strip()).read_bytes() == (REPO / "configs" / name).read_bytes()

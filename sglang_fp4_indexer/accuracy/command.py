@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from ..argtypes import int_list, integer, number
 from ..demo import _device
-from ..workload import check_output_dir, check_output_path
+from ..workload import check_memory, check_output_dir, check_output_path
 from .inputs import (
     DEFAULT_CONTEXTS,
     DEFAULT_ROWS,
@@ -121,6 +121,7 @@ def main(args: argparse.Namespace, console: Console | None = None) -> int:
     if bad_heads:
         raise ValueError(f"--heads: {bad_heads} not supported by the scorer (supported: {SUPPORTED_HEADS})")
     contexts = args.contexts or list(GPU_CONTEXTS if dev.type == "cuda" else DEFAULT_CONTEXTS)
+    check_memory(max(contexts), "--contexts", dev)
     cases = [(c, h) for c in sorted(set(contexts)) for h in dict.fromkeys(args.heads)]
 
     def log(line: str) -> None:

@@ -21,12 +21,15 @@ __all__ = [
     "main",
     "MAX_NEXT_N",
     "MAX_CONTEXT",
+    "ASSUMED_MEMORY_GIB",
 ]
 
 
 #: Largest --next-n: the paged scorer's ``ops.paged_logits.MAX_NEXT_N`` (restated, not imported: that module
 #: loads Triton, which ``check`` never needs; tests/test_cli_errors.py keeps the two equal).
 MAX_NEXT_N = 8
+#: The KV-pool budget ``check`` assumes without ``--memory-gib`` (said so in its output): not derived.
+ASSUMED_MEMORY_GIB = 100.0
 #: Largest --context: SGLang keeps positions and lengths as int32.
 MAX_CONTEXT = 2**31 - 1
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,8 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                       "or one of the packaged configs: " + ", ".join(PACKAGED_MODELS)
                                       + "; another hub model needs its config first: "
                                         "hf download REPO config.json --local-dir DIR")
-    parser.add_argument("--memory-gib", type=memory_gib(), default=100.0,
-                        help="KV-pool memory budget per GPU in GiB for the token counts (default 100)")
+    parser.add_argument("--memory-gib", type=memory_gib(), default=None,
+                        help="KV-pool memory per GPU in GiB for the token counts: the figure SGLang logs as "
+                             "'KV Cache is allocated' for your GPU, --mem-fraction-static, TP size and weights "
+                             f"(default {ASSUMED_MEMORY_GIB:g}, an assumed figure, not derived from them)")
     parser.add_argument("--context", type=integer(1, MAX_CONTEXT), default=None, metavar="N",
                         help="tokens per request (e.g. 131072), at most the model's positions "
                              "(max_position_embeddings, or --context-length in --sglang-args): adds what FP4 gains "
@@ -72,7 +77,10 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
     console.print(f"at {_k(context)} tokens per request: requests that fit: FP8 {w['requests_fp8']}, FP4 "
                   f"{w['requests_fp4']} (a batch of {batch} needs {w['tokens_needed']} KV tokens; "
                   f"FP8 holds {w['tokens_fp8']}, FP4 {w['tokens_fp4']})")
-    if row is None:
+    if w.get("timing_unmeasured"):
+        console.print(f"indexer scorer time: not measured for this configuration ({w['timing_unmeasured']}); "
+                      "measure it on your GPU: sglang-fp4-indexer bench --device cuda --quick")
+    elif row is None:
         console.print(f"indexer scorer time at next_n {next_n}: not measured (the {w['timing_gpu']} tables have "
                       f"next_n {', '.join(map(str, w['timing_next_n']))}; no other next_n is quoted for it)")
     else:
@@ -84,11 +92,9 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
         native = row.get("fp8_native_us")
         if native is not None and row["fp8_us"] is not None and abs(native - row["fp8_us"]) > 0.05 * row["fp8_us"]:
             fp8 += f"; DeepGEMM with its native next_n, which SGLang 0.5.23 does not use on Hopper: {native:.1f} us"
-        console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']}{w['gpu_note']} {where}: "
+        console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']} {where}: "
                       f"FP4 {row['fp4_us']:.1f} us (x {layers} index layers = {row['fp4_us'] * layers / 1000:.2f} ms "
                       f"per step); {fp8}")
-    if res["dcp_size"] > 1 and res["fp4_mode"] == SHARDED:
-        console.print("  (single-GPU times; the sharded index adds a candidate exchange per step: see the user guide)")
     ctx = w["recall"][0]["context"]
     where = f"at {_k(ctx)}" + ("" if w["recall_exact"] else f" (the nearest measured context to {_k(context)})")
     parts = ", ".join(f"{r['workload']} {r['fp4']:.3f} vs {r['fp8']:.3f}" for r in w["recall"])
@@ -136,6 +142,21 @@ def _context_options(args: argparse.Namespace) -> tuple[int | None, int, int]:
     return context, batch, next_n
 
 
+def _verify_next_n(res: dict, given: int | None, default: int) -> int:
+    """next_n for the trade: the speculative flags' target verify rows when they give them, else ``--next-n``.
+
+    Raises:
+        ValueError: ``--next-n`` differs from what the speculative flags give.
+    """
+    spec = res.get("verify_next_n")
+    if spec is None:
+        return default
+    if given is not None and given != spec:
+        raise ValueError(f"--next-n {given} differs from the {spec} rows per request that target verify scores "
+                         f"with these flags ({res['verify_how']}); drop --next-n or change the flags")
+    return spec
+
+
 def _memory_table(res: dict, d: Decision, memory_gib: float):
     from rich.table import Table
 
@@ -180,9 +201,13 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
     except ValueError as exc:
         raise ValueError(f"--sglang-args: cannot split {args.sglang_args!r} into flags ({exc})") from None
     context, batch, next_n = _context_options(args)
-    res = run_check(args.model, memory_gib=args.memory_gib, capability=args.capability,
+    memory = ASSUMED_MEMORY_GIB if args.memory_gib is None else args.memory_gib
+    res = run_check(args.model, memory_gib=memory, capability=args.capability,
                     kv_cache_dtype=args.kv_cache_dtype, server_flags=flags, announce=announce,
                     read_sglang=read_sglang)
+    next_n = _verify_next_n(res, getattr(args, "next_n", None), next_n)
+    if context is not None and context < next_n:
+        raise ValueError(f"--context: {context} tokens cannot hold next_n {next_n} query tokens")
     if context is not None and res["positions"] is not None and context > res["positions"]:
         raise ValueError(f"--context: {context} tokens is more than this model's {res['positions']} positions "
                          f"({res['positions_from']}, the longest request SGLang serves); give at most "
@@ -193,6 +218,9 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
     console.print(f"device: {res['device']}", markup=False)
     if "index_keys" in res:
         console.print(f"index keys: {res['index_keys']}", markup=False)
+    if res.get("verify_how"):
+        used = f"next_n {res['verify_next_n']}" if res["verify_next_n"] else f"next_n {next_n} (--next-n)"
+        console.print(f"speculative decoding: {res['verify_how']}; the trade below uses {used}", markup=False)
     if d.enabled:
         console.print(f"FP4 indexer: ENABLED - {d.reason}", markup=False)
     elif "not_dsa" in d.codes:
@@ -211,7 +239,12 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
         if context is not None:
             console.print("verdict: FP4 changes nothing for this model at any context", markup=False)
         return 0 if d.enabled else 1
-    console.print(_memory_table(res, d, args.memory_gib))
+    console.print(_memory_table(res, d, memory))
+    if args.memory_gib is None:
+        console.print(f"KV pool: {memory:g} GiB per GPU assumed, not derived from the GPU's memory, "
+                      "--mem-fraction-static, the TP size and the weights; the token and request counts scale "
+                      "with it: give --memory-gib with the size SGLang logs in its 'KV Cache is allocated' line",
+                      markup=False)
     gain = cap.gain_sharded if res["fp4_mode"] == SHARDED else cap.gain_replicated
     tokens = cap.tokens_fp4_sharded if res["fp4_mode"] == SHARDED else cap.tokens_fp4_replicated
     mode = "" if res["dcp_size"] == 1 else f" ({res['fp4_mode']})"

@@ -62,7 +62,8 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
 
     ``read_sglang(cfg, model_dir, server_flags)`` reads the model and server facts through SGLang (the adapter's
     ``sglang_plugin.check_facts.read_sglang_facts``, which the ``sglang-fp4-indexer`` command passes): it returns
-    ``((model facts, server facts, index layers, SGLang's --kv-cache-dtype, --context-length), "")``, or
+    ``((model facts, server facts, index layers, SGLang's --kv-cache-dtype, --context-length, (next_n, how)), "")``
+    (``(next_n, how)``: target verify's rows per request from the speculative flags, or ``(None, ...)``), or
     ``(None, why)`` when SGLang cannot be imported. Without it the config keys decide, as without SGLang.
 
     The MLA KV format is ``kv_cache_dtype`` (``"fp8"``/``"bf16"``) when given,
@@ -78,7 +79,8 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
         ``dcp_size``, ``file``, ``source`` (the Hugging Face repository of a
         packaged config, else empty), ``positions`` (the longest request: the
         server flags' ``--context-length``, else ``max_position_embeddings``,
-        else None) and ``positions_from``, ``model_refusal`` (the refusal is the
+        else None) and ``positions_from``, ``verify_next_n`` and ``verify_how`` (target
+        verify's rows per request from the speculative flags and how, or None), ``model_refusal`` (the refusal is the
         model's own, ``MODEL_REFUSALS``: then nothing below is given); for DSA
         models FP4 can serve ``index_keys`` (whether SGLang Hadamard-rotates the
         index keys, and why: ``gate.index_key_rotation``), ``kv_dtype``, ``kv_dtype_why``, ``kv_bytes``, ``capacity
@@ -109,7 +111,7 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
     detection = "SGLang's own DSA helpers"
     if found is None:
         found, detection = _without_sglang(cfg, flags, why), f"its config keys, SGLang not being importable here: {why}"
-    model_facts, server, index_layers, server_kv, context_length = found
+    model_facts, server, index_layers, server_kv, context_length, verify = found
     _check_complete(cfg, file, model_facts)
     device, device_text = _device(capability)
     decision: Decision = decide(model_facts, server, device)
@@ -121,7 +123,8 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
            "positions": int(positions) if isinstance(positions, int) and positions > 0 else None,
            "positions_from": ("--context-length in --sglang-args" if context_length
                               else "max_position_embeddings in its config.json"),
-           "model_refusal": bool(MODEL_REFUSALS.intersection(decision.codes))}
+           "model_refusal": bool(MODEL_REFUSALS.intersection(decision.codes)),
+           "verify_next_n": verify[0], "verify_how": verify[1]}
     if model_facts.is_dsa and not out["model_refusal"]:
         out["index_keys"] = index_key_rotation(model_facts, server)[1]
         if kv_cache_dtype is not None and server_kv != "auto":

@@ -46,6 +46,26 @@ def _model_cost_text(row: dict | None, context: int, topk: int) -> str:
     return text + f" on Gemma 3 270M at {_k(row['context'])}, top-{row['topk']} (real-model study, stand-in indexer)"
 
 
+def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_size: int) -> str | None:
+    """Why the measured times (one GPU, ``gpu``, the Hopper kernel, no DCP exchange) do not hold here, or None.
+
+    The tables hold the Hopper CUDA kernel against DeepGEMM as SGLang 0.5.23 calls it on Hopper, on ``gpu`` (an
+    H200), single-GPU; that is what a replicated DCP rank runs too. Anything else was not measured there.
+    """
+    cap = tuple(dev.capability or ())
+    if cap != (9, 0):
+        kernels = ("this plugin scores with its Triton kernel there and SGLang calls DeepGEMM with its native next_n"
+                   if cap >= (10, 0) else "this plugin scores with its Triton kernel there")
+        return (f"the times were measured on an {gpu.replace('NVIDIA ', '')} (compute capability 9.0, the Hopper "
+                f"kernel); on compute capability {cap[0]}.{cap[1]} {kernels}")
+    if dev.name not in ("assumed H200", "given") and "H200" not in (dev.name or ""):
+        return f"the times were measured on an {gpu.replace('NVIDIA ', '')}, not on this {dev.name}"
+    if sharded and dcp_size > 1:
+        return ("the sharded index under DCP adds a candidate exchange per step; at DCP 2 on two H200 it was slower "
+                "than the replicated index at every measured shape (user guide, \"Decode context parallelism\")")
+    return None
+
+
 def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tables: dict | None = None) -> dict:
     """What FP4 gains and costs at one serving shape, and the decision, from ``run_check``'s findings and the tables.
 
@@ -60,7 +80,11 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
       requests, so FP4 buys only its indexer time, at the measured cost.
 
     The time is the measured row nearest the shape among rows with the asked
-    ``next_n`` (``tables.nearest_timing``); without such a row none is quoted.
+    ``next_n`` (``tables.nearest_timing``); without such a row none is quoted,
+    and none where the measured configuration (an H200 at compute capability
+    9.0 running the Hopper kernel, single-GPU or a replicated DCP rank) is not
+    the one asked about: another GPU or capability, or the sharded DCP index
+    (``timing_unmeasured`` says why).
     The cost is the top-k recall at the nearest measured context
     (``tables.nearest_recall``) and the real-model study's loss and passkey
     numbers at the nearest measured context (``tables.nearest_model_cost``,
@@ -80,7 +104,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         (the measured next_n values), ``timing_exact``, ``timing_gpu``,
         ``recall`` (rows at the nearest measured context), ``recall_exact``,
         ``recall_device``, ``model_cost`` (``tables.nearest_model_cost`` or
-        None), ``topk``, ``gpu_note``, ``decision``, ``exit_code`` and
+        None), ``topk``, ``decision``, ``exit_code`` and
         ``verdict`` (one line).
 
     Raises:
@@ -100,26 +124,27 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     tokens_fp4 = cap.tokens_fp4_sharded if sharded else cap.tokens_fp4_replicated
     gain = cap.gain_sharded if sharded else cap.gain_replicated
     measured_n = sorted({r["next_n"] for r in tables["timing"]["rows"]})
+    dev: DeviceFacts = found["device_facts"]
+    gpu = tables["timing"]["gpu"]
+    unmeasured = _unmeasured_configuration(dev, gpu, sharded, found["dcp_size"])
     same_n = [r for r in tables["timing"]["rows"] if r["next_n"] == next_n]
-    row = nearest_timing({"timing": {"rows": same_n}}, heads, batch, context, next_n) if same_n else None
+    row = (nearest_timing({"timing": {"rows": same_n}}, heads, batch, context, next_n)
+           if same_n and unmeasured is None else None)
     recall = nearest_recall(tables, heads, context)
     topk = int(tables["recall"]["topk"])
     model_cost = nearest_model_cost(tables, context, topk)
-    gpu = tables["timing"]["gpu"]
-    dev: DeviceFacts = found["device_facts"]
-    if dev.name in ("assumed H200", "given"):
-        gpu_note = "" if tuple(dev.capability or ()) == (9, 0) else f" (not on a CUDA {dev.capability[0]}.{dev.capability[1]} GPU)"
-    else:
-        gpu_note = "" if "H200" in (dev.name or "") else f" (not on this {dev.name}: times differ)"
     out = {
         "requests_fp8": cap.tokens_fp8 // context, "requests_fp4": tokens_fp4 // context,
         "tokens_needed": batch * context, "tokens_fp8": cap.tokens_fp8, "tokens_fp4": tokens_fp4, "gain": gain,
-        "timing": row, "timing_next_n": measured_n, "timing_gpu": gpu, "gpu_note": gpu_note,
+        "timing": row, "timing_next_n": measured_n, "timing_gpu": gpu,
+        "timing_unmeasured": unmeasured,
         "timing_exact": row is not None and (row["heads"], row["batch"], row["context"]) == (heads, batch, context),
         "recall": recall, "recall_exact": recall[0]["context"] == context, "recall_device": tables["recall"]["device"],
         "model_cost": model_cost, "topk": topk, "heads": heads,
     }
-    if row is None:
+    if unmeasured is not None:
+        speed = f"an indexer speed that is not measured for this configuration ({unmeasured})"
+    elif row is None:
         speed = (f"an indexer time at next_n {next_n} that is not measured (measured: next_n "
                  f"{', '.join(map(str, measured_n))})")
     elif row["fp8_us"] is not None:

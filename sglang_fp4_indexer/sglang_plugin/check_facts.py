@@ -12,15 +12,17 @@ import warnings
 from .facts import index_layer_count, model_facts, server_facts, server_field
 from .server_args import server_args_from_flags
 
-__all__ = ["read_sglang_facts", "sglang_import_error"]
+__all__ = ["read_sglang_facts", "speculative_next_n", "sglang_import_error"]
 
 
 def read_sglang_facts(cfg: dict, model_path: str, flags: list[str]):
-    """``((model facts, server facts, index layers, SGLang's --kv-cache-dtype, --context-length), "")`` through SGLang.
+    """``((model facts, server facts, index layers, SGLang's --kv-cache-dtype, --context-length, verify), "")``.
 
     What ``check`` reads with SGLang installed (the ``sglang-fp4-indexer`` command passes this function to
     ``check.run_check``): the model classified by SGLang's own DSA helpers, the server flags parsed by SGLang's
-    own parser.
+    own parser, with a ``--config FILE`` among them merged as SGLang merges it. ``verify`` is
+    ``(next_n, how)``: the query rows per request of target verify that the speculative flags give
+    (``speculative_next_n``), or ``(None, "")`` without speculative decoding.
 
     Args:
         cfg: the model's ``config.json`` as a dict.
@@ -32,20 +34,73 @@ def read_sglang_facts(cfg: dict, model_path: str, flags: list[str]):
         machine without a GPU) are suppressed.
 
     Raises:
-        ValueError: SGLang's parser rejects the flags, or they carry another ``--model-path``.
+        ValueError: SGLang's parser rejects the flags or cannot read their ``--config`` file, they carry
+            ``--model-path``, or their parallel sizes are ones SGLang refuses (``--tp-size`` or ``--dcp-size``
+            below 1, a ``--dcp-size`` that does not divide ``--tp-size``).
     """
     why = sglang_import_error()
     if why is not None:
         return None, why
+    given = next((a for a in flags if a == "--model-path" or a.startswith("--model-path=")), None)
+    if given is not None:
+        raise ValueError("--sglang-args: --model-path is not used by check, which reads the model given as its "
+                         "positional argument; drop --model-path from --sglang-args")
     record = server_args_from_flags(model_path, flags, requested=True)
-    given_path = server_field(record, "model_path", model_path)
-    if given_path != model_path:
-        raise ValueError(f"--sglang-args: --model-path {given_path} is not used by check, which reads the model "
-                         "given as its positional argument; drop --model-path from --sglang-args")
+    tp, dcp = int(server_field(record, "tp_size", 1)), int(server_field(record, "dcp_size", 1))
+    for name, value in (("--tp-size", tp), ("--dcp-size", dcp)):
+        if value < 1:
+            raise ValueError(f"--sglang-args: {name} {value}: expected an integer >= 1")
+    if tp % dcp:
+        raise ValueError(f"--sglang-args: --dcp-size {dcp} must divide --tp-size {tp} (SGLang refuses it at launch)")
     layers = int(cfg.get("num_hidden_layers", 0) or 0)
     context_length = server_field(record, "context_length", None)
+    arch = (cfg.get("architectures") or [""])[0]
     return (model_facts(cfg), server_facts(record), index_layer_count(cfg, layers),
-            str(server_field(record, "kv_cache_dtype", "auto")), context_length), ""
+            str(server_field(record, "kv_cache_dtype", "auto")), context_length,
+            speculative_next_n(record, arch)), ""
+
+
+def speculative_next_n(record, architecture: str) -> tuple[int | None, str]:
+    """Target verify's query rows per request (next_n) from a raw record's speculative flags, and how.
+
+    SGLang 0.5.23's rule (``arg_groups/speculative_hook``): without
+    ``--speculative-num-steps`` it picks steps, top-k and draft tokens itself
+    (``_auto_choose_speculative_params``, called here); with
+    ``--speculative-eagle-topk 1`` the draft tokens are the steps + 1; else
+    ``--speculative-num-draft-tokens``. Target verify scores that many rows per request.
+
+    Args:
+        record: a raw ``ServerArgs`` (``server_args_from_flags``).
+        architecture: the model's first ``architectures`` entry.
+
+    Returns:
+        ``(next_n, text)``; ``(None, "")`` without ``--speculative-algorithm``; ``(None, why)`` when the
+        flags leave it to something ``check`` cannot see.
+    """
+    algorithm = server_field(record, "speculative_algorithm", None)
+    if algorithm is None:
+        return None, ""
+    steps = server_field(record, "speculative_num_steps", None)
+    topk = server_field(record, "speculative_eagle_topk", None)
+    tokens = server_field(record, "speculative_num_draft_tokens", None)
+    how = f"--speculative-algorithm {algorithm}"
+    if steps is None:
+        from sglang.srt.arg_groups.speculative_hook import _auto_choose_speculative_params
+
+        try:
+            steps, topk, tokens = _auto_choose_speculative_params(record, architecture)
+        except Exception as exc:  # SGLang's choice needs what a raw record lacks
+            return None, f"{how}: SGLang picks the draft tokens at launch ({exc})"
+        how += f" (SGLang's own choice for {architecture}: {steps} steps, top-k {topk}, {tokens} draft tokens)"
+    elif topk == 1:
+        tokens = int(steps) + 1
+        how += (f", --speculative-eagle-topk 1 and --speculative-num-steps {steps}: {tokens} draft tokens "
+                "(SGLang: steps + 1)")
+    elif tokens is not None:
+        how += f", --speculative-num-draft-tokens {tokens}"
+    if tokens is None:
+        return None, f"{how}: the draft tokens are not given, SGLang picks them at launch"
+    return int(tokens), how + "; target verify scores them as next_n"
 
 
 def sglang_import_error() -> str | None:

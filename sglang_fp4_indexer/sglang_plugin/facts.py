@@ -22,6 +22,7 @@ __all__ = [
     "DCP_SHARD_ENV_VAR",
     "DCP_SHARD_ATTR",
     "env_flag",
+    "env_setting",
     "requested",
     "mark_requested",
     "dcp_shard_requested",
@@ -59,8 +60,23 @@ def env_flag(name: str) -> bool:
             off (``0``/``false``/``no``/``off``/empty), naming the variable: a
             typo must not silently leave the FP4 indexer off.
     """
+    return bool(env_setting(name))
+
+
+def env_setting(name: str) -> bool | None:
+    """What the environment variable ``name`` decides: True (on), False (off), None (unset or empty: nothing).
+
+    A variable set to an on or off value wins over the command line and the
+    ``--config`` file (docs/user-guide.md, "Which setting wins").
+
+    Raises:
+        ValueError: a value that is neither on (``1``/``true``/``yes``/``on``) nor
+            off (``0``/``false``/``no``/``off``/empty), naming the variable.
+    """
     raw = os.environ.get(name)
     value = (raw or "").strip().lower()
+    if not value:
+        return None
     if value in _ON:
         return True
     if value in _OFF:
@@ -72,9 +88,11 @@ def env_flag(name: str) -> bool:
 def requested(server_args) -> bool:
     """Whether the FP4 indexer was asked for.
 
-    True when ``server_args._enable_fp4_indexer`` is set, or (in a scheduler
-    process, where SGLang has published its record) the published record
-    carries it, or ``$SGLANG_ENABLE_FP4_INDEXER`` is on (``env_flag``).
+    ``$SGLANG_ENABLE_FP4_INDEXER`` set to an on or off value decides
+    (``env_setting``); otherwise True when ``server_args._enable_fp4_indexer``
+    is set (the command line, which SGLang merges over the ``--config`` file),
+    or (in a scheduler process, where SGLang has published its record) the
+    published record carries it.
 
     Args:
         server_args: a ``ServerArgs`` record (or None: the published record and
@@ -87,8 +105,11 @@ def requested(server_args) -> bool:
 
 
 def _flag(server_args, attr: str, env_var: str) -> bool:
-    """A plugin flag: on the record, on the record SGLang published in this process, or in the environment."""
-    if env_flag(env_var) or getattr(server_args, attr, False):
+    """A plugin flag: the environment when it is set, else the record or the record SGLang published here."""
+    env = env_setting(env_var)
+    if env is not None:
+        return env
+    if getattr(server_args, attr, False):
         return True
     try:
         from sglang.srt.runtime_context import get_server_args
@@ -100,7 +121,7 @@ def _flag(server_args, attr: str, env_var: str) -> bool:
 
 
 def dcp_shard_requested(server_args) -> bool:
-    """Whether ``--fp4-indexer-dcp-shard`` was given (the record, the published record, or ``$SGLANG_FP4_INDEXER_DCP_SHARD``).
+    """Whether the sharded index was asked for: ``$SGLANG_FP4_INDEXER_DCP_SHARD`` when set, else ``--fp4-indexer-dcp-shard``.
 
     Args:
         server_args: a ``ServerArgs`` record (or None).

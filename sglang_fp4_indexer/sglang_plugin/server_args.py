@@ -4,9 +4,12 @@ Seams (SGLang 0.5.23, see docs/sglang-seams.md):
 
 - ``ServerArgs.add_cli_args`` (staticmethod; builds the parser of
   ``python -m sglang.launch_server``, ``sglang serve`` and ``--config``
-  merging): an AFTER hook adds ``--enable-fp4-indexer`` (store_true).
+  merging): an AFTER hook adds ``--enable-fp4-indexer`` (store_true) and
+  ``--no-enable-fp4-indexer`` (store_false, same destination).
   ``ConfigArgumentMerger`` reads the parser's store_true actions, so
-  ``enable-fp4-indexer: true`` in a ``--config`` YAML works too.
+  ``enable-fp4-indexer: true`` in a ``--config`` YAML works too; it puts the
+  file's flags before the command line's, so ``--no-enable-fp4-indexer`` on
+  the command line turns off a file's ``enable-fp4-indexer: true``.
 - ``ServerArgs.from_cli_args`` (classmethod; copies only declared fields off
   the argparse namespace): an AFTER hook records the flag on the record as the
   underscore attribute ``_enable_fp4_indexer`` (and ``--fp4-indexer-dcp-shard``
@@ -19,8 +22,9 @@ Seams (SGLang 0.5.23, see docs/sglang-seams.md):
   ``_propagate_patch``), and ``Engine.__init__`` reads the attribute after it
   has called ``load_plugins()``, so the first ``Engine(...)`` call already sees it.
 
-The environment variable ``SGLANG_ENABLE_FP4_INDEXER=1`` asks for the FP4
-indexer too (``facts.requested``).
+The environment variable ``SGLANG_ENABLE_FP4_INDEXER``, when set to an on or
+off value, wins over the command line and the file (``facts.requested``);
+``carry_flag`` warns once when it overrides a flag that was given.
 
 ``--fp4-indexer-dcp-shard`` (``SGLANG_FP4_INDEXER_DCP_SHARD=1``, Engine keyword
 ``fp4_indexer_dcp_shard=``) travels the same way: under decode context
@@ -31,12 +35,13 @@ it (``sglang_fp4_indexer.dcp``; no effect without ``--dcp-size > 1``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from .facts import DCP_SHARD_ENV_VAR, ENV_VAR, env_flag, mark_dcp_shard, mark_requested
+from .facts import DCP_SHARD_ENV_VAR, ENV_VAR, env_flag, env_setting, mark_dcp_shard, mark_requested
 
-__all__ = ["FLAG", "HELP", "DCP_SHARD_FLAG", "DCP_SHARD_HELP", "add_flag", "carry_flag", "install_engine_kwarg",
-           "server_args_from_flags"]
+__all__ = ["FLAG", "NO_FLAG", "HELP", "DCP_SHARD_FLAG", "NO_DCP_SHARD_FLAG", "DCP_SHARD_HELP", "add_flag",
+           "carry_flag", "install_engine_kwarg", "server_args_from_flags"]
 
 FLAG = "--enable-fp4-indexer"
 HELP = (
@@ -45,7 +50,13 @@ HELP = (
     "Attention models only (DeepSeek-V3.2, GLM-5.x); on anything the FP4 path does "
     "not serve, one warning names the reason and SGLang keeps its FP8 indexer."
 )
+NO_FLAG = "--no-enable-fp4-indexer"
+NO_HELP = (
+    "Turn the FP4 indexer off, also where a --config file sets enable-fp4-indexer: true (the command line wins "
+    "over the file; SGLANG_ENABLE_FP4_INDEXER, when set, wins over both)."
+)
 DCP_SHARD_FLAG = "--fp4-indexer-dcp-shard"
+NO_DCP_SHARD_FLAG = "--no-fp4-indexer-dcp-shard"
 DCP_SHARD_HELP = (
     "With --enable-fp4-indexer and --dcp-size W > 1: keep on each DCP rank only the FP4 index keys "
     "of the tokens it owns (68/W B/token/layer instead of 68); decode exchanges top-k candidates "
@@ -63,7 +74,12 @@ def _argument(args, kwargs, name: str, kind: type):
 
 
 def add_flag(result, *args, **kwargs):
-    """AFTER hook of ``ServerArgs.add_cli_args(parser)``: add ``--enable-fp4-indexer`` and ``--fp4-indexer-dcp-shard``.
+    """AFTER hook of ``ServerArgs.add_cli_args(parser)``: add the plugin's flags and their ``--no-`` forms.
+
+    ``--enable-fp4-indexer`` / ``--no-enable-fp4-indexer`` and
+    ``--fp4-indexer-dcp-shard`` / ``--no-fp4-indexer-dcp-shard``: each pair
+    shares one destination (default False), so the last one given wins, and
+    SGLang's ``--config`` merging puts the file's flags before the command line's.
 
     Takes SGLang's call as it comes (``*args, **kwargs``) and adds the flags to
     the ``argparse.ArgumentParser`` among its arguments; without one it does
@@ -72,10 +88,13 @@ def add_flag(result, *args, **kwargs):
     parser = _argument(args, kwargs, "parser", argparse.ArgumentParser)
     if parser is None:
         return result
-    if FLAG not in parser._option_string_actions:
-        parser.add_argument(FLAG, action="store_true", default=False, help=HELP)
-    if DCP_SHARD_FLAG not in parser._option_string_actions:
-        parser.add_argument(DCP_SHARD_FLAG, action="store_true", default=False, help=DCP_SHARD_HELP)
+    for flag, no_flag, help_text, no_help in (
+            (FLAG, NO_FLAG, HELP, NO_HELP),
+            (DCP_SHARD_FLAG, NO_DCP_SHARD_FLAG, DCP_SHARD_HELP,
+             f"Keep the FP4 index replicated under DCP, also where a --config file sets {DCP_SHARD_FLAG[2:]}: true.")):
+        if flag not in parser._option_string_actions:
+            action = parser.add_argument(flag, action="store_true", default=False, help=help_text)
+            parser.add_argument(no_flag, dest=action.dest, action="store_false", default=False, help=no_help)
     return result
 
 
@@ -106,11 +125,21 @@ def carry_flag(result, *args, **kwargs):
     value = getattr(args, "enable_fp4_indexer", None)
     if value is not None:
         mark_requested(result, bool(value))
+        _warn_if_env_overrides(ENV_VAR, FLAG, bool(value))
     _warn_if_unhooked(result)
     shard = getattr(args, "fp4_indexer_dcp_shard", None)
     if shard is not None:
         mark_dcp_shard(result, bool(shard))
+        _warn_if_env_overrides(DCP_SHARD_ENV_VAR, DCP_SHARD_FLAG, bool(shard))
     return result
+
+
+def _warn_if_env_overrides(env_var: str, flag: str, value: bool) -> None:
+    """One stderr line when the environment variable, which wins, turns off ``flag`` given on the command line or file."""
+    env = env_setting(env_var)
+    if value and env is False:
+        print(f"sglang-fp4-indexer: warning: {env_var}={os.environ[env_var]!r} wins over {flag} (the environment "
+              "variable, when set, decides; unset it to let the command line decide)", file=sys.stderr)
 
 
 def _warn_if_unhooked(server_args) -> None:
@@ -174,8 +203,12 @@ def install_engine_kwarg(engine_cls=None) -> bool:
 def server_args_from_flags(model_path: str, flags: list[str], *, requested: bool | None = None):
     """A raw ``ServerArgs`` from SGLang server flags, parsed by SGLang's own parser (no resolution).
 
-    The parser is ``ServerArgs.add_cli_args`` plus ``--enable-fp4-indexer``,
-    built directly so no plugin hooks need to be applied.
+    The parser is ``ServerArgs.add_cli_args`` plus the plugin's flags, built
+    directly so no plugin hooks need to be applied. A ``--config FILE`` among
+    the flags is merged as ``prepare_server_args`` merges it (SGLang's own
+    ``ConfigArgumentMerger``: the file's values first, the flags after them,
+    so a flag wins over the file); ``model_path`` comes last and wins over a
+    ``model-path`` in the file.
 
     Args:
         model_path: the ``--model-path`` value.
@@ -183,7 +216,8 @@ def server_args_from_flags(model_path: str, flags: list[str], *, requested: bool
         requested: if not None, overrides whether the FP4 indexer is asked for.
 
     Raises:
-        ValueError: SGLang's parser rejects the flags.
+        ValueError: SGLang's parser rejects the flags, or SGLang cannot read
+            the ``--config`` file (missing, not YAML, an option it does not take).
     """
     import argparse
 
@@ -192,8 +226,22 @@ def server_args_from_flags(model_path: str, flags: list[str], *, requested: bool
     parser = argparse.ArgumentParser(prog="sglang server flags", exit_on_error=False)
     ServerArgs.add_cli_args(parser)
     add_flag(None, parser)
+    argv = [*flags, "--model-path", model_path]
+    given = next((a for a in argv if a.startswith("--config=")), None)
+    if given is not None:
+        raise ValueError(f"{given}: SGLang merges a config file only when it is given as --config FILE (two "
+                         f"words); it ignores {given}. Write --config {given.split('=', 1)[1]}")
+    if "--config" in argv:
+        from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+
+        try:
+            argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+        except (ValueError, OSError) as exc:  # OSError: SGLang re-raises what open() or PyYAML raised
+            raise ValueError(f"--config: {exc}") from None
+        except Exception as exc:  # PyYAML's YAMLError: a file that is not YAML
+            raise ValueError(f"--config: SGLang cannot read it: {exc}") from None
     try:
-        ns, unknown = parser.parse_known_args(["--model-path", model_path, *flags])
+        ns, unknown = parser.parse_known_args(argv)
     except (argparse.ArgumentError, SystemExit) as exc:
         raise ValueError(f"server flags: SGLang's parser rejected {flags}: {exc}") from None
     if unknown:
