@@ -16,7 +16,9 @@ Both leave out what neither path changed (the hook's slicing of SGLang's tensors
 the current-stream lookup and ``cuLaunchKernel`` itself (inside ``nvrtc.launch`` before, ``launch_packed``
 now). CPU-side Python overhead only: not a GPU host time (the benchmark's host column measures that).
 
-    PYTHONPATH=. python3 -m experiments.host_overhead [--calls 20000]
+    PYTHONPATH=. python3 -m experiments.host_overhead [--calls 20000] [--json PATH]
+
+The raw figures of docs/benchmarks.md are benchmarks/results/host_overhead_cpu.json.
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ def measure_after(calls: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=20000, help="calls per timed repeat (5 repeats, median)")
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the figures (seconds per call) as JSON")
     ap.add_argument("--side", choices=("before", "after"), help=argparse.SUPPRESS)
     ap.add_argument("--package", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -143,6 +146,15 @@ def main() -> int:
                                   "--calls", str(args.calls), *extra], capture_output=True, text=True, env=env,
                                  cwd=REPO, check=True)
             got[side] = json.loads(run.stdout.strip().splitlines()[-1])
+    if args.json:
+        import platform
+
+        import torch
+
+        Path(args.json).write_text(json.dumps({
+            "what": "CPU-side Python overhead per paged serving call up to the launch (launch stubbed), seconds",
+            "baseline": BASELINE, "calls": args.calls, "repeats": 5, "python": platform.python_version(),
+            "torch": torch.__version__, "cpu": platform.processor() or platform.machine(), **got}, indent=1) + "\n")
     print(f"CPU-side Python overhead per paged serving call, up to the launch (launch stubbed; {args.calls} calls "
           f"x 5, median; before = {BASELINE}):")
     for label, *_ in SHAPES:

@@ -365,3 +365,12 @@ def test_every_raw_file_is_cited():
                                                RESULTS / "HISTORY.md", RESULTS / "PERF_LOG.md"])
     raw = sorted(p.name for p in RESULTS.iterdir() if p.is_file() and p.suffix != ".md")
     assert len(raw) > 60 and [name for name in raw if name not in citing] == []
+
+
+def test_benchmarks_cpu_host_overhead_is_the_measured_file():
+    """The CPU-side Python overhead quoted in docs/benchmarks.md ("Host time") is host_overhead_cpu.json's, in µs."""
+    run = _json("host_overhead_cpu.json")
+    shapes = ("1 x 4K", "64 x 4K", "8 x 4K next_n 2")
+    before, after = (" / ".join(f"{run[side][s] * 1e6:.1f}" for s in shapes) for side in ("before", "after"))
+    text = _flat(_page("docs/benchmarks.md"))
+    assert f"{before} µs per call before the launchers" in text and f"{after} µs after" in text
