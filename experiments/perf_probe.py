@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from sglang_fp4_indexer.ops.paged_logits import paged_logits
+from sglang_fp4_indexer.ops.paged_logits import TritonTuning, paged_scorer
 from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
 
 from .common import build, copy_bandwidth, graph_time
@@ -55,10 +55,14 @@ def main():
             for ctas in [int(c * sms) for c in args.ctas_per_sm.split(',') for c in [float(c)]]:
                 sched = plan_paged_schedule(lens, bkv, ctas)
                 try:
-                    def fn(i, impl=impl, bkv=bkv, nw=nw, ns=ns, sched=sched, mr=mr):
+                    # The Triton knobs live on the launcher of the configuration (resolved once, as serving does).
+                    scorer = paged_scorer(q.device, heads, next_n, lens_2d=lens.dim() == 2, block_kv=bkv,
+                                          clean_logits=True, impl=impl,
+                                          tuning=TritonTuning(num_warps=nw, num_stages=ns, maxnreg=mr))
+
+                    def fn(i, scorer=scorer, sched=sched):
                         j = i % copies
-                        paged_logits(q, w, caches[j], bt, lens, schedule=sched, block_kv=bkv, out=outs[j],
-                                     check=False, impl=impl, num_warps=nw, num_stages=ns, maxnreg=mr)
+                        scorer(q, w, caches[j], bt, lens, sched, outs[j])
                     t = graph_time(fn)
                     out = outs[0].clone()
                     fn(0)

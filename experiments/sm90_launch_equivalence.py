@@ -2,8 +2,8 @@
 ``cases.py``).
 
 For every served configuration (``sm90.served_configs()``) and both ``clean_logits`` values, the call goes
-through ``paged_logits._launch_wgmma`` (the path ``paged_logits`` takes) with NVRTC, the module load and the
-launch replaced by recorders, once with commit 1e88a43's package (``git archive`` into a temporary folder)
+through the Hopper launch path (1e88a43: ``paged_logits._launch_wgmma``; now ``sm90.launch``, the launcher that
+``paged_logits`` and the serving path call) with NVRTC, the module load and the launch replaced by recorders, once with commit 1e88a43's package (``git archive`` into a temporary folder)
 and once with this checkout's, each in its own process. Compared: the arch, the kernel name and dynamic
 shared memory of the load, the grid, the block, the launch's shared memory, and every kernel argument's
 ctypes type and value (pointers by type only: they are separate processes' tensors). The program text is
@@ -43,14 +43,30 @@ def capture(package: str, out: str) -> None:
         seen["arch"] = arch
         return b"cubin", ""
 
-    def fake_get_function(device, cubin, kernel, smem=0):
-        seen["load"] = [kernel, smem]
-        return "fn"
-
-    def fake_launch(fn, device, grid, block, smem, args):
+    def record(grid, block, smem, args):
         records.append(dict(arch=seen["arch"], load=seen["load"], grid=grid, block=block, smem=smem,
                             args=[type(a).__name__ + ("" if isinstance(a.value, int) and type(a).__name__ ==
                                                        "c_void_p" else f":{a.value}") for a in args]))
+
+    class Recorder:
+        """The loaded kernel of the launcher path: reads the packed arguments back through the pointer array."""
+
+        def launch_packed(self, index, grid, block, smem, params):
+            import ctypes
+
+            block_args = nvrtc.ArgBlock(sm90.ARG_FORMAT)
+            values = [block_args._CTYPES[code].from_address(ctypes.c_void_p.from_address(params + 8 * i).value).value
+                      for i, code in enumerate(sm90.ARG_FORMAT)]
+            record(grid, block, smem, block_args.as_ctypes(values))
+
+    launcher_path = hasattr(sm90, "Launcher")
+
+    def fake_get_function(device, cubin, kernel, smem=0):
+        seen["load"] = [kernel, smem]
+        return Recorder() if launcher_path else "fn"
+
+    def fake_launch(fn, device, grid, block, smem, args):
+        record(grid, block, smem, args)
 
     nvrtc.compile_cubin = fake_compile
     nvrtc.get_function = fake_get_function
@@ -76,7 +92,10 @@ def capture(package: str, out: str) -> None:
                         out_t = torch.empty(case.q.shape[0], width, dtype=dtype)
                         sched = torch.zeros(10 + next_n, 2, dtype=torch.int32)
                         common = (case.q, case.weights, case.cache, case.block_table, lens, sched, out_t)
-                        if new:
+                        if launcher_path:
+                            config = sm90.Config.of_call(next_n, heads, dtype, lens_2d)
+                            sm90.launch(config, *common, block_kv=64, clean_logits=clean)
+                        elif new:
                             pl._launch_wgmma(*common, next_n, heads, 64, clean, explicit=True)
                         else:
                             pl._launch_wgmma(*common, case.block_table.shape[0], next_n, heads, width, 64, clean,

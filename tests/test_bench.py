@@ -259,6 +259,32 @@ def test_summary_never_puts_a_cpu_time_beside_a_gpu_target(cpu_report):
     assert "% of its floor" in store
 
 
+def test_host_time_column_beside_the_device_time(cpu_report):
+    """A CUDA report carries each scorer's host time per eager call: the table gets a host column beside each
+    scorer's device time and says what it is, the summary an h-figure; a CPU run measures none."""
+    import copy
+
+    from rich.console import Console
+
+    from sglang_fp4_indexer.bench.report import HOST_NOTE, render_table
+
+    assert not any("host_s" in res for row in cpu_report["rows"] for res in row["results"].values())
+    gpu = copy.deepcopy(cpu_report)
+    gpu["meta"]["device_type"] = "cuda"
+    ours = gpu["rows"][0]["results"]["ours"]
+    ours["seconds"], ours["host_s"] = 2.8e-6, 12.25e-6
+    console = Console(width=400, record=True)
+    console.print(render_table(gpu))
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "shape (H" in line)
+    assert [c.strip() for c in header.split("┃")[3:6]] == ["ours", "host", "% floor"]
+    row = next(line for line in text.splitlines() if f"│ {SHAPES[0].label}" in line)
+    assert [c.strip() for c in row.split("│")[3:5]] == ["2.80", "12.2"]
+    assert HOST_NOTE.split(";")[0] in " ".join(text.split())
+    line = next(line for line in render_summary(gpu).splitlines() if line.startswith(SHAPES[0].label))
+    assert "2.80" in line and "h12.2" in line
+
+
 def test_cpu_run_store_and_planner_rows(cpu_report, tmp_path):
     store, planner = cpu_report["store"], cpu_report["planner"]
     assert store["status"] == "ok" and store["bytes"] == 96 * 324

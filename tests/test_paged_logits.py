@@ -16,25 +16,34 @@ import pytest
 import torch
 from cases import make_paged_case, term_bound
 
-from sglang_fp4_indexer.ops.paged_logits import DEFAULT_BLOCK_KV, paged_logits
+from sglang_fp4_indexer.ops.paged_logits import DEFAULT_BLOCK_KV, TritonTuning, paged_logits, paged_scorer
 from sglang_fp4_indexer.ops.schedule import plan_paged_schedule
 from sglang_fp4_indexer.reference import paged_logits_reference, topk_reference
 
 REL = 2e-5
 
 
-def _check(case, width=None, num_ctas=5, mma="auto", rel=REL, block_kv=64, impl="scaled", num_warps=4, bound=None):
+def _check(case, width=None, num_ctas=5, mma="auto", rel=REL, block_kv=64, impl="scaled", num_warps=None, bound=None):
     """Run the scorer on ``case`` and check it against the oracle: every element written, ``-inf`` exactly
     where the reference has it, and ``|got - ref| <= rel * term_bound`` elsewhere, or ``<= bound(case, width)``
-    when a bound function is given (a kernel with its own error model). Returns ``(got, ref)``."""
+    when a bound function is given (a kernel with its own error model). Returns ``(got, ref)``.
+
+    ``paged_logits`` runs it, or with ``num_warps`` the launcher of its configuration with that Triton
+    tuning (``paged_scorer``, as the experiments tune it)."""
     max_pages = case.block_table.shape[1]
     width = width or max_pages * 64
     sched = plan_paged_schedule(case.context_lens, block_kv, num_ctas)
     out = torch.full((case.q.shape[0], width), float("nan"), dtype=torch.float32, device=case.q.device)
-    got = paged_logits(
-        case.q, case.weights, case.cache, case.block_table, case.context_lens,
-        width=width, schedule=sched, out=out, mma=mma, block_kv=block_kv, impl=impl, num_warps=num_warps,
-    )
+    if num_warps is None:
+        got = paged_logits(
+            case.q, case.weights, case.cache, case.block_table, case.context_lens,
+            width=width, schedule=sched, out=out, mma=mma, block_kv=block_kv, impl=impl,
+        )
+    else:
+        launcher = paged_scorer(case.q.device, case.q.shape[1], case.q.shape[0] // case.block_table.shape[0],
+                                lens_2d=case.context_lens.dim() == 2, block_kv=block_kv, clean_logits=True,
+                                q_dtype=case.q.dtype, impl=impl, mma=mma, tuning=TritonTuning(num_warps=num_warps))
+        got = launcher(case.q, case.weights, case.cache, case.block_table, case.context_lens, sched, out)
     assert got.data_ptr() == out.data_ptr()
     ref = paged_logits_reference(case.q, case.weights, case.cache, case.block_table, case.context_lens, width=width)
     assert not torch.isnan(got).any(), "an output element was left unwritten"

@@ -261,22 +261,33 @@ def _verify_case(env, heads, next_n, lens, seed):
 
 
 class _ScorerSpy:
-    """Records the ``context_lens`` / ``block_table`` / ``schedule`` of every ``ops.paged_logits.paged_logits`` call
-    (then calls it): which form of the lengths reached the scorer."""
+    """Records the ``context_lens`` / ``block_table`` / ``schedule`` of every call of the paged scorer's launcher the
+    hook looks up (``ServingKernels.paged``), then calls it: which form of the lengths reached the scorer.
+    ``poison``: the logits buffer is filled with +inf before the launch (what the scorer leaves unwritten shows)."""
 
-    def __init__(self, monkeypatch):
-        from sglang_fp4_indexer.ops import paged_logits as paged
+    def __init__(self, monkeypatch, poison=False):
+        from sglang_fp4_indexer.ops.serving import ServingKernels
 
         self.calls = []
         self.tables = []  # (data_ptr, strides) of each call's block_table: a view of SGLang's table or a copy
-        real = paged.paged_logits
+        self.kwargs = []  # the launcher's clean_logits per call
+        real = ServingKernels.paged
+        spy = self
 
-        def spy(q, weights, cache, block_table, context_lens, **kw):
-            self.calls.append((block_table.clone(), context_lens.clone(), kw.get("schedule")))
-            self.tables.append((block_table.data_ptr(), block_table.stride()))
-            return real(q, weights, cache, block_table, context_lens, **kw)
+        def paged(kernels, heads, next_n):
+            launcher = real(kernels, heads, next_n)
 
-        monkeypatch.setattr(paged, "paged_logits", spy)
+            def call(q, weights, cache, block_table, context_lens, schedule, out):
+                spy.calls.append((block_table.clone(), context_lens.clone(), schedule))
+                spy.tables.append((block_table.data_ptr(), block_table.stride()))
+                spy.kwargs.append({"clean_logits": launcher.clean_logits})
+                if poison:
+                    out.fill_(float("inf"))
+                return launcher(q, weights, cache, block_table, context_lens, schedule, out)
+
+            return call
+
+        monkeypatch.setattr(ServingKernels, "paged", paged)
 
 
 @pytest.mark.parametrize("heads", [32, 64])
@@ -450,15 +461,8 @@ def test_decode_leaves_the_tail_to_sglangs_length_mask(env, monkeypatch):
     length (here +inf planted in every column the scorer does not write), so the result is still the top-k."""
     from sglang_fp4_indexer.ops import paged_logits as paged
 
-    seen_kwargs = []
-    original = paged.paged_logits
-
-    def poisoned(q, *args, **kwargs):
-        seen_kwargs.append(dict(kwargs))
-        kwargs["out"] = torch.full((q.shape[0], kwargs["width"]), float("inf"))
-        return original(q, *args, **kwargs)
-
-    monkeypatch.setattr(paged, "paged_logits", poisoned)
+    spy = _ScorerSpy(monkeypatch, poison=True)
+    seen_kwargs = spy.kwargs
     ix = _indexer(64)
     lens = [3, 70, 200]  # rows end mid-page, so most of the width is never written
     table = _store_requests(env, ix, lens, seed=11)

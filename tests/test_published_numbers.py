@@ -374,3 +374,12 @@ def test_benchmarks_page_names_only_impls_bench_takes():
     assert listed
     for names in listed:
         make_scorers(["ours"], names.split(","))  # raises ValueError on a name bench refuses
+
+
+def test_benchmarks_cpu_host_overhead_is_the_measured_file():
+    """The CPU-side Python overhead quoted in docs/benchmarks.md ("Host time") is host_overhead_cpu.json's, in µs."""
+    run = _json("host_overhead_cpu.json")
+    shapes = ("1 x 4K", "64 x 4K", "8 x 4K next_n 2")
+    before, after = (" / ".join(f"{run[side][s] * 1e6:.1f}" for s in shapes) for side in ("before", "after"))
+    text = _flat(_page("docs/benchmarks.md"))
+    assert f"{before} µs per call before the launchers" in text and f"{after} µs after" in text

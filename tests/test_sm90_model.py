@@ -14,6 +14,8 @@ format.dequantize_index_k's values), scaled as the epilogue scales them.
 
 from __future__ import annotations
 
+import ctypes
+
 import re
 
 import numpy as np
@@ -627,14 +629,14 @@ def test_f16_head_sum_fragment_replay(heads):
 
 class _StandInHopper:
     """Stands for an H200 on the CPU machine: ``paged_logits`` resolves ``impl="auto"`` to the Hopper kernel
-    (``_wgmma_unavailable`` says nothing is missing), the CUDA ordinal is 0, and the kernel's NVRTC build, module
+    (``_wgmma_problem`` says nothing is missing), the CUDA ordinal is 0, and the kernel's NVRTC build, module
     load and launch are replaced by the test; the Triton kernels run under the interpreter."""
 
     def __init__(self, monkeypatch, build=None, launch=None):
         from sglang_fp4_indexer.ops import paged_logits as pl
 
         self.builds, self.launches = [], []
-        monkeypatch.setattr(pl, "_wgmma_unavailable", lambda *a, **k: None)
+        monkeypatch.setattr(pl, "_wgmma_problem", lambda *a, **k: None)
         monkeypatch.setattr(nvrtc, "_index", lambda device: 0)
         monkeypatch.setattr(nvrtc, "cuda_arch", lambda device: "sm_90a")
         monkeypatch.setattr(nvrtc, "_KERNELS", {})
@@ -645,14 +647,20 @@ class _StandInHopper:
                 build(dict(defines))
             return b"cubin", ""
 
-        def fake_launch(*args, **kwargs):
-            self.launches.append((args, kwargs))
-            if launch is not None:
-                launch(*args, **kwargs)
+        stand_in = self
+
+        class FakeFunction:
+            def launch_packed(self, index, grid, block, smem, params):
+                # The kernel's arguments, read back through the pointer array the driver would read.
+                kinds = {"P": ctypes.c_void_p, "i": ctypes.c_int, "q": ctypes.c_longlong}
+                args = [kinds[code].from_address(ctypes.c_void_p.from_address(params + 8 * i).value).value
+                        for i, code in enumerate(sm90.ARG_FORMAT)]
+                stand_in.launches.append(((index, grid, block, smem, args), {}))
+                if launch is not None:
+                    launch(index, grid, block, smem, params)
 
         monkeypatch.setattr(nvrtc, "compile_cubin", fake_build)
-        monkeypatch.setattr(nvrtc, "get_function", lambda *a, **k: "fn")
-        monkeypatch.setattr(nvrtc, "launch", fake_launch)
+        monkeypatch.setattr(nvrtc, "get_function", lambda *a, **k: FakeFunction())
 
 
 def _fallback_case():
@@ -746,9 +754,9 @@ def test_serving_probe_builds_what_the_launch_builds(monkeypatch):
         assert {k: defines[k] for k in ("NEXT_N", "HEADS", "OUT_KIND", "LENS_2D", "MMA_ROWS")} == {
             "NEXT_N": str(next_n), "HEADS": str(heads), "OUT_KIND": "0", "LENS_2D": str(int(lens_2d)),
             "MMA_ROWS": str(config.mma_rows)}, (next_n, heads, lens_2d)
-        ((fn, device, grid, block, smem, args), _), = hopper.launches
-        assert (fn, grid, block) == ("fn", 3, 640)
+        ((index, grid, block, smem, args), _), = hopper.launches
+        assert (index, grid, block) == (0, 3, 640)
         assert smem == 4 * sm90.layout(next_n, heads)["WG_BYTES"] + 1024
-        assert [a.value for a in args[7:]] == [2, case.cache.shape[0], case.block_table.shape[1], 128,
+        assert args[7:] == [2, case.cache.shape[0], case.block_table.shape[1], 128,
                                                 case.q.stride(0), case.q.stride(1), case.weights.stride(0),
                                                 case.block_table.stride(0), 128, 64, 9, 1]

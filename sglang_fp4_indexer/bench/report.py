@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from .timing import CPU_TIMING_NOTE
+from .timing import CPU_TIMING_NOTE, HOST_CALLS, HOST_WARMUP
 
 __all__ = ["render_table", "render_summary", "write_json", "load_json", "write_plot", "main"]
 
@@ -40,12 +40,24 @@ def _status_cell(res: dict) -> str | None:
     return "ERROR"
 
 
+#: What the host column is.
+HOST_NOTE = (f"host: host wall time per call made eagerly, as its serving caller makes it ({HOST_WARMUP} warm-up "
+             f"calls, then {HOST_CALLS} back to back, synchronised only at the end); the other times are device "
+             "times in CUDA graphs")
+
+
+def _has_host(report: dict) -> bool:
+    """Whether any scorer result of ``report`` has a host time (CUDA runs since host timing was added)."""
+    return any("host_s" in res for row in report.get("rows", []) for res in row.get("results", {}).values())
+
+
 def _scorer_names(report: dict) -> list[str]:
     return [s["name"] for s in report.get("scorers", [])]
 
 
 def render_table(report: dict) -> Table:
-    """The full table: per shape, each scorer's time, % of its own floor and ours' speed-up over it, and the checks."""
+    """The full table: per shape, each scorer's time, its host time per eager call (CUDA runs), % of its own
+    floor and ours' speed-up over it, and the checks."""
     cpu = _is_cpu(report)
     meta = report.get("meta", {})
     bw = meta.get("copy_bandwidth_bytes_per_s") or float("nan")
@@ -54,8 +66,11 @@ def render_table(report: dict) -> Table:
     table.add_column("shape (H, batch x ctx, next_n)")
     table.add_column("FP4 floor", justify="right")
     names = _scorer_names(report)
+    host = _has_host(report)
     for name in names:
         table.add_column(name, justify="right")
+        if host:
+            table.add_column("host", justify="right")
         table.add_column("% floor", justify="right")
         if not name.startswith("ours"):
             table.add_column("ours x", justify="right")
@@ -70,6 +85,8 @@ def render_table(report: dict) -> Table:
             if bad is not None and bad != "n/a":
                 fails.append(f"{name}: {res.get('status')}" + (f" ({res['check']['detail']})" if "check" in res and not res["check"]["ok"] else ""))
             cells.append(_us(res.get("seconds")) if "seconds" in res else (bad or "-"))
+            if host:
+                cells.append(_us(res.get("host_s")) if "host_s" in res else "")
             cells.append(f"{res['pct_floor']:.1f}" if "pct_floor" in res else "")
             if not name.startswith("ours"):
                 sp = res.get("speedup_of_ours")
@@ -81,6 +98,8 @@ def render_table(report: dict) -> Table:
     notes = [f"copy bandwidth {bw / 1e12:.3f} TB/s (read + write)" if not cpu else f"copy bandwidth {bw / 1e9:.2f} GB/s"]
     notes.append("% floor: of the scorer's own format (FP4 68 B/key, FP8 132 B/key, + 4 B/logit); "
                  "ours x: the peer's time over ours")
+    if host:
+        notes.append(HOST_NOTE)
     notes.extend(unavailable)
     table.caption = "\n".join(notes)
     table.caption_justify = "left"
@@ -132,6 +151,8 @@ def render_summary(report: dict, rows: bool = True) -> str:
     cpu = _is_cpu(report)
     meta = report.get("meta", {})
     names = _scorer_names(report)
+    host = _has_host(report)
+    cell_w = 28 if host else 21
     bw = meta.get("copy_bandwidth_bytes_per_s") or float("nan")
     lines = [
         f"== benchmark summary: {meta.get('device', '?')}, torch {meta.get('torch')}, triton {meta.get('triton')}",
@@ -142,7 +163,7 @@ def render_summary(report: dict, rows: bool = True) -> str:
         if s["status"] != "available":
             lines.append(f"   {s['name']}: {s['status']}")
     if rows:
-        lines.append(f"{'shape':<22}{'floor':>8}" + "".join(f"{n[:20]:>21}" for n in names) + "  checks")
+        lines.append(f"{'shape':<22}{'floor':>8}" + "".join(f"{n[:20]:>{cell_w}}" for n in names) + "  checks")
     failed_shapes = []
     for row in report.get("rows", []):
         cells = f"{row['label']:<22}{_us(row.get('fp4_floor_s')):>8}"
@@ -155,12 +176,12 @@ def render_summary(report: dict, rows: bool = True) -> str:
                 else:
                     sp = res.get("speedup_of_ours")
                     tag = f"(x{sp:.2f})" if sp else ""
-                cell = f"{_us(res['seconds'])} {tag}"
+                cell = f"{_us(res['seconds'])} {tag}" + (f" h{_us(res['host_s'])}" if "host_s" in res else "")
             else:
                 cell = _status_cell(res) or "-"
             if res.get("status") not in ("ok", "unavailable"):
                 fails.append(name)
-            cells += f"{cell:>21}"
+            cells += f"{cell:>{cell_w}}"
         if fails:
             failed_shapes.append(f"{row['label']}: FAIL " + ",".join(fails))
         if rows:
@@ -170,7 +191,8 @@ def render_summary(report: dict, rows: bool = True) -> str:
     lines.extend(_op_lines(report, cpu))
     lines.append(f"failures: {report.get('failures', 0)}")
     if rows and any(n.startswith("ours") for n in names):
-        lines.append("   ours: (% of FP4 floor); peers: (x = peer time / ours)")
+        lines.append("   ours: (% of FP4 floor); peers: (x = peer time / ours)"
+                     + ("; h: host time per eager call" if host else ""))
     return "\n".join(line for line in lines if line is not None)
 
 

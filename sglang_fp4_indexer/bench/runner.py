@@ -5,7 +5,8 @@ it). For each shape it builds the inputs once (``inputs.py``; as many cache
 copies as L2 rotation needs), computes the reference for the checked rows
 (``checks.expected_logits``), then for each scorer: prepare (outside the
 timing), time (``timing.time_calls``), check every rotation set's output
-(``checks.check_logits``), and derive the ratios: percent of its own format's
+(``checks.check_logits``), on CUDA measure its host time per eager call
+(``timing.time_host``, as its serving caller makes it), and derive the ratios: percent of its own format's
 HBM floor (FP4 68 B/key, FP8 132 B/key, + 4 B/logit) and the speed-up of the
 first "ours" scorer over each other scorer (``t_other / t_ours``).
 
@@ -39,7 +40,7 @@ from .floor import (
 from .inputs import build_scorer_inputs
 from .scorers import Scorer
 from .shapes import ScorerShape
-from .timing import CPU_TIMING_NOTE, copy_bandwidth, l2_cache_bytes, rotation_sets, time_calls
+from .timing import CPU_TIMING_NOTE, copy_bandwidth, l2_cache_bytes, rotation_sets, time_calls, time_host
 
 __all__ = [
     "BenchConfig",
@@ -160,6 +161,10 @@ def _run_scorer(scorer: Scorer, inputs, expected, l2, bandwidth: float, device) 
         _sync(device)
         result["seconds"] = run.timing.seconds
         result["timing"] = run.timing.to_dict()
+        if device.type == "cuda":  # host time per eager call, as its serving caller makes it
+            host = time_host(prepared.host_fn or prepared.fn, device, prepared.sets)
+            result["host_s"] = host.seconds
+            result["host_timing"] = host.to_dict()
         floor = floor_seconds(scorer_bytes(shape, scorer.key_bytes), bandwidth)
         result["floor_s"] = floor
         result["pct_floor"] = percent_of_floor(run.timing.seconds, floor)
@@ -339,6 +344,8 @@ def run_benchmark(
             if res["status"] != "ok":
                 report["failures"] += 1
             t = f"{res['seconds'] * 1e6:.1f} us" if "seconds" in res else "-"
+            if "host_s" in res:
+                t += f", host {res['host_s'] * 1e6:.1f} us per eager call"
             log(f"[{idx}/{len(config.shapes)}] {shape.label} {sc.name}: {t} ({res['status']})")
             _free(dev)
         ours = next((r for n, r in row["results"].items() if n.startswith("ours") and r.get("status") == "ok"), None)

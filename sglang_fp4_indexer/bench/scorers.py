@@ -1,10 +1,13 @@
 """The scorers the benchmark times side by side, behind one small interface.
 
-* ``OursScorer``: this project's ``ops.paged_logits.paged_logits``, with its CTA
-  schedule planned once outside the timed graph
+* ``OursScorer``: this project's paged scorer as the plugin calls it: the
+  launcher of the shape's configuration resolved once
+  (``ops.paged_logits.paged_scorer``, what ``paged_logits`` and the serving
+  path run), with its CTA schedule planned once outside the timed graph
   (``ops.schedule.plan_paged_schedule`` with the op's default ``block_kv`` and
-  ``ops.grid.default_num_ctas``), ``check=False`` (the serving path), writing
-  into preallocated outputs poisoned with NaN.
+  ``ops.grid.default_num_ctas``), writing into preallocated outputs poisoned
+  with NaN; its host time with the logits allocated per call, as the plugin's
+  hook does.
 * ``SGLangFP4Scorer``: SGLang 0.5.23's Triton FP4 scorer
   ``fp4_index_logits_paged`` on the *same cache bytes*: SGLang's DSv4 index-K
   page is this project's page layout (``page_size * 64`` payload bytes, then
@@ -65,6 +68,8 @@ class PreparedScorer:
         writes_all: whether its contract writes every element (``-inf`` tails).
         case_bytes: bytes of one call's working set (cache + logits), for the record.
         floor: its tolerance adds ``checks.Expected.floor`` (the Hopper kernel's absolute terms).
+        host_fn: the call whose host time is measured eagerly (``timing.time_host``), as its serving caller
+            makes it (``None``: ``fn``).
     """
 
     fn: Callable[[int], torch.Tensor]
@@ -73,6 +78,7 @@ class PreparedScorer:
     writes_all: bool
     case_bytes: int
     floor: bool = False
+    host_fn: Callable[[int], torch.Tensor] | None = None
 
 
 class Scorer:
@@ -115,44 +121,43 @@ class OursScorer(Scorer):
     def __init__(self, impl: str | None = None):
         self.impl = impl
         self.name = "ours" if impl is None else f"ours[{impl}]"
-        self.label = "sglang_fp4_indexer.ops.paged_logits.paged_logits" + ("" if impl is None else f"(impl={impl!r})")
+        self.label = ("sglang_fp4_indexer.ops.paged_logits.paged_scorer, as the plugin calls it"
+                      + ("" if impl is None else f" (impl={impl!r})"))
 
     def prepare(self, inputs: ScorerInputs, l2_bytes: int | None) -> PreparedScorer:
         from ..ops import paged_logits as pl
+        from ..ops.grid import default_num_ctas
         from ..ops.schedule import plan_paged_schedule
 
         shape, dev = inputs.shape, inputs.device
-        from ..ops.grid import default_num_ctas
-
         block_kv, num_ctas = pl.default_block_kv(dev, self.impl), default_num_ctas(dev, self.impl)
         schedule = plan_paged_schedule(inputs.context_lens, block_kv, num_ctas)
         case = _case_bytes(shape, self.key_bytes)
         sets = min(len(inputs.caches), rotation_sets(case, l2_bytes))
         outs = [torch.full((shape.rows, inputs.width), float("nan"), device=dev) for _ in range(sets)]
-        extra = {} if self.impl is None else {"impl": self.impl}
-        # Which formulation runs (recorded in the report: "auto" is resolved per device and shape).
-        self.ran = pl.resolved_impl(inputs.q, inputs.caches[0], shape.next_n, block_kv, self.impl or "auto")
         q, w, bt, lens, caches, width = (
             inputs.q, inputs.weights, inputs.block_table, inputs.context_lens, inputs.caches, inputs.width,
         )
-
         # A live server's width (shape.width) is scored as the plugin calls it: clean_logits=False, the
         # columns past each request's last page left to SGLang's top-k, which masks by length.
         clean = not shape.width
+        scorer = pl.paged_scorer(dev, shape.heads, shape.next_n, lens_2d=lens.dim() == 2, block_kv=block_kv,
+                                 clean_logits=clean, q_dtype=q.dtype, impl=self.impl or "auto")
+        self.ran = scorer.kernel  # which formulation runs (recorded in the report: "auto" resolved per shape)
 
         def fn(s: int) -> torch.Tensor:
-            return pl.paged_logits(
-                q, w, caches[s], bt, lens, width=width, schedule=schedule, block_kv=block_kv,
-                out=outs[s], check=False, clean_logits=clean, **extra,
-            )
+            return scorer(q, w, caches[s], bt, lens, schedule, outs[s])
+
+        def host_fn(s: int) -> torch.Tensor:  # the plugin's hook allocates the logits of every call
+            return scorer(q, w, caches[s], bt, lens, schedule, torch.empty((shape.rows, width), device=dev))
 
         # The Hopper kernel's bound: its f16 accumulation and head sum (sm90.rel_bound()) and the absolute
         # terms of its decode's rounding and f16 subnormals (sm90.logit_error_floor, checks.Expected.floor).
         if self.ran == "wgmma":
             from ..ops import sm90
 
-            return PreparedScorer(fn, sets, sm90.rel_bound(), clean, case, floor=True)
-        return PreparedScorer(fn, sets, OURS_REL, clean, case)
+            return PreparedScorer(fn, sets, sm90.rel_bound(), clean, case, floor=True, host_fn=host_fn)
+        return PreparedScorer(fn, sets, OURS_REL, clean, case, host_fn=host_fn)
 
 
 def sglang_request_table(block_table: torch.Tensor, width: int, page_size: int = PAGE_SIZE) -> torch.Tensor:

@@ -15,6 +15,12 @@ again, ``ROTATION_FACTOR`` x L2 of other data has passed through the cache and
 each call reads from HBM. Without it an FP4 cache, half the size of an FP8 one,
 would be flattered most.
 
+Host time (``time_host``, CUDA only): the same call made eagerly, as a server
+makes it outside CUDA graphs: ``HOST_WARMUP`` calls, then ``HOST_CALLS`` back to
+back with no synchronisation between them; the host's wall time to issue them,
+per call (the device catches up afterwards). That is the Python and launch cost
+a call adds to an eager step, beside its device time.
+
 CPU: ``time.perf_counter`` around single calls, median of a few. Under
 ``TRITON_INTERPRET=1`` that measures the interpreter; every report labels such
 times with ``CPU_TIMING_NOTE``.
@@ -43,6 +49,9 @@ __all__ = [
     "rotation_sets",
     "copy_bandwidth",
     "time_calls",
+    "HOST_WARMUP",
+    "HOST_CALLS",
+    "time_host",
 ]
 
 #: Label of every time measured on the CPU.
@@ -62,6 +71,11 @@ MIN_REPLAYS = 5
 MAX_REPLAYS = 20
 #: Wall-clock repeats per call on the CPU.
 CPU_REPEATS = 3
+#: Eager calls before the host-time measurement, and calls measured back to back.
+HOST_WARMUP = 20
+HOST_CALLS = 500
+#: Host-time repeats (the median is reported).
+HOST_REPEATS = 3
 
 
 @dataclass
@@ -269,3 +283,37 @@ def time_calls(
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e-3 / calls)
     return TimedRun(Timing(statistics.median(samples), samples, calls, "cuda-graph", sets), outputs, graph)
+
+
+def time_host(fn: Callable[[int], Any], device: torch.device, sets: int = 1, *, warmup: int = HOST_WARMUP,
+              calls: int = HOST_CALLS, repeats: int = HOST_REPEATS) -> Timing:
+    """Host wall time per eager call of ``fn(set_index)`` on a CUDA device (module docstring).
+
+    ``warmup`` calls, a synchronisation, then ``repeats`` times: ``calls`` calls
+    back to back (cycling through the ``sets``), timed with ``time.perf_counter``
+    from the first call's start to the last call's return, then one
+    synchronisation (not timed). A call whose device time exceeds its host time
+    fills the launch queue and is then timed at its device time: the figure is
+    the host's cost per call only where it is the larger of the two.
+
+    Returns:
+        ``Timing`` with ``method="host-eager"``: the median over the repeats of seconds per call.
+
+    Raises:
+        ValueError: ``device`` is not CUDA, or a count below 1.
+    """
+    if device.type != "cuda":
+        raise ValueError(f"device: host time is measured on a CUDA device, got {device}")
+    if min(sets, calls, repeats) < 1 or warmup < 0:
+        raise ValueError(f"sets, calls, repeats: expected >= 1 (warmup >= 0), got {sets}, {calls}, {repeats}, {warmup}")
+    for j in range(warmup):
+        fn(j % sets)
+    torch.cuda.synchronize(device)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for j in range(calls):
+            fn(j % sets)
+        samples.append((time.perf_counter() - t0) / calls)
+        torch.cuda.synchronize(device)
+    return Timing(statistics.median(samples), samples, calls, "host-eager", sets)

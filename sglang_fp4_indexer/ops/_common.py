@@ -18,7 +18,8 @@ from ..pool import scale_row
 
 __all__ = [
     "MAX_NEXT_N",
-    "interpreting", "scale_row_jit", "scale_row_is_identity", "fp8_mma_available", "select_mma", "MMA_DTYPES",
+    "interpreting", "scale_row_jit", "scale_row_is_identity", "fp8_mma_available", "select_mma", "select_mma_for",
+    "MMA_DTYPES",
     "check_index_queries", "check_int32", "check_finite_queries", "to_logits_dtype",
 ]
 
@@ -74,27 +75,37 @@ MMA_DTYPES = {
 
 
 def select_mma(mma: str, q: torch.Tensor) -> str:
-    """Resolve the MMA input type for queries ``q``; every choice multiplies exactly.
+    """Resolve the MMA input type for queries ``q``; every choice multiplies exactly (``select_mma_for`` of
+    ``q``'s dtype and device).
 
-    ``"auto"``: ``"fp8"`` for e4m3 ``q`` where ``fp8_mma_available``, else
+    Raises:
+        ValueError: as ``select_mma_for``.
+    """
+    return select_mma_for(mma, q.dtype, q.device)
+
+
+def select_mma_for(mma: str, q_dtype: torch.dtype, device: torch.device) -> str:
+    """Resolve the MMA input type for index queries of ``q_dtype`` on ``device``; every choice multiplies exactly.
+
+    ``"auto"``: ``"fp8"`` for e4m3 queries where ``fp8_mma_available``, else
     ``"fp16"`` (e4m3 values and decoded E2M1 keys are exact in fp16); for bf16
-    ``q``: ``"bf16"`` on a GPU, ``"fp32"`` on the CPU (the interpreter's bf16
+    queries: ``"bf16"`` on a GPU, ``"fp32"`` on the CPU (the interpreter's bf16
     dot is unreliable in triton 3.8).
 
     Raises:
-        ValueError: unknown ``mma``, or ``"fp8"``/``"fp16"`` with non-e4m3 ``q``
+        ValueError: unknown ``mma``, or ``"fp8"``/``"fp16"`` with non-e4m3 queries
             (bf16 queries are not exact in those types).
     """
     if mma != "auto" and mma not in MMA_DTYPES:
         raise ValueError(f"mma: expected 'auto', 'fp8', 'fp16', 'bf16' or 'fp32', got {mma!r}")
-    is_fp8 = q.dtype == torch.float8_e4m3fn
+    is_fp8 = q_dtype == torch.float8_e4m3fn
     if mma in ("fp8", "fp16") and not is_fp8:
         raise ValueError(f"mma: {mma!r} needs q in float8_e4m3fn (bf16 queries are not exact in it)")
     if mma != "auto":
         return mma
     if is_fp8:
-        return "fp8" if fp8_mma_available(q.device) else "fp16"
-    return "fp32" if q.device.type == "cpu" else "bf16"
+        return "fp8" if fp8_mma_available(device) else "fp16"
+    return "fp32" if torch.device(device).type == "cpu" else "bf16"
 
 
 def check_index_queries(q, weights, rows_name: str = "rows", heads_ok=None, heads_expected: str = "") -> tuple[int, int]:

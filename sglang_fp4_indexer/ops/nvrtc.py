@@ -32,6 +32,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import struct
 import sys
 import threading
 import warnings
@@ -40,9 +41,9 @@ from typing import Mapping
 
 import torch
 
-__all__ = ["BuildKey", "KernelSpec", "bindings_missing", "build_key", "compile_cubin", "cuda_arch", "failure",
-           "get_function", "launch", "load", "program_text", "ptxas_registers", "record_failure",
-           "PTXAS_VERBOSE_ENV", "DUMP_CUBIN_ENV"]
+__all__ = ["ArgBlock", "BuildKey", "KernelSpec", "bindings_missing", "build_key", "compile_cubin", "cuda_arch",
+           "current_stream", "failure", "get_function", "launch", "load", "program_text", "ptxas_registers",
+           "record_failure", "PTXAS_VERBOSE_ENV", "DUMP_CUBIN_ENV"]
 
 #: Set to 1 to build with ``--ptxas-options=-v`` and print each ptxas log to stderr.
 PTXAS_VERBOSE_ENV = "SGLANG_FP4_INDEXER_PTXAS_VERBOSE"
@@ -256,6 +257,8 @@ class KernelSpec:
 
 
 class _Function:
+    """A kernel loaded into a device's context: ``launch_packed`` launches it on torch's current stream."""
+
     def __init__(self, cubin: bytes, kernel: str, smem: int):
         from cuda.bindings import driver
 
@@ -267,6 +270,77 @@ class _Function:
             err = driver.cuFuncSetAttribute(self.function, attr, smem)[0]
             if int(err) != 0:
                 raise RuntimeError(f"cuFuncSetAttribute failed: {err!r}")
+
+    def launch_packed(self, index: int, grid: int, block: int, smem: int, params: int) -> None:
+        """Launch on torch's current stream of CUDA device ``index``; ``params`` is the address of the
+        ``void*`` array ``cuLaunchKernel`` reads (``ArgBlock.params``).
+
+        Raises:
+            RuntimeError: the launch failed.
+        """
+        stream = current_stream(index)
+        if torch.cuda.current_device() == index:
+            err = self.driver.cuLaunchKernel(self.function, grid, 1, 1, block, 1, 1, smem, stream, params, 0)[0]
+        else:
+            with torch.cuda.device(index):
+                err = self.driver.cuLaunchKernel(self.function, grid, 1, 1, block, 1, 1, smem, stream, params, 0)[0]
+        if int(err) != 0:
+            raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream(index: int) -> int:
+    """The ``cudaStream_t`` of torch's current stream on CUDA device ``index``, as an int (what a CUDA graph
+    being captured on that stream records)."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+class ArgBlock:
+    """A kernel's parameters packed in place: one buffer laid out as the kernel's parameter list and the
+    ``void*`` array ``cuLaunchKernel`` reads, both allocated once; ``pack`` writes a call's values.
+
+    ``format`` holds one ``struct`` code per parameter, in the kernel's order, with C alignment: ``P`` a
+    pointer, ``i`` an ``int``, ``q`` a ``long long``. One block serves one launcher in one thread at a time
+    (the driver copies the values at the launch, so the block is free again when ``launch_packed`` returns).
+
+    Raises:
+        ValueError: a code other than ``P``, ``i`` or ``q``.
+    """
+
+    _CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "q": ctypes.c_longlong}
+
+    def __init__(self, format: str):
+        if not format or set(format) - set(self._CTYPES):
+            raise ValueError(f"format: expected struct codes P, i, q, got {format!r}")
+        self.format = format
+        self._struct = struct.Struct("@" + format)
+        self.buffer = ctypes.create_string_buffer(max(self._struct.size, 8))  # malloc'd: aligned for any field
+        base = ctypes.addressof(self.buffer)
+        offsets = [struct.calcsize("@" + format[:i] + "0" + code) for i, code in enumerate(format)]
+        self._params = (ctypes.c_void_p * len(format))(*[base + off for off in offsets])
+        #: Address of the ``void*`` array to pass as ``cuLaunchKernel``'s ``kernelParams``.
+        self.params = ctypes.addressof(self._params)
+
+    def pack(self, *values) -> int:
+        """Write one call's parameter values (ints, in order); returns ``params``.
+
+        Raises:
+            struct.error: a wrong count, or a value that does not fit its field.
+        """
+        self._struct.pack_into(self.buffer, 0, *values)
+        return self.params
+
+    def values(self) -> tuple:
+        """The values last packed (for inspection)."""
+        return self._struct.unpack_from(self.buffer, 0)
+
+    def as_ctypes(self, values) -> list:
+        """``values`` as the ctypes objects ``launch`` takes (one per parameter, of its code's type)."""
+        return [self._CTYPES[code](v) for code, v in zip(self.format, values)]
 
 
 class _Failure(str):
@@ -347,15 +421,11 @@ def record_failure(device: torch.device | str | int, spec: KernelSpec, error: Ex
 
 
 def launch(fn: _Function, device: torch.device, grid: int, block: int, smem: int, args: list) -> None:
-    """Launch ``fn`` on torch's current stream of ``device``; ``args`` are ctypes values in kernel order.
+    """Launch ``fn`` on torch's current stream of ``device``; ``args`` are ctypes values in kernel order (the
+    experiments' form; the ops pack theirs once per launcher with ``ArgBlock``).
 
     Raises:
         RuntimeError: the launch failed.
     """
-    driver = fn.driver
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(v) for v in args])
-    stream = driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
-    with torch.cuda.device(device):
-        err = driver.cuLaunchKernel(fn.function, grid, 1, 1, block, 1, 1, smem, stream, ctypes.addressof(params), 0)[0]
-    if int(err) != 0:
-        raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+    fn.launch_packed(_index(device), grid, block, smem, ctypes.addressof(params))

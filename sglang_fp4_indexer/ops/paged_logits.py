@@ -24,6 +24,7 @@ Work is split over a persistent grid by the CTA schedule (``ops/schedule.py``): 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -32,11 +33,11 @@ import triton.language as tl
 
 from ..pool import PAGE_SIZE, check_cache
 from ._common import (MAX_NEXT_N, MMA_DTYPES, check_finite_queries, check_index_queries, check_int32, fp8_mma_available,
-                      scale_row_jit, select_mma, to_logits_dtype)
+                      scale_row_jit, select_mma, select_mma_for, to_logits_dtype)
 
 __all__ = [
-    "DEFAULT_BLOCK_KV", "WGMMA_BLOCK_KV", "IMPLS", "MAX_NEXT_N", "SUPPORTED_HEADS", "default_block_kv", "paged_logits",
-    "fp8_mma_available", "resolved_impl",
+    "DEFAULT_BLOCK_KV", "WGMMA_BLOCK_KV", "IMPLS", "MAX_NEXT_N", "SUPPORTED_HEADS", "TritonLauncher", "TritonTuning",
+    "default_block_kv", "paged_logits", "paged_scorer", "fp8_mma_available", "resolved_impl",
 ]
 
 #: Keys per tile of the Triton scorers (four pages), measured best for "folded" on H200 among 64, 128,
@@ -303,11 +304,177 @@ def _paged_logits_kernel(
 IMPLS = {"scaled": 1, "folded": 2, "wgmma": 3}
 #: MMA input type -> the kernel's DOT_MODE.
 _DOT_MODES = {name: i for i, name in enumerate(MMA_DTYPES)}  # fp8 0, fp16 1, bf16 2, fp32 3
+_LOGITS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonTuning:
+    """Launch parameters of the Triton paged scorer, for experiments (``paged_scorer(tuning=...)``).
+
+    ``None`` picks the H200-tuned value (docs/perf-notes.md): 4 warps and 1 stage
+    when a tile has at most 64 (row, head) columns, else 8 warps and 2 stages;
+    ``maxnreg`` (registers per thread) applies on NVIDIA only. The Hopper kernel
+    ignores them.
+
+    Raises:
+        ValueError: a value that is not a positive int (or None), naming the field.
+    """
+
+    num_warps: int | None = None
+    num_stages: int | None = None
+    maxnreg: int | None = None
+
+    def __post_init__(self):
+        for name in ("num_warps", "num_stages", "maxnreg"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name}: expected a positive int or None, got {v!r}")
+
+
+class TritonLauncher:
+    """The Triton paged scorer (``"folded"`` or ``"scaled"``) of one configuration: call it with tensors only.
+
+    Made by ``paged_scorer``; every constexpr and launch parameter is fixed here,
+    so a call reads the tensors' sizes and strides and launches
+    ``_paged_logits_kernel`` on the schedule's persistent grid.
+
+    Attributes:
+        kernel: ``"folded"`` or ``"scaled"``.
+        reason: why the Hopper kernel does not score this configuration (``None`` where it was not asked
+            for or cannot apply: an explicit Triton ``impl``).
+        block_kv, clean_logits: keys per schedule tile; whether the tail to the width is written ``-inf``.
+    """
+
+    def __init__(self, impl: str, *, device: torch.device, heads: int, next_n: int, lens_2d: bool, page_size: int,
+                 block_kv: int, dot_mode: int, clean_logits: bool, tuning: TritonTuning | None = None,
+                 reason: str | None = None):
+        tuning = tuning or TritonTuning()
+        next_n_pad = triton.next_power_of_2(next_n)
+        wide = next_n_pad * heads > 64
+        self.kernel, self.reason, self.block_kv, self.clean_logits = impl, reason, block_kv, bool(clean_logits)
+        self._kw = dict(
+            LENS_PER_ROW=bool(lens_2d), NEXT_N=next_n, NEXT_N_PAD=next_n_pad, H=heads, PAGE=page_size,
+            BLOCK_KV=block_kv, DOT_MODE=dot_mode, IMPL=IMPLS[impl],
+            ASM=impl == "folded" and device.type == "cuda" and torch.version.hip is None, CLEAN=bool(clean_logits),
+            num_warps=tuning.num_warps or (8 if wide else 4), num_stages=tuning.num_stages or (2 if wide else 1),
+        )
+        if tuning.maxnreg is not None and device.type == "cuda":
+            self._kw["maxnreg"] = tuning.maxnreg
+
+    def __call__(self, q, weights, cache, block_table, context_lens, schedule, out):
+        """Score into ``out`` and return it (arguments as ``Launcher.__call__`` of ``ops/sm90.py``)."""
+        _paged_logits_kernel[(schedule.shape[0] - 1,)](
+            q, weights, cache, block_table, context_lens, schedule, out, block_table.shape[0], cache.shape[0],
+            block_table.shape[1], out.shape[1], q.stride(0), q.stride(1), weights.stride(0), block_table.stride(0),
+            out.stride(0), **self._kw,
+        )
+        return out
+
+
+def _device(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _wgmma_problem(q_dtype, device, next_n, heads, block_kv, page_size, dot_mode) -> str | None:
+    """Why the Hopper kernel cannot take this configuration (``None``: it can; its build is tried next)."""
+    from . import sm90
+
+    if dot_mode != 0:
+        return "it needs e4m3 index queries and FP8 MMA"
+    if page_size != PAGE_SIZE or block_kv % PAGE_SIZE:
+        return f"it needs {PAGE_SIZE}-token pages and block_kv a multiple of {PAGE_SIZE}"
+    return sm90.unavailable_reason(device) or sm90.configuration_problem(q_dtype, next_n, heads)
+
+
+def paged_scorer(device: torch.device | str, heads: int, next_n: int = 1, *, logits_dtype: torch.dtype = torch.float32,
+                 lens_2d: bool = True, page_size: int = PAGE_SIZE, block_kv: int | None = None,
+                 clean_logits: bool = False, q_dtype: torch.dtype = torch.float8_e4m3fn, impl: str = "auto",
+                 mma: str = "auto", tuning: TritonTuning | None = None):
+    """Resolve one configuration of the paged scorer, once, to a ready launcher (plan once, call many times).
+
+    The pattern of FlashInfer's ``plan()`` / ``run()`` and DeepGEMM's cached JIT
+    launcher: everything a call would otherwise re-decide -- which kernel
+    (``impl``), its build (NVRTC, for the Hopper kernel), its constexprs, grid
+    rule and argument layout -- is decided here; the launcher's call takes
+    tensors only and launches once: ``launcher(q, weights, cache, block_table,
+    context_lens, schedule, out) -> out``. The serving path holds one per
+    configuration (``ops.serving.ServingKernels``); ``paged_logits`` validates a
+    call and runs the launcher of its configuration.
+
+    Args:
+        device: where it runs.
+        heads: index heads, one of ``SUPPORTED_HEADS``.
+        next_n: query rows per request, 1 .. ``MAX_NEXT_N``.
+        logits_dtype: fp32, bf16 or fp16 logits.
+        lens_2d: ``context_lens`` per row (``[B, next_n]``, SGLang's form) rather than per request (``[B]``).
+        page_size: tokens per page.
+        block_kv: keys per schedule tile (default ``default_block_kv(device)``); plan with the same value.
+        clean_logits: write ``-inf`` from each request's last page to the width (``paged_logits``).
+        q_dtype: index queries' dtype, float8_e4m3fn or bfloat16.
+        impl, mma: as ``paged_logits``.
+        tuning: Triton launch parameters (``TritonTuning``), for experiments.
+
+    Returns:
+        ``sm90.Launcher`` (the Hopper kernel, built and loaded, with the Triton ``"folded"`` launcher of the
+        same configuration as its fallback under ``impl="auto"``) or ``TritonLauncher``; either has
+        ``kernel`` (the formulation) and ``reason`` (why not the Hopper kernel, ``None`` when it serves).
+
+    Raises:
+        ValueError: an unsupported value, naming the argument; ``impl="wgmma"`` where the Hopper kernel cannot
+            take the configuration; ``impl="folded"`` without FP8 MMA.
+        RuntimeError: ``impl="wgmma"`` and its build or load fails.
+    """
+    device = _device(device)
+    if heads not in SUPPORTED_HEADS:
+        raise ValueError(f"heads: {heads!r} index heads; expected one of {SUPPORTED_HEADS}")
+    if isinstance(next_n, bool) or not isinstance(next_n, int) or not 1 <= next_n <= MAX_NEXT_N:
+        raise ValueError(f"next_n: expected an int in 1 .. {MAX_NEXT_N}, got {next_n!r}")
+    if logits_dtype not in _LOGITS_DTYPES:
+        raise ValueError(f"logits_dtype: expected float32, bfloat16 or float16, got {logits_dtype}")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size: expected a positive int, got {page_size!r}")
+    if block_kv is None:
+        block_kv = default_block_kv(device)
+    if isinstance(block_kv, bool) or not isinstance(block_kv, int) or block_kv < 16 or block_kv & (block_kv - 1):
+        raise ValueError(f"block_kv: expected a power of two >= 16, got {block_kv!r}")
+    if q_dtype not in (torch.float8_e4m3fn, torch.bfloat16):
+        raise ValueError(f"q_dtype: expected float8_e4m3fn or bfloat16, got {q_dtype}")
+    if impl != "auto" and impl not in IMPLS:
+        raise ValueError(f"impl: expected 'auto' or one of {tuple(IMPLS)}, got {impl!r}")
+    if tuning is not None and not isinstance(tuning, TritonTuning):
+        raise ValueError(f"tuning: expected a TritonTuning or None, got {type(tuning).__name__}")
+    dot_mode = _DOT_MODES[select_mma_for(mma, q_dtype, device)]
+    why = _wgmma_problem(q_dtype, device, next_n, heads, block_kv, page_size, dot_mode) if impl in ("auto", "wgmma") else None
+    if impl == "wgmma" and why is not None:
+        raise ValueError(f"impl: 'wgmma' cannot run here: {why}")
+    triton_impl = impl if impl in ("folded", "scaled") else "folded" if dot_mode == 0 else "scaled"
+    if triton_impl == "folded" and dot_mode != 0:
+        raise ValueError("impl: 'folded' needs e4m3 queries and FP8 MMA (mma 'fp8' or 'auto' on such a device)")
+    geometry = dict(device=device, heads=heads, next_n=next_n, lens_2d=lens_2d, page_size=page_size,
+                    block_kv=block_kv, dot_mode=dot_mode, clean_logits=clean_logits, tuning=tuning)
+    fallback = TritonLauncher(triton_impl, reason=why, **geometry)
+    if impl not in ("auto", "wgmma") or why is not None:
+        return fallback
+    from . import sm90
+
+    config = sm90.Config.of_call(next_n, heads, logits_dtype, lens_2d)
+    got = sm90.launcher(device, config, block_kv=block_kv, clean_logits=clean_logits,
+                        fallback=None if impl == "wgmma" else fallback)
+    if not isinstance(got, str):
+        return got
+    if impl == "wgmma":
+        raise RuntimeError(f"impl: 'wgmma' cannot run this call: {got}")
+    fallback.reason = got  # this configuration's Hopper build failed (warned once): the Triton kernel scores it
+    return fallback
 
 
 def resolved_impl(q: torch.Tensor, cache: torch.Tensor, next_n: int, block_kv: int | None = None,
                   impl: str = "auto", mma: str = "auto", page_size: int = PAGE_SIZE) -> str:
-    """The formulation ``paged_logits`` runs for a call (``impl="auto"`` resolved), one of ``IMPLS``.
+    """The formulation ``paged_logits`` runs for a call (``impl="auto"`` resolved), one of ``IMPLS``; nothing is
+    built (a configuration whose Hopper build fails is then scored by ``"folded"``, warned once).
 
     Args as ``paged_logits`` (``q`` ``[B * next_n, H, 128]``, ``next_n`` its rows per request).
 
@@ -315,58 +482,16 @@ def resolved_impl(q: torch.Tensor, cache: torch.Tensor, next_n: int, block_kv: i
         ValueError: an ``mma`` that does not fit ``q`` (``select_mma``).
     """
     block_kv = default_block_kv(q.device) if block_kv is None else block_kv
-    return _resolve_impl(impl, q, cache, next_n, block_kv, page_size, _DOT_MODES[select_mma(mma, q)])
-
-
-def _resolve_impl(impl, q, cache, next_n, block_kv, page_size, dot_mode) -> str:
-    """``impl`` with ``"auto"`` resolved; raises ValueError when ``"wgmma"`` is asked for and cannot run."""
-    if impl in ("auto", "wgmma"):
-        why = _wgmma_unavailable(q, cache, next_n, q.shape[1], block_kv, page_size, dot_mode)
-        if impl == "wgmma" and why is not None:
-            raise ValueError(f"impl: 'wgmma' cannot run here: {why}")
-        if impl == "auto":
-            return "wgmma" if why is None else "folded" if dot_mode == 0 else "scaled"
-    return impl
-
-
-def _wgmma_unavailable(q, cache, next_n, heads, block_kv, page_size, dot_mode) -> str | None:
-    """Why ``impl="wgmma"`` cannot take this call (``None``: it can)."""
+    dot_mode = _DOT_MODES[select_mma(mma, q)]
+    if impl not in ("auto", "wgmma"):
+        return impl
     from . import sm90
 
-    if dot_mode != 0:
-        return "it needs e4m3 index queries and FP8 MMA"
-    if page_size != PAGE_SIZE or block_kv % PAGE_SIZE:
-        return f"it needs {PAGE_SIZE}-token pages and block_kv a multiple of {PAGE_SIZE}"
-    return sm90.unavailable_reason(q.device) or sm90.supports(q, cache, next_n, heads)
-
-
-def _launch_wgmma(q, weights, cache, block_table, context_lens, schedule, out, next_n, heads, block_kv, clean_logits,
-                  *, explicit: bool) -> bool:
-    """Run the Hopper kernel; False (nothing written) when this configuration's build, load or launch fails.
-
-    The serving build (this call's next_n, heads, logits dtype and lengths
-    form) is probed once (``sm90.serving_unavailable``); a failure there or at
-    the launch is warned about once and remembered, and the caller scores with
-    the Triton kernel -- the same schedule and ``block_kv`` serve it. With an
-    explicit ``impl="wgmma"`` a failure raises instead.
-
-    Raises:
-        RuntimeError: ``explicit`` and the kernel cannot run.
-    """
-    from . import sm90
-
-    config = sm90.Config.of_call(next_n, heads, out.dtype, context_lens.dim() == 2)
-    why = sm90.serving_unavailable(q.device, config)
-    if why is None:
-        try:
-            sm90.launch(config, q, weights, cache, block_table, context_lens, schedule, out, block_kv=block_kv,
-                        clean_logits=clean_logits)
-            return True
-        except RuntimeError as e:
-            why = sm90.record_serving_failure(q.device, config, e)
-    if explicit:
-        raise RuntimeError(f"impl: 'wgmma' cannot run this call: {why}")
-    return False
+    why = (_wgmma_problem(q.dtype, q.device, next_n, q.shape[1], block_kv, page_size, dot_mode)
+           or sm90.supports(q, cache, next_n, q.shape[1]))
+    if impl == "wgmma" and why is not None:
+        raise ValueError(f"impl: 'wgmma' cannot run here: {why}")
+    return "wgmma" if why is None else "folded" if dot_mode == 0 else "scaled"
 
 
 def _check_inputs(q, weights, cache, block_table, context_lens, page_size):
@@ -410,9 +535,6 @@ def paged_logits(
     clean_logits: bool = True,
     mma: str = "auto",
     impl: str = "auto",
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    maxnreg: int | None = None,
 ) -> torch.Tensor:
     """Score index queries against the paged FP4 index-key cache (decode / target verify).
 
@@ -482,16 +604,15 @@ def paged_logits(
             (next_n, heads, logits dtype, lengths form) is built at its first
             call; with ``"auto"`` one whose build, load or launch fails is
             warned about once and scored by ``"folded"`` from then on.
+            Launch parameters of the Triton formulations are fixed per
+            configuration (``TritonTuning``: experiments pass their own to
+            ``paged_scorer``).
             ``"scaled"``: Triton's ``tl.dot_scaled`` reading the E2M1 codes and
             UE8M0 scales natively (on Hopper Triton upcasts them to bf16);
             ``"folded"``: group scales folded into the e4m3 bytes relative to
             the key's largest group (SWAR PTX on NVIDIA, integer ops
             elsewhere), one K = 128 FP8 MMA per tile; exact while a key's group
             scales lie within 2**11 of its largest, smaller groups flushed to 0.
-        num_warps, num_stages, maxnreg: Triton launch parameters; ``None``
-            picks the H200-tuned values (docs/perf-notes.md): 4 warps and 1
-            stage when a tile has at most 64 (row, head) columns, else 8 warps
-            and 2 stages. ``maxnreg`` caps registers per thread on NVIDIA.
 
     Returns:
         ``[rows, width]`` of ``logits_dtype``: the logits; ``-inf`` at columns ``>= len(r)``
@@ -515,14 +636,11 @@ def paged_logits(
         block_kv = default_block_kv(q.device)
     if not isinstance(block_kv, int) or block_kv < 16 or block_kv & (block_kv - 1):
         raise ValueError(f"block_kv: expected a power of two >= 16, got {block_kv!r}")
-    dot_mode = _DOT_MODES[select_mma(mma, q)]
+    select_mma(mma, q)
     if impl != "auto" and impl not in IMPLS:
         raise ValueError(f"impl: expected 'auto' or one of {tuple(IMPLS)}, got {impl!r}")
-    explicit_wgmma = impl == "wgmma"
-    impl = _resolve_impl(impl, q, cache, next_n, block_kv, page_size, dot_mode)
-    if impl == "folded" and dot_mode != 0:
-        raise ValueError("impl: 'folded' needs e4m3 queries and FP8 MMA (mma 'fp8' or 'auto' on such a device)")
-    use_asm = impl == "folded" and q.device.type == "cuda" and torch.version.hip is None
+    if impl == "wgmma":
+        resolved_impl(q, cache, next_n, block_kv, impl, mma, page_size)  # raises where the kernel cannot take q
     if check:
         from ..reference import expand_context_lens
 
@@ -564,7 +682,7 @@ def paged_logits(
         raise ValueError(f"schedule: expected int32 [num_ctas + 1, 2], got {schedule.dtype} {list(schedule.shape)}")
     if schedule.device != q.device or not schedule.is_contiguous():
         raise ValueError("schedule: expected a contiguous tensor on the cache's device")
-    if logits_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if logits_dtype not in _LOGITS_DTYPES:
         raise ValueError(f"logits_dtype: expected float32, bfloat16 or float16, got {logits_dtype}")
     if out is None:
         out = torch.empty((rows, width), dtype=logits_dtype, device=q.device)
@@ -575,47 +693,12 @@ def paged_logits(
         )
     if rows == 0:
         return out
-    if impl == "wgmma" and _launch_wgmma(q, weights, cache, block_table, context_lens, schedule, out, next_n, heads,
-                                         block_kv, clean_logits, explicit=explicit_wgmma):
-        return out
-    if impl == "wgmma":  # this configuration's Hopper build failed (warned once): the Triton kernel scores it
-        impl, use_asm = "folded", q.device.type == "cuda" and torch.version.hip is None
-    next_n_pad = triton.next_power_of_2(next_n)
-    wide = next_n_pad * heads > 64
-    if num_warps is None:
-        num_warps = 8 if wide else 4
-    if num_stages is None:
-        num_stages = 2 if wide else 1
-    num_ctas = schedule.shape[0] - 1
-    _paged_logits_kernel[(num_ctas,)](
-        q,
-        weights,
-        cache,
-        block_table,
-        context_lens,
-        schedule,
-        out,
-        batch,
-        cache.shape[0],
-        max_pages,
-        width,
-        q.stride(0),
-        q.stride(1),
-        weights.stride(0),
-        block_table.stride(0),
-        out.stride(0),
-        LENS_PER_ROW=context_lens.dim() == 2,
-        NEXT_N=next_n,
-        NEXT_N_PAD=next_n_pad,
-        H=heads,
-        PAGE=page_size,
-        BLOCK_KV=block_kv,
-        DOT_MODE=dot_mode,
-        IMPL=IMPLS[impl],
-        ASM=use_asm,
-        CLEAN=bool(clean_logits),
-        num_warps=num_warps,
-        num_stages=num_stages,
-        **({"maxnreg": maxnreg} if maxnreg is not None and q.device.type == "cuda" else {}),
-    )
-    return out
+    launcher = paged_scorer(q.device, heads, next_n, logits_dtype=logits_dtype, lens_2d=context_lens.dim() == 2,
+                            page_size=page_size, block_kv=block_kv, clean_logits=clean_logits, q_dtype=q.dtype,
+                            impl=impl, mma=mma)
+    if impl != "wgmma":
+        return launcher(q, weights, cache, block_table, context_lens, schedule, out)
+    try:
+        return launcher(q, weights, cache, block_table, context_lens, schedule, out)
+    except RuntimeError as e:  # an explicit impl="wgmma" has no fallback: its failed launch raises
+        raise RuntimeError(f"impl: 'wgmma' cannot run this call: {e}") from e

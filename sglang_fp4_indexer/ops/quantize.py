@@ -25,7 +25,6 @@ float scaling, so neither rounding nor denormal flushing can change a code):
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import struct
 import types
@@ -39,7 +38,7 @@ from .. import format as fmt
 from ..pool import PAGE_SIZE, check_cache, page_bytes, scale_row
 from ._common import scale_row_is_identity
 
-__all__ = ["store_index_k", "DEFAULT_BLOCK_T", "INF_SATURATES_TO"]
+__all__ = ["StoreLauncher", "store_index_k", "DEFAULT_BLOCK_T", "INF_SATURATES_TO"]
 
 #: Tokens per program of the store kernel (x 128 elements).
 DEFAULT_BLOCK_T = 32
@@ -215,6 +214,88 @@ def _cuda_store(k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, page_
     return None if fn is None else (device, fn)
 
 
+class StoreLauncher:
+    """The store op of one configuration (device, key dtype, slot dtype, page size), resolved once:
+    ``store(k, cache, slots)`` quantizes and writes, as ``store_index_k`` with ``check_slots=False``.
+
+    Decided here, not per call: the CUDA kernel (``cuda/store_index_k.cu``, built
+    and loaded by NVRTC) where it runs, else the Triton kernel (``reason`` says
+    why); the CUDA kernel's packed argument block. A call checks only the
+    alignment the CUDA kernel's vector accesses need (16-byte key rows, an 8-byte
+    aligned cache; the Triton kernel stores misaligned ones) and launches once.
+    The serving path holds one per key and slot dtype (``ops.serving.ServingKernels``).
+
+    Args:
+        device: where it stores.
+        k_dtype: the index keys' dtype (bf16, fp16 or fp32).
+        slot_dtype: the slots' dtype (int32 or int64).
+        page_size: tokens per page.
+        use_cuda: False keeps the Triton kernel (as ``store_index_k``).
+        block_t: tokens per program of the Triton kernel (a power of two).
+
+    Attributes:
+        kernel: ``"cuda"`` or ``"triton"``.
+        reason: why the Triton kernel stores (``None`` with the CUDA kernel).
+
+    Raises:
+        ValueError: an unsupported dtype, ``page_size`` or ``block_t``, naming it.
+    """
+
+    def __init__(self, device: torch.device | str, k_dtype: torch.dtype, slot_dtype: torch.dtype,
+                 page_size: int = PAGE_SIZE, *, use_cuda: bool = True, block_t: int = DEFAULT_BLOCK_T):
+        from . import nvrtc
+
+        if k_dtype not in _K_DTYPES:
+            raise ValueError(f"k_dtype: expected bfloat16, float16 or float32, got {k_dtype}")
+        if slot_dtype not in _SLOT_DTYPES:
+            raise ValueError(f"slot_dtype: expected int32 or int64, got {slot_dtype}")
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
+            raise ValueError(f"page_size: expected a positive int, got {page_size!r}")
+        if isinstance(block_t, bool) or not isinstance(block_t, int) or block_t <= 0 or block_t & (block_t - 1):
+            raise ValueError(f"block_t: expected a power of two, got {block_t!r}")
+        device = torch.device(device)
+        self.page_size, self.block_t, self._is_bf16 = page_size, block_t, k_dtype == torch.bfloat16
+        self._fn = None
+        if not use_cuda:
+            self.reason = "use_cuda=False"
+        elif device.type != "cuda" or torch.version.hip is not None:
+            self.reason = "not an NVIDIA CUDA device"
+        elif page_size % 2:
+            self.reason = f"an odd page size ({page_size})"
+        elif not scale_row_is_identity(page_size):
+            self.reason = "pool.scale_row is not the identity"
+        else:
+            self.reason = nvrtc.bindings_missing()
+            if self.reason is None:
+                spec = _store_spec(k_dtype, slot_dtype, page_size, CUDA_STORE_TOKENS_PER_GROUP)
+                self._fn = nvrtc.load(device, spec)
+                self.reason = None if self._fn is not None else nvrtc.failure(device, spec)
+        self.kernel = "triton" if self._fn is None else "cuda"
+        if self._fn is not None:
+            self._index = nvrtc._index(device)
+            self._args = nvrtc.ArgBlock("PPPqqq")
+            self._element = torch.tensor([], dtype=k_dtype).element_size()
+
+    def __call__(self, k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store ``k`` ``[N, 128]`` at ``slots`` ``[N]`` in ``cache`` (arguments as ``store_index_k`` validates
+        them, of this launcher's dtypes and page size); slots < 0 or past the cache are skipped."""
+        n = k.shape[0]
+        if n == 0 or cache.shape[0] == 0:
+            return
+        slots_total = cache.shape[0] * self.page_size
+        if self._fn is not None:
+            kp, cp = k.data_ptr(), cache.data_ptr()
+            row_bytes = k.stride(0) * self._element
+            if not (kp | row_bytes) & 15 and not cp & 7:
+                params = self._args.pack(kp, cp, slots.data_ptr(), n, row_bytes, slots_total)
+                self._fn.launch_packed(self._index, triton.cdiv(n, 32 * CUDA_STORE_TOKENS_PER_GROUP), 256, 0, params)
+                return
+        _store_index_k_kernel[(triton.cdiv(n, self.block_t),)](
+            k, cache, slots, n, k.stride(0), slots_total, PAGE_SIZE=self.page_size, BLOCK_T=self.block_t,
+            K_IS_BF16=self._is_bf16, num_warps=4,
+        )
+
+
 def _interpreted() -> bool:
     return not isinstance(_store_index_k_kernel, triton.runtime.JITFunction)
 
@@ -318,31 +399,4 @@ def store_index_k(
             ``block_t``; with ``check_slots``, a slot ``>= num_pages * page_size``.
     """
     _validate(k, cache, slots, page_size, check_slots)
-    if isinstance(block_t, bool) or not isinstance(block_t, int) or block_t <= 0 or block_t & (block_t - 1):
-        raise ValueError(f"block_t: expected a power of two, got {block_t!r}")
-    n = k.shape[0]
-    if n == 0 or cache.shape[0] == 0:
-        return
-    cuda = _cuda_store(k, cache, slots, page_size) if use_cuda else None
-    if cuda is not None:
-        from . import nvrtc
-
-        device, fn = cuda
-        args = [ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(cache.data_ptr()), ctypes.c_void_p(slots.data_ptr()),
-                ctypes.c_longlong(n), ctypes.c_longlong(k.stride(0) * k.element_size()),
-                ctypes.c_longlong(cache.shape[0] * page_size)]
-        nvrtc.launch(fn, device, triton.cdiv(n, 32 * CUDA_STORE_TOKENS_PER_GROUP), 256, 0, args)
-        return
-    grid = (triton.cdiv(n, block_t),)
-    _store_index_k_kernel[grid](
-        k,
-        cache,
-        slots,
-        n,
-        k.stride(0),
-        cache.shape[0] * page_size,
-        PAGE_SIZE=page_size,
-        BLOCK_T=block_t,
-        K_IS_BF16=k.dtype == torch.bfloat16,
-        num_warps=4,
-    )
+    StoreLauncher(k.device, k.dtype, slots.dtype, page_size, use_cuda=use_cuda, block_t=block_t)(k, cache, slots)

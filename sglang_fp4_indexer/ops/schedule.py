@@ -39,6 +39,7 @@ from ..pool import PAGE_SIZE
 from ._common import interpreting
 
 __all__ = [
+    "Planner",
     "num_key_blocks",
     "check_block_kv",
     "plan_paged_schedule",
@@ -218,6 +219,82 @@ def _plan_kernel(
     tl.store(row + 1, blk.to(tl.int32), mask=cmask)
 
 
+class Planner:
+    """The CTA planner of one device and tile, resolved once: ``planner(context_lens, out) -> out``.
+
+    Decided here, not per call: the CUDA planner (``cuda/plan_schedule.cu``, built
+    and loaded by NVRTC) on NVIDIA devices where it builds, else the Triton
+    kernel (``reason`` says why); the CUDA planner's packed argument block. A call
+    reads the lengths' pointer, shape and strides and launches once (the Triton
+    kernel above ``CUDA_PLANNER_MAX_BATCH`` requests or for int64 lengths). The
+    serving path holds one (``ops.serving.ServingKernels``);
+    ``plan_paged_schedule_into`` validates a call and runs one.
+
+    Args:
+        device: where it plans.
+        block_kv: keys per tile, a positive multiple of the page size (64).
+
+    Attributes:
+        kernel: ``"cuda"`` or ``"triton"``.
+        reason: why the Triton kernel plans (``None`` with the CUDA planner).
+
+    Raises:
+        ValueError: ``block_kv`` not a positive multiple of 64.
+    """
+
+    def __init__(self, device: torch.device | str, block_kv: int):
+        from . import nvrtc
+
+        self.block_kv = check_block_kv(block_kv)
+        device = torch.device(device)
+        self._fn = None
+        if device.type != "cuda" or torch.version.hip is not None:
+            self.reason = "not an NVIDIA CUDA device"
+        else:
+            self.reason = nvrtc.bindings_missing()
+            if self.reason is None:
+                self._fn = _cuda_planner(device)
+                self.reason = None if self._fn is not None else nvrtc.failure(device, _planner_spec())
+        self.kernel = "triton" if self._fn is None else "cuda"
+        if self._fn is not None:
+            self._index = nvrtc._index(device)
+            self._args = nvrtc.ArgBlock("PqqiiiPi")
+
+    def __call__(self, context_lens: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Plan ``context_lens`` (int32 or int64 ``[B]`` or ``[B, next_n]``) into ``out`` (int32 contiguous
+        ``[num_ctas + 1, 2]``, same device), as ``plan_paged_schedule_into`` validates them; returns ``out``."""
+        batch = context_lens.shape[0]
+        strides = context_lens.stride()
+        if context_lens.dim() == 1:
+            next_n, stride_b, stride_n = 1, strides[0], 0
+        else:
+            next_n, stride_b, stride_n = context_lens.shape[1], strides[0], strides[1]
+        num_ctas = out.shape[0] - 1
+        if self._fn is not None and batch <= CUDA_PLANNER_MAX_BATCH and context_lens.dtype == torch.int32:
+            params = self._args.pack(context_lens.data_ptr(), stride_b, stride_n, batch, next_n, self.block_kv,
+                                     out.data_ptr(), num_ctas)
+            self._fn.launch_packed(self._index, 1, 1024, 8 * max(batch, 1), params)
+            return out
+        block_b = min(_MAX_BLOCK_B, triton.next_power_of_2(max(batch, 1)))
+        grid = (triton.cdiv(num_ctas + 1, _BLOCK_C),)
+        device_ctx = torch.cuda.device(context_lens.device) if context_lens.is_cuda else contextlib.nullcontext()
+        with device_ctx:
+            _plan_kernel[grid](
+                context_lens,
+                stride_b,
+                stride_n,
+                batch,
+                next_n,
+                self.block_kv,
+                out,
+                num_ctas,
+                NEXT_N_P2=triton.next_power_of_2(next_n),
+                BLOCK_B=block_b,
+                BLOCK_C=_BLOCK_C,
+            )
+        return out
+
+
 def plan_paged_schedule_into(context_lens: torch.Tensor, block_kv: int, out: torch.Tensor) -> torch.Tensor:
     """Write the CTA schedule of a paged scorer call into ``out``, in place.
 
@@ -226,7 +303,8 @@ def plan_paged_schedule_into(context_lens: torch.Tensor, block_kv: int, out: tor
     up to ``CUDA_PLANNER_MAX_BATCH`` requests), else the Triton kernel; no host
     synchronisation, no allocation: capturable in a CUDA graph and safe to
     re-run before each replay (the schedule then follows the new lengths).
-    Format: see the module docstring (``num_ctas = out.shape[0] - 1``).
+    Format: see the module docstring (``num_ctas = out.shape[0] - 1``). The
+    arguments are validated here; ``Planner`` plans without validating.
 
     Args:
         context_lens: int32 (or int64) ``[B]`` (the request's length) or
@@ -247,41 +325,8 @@ def plan_paged_schedule_into(context_lens: torch.Tensor, block_kv: int, out: tor
     """
     _check_context_lens(context_lens)
     check_block_kv(block_kv)
-    num_ctas = _check_out(out, context_lens)
-    batch = context_lens.shape[0]
-    if context_lens.dim() == 1:
-        next_n, stride_b, stride_n = 1, context_lens.stride(0), 0
-    else:
-        next_n, stride_b, stride_n = context_lens.shape[1], context_lens.stride(0), context_lens.stride(1)
-    device, fn = _cuda_planner_for(context_lens)
-    if fn is not None:
-        import ctypes
-
-        from . import nvrtc
-
-        args = [ctypes.c_void_p(context_lens.data_ptr()), ctypes.c_longlong(stride_b), ctypes.c_longlong(stride_n),
-                ctypes.c_int(batch), ctypes.c_int(next_n), ctypes.c_int(block_kv), ctypes.c_void_p(out.data_ptr()),
-                ctypes.c_int(num_ctas)]
-        nvrtc.launch(fn, device, 1, 1024, 8 * max(batch, 1), args)
-        return out
-    block_b = min(_MAX_BLOCK_B, triton.next_power_of_2(max(batch, 1)))
-    grid = (triton.cdiv(num_ctas + 1, _BLOCK_C),)
-    device_ctx = torch.cuda.device(context_lens.device) if context_lens.is_cuda else contextlib.nullcontext()
-    with device_ctx:
-        _plan_kernel[grid](
-            context_lens,
-            stride_b,
-            stride_n,
-            batch,
-            next_n,
-            block_kv,
-            out,
-            num_ctas,
-            NEXT_N_P2=triton.next_power_of_2(next_n),
-            BLOCK_B=block_b,
-            BLOCK_C=_BLOCK_C,
-        )
-    return out
+    _check_out(out, context_lens)
+    return Planner(context_lens.device, block_kv)(context_lens, out)
 
 
 def plan_paged_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:

@@ -6,16 +6,27 @@ or the Triton scorers (``ops/paged_logits.py``), and the CUDA or Triton store op
 says whether target verify is handed to the scorer one page-table row per request
 (``[B, next_n]`` lengths) or in SGLang's per-row form (``[B * next_n, 1]``);
 ``describe`` writes the one text the plugin's "FP4 indexer active" line carries.
+
+``ServingKernels`` holds what a serving process launches, each resolved once per
+configuration when the pool is built: the paged scorer's launchers
+(``paged_logits.paged_scorer``), the store op's (``quantize.StoreLauncher``) and the
+planner (``schedule.Planner``); the plugin's hooks call them with tensors only.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from ..pool import PAGE_SIZE
 from . import sm90
-from .paged_logits import MAX_NEXT_N
+from .grid import default_num_ctas
+from .paged_logits import MAX_NEXT_N, default_block_kv, paged_scorer
+from .quantize import StoreLauncher
+from .schedule import Planner
 
-__all__ = ["hopper_reason", "verify_request_form", "describe"]
+__all__ = ["hopper_reason", "verify_request_form", "describe", "ServingKernels", "kernels_for"]
 
 
 def hopper_reason(device: torch.device | str) -> str | None:
@@ -107,3 +118,80 @@ def describe(device: torch.device | str, heads: int, next_n: int = 1) -> str:
                            f"{sm90.query_tile_problem(next_n, heads)}")
         scorer += ")"
     return f"{scorer}; {_store_and_planner(device)}"
+
+
+class ServingKernels:
+    """The kernels one serving process launches on one device, each resolved once per configuration.
+
+    What a call would otherwise re-decide -- which kernel, its build, its launch
+    parameters and argument layout -- is decided here, once, as FlashInfer's
+    ``plan()`` does for its ``run()``: the serving hooks look a launcher up by its
+    configuration (a dict lookup) and call it with tensors only. Built when the
+    plugin builds the pool (``sglang_plugin/kv_pool.py``), with the decode and the
+    target-verify scorers resolved (and the Hopper ones built) then; a
+    configuration first seen later is resolved at its first call.
+
+    Args:
+        device: the serving device.
+        heads: the model's index heads (``None``: scorers resolved at first use only).
+        next_n: query rows per request in target verify (1: no speculative decoding).
+        page_size: tokens per index page.
+
+    Attributes:
+        device: the device (with its index on CUDA).
+        block_kv: keys per schedule tile (``paged_logits.default_block_kv``).
+        num_ctas: schedule entries of the persistent grid (``grid.default_num_ctas``).
+        planner: the CTA planner (``schedule.Planner``) for ``block_kv``.
+        max_next_n: most rows per request one scorer call takes (``MAX_NEXT_N``).
+
+    Raises:
+        ValueError: an unsupported head count or next_n (``paged_logits.paged_scorer``).
+    """
+
+    def __init__(self, device: torch.device | str, heads: int | None = None, next_n: int = 1,
+                 page_size: int = PAGE_SIZE):
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device, self.page_size, self.max_next_n = device, page_size, MAX_NEXT_N
+        self.block_kv = default_block_kv(device)
+        self.num_ctas = default_num_ctas(device)
+        self.planner = Planner(device, self.block_kv)
+        self._paged: dict = {}
+        self._store: dict = {}
+        if heads is not None:
+            self.paged(heads, 1)
+            if next_n > 1 and verify_request_form(device, heads, next_n):
+                self.paged(heads, next_n)
+        self.store(torch.bfloat16, torch.int64, page_size)  # SGLang's index keys and slots
+
+    def paged(self, heads: int, next_n: int):
+        """The paged scorer's launcher for ``heads`` x ``next_n`` rows per request as SGLang calls it: e4m3 index
+        queries, ``[B, next_n]`` lengths, fp32 logits, ``clean_logits=False`` (``paged_logits.paged_scorer``);
+        ``launcher(q, weights, cache, block_table, context_lens, schedule, out) -> out``."""
+        got = self._paged.get((heads, next_n))
+        if got is None:
+            got = self._paged[(heads, next_n)] = paged_scorer(
+                self.device, heads, next_n, lens_2d=True, page_size=self.page_size, block_kv=self.block_kv)
+        return got
+
+    def store(self, k_dtype: torch.dtype, slot_dtype: torch.dtype, page_size: int):
+        """The store op's launcher for these dtypes and page size (``quantize.StoreLauncher``):
+        ``store(k, cache, slots)``."""
+        got = self._store.get((k_dtype, slot_dtype, page_size))
+        if got is None:
+            got = self._store[(k_dtype, slot_dtype, page_size)] = StoreLauncher(self.device, k_dtype, slot_dtype,
+                                                                                page_size)
+        return got
+
+    def plan(self, context_lens: torch.Tensor) -> torch.Tensor:
+        """The CTA schedule of ``context_lens`` in a new int32 ``[num_ctas + 1, 2]`` buffer (``planner``)."""
+        out = torch.empty((self.num_ctas + 1, 2), dtype=torch.int32, device=self.device)
+        return self.planner(context_lens, out)
+
+
+@functools.lru_cache(maxsize=None)
+def kernels_for(device: torch.device) -> ServingKernels:
+    """A ``ServingKernels`` of ``device`` without a head count, resolved once per device (for callers that hold
+    none, e.g. a schedule published before any pool was built)."""
+    return ServingKernels(device)

@@ -22,7 +22,6 @@ here imports SGLang.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 from pathlib import Path
@@ -33,9 +32,9 @@ from ..pool import PAGE_SIZE
 from . import nvrtc
 from ._common import MAX_NEXT_N, scale_row_is_identity
 
-__all__ = ["Config", "available", "unavailable_reason", "supports", "query_tile_problem", "serving_unavailable",
-           "record_serving_failure", "launch", "rel_bound", "logit_error_bound", "logit_error_floor",
-           "keyfold_table", "MAX_Q_BYTES"]
+__all__ = ["Config", "Launcher", "available", "unavailable_reason", "supports", "configuration_problem",
+           "query_tile_problem", "serving_unavailable", "record_serving_failure", "launcher", "launch", "rel_bound",
+           "logit_error_bound", "logit_error_floor", "keyfold_table", "MAX_Q_BYTES", "ARG_FORMAT"]
 
 #: The kernel's CUDA C++ source.
 SOURCE = Path(__file__).with_name("cuda") / "paged_logits_sm90.cu"
@@ -375,19 +374,26 @@ def supports(q: torch.Tensor, cache: torch.Tensor, next_n: int, heads: int) -> s
     ``next_n * heads * 128 <= MAX_Q_BYTES``, and the NVIDIA scale-plane layout
     (``pool.scale_row`` the identity: the kernel reads a token's scales at its row).
     """
-    if not scale_row_is_identity(PAGE_SIZE):
-        return "pool.scale_row is not the identity (the kernel reads scales at the token's row)"
-    if q.dtype != torch.float8_e4m3fn:
-        return "index queries are not float8_e4m3fn"
-    if heads not in HEADS:
-        return f"{heads} heads"
-    if query_tile_problem(next_n, heads):
-        return query_tile_problem(next_n, heads)
+    why = configuration_problem(q.dtype, next_n, heads)
+    if why is not None:
+        return why
     if q.data_ptr() % 16 or q.stride(0) % 16 or q.stride(1) % 16:
         return "index query rows are not 16-byte aligned"
     if cache.data_ptr() % 16:
         return "the cache is not 16-byte aligned"
     return None
+
+
+def configuration_problem(q_dtype: torch.dtype, next_n: int, heads: int) -> str | None:
+    """Why the sm90 kernel has no build for index queries of ``q_dtype`` with ``next_n`` rows of ``heads`` heads
+    (``None``: it has); what ``supports`` checks besides the tensors' alignment."""
+    if not scale_row_is_identity(PAGE_SIZE):
+        return "pool.scale_row is not the identity (the kernel reads scales at the token's row)"
+    if q_dtype != torch.float8_e4m3fn:
+        return "index queries are not float8_e4m3fn"
+    if heads not in HEADS:
+        return f"{heads} heads"
+    return query_tile_problem(next_n, heads)
 
 
 def rel_bound() -> float:
@@ -456,9 +462,107 @@ def logit_error_floor(q, weights, keys, scales):
     return decode + subnormal + w_floor
 
 
+#: The kernel's parameters in order, as ``struct`` codes (``nvrtc.ArgBlock``): seven pointers (q, weights, cache,
+#: block table, lengths, schedule, logits), four ints (batch, cache pages, max pages, width), five strides in
+#: elements (q rows, q heads, weights rows, block-table rows, logits rows), three ints (block_kv, schedule
+#: entries, clean_logits).
+ARG_FORMAT = "PPPPPPPiiiiqqqqqiii"
+
+
+def _arg_values(q, weights, cache, block_table, context_lens, schedule, out, block_kv: int, clean: int) -> tuple:
+    """The kernel's argument values in ``ARG_FORMAT`` order (the one place that order is written)."""
+    q_strides = q.stride()
+    return (q.data_ptr(), weights.data_ptr(), cache.data_ptr(), block_table.data_ptr(), context_lens.data_ptr(),
+            schedule.data_ptr(), out.data_ptr(), block_table.shape[0], cache.shape[0], block_table.shape[1],
+            out.shape[1], q_strides[0], q_strides[1], weights.stride(0), block_table.stride(0), out.stride(0),
+            block_kv, schedule.shape[0] - 1, clean)
+
+
+class Launcher:
+    """The Hopper scorer of one ``Config`` built and loaded on one CUDA device: call it with tensors only.
+
+    Made by ``ops.paged_logits.paged_scorer`` (which decides, once per configuration, that this kernel serves
+    it); holds the loaded kernel, its grid rule, shared memory and a packed argument block (``nvrtc.ArgBlock``),
+    so a call reads the tensors' pointers, sizes and strides, packs them and launches on torch's current
+    stream: one launch, nothing else decided.
+
+    Args:
+        config: the build.
+        index: the CUDA device ordinal it is loaded on.
+        fn: the loaded kernel (``nvrtc.load``): anything with ``launch_packed(index, grid, block, smem,
+            params)``.
+        block_kv: keys per schedule tile (a multiple of ``PAGE_SIZE``).
+        clean_logits: write ``-inf`` from each request's last page to the width (``paged_logits``).
+        fallback: the Triton launcher of the same configuration (same schedule and ``block_kv``), which scores
+            calls whose index queries or cache are not 16-byte aligned and, after a failed launch (warned
+            once), every call; ``None``: those raise instead.
+
+    Attributes:
+        kernel: ``"wgmma"``.
+        reason: ``None`` (it serves), or why it stopped (a failed launch).
+        block_kv, clean_logits: as given.
+    """
+
+    kernel = "wgmma"
+
+    def __init__(self, config: Config, index: int, fn, *, block_kv: int, clean_logits: bool, fallback=None):
+        self.config, self.index, self.fn, self.fallback = config, index, fn, fallback
+        self.block_kv, self.clean_logits, self.clean = block_kv, bool(clean_logits), int(bool(clean_logits))
+        self.spec = _spec(config)
+        self.smem = self.spec.smem
+        self.args = nvrtc.ArgBlock(ARG_FORMAT)
+        self.reason: str | None = None
+
+    def __call__(self, q, weights, cache, block_table, context_lens, schedule, out):
+        """Score into ``out`` and return it.
+
+        Arguments as ``ops.paged_logits.paged_logits`` validates them, of this launcher's configuration
+        (``q`` ``[B * next_n, heads, 128]`` e4m3, ``context_lens`` ``[B, next_n]`` or ``[B]`` as configured,
+        ``out`` ``[rows, width]`` of its logits dtype, ``schedule`` planned with its ``block_kv``, at least
+        one row); nothing is checked but the alignment the bulk copies need.
+
+        Raises:
+            RuntimeError: the launch failed and there is no fallback.
+            ValueError: misaligned index queries or cache and no fallback.
+        """
+        if self.reason is not None:
+            return self.fallback(q, weights, cache, block_table, context_lens, schedule, out)
+        values = _arg_values(q, weights, cache, block_table, context_lens, schedule, out, self.block_kv, self.clean)
+        if (values[0] | values[2] | values[11] | values[12]) & 15:  # q, cache, q's row and head strides
+            if self.fallback is None:
+                raise ValueError("q, cache: the Hopper kernel needs 16-byte aligned index query rows and cache")
+            return self.fallback(q, weights, cache, block_table, context_lens, schedule, out)
+        try:
+            self.fn.launch_packed(self.index, -(-values[17] // WGS), THREADS, self.smem, self.args.pack(*values))
+        except RuntimeError as e:
+            self.reason = nvrtc.record_failure(self.index, self.spec, e)
+            if self.fallback is None:
+                raise RuntimeError(self.reason) from e
+            return self.fallback(q, weights, cache, block_table, context_lens, schedule, out)
+        return out
+
+
+def launcher(device: torch.device | str, config: Config, *, block_kv: int, clean_logits: bool,
+             fallback=None) -> Launcher | str:
+    """The ``Launcher`` of ``config`` on ``device`` (built and loaded here, once per device and configuration,
+    by ``serving_unavailable``), or why it cannot run (a string: the build or load failed, warned once).
+
+    Args as ``Launcher``.
+    """
+    why = serving_unavailable(device, config)
+    if why is not None:
+        return why
+    spec = _spec(config)
+    fn = nvrtc.load(device, spec)
+    if fn is None:
+        return nvrtc.failure(device, spec)
+    return Launcher(config, nvrtc._index(device), fn, block_kv=block_kv, clean_logits=clean_logits,
+                    fallback=fallback)
+
+
 def launch(config: Config, q, weights, cache, block_table, context_lens, schedule, out, *, block_kv: int,
            clean_logits: bool = True) -> None:
-    """Launch the sm90 scorer for ``config`` on torch's current stream (arguments validated by ``paged_logits``).
+    """Launch the sm90 scorer for ``config`` once on torch's current stream (``launcher`` for one call).
 
     Shapes as ``ops.paged_logits.paged_logits`` (batch ``block_table.shape[0]``,
     width ``out.shape[1]``); ``config`` that of the call (``Config.of_call``);
@@ -469,39 +573,19 @@ def launch(config: Config, q, weights, cache, block_table, context_lens, schedul
 
     Raises:
         RuntimeError: the build, the load or the launch fails.
+        ValueError: misaligned index queries or cache.
     """
-    device = q.device
-    spec = _spec(config)
-    fn = nvrtc.load(device, spec)
-    if fn is None:
-        raise RuntimeError(nvrtc.failure(device, spec))
-    args = _kernel_args(q, weights, cache, block_table, context_lens, schedule, out, block_table.shape[0],
-                        out.shape[1], block_kv, clean_logits)
-    num_ctas = schedule.shape[0] - 1
-    nvrtc.launch(fn, device, -(-num_ctas // WGS), THREADS, spec.smem, args)
+    got = launcher(q.device, config, block_kv=block_kv, clean_logits=clean_logits)
+    if isinstance(got, str):
+        raise RuntimeError(got)
+    got(q, weights, cache, block_table, context_lens, schedule, out)
 
 
 def _kernel_args(q, weights, cache, block_table, context_lens, schedule, out, batch: int, width: int, block_kv: int,
                  clean_logits: bool) -> list:
-    """The kernel's arguments as ctypes values, in its parameter order (pointers, sizes, strides in elements)."""
-    return [
-        ctypes.c_void_p(q.data_ptr()),
-        ctypes.c_void_p(weights.data_ptr()),
-        ctypes.c_void_p(cache.data_ptr()),
-        ctypes.c_void_p(block_table.data_ptr()),
-        ctypes.c_void_p(context_lens.data_ptr()),
-        ctypes.c_void_p(schedule.data_ptr()),
-        ctypes.c_void_p(out.data_ptr()),
-        ctypes.c_int(batch),
-        ctypes.c_int(cache.shape[0]),
-        ctypes.c_int(block_table.shape[1]),
-        ctypes.c_int(width),
-        ctypes.c_longlong(q.stride(0)),
-        ctypes.c_longlong(q.stride(1)),
-        ctypes.c_longlong(weights.stride(0)),
-        ctypes.c_longlong(block_table.stride(0)),
-        ctypes.c_longlong(out.stride(0)),
-        ctypes.c_int(block_kv),
-        ctypes.c_int(schedule.shape[0] - 1),
-        ctypes.c_int(int(bool(clean_logits))),
-    ]
+    """The kernel's arguments as ctypes values, in its parameter order (pointers, sizes, strides in elements):
+    the experiments' form of ``_arg_values``, with ``batch`` and ``width`` given."""
+    values = list(_arg_values(q, weights, cache, block_table, context_lens, schedule, out, block_kv,
+                              int(bool(clean_logits))))
+    values[7], values[10] = batch, width
+    return nvrtc.ArgBlock(ARG_FORMAT).as_ctypes(values)

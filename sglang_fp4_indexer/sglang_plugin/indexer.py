@@ -11,14 +11,22 @@ can never disagree about the format.
 Seams (docs/sglang-seams.md), all on
 ``sglang.srt.layers.attention.dsa.dsa_indexer.Indexer``:
 
-- ``_store_index_k_cache``: quantize and write with ``ops.quantize.store_index_k``.
+- ``_store_index_k_cache``: quantize and write with the store op's launcher
+  (``ops.quantize.StoreLauncher``).
 - ``_fused_k_prepare_and_store``: SGLang's fused norm+RoPE+FP8-store kernel
   would write FP8 bytes; with FP4 the same norm+RoPE kernel runs without the
   store (SGLang's own fallback branch) and the key goes through the store above.
-- ``_get_topk_paged`` (decode, target verify, draft extend): logits from
-  ``ops.paged_logits.paged_logits`` on the paged FP4 cache with the CTA schedule
-  SGLang published in the metadata (ours, see ``metadata.py``), then SGLang's own
-  ``_mask_init_and_local_tokens`` and ``metadata.topk_transform``.
+- ``_get_topk_paged`` (decode, target verify, draft extend): logits from the
+  paged scorer's launcher (``ops.paged_logits.paged_scorer``: the Hopper kernel's
+  ``ops.sm90.Launcher`` or the Triton ``TritonLauncher``) on the paged FP4 cache
+  with the CTA schedule SGLang published in the metadata (ours, see
+  ``metadata.py``), then SGLang's own ``_mask_init_and_local_tokens`` and
+  ``metadata.topk_transform``.
+
+The launchers were resolved once, when the pool was built
+(``kv_pool.serving_kernels``, ``ops.serving.ServingKernels``: which kernel,
+its build, its argument layout); a hook looks its launcher up by configuration
+and calls it with tensors only, one launch.
 - ``_get_topk_ragged`` (prefill / extend): ``ops.gather.gather_index_k`` of the
   batch's keys, ``ops.ragged_logits.ragged_logits`` per row-chunk (SGLang's own
   logits byte budget decides the chunks), SGLang's masking and top-k transform.
@@ -35,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from . import dcp_modes
-from .kv_pool import fp4_active, is_fp4_pool
+from .kv_pool import fp4_active, is_fp4_pool, serving_kernels
 from .seams import passthrough_around
 
 __all__ = [
@@ -69,8 +77,6 @@ def store_index_k_cache(original, self, forward_batch, layer_id, key, *, act_qua
     pool = _current_pool()
     if not is_fp4_pool(pool):
         return original(self, forward_batch, layer_id, key, act_quant=act_quant, out_cache_loc=out_cache_loc)
-    from ..ops.quantize import store_index_k
-
     if out_cache_loc is None:
         out_cache_loc = forward_batch.out_cache_loc
     if hasattr(pool, "invalidate_index_buffer_for_layer"):
@@ -81,7 +87,10 @@ def store_index_k_cache(original, self, forward_batch, layer_id, key, *, act_qua
     if dcp_modes.is_sharded(pool):  # DCP-sharded index: this rank writes the slots it owns
         dcp_modes.store(pool.index_key_cache, key, cache, out_cache_loc.contiguous(), pool.index_page_size)
         return None
-    store_index_k(key, cache, out_cache_loc.contiguous(), page_size=pool.index_page_size, check_slots=False)
+    if key.dim() != 2 or key.shape[1] != 128 or key.stride(1) != 1:
+        raise ValueError(f"key: expected [N, 128] with contiguous rows, got {list(key.shape)} strides {key.stride()}")
+    store = serving_kernels(cache.device).store(key.dtype, out_cache_loc.dtype, pool.index_page_size)
+    store(key, cache, out_cache_loc.contiguous())  # the launch (ops.quantize.StoreLauncher.__call__)
     return None
 
 
@@ -167,8 +176,6 @@ def get_topk_paged(original, self, forward_batch, layer_id, q_fp8, weights, meta
     pool = _current_pool()
     if not is_fp4_pool(pool):
         return original(self, forward_batch, layer_id, q_fp8, weights, metadata)
-    from ..ops import paged_logits as paged
-
     page_size = pool.index_page_size
     mode = forward_batch.forward_mode
     block_tables = metadata.get_page_table_64()
@@ -186,28 +193,20 @@ def get_topk_paged(original, self, forward_batch, layer_id, q_fp8, weights, meta
         schedule = getattr(metadata, "paged_mqa_schedule_metadata", None)
         if seqlens_2d is None:
             seqlens_2d, schedule = seqlens_32.reshape(-1, 1), None
-        # Rows per request one tile takes (1 if the op does not say: the per-row form is always valid).
-        max_next_n = paged.MAX_NEXT_N
-        table, lens, schedule = paged_scorer_inputs(block_tables, seqlens_2d, schedule, rows, max_next_n)
+        kernels = serving_kernels(cache.device)  # resolved when the pool was built
+        table, lens, schedule = paged_scorer_inputs(block_tables, seqlens_2d, schedule, rows, kernels.max_next_n)
+        q, w = q_fp8[:rows], weights.reshape(weights.shape[0], -1)[:rows].float()
         if dcp_modes.is_sharded(pool):  # DCP-sharded index: local scores, candidate exchange, merged top-k
             logits = dcp_modes.paged_logits(
-                pool.index_key_cache, q_fp8[:rows], weights.reshape(weights.shape[0], -1)[:rows].float(), cache,
-                table, lens, width=width, topk=self.index_topk, page_size=page_size, block_kv=paged.default_block_kv(cache.device),
+                pool.index_key_cache, q, w, cache, table, lens, width=width, topk=self.index_topk,
+                page_size=page_size, block_kv=kernels.block_kv,
             )
         else:
-            logits = paged.paged_logits(
-                q_fp8[:rows],
-                weights.reshape(weights.shape[0], -1)[:rows].float(),
-                cache,
-                table,
-                lens,
-                width=width,
-                schedule=schedule,
-                block_kv=paged.default_block_kv(cache.device),
-                page_size=page_size,
-                check=False,
-                clean_logits=False,  # as SGLang calls DeepGEMM: its top-k masks by length, so no -inf tail to width
-            )
+            if schedule is None:
+                schedule = kernels.plan(lens)
+            # As SGLang calls DeepGEMM: clean_logits=False (its top-k masks by length, so no -inf tail to width).
+            logits = torch.empty((rows, width), dtype=torch.float32, device=q.device)
+            kernels.paged(q.shape[1], lens.shape[1])(q, w, cache, table, lens, schedule, logits)  # the launch
     self._mask_init_and_local_tokens(logits, seqlens_32)
     topk_result = metadata.topk_transform(logits, self.index_topk)
     if rows < q_fp8.shape[0]:

@@ -42,6 +42,7 @@ __all__ = [
     "compute_dsa_indexer_cell_size",
     "serving_device",
     "serving_geometry",
+    "serving_kernels",
 ]
 
 _fp4_scope: contextvars.ContextVar[bool] = contextvars.ContextVar("fp4_index_pool_scope", default=False)
@@ -58,6 +59,7 @@ def reset_state() -> None:
     _state["fp4_pools"] = 0
     _state["fp8_pools"] = 0
     _state.pop("serving", None)
+    _state.pop("kernels", None)
 
 
 def is_fp4_pool(pool) -> bool:
@@ -159,11 +161,13 @@ def serving_device(kvc):
 def _with_kernels(decision: Decision, kvc) -> Decision:
     """An enabled decision whose reason also names the kernels that will serve (``ops.serving.describe``).
 
-    Records the index heads and device for the schedule hooks (``serving_geometry``).
+    Resolves them here, once (``ops.serving.ServingKernels``: the decode and target-verify scorers, the store
+    op, the planner), for the hooks to call (``serving_kernels``); records the index heads and device for the
+    schedule hooks (``serving_geometry``).
     """
     import dataclasses
 
-    from ..ops.serving import describe
+    from ..ops.serving import ServingKernels, describe
     from .facts import model_facts, server_field
 
     heads = model_facts(kvc.model_config.hf_config).index_n_heads
@@ -171,6 +175,7 @@ def _with_kernels(decision: Decision, kvc) -> Decision:
     device = serving_device(kvc)
     _state["serving"] = (device, heads)
     try:
+        _state["kernels"] = ServingKernels(device, heads, next_n)
         kernels = describe(device, heads, next_n)
     except Exception as exc:  # the line must never fail the launch; each op still picks its kernel at first use
         kernels = f"kernels chosen at first use ({type(exc).__name__}: {exc})"
@@ -180,6 +185,17 @@ def _with_kernels(decision: Decision, kvc) -> Decision:
 def serving_geometry():
     """``(device, index heads)`` of this process's FP4 pool (None before one is built)."""
     return _state.get("serving")
+
+
+def serving_kernels(device):
+    """The kernels the hooks launch on ``device`` (``ops.serving.ServingKernels``): those resolved when this
+    process's FP4 pool was built, or, on another device or before a pool, ones resolved once for ``device``."""
+    kernels = _state.get("kernels")
+    if kernels is not None and kernels.device == device:
+        return kernels
+    from ..ops.serving import kernels_for
+
+    return kernels_for(device)
 
 
 def _build_dsa_kv_pool(original, self, *, max_total_num_tokens, max_running_requests, dsa_pool_class):

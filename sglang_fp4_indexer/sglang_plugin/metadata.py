@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from .kv_pool import fp4_active
+from .kv_pool import fp4_active, serving_kernels
 from .seams import passthrough_after, passthrough_around
 
 __all__ = [
@@ -52,8 +52,8 @@ __all__ = [
 def plan_fp4_schedule(context_lens, block_kv, num_sms):
     """Drop-in for DeepGEMM's ``get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms)``.
 
-    Plans the FP4 scorer's CTA schedule (``ops.schedule.plan_paged_schedule``)
-    with the scorer's own tile and grid: ``default_block_kv(device)`` keys per tile
+    Plans the FP4 scorer's CTA schedule with the planner resolved for the pool
+    (``kv_pool.serving_kernels``: ``ops.serving.ServingKernels.plan``) with the scorer's own tile and grid: ``default_block_kv(device)`` keys per tile
     (SGLang passes DeepGEMM's 64) and ``ops.grid.default_num_ctas`` CTAs (the
     scorer's measured grid; SGLang passes DeepGEMM's SM count). Every buffer
     that holds it is planned by this function or in place with the same shape,
@@ -62,12 +62,7 @@ def plan_fp4_schedule(context_lens, block_kv, num_sms):
     Returns:
         int32 ``[num_ctas + 1, 2]`` on ``context_lens``'s device.
     """
-    from ..ops.paged_logits import default_block_kv
-    from ..ops.schedule import plan_paged_schedule
-    from ..ops.grid import default_num_ctas
-
-    dev = context_lens.device
-    return plan_paged_schedule(context_lens.contiguous(), default_block_kv(dev), default_num_ctas(dev))
+    return serving_kernels(context_lens.device).plan(context_lens.contiguous())
 
 
 @passthrough_around(fp4_active)
@@ -84,10 +79,7 @@ def replan_in_place(context_lens, schedule) -> bool:
     """
     if context_lens is None or schedule is None:
         return False
-    from ..ops.paged_logits import default_block_kv
-    from ..ops.schedule import plan_paged_schedule_into
-
-    plan_paged_schedule_into(context_lens.contiguous(), default_block_kv(schedule.device), schedule)
+    serving_kernels(schedule.device).planner(context_lens.contiguous(), schedule)
     return True
 
 
