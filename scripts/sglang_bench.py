@@ -5,6 +5,13 @@
   SGLang's servers call in every process but ``bench_one_batch`` does not; with
   ``--enable-fp4-indexer`` in ARGS the FP4 indexer serves, without it the plugin
   passes every call through. Its results go where ``--result-filename`` says.
+  ``--indexer-host-time OUT.json`` (this script's option) also writes the host
+  time per indexer decode call, eager calls only (run with ``--disable-cuda-graph``):
+  SGLang runs decode eagerly above its captured batch sizes.
+* ``serving --model DIR --out OUT.jsonl [--fp4] [--input-lens N ...] [SGLang server flags]``:
+  ``python -m sglang.launch_server`` on localhost (SGLang loads the plugin itself), then
+  SGLang's ``python -m sglang.benchmark.serving`` (random token ids, fixed lengths, a
+  fixed concurrency) once per input length; its result lines go to OUT.jsonl.
 * ``profile-table TRACE.json.gz [...] [--json OUT]``: a torch-profiler trace
   (``bench_one_batch --profile``) summed by kernel category (``CATEGORIES``): GPU
   time per decode step in each, and its share.
@@ -80,23 +87,128 @@ def profile_table(paths: list[str], steps: int) -> dict:
     return out
 
 
+def host_time_summary(seconds: list[float]) -> dict:
+    """Median, 10th and 90th percentile (µs) and count of host times per call (seconds).
+
+    Raises:
+        ValueError: ``seconds`` is empty.
+    """
+    if not seconds:
+        raise ValueError("seconds: no indexer call was timed (did decode run eagerly, --disable-cuda-graph?)")
+    xs = sorted(seconds)
+
+    def q(f):
+        return xs[min(len(xs) - 1, int(f * len(xs)))] * 1e6
+
+    return {"calls": len(xs), "median_us": q(0.5), "p10_us": q(0.1), "p90_us": q(0.9)}
+
+
+def _time_paged_calls(store: list[float]) -> None:
+    """Wrap SGLang's (already hooked) ``Indexer._get_topk_paged``: host wall time of each eager decode call.
+
+    A measurement wrapper of this script, set after ``load_plugins()`` (so it times the plugin's hook when
+    FP4 serves and SGLang's own method when it does not); calls made while a CUDA graph is captured are not
+    timed. No synchronisation: the figure is the host's time to issue the call's work.
+    """
+    import time
+
+    import torch
+    from sglang.srt.layers.attention.dsa import dsa_indexer
+
+    installed = dsa_indexer.Indexer._get_topk_paged
+
+    def timed(self, forward_batch, *args, **kwargs):
+        if torch.cuda.is_current_stream_capturing() or not forward_batch.forward_mode.is_decode():
+            return installed(self, forward_batch, *args, **kwargs)
+        t0 = time.perf_counter()
+        out = installed(self, forward_batch, *args, **kwargs)
+        store.append(time.perf_counter() - t0)
+        return out
+
+    dsa_indexer.Indexer._get_topk_paged = timed
+
+
 def _one_batch(argv: list[str]) -> int:
     from sglang.srt.plugins import load_plugins
 
+    host_out = None
+    if "--indexer-host-time" in argv:  # this script's option, not SGLang's
+        i = argv.index("--indexer-host-time")
+        host_out, argv = argv[i + 1], argv[:i] + argv[i + 2:]
     load_plugins()  # SGLang's own loader (entry point group sglang.srt.plugins), as its servers run it
     from sglang.benchmark import one_batch
 
+    times: list[float] = []
+    if host_out:
+        _time_paged_calls(times)
     sys.argv = ["sglang.bench_one_batch", *argv]
     one_batch.cli_main()
+    if host_out:
+        with open(host_out, "w") as f:
+            json.dump(host_time_summary(times), f)
+    return 0
+
+
+def _serving(argv: list[str]) -> int:
+    """``python -m sglang.launch_server`` on localhost, then ``python -m sglang.benchmark.serving`` per input length."""
+    import subprocess
+    import time
+    import urllib.request
+
+    p = argparse.ArgumentParser(prog="sglang_bench.py serving")
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True, help="JSONL: bench_serving's result lines, one per input length")
+    p.add_argument("--fp4", action="store_true", help="add --enable-fp4-indexer")
+    p.add_argument("--input-lens", type=int, nargs="+", default=[32768, 100000])
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--port", type=int, default=30741)
+    p.add_argument("--ready-timeout", type=float, default=600.0)
+    opts, server_args = p.parse_known_args(argv)
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", opts.model, "--host", "127.0.0.1",
+           "--port", str(opts.port), *server_args] + (["--enable-fp4-indexer"] if opts.fp4 else [])
+    log = open(opts.out + ".server.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + opts.ready_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"launch_server exited with {proc.returncode} ({opts.out}.server.log)")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{opts.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"launch_server not healthy after {opts.ready_timeout:.0f} s")
+            time.sleep(2)
+        for il in opts.input_lens:
+            subprocess.run([sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--host",
+                            "127.0.0.1", "--port", str(opts.port), "--dataset-name", "random-ids",
+                            "--random-input-len", str(il), "--random-output-len", str(opts.output_len),
+                            "--random-range-ratio", "1", "--num-prompts", str(opts.prompts),
+                            "--max-concurrency", str(opts.concurrency), "--seed", "0", "--disable-tqdm",
+                            "--output-file", opts.out], check=True)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
     return 0
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("one-batch", "profile-table"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("one-batch", "serving", "profile-table"):
         print(__doc__)
         return 2
     if sys.argv[1] == "one-batch":
         return _one_batch(sys.argv[2:])
+    if sys.argv[1] == "serving":
+        return _serving(sys.argv[2:])
     p = argparse.ArgumentParser(prog="sglang_bench.py profile-table")
     p.add_argument("traces", nargs="+")
     p.add_argument("--steps", type=int, default=1, help="decode steps in each trace (--profile-steps)")

@@ -13,6 +13,8 @@
 #                                              # top-k row read by the test-only trace plugin and checked
 #   bash scripts/sglang_gpu_check.sh e2e       # DeepSeek-V3.2-size layers in SGLang's bench_one_batch, FP8 and FP4,
 #                                              # with the decode profile by kernel category
+#   bash scripts/sglang_gpu_check.sh serving   # the same model behind launch_server, SGLang's bench_serving,
+#                                              # FP8 then FP4 (SERVE_POOL_TOKENS: a KV-limited load)
 #   bash scripts/sglang_gpu_check.sh server    # one request to launch_server with --enable-fp4-indexer
 # Each step installs whatever wheels it finds under .peers/sglang-runtime into /tmp/site.
 # Output: $OUT (default ./out): summary.json, table.txt, logs.tar.gz; the table is printed last.
@@ -146,7 +148,39 @@ case "$STEP" in
         "$WORK"/prof_fp4_batch${b}_input${il}_*decode*.trace.json.gz --json "$OUTDIR/profile_${b}x${il}.json" \
         >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
     done
+    # E2E_HOST="BATCH:INPUT": the same model's decode run eagerly (as SGLang runs batches above its captured sizes),
+    # the host time per indexer call written by sglang_bench.py --indexer-host-time.
+    if [ -n "${E2E_HOST:-}" ]; then
+      b=${E2E_HOST%%:*}; il=${E2E_HOST##*:}
+      for fmt in fp8 fp4; do
+        stage "host_${fmt}_${b}x${il}" "${E2E_LIMIT:-300}" "$PY" scripts/sglang_bench.py one-batch --model-path "$M2" \
+          --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton --mem-fraction-static 0.3 \
+          --random-seed 0 --batch-size "$b" --input-len "$il" --output-len 16 --run-name "${fmt}_eager" \
+          --result-filename "$OUTDIR/one_batch.jsonl" --disable-cuda-graph --indexer-host-time "$OUTDIR/host_$fmt.json" \
+          $([ $fmt = fp4 ] && echo --enable-fp4-indexer)
+      done
+    fi
     grep -h "FP4 indexer active\|KV Cache is allocated\|max_total_num_tokens" "$WORK"/logs/one_batch_*.log | head -n 8 >>"$OUTDIR/table.txt"
+    ;;
+  serving)
+    # DeepSeek-V3.2-size layers behind python -m sglang.launch_server, SGLang's bench_serving on localhost, FP8 then
+    # FP4: SERVE_LENS input lengths, 256 output tokens, SERVE_PROMPTS prompts at SERVE_CONC concurrency. With
+    # SERVE_POOL_TOKENS (KV-limited load) FP8 gets that many pool tokens and FP4 the tokens the same memory holds
+    # by SGLang's per-token sizing of this model (656 B MLA + 132 or 68 B index per token and layer).
+    M2="$WORK/v32-layers"
+    "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
+    for fmt in fp8 fp4; do
+      POOL=()
+      if [ -n "${SERVE_POOL_TOKENS:-}" ]; then
+        t=$SERVE_POOL_TOKENS; [ $fmt = fp4 ] && t=$(( SERVE_POOL_TOKENS * (656 + 132) / (656 + 68) ))
+        POOL=(--max-total-tokens "$t")
+      fi
+      stage "serving_$fmt" "${SERVE_LIMIT:-540}" "$PY" scripts/sglang_bench.py serving --model "$M2" --out "$OUTDIR/serving_$fmt.jsonl" \
+        --input-lens ${SERVE_LENS:-32768 100000} --prompts "${SERVE_PROMPTS:-16}" --concurrency "${SERVE_CONC:-8}" \
+        $([ $fmt = fp4 ] && echo --fp4) --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton \
+        --mem-fraction-static 0.5 --disable-radix-cache --random-seed 0 ${POOL[@]+"${POOL[@]}"}
+      cp "$OUTDIR/serving_$fmt.jsonl.server.log" "$WORK/logs/" 2>/dev/null; rm -f "$OUTDIR/serving_$fmt.jsonl.server.log"
+    done
     ;;
   server)
     # A fresh machine compiles SGLang's and DeepGEMM's JIT kernels while it captures the first decode graph
@@ -154,7 +188,7 @@ case "$STEP" in
     READY="${SERVER_READY_S:-450}"
     WITHOUT_PLUGIN_ARGS=--fp8 stage_or_bisect server $((READY + 60)) "$WORK/server.json" "$PY" scripts/sglang_one_batch.py server --model "$M" --out "$WORK/server.json" --ready-timeout "$READY"
     ;;
-  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|server]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|server]" >&2; exit 2 ;;
 esac
 
 ENGINE=()

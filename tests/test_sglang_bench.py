@@ -57,3 +57,12 @@ def test_profile_table_refuses_a_trace_without_kernels_and_bad_steps(tmp_path):
         bench.profile_table([str(path)], steps=1)
     with pytest.raises(ValueError, match="steps"):
         bench.profile_table([str(path)], steps=0)
+
+
+def test_host_time_summary_percentiles():
+    got = bench.host_time_summary([i * 1e-6 for i in range(1, 101)])  # 1 .. 100 µs
+    assert got["calls"] == 100
+    assert got["median_us"] == pytest.approx(51.0) and got["p10_us"] == pytest.approx(11.0)
+    assert got["p90_us"] == pytest.approx(91.0)
+    with pytest.raises(ValueError, match="no indexer call"):
+        bench.host_time_summary([])
