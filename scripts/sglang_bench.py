@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import re
 import sys
 
@@ -152,8 +153,6 @@ def _one_batch(argv: list[str]) -> int:
 def _serving(argv: list[str]) -> int:
     """``python -m sglang.launch_server`` on localhost, then ``python -m sglang.benchmark.serving`` per input length."""
     import subprocess
-    import time
-    import urllib.request
 
     p = argparse.ArgumentParser(prog="sglang_bench.py serving")
     p.add_argument("--model", required=True)
@@ -168,22 +167,10 @@ def _serving(argv: list[str]) -> int:
     opts, server_args = p.parse_known_args(argv)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", opts.model, "--host", "127.0.0.1",
            "--port", str(opts.port), *server_args] + (["--enable-fp4-indexer"] if opts.fp4 else [])
-    log = open(opts.out + ".server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + opts.ready_timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"launch_server exited with {proc.returncode} ({opts.out}.server.log)")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{opts.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError(f"launch_server not healthy after {opts.ready_timeout:.0f} s")
-            time.sleep(2)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sglang_one_batch import launched_server
+
+    with launched_server(cmd, opts.port, opts.out + ".server.log", opts.ready_timeout):
         for il in opts.input_lens:
             subprocess.run([sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--host",
                             "127.0.0.1", "--port", str(opts.port), "--dataset-name", "random-ids",
@@ -191,13 +178,6 @@ def _serving(argv: list[str]) -> int:
                             "--random-range-ratio", "1", "--num-prompts", str(opts.prompts),
                             "--max-concurrency", str(opts.concurrency), "--seed", "0", "--disable-tqdm",
                             "--output-file", opts.out], check=True)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
     return 0
 
 

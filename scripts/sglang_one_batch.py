@@ -44,6 +44,7 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -480,9 +481,45 @@ def engine(argv: list[str]) -> None:
     print(f"saved {opts.out}: {[(r['prompt_len'], r['completion_tokens'], r['spec_verify_ct']) for r in res['requests']]}")
 
 
+@contextlib.contextmanager
+def launched_server(cmd: list[str], port: int, log_path: str, ready_timeout: float):
+    """Run ``cmd`` (a ``launch_server`` command line) with its output in ``log_path``; yield its base URL once
+    ``/health`` answers 200, and terminate it on leaving.
+
+    Raises:
+        RuntimeError: the server exits, or ``/health`` does not answer within ``ready_timeout`` seconds.
+    """
+    import subprocess
+    import urllib.request
+
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.time() + ready_timeout
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"launch_server exited with {proc.returncode} (log: {log_path})")
+                try:
+                    with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.time() > deadline:
+                    raise RuntimeError(f"launch_server not healthy after {ready_timeout:.0f} s (log: {log_path})")
+                time.sleep(2)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 def server(argv: list[str]) -> None:
     """``python -m sglang.launch_server --enable-fp4-indexer`` on the tiny model, one ``/generate`` on localhost."""
-    import subprocess
     import urllib.request
 
     p = argparse.ArgumentParser(prog="sglang_one_batch.py server")
@@ -504,37 +541,16 @@ def server(argv: list[str]) -> None:
         cmd.append("--enable-fp4-indexer")
     log_path = opts.out + ".log"
     t0 = time.time()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        res = {"cmd": " ".join(cmd)}
-        try:
-            base = f"http://127.0.0.1:{opts.port}"
-            deadline = time.time() + opts.ready_timeout
-            while time.time() < deadline:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"launch_server exited with {proc.returncode}")
-                try:
-                    with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    time.sleep(2)
-            else:
-                raise RuntimeError(f"launch_server not healthy after {opts.ready_timeout:.0f} s")
-            res["ready_s"] = time.time() - t0
-            body = json.dumps({"input_ids": seeded_prompts()[0], "sampling_params": {
-                "temperature": 0, "max_new_tokens": 8, "ignore_eos": True}}).encode()
-            req = urllib.request.Request(base + "/generate", data=body, headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=60) as r:
-                out = json.loads(r.read())
-            res["output_ids"] = out.get("output_ids")
-            res["completion_tokens"] = out.get("meta_info", {}).get("completion_tokens")
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    res = {"cmd": " ".join(cmd)}
+    with launched_server(cmd, opts.port, log_path, opts.ready_timeout) as base:
+        res["ready_s"] = time.time() - t0
+        body = json.dumps({"input_ids": seeded_prompts()[0], "sampling_params": {
+            "temperature": 0, "max_new_tokens": 8, "ignore_eos": True}}).encode()
+        req = urllib.request.Request(base + "/generate", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out = json.loads(r.read())
+        res["output_ids"] = out.get("output_ids")
+        res["completion_tokens"] = out.get("meta_info", {}).get("completion_tokens")
     res["plugin_log"] = [ln.strip() for ln in open(log_path, errors="replace") if "FP4 indexer" in ln]
     with open(opts.out, "w") as f:
         json.dump(res, f)
@@ -577,8 +593,6 @@ def check_trace(records: list[dict], draft_tokens: int) -> dict:
         seen) and ``rows`` ({(mode, layer, prompt_len, position, occurrence): frozenset of key positions},
         valid rows only) for ``trace_overlap``.
     """
-    import torch
-
     modes: dict = {}
     keyed: dict = {}
     seen: dict = {}
