@@ -61,8 +61,8 @@ def test_bf16_kv_and_fewer_index_layers(tmp_path, capsys):
 
 def test_refusals_name_reason_and_exit_1(tmp_path, capsys):
     path = _write(tmp_path, GLM5)
-    code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--dcp-size 2 --enable-hierarchical-cache")
-    assert code == 1 and "DISABLED" in out and "hierarchical cache" in out and "--dcp-size" not in out
+    code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--dcp-size 2 --enable-hisparse")
+    assert code == 1 and "DISABLED" in out and "HiSparse" in out and "--dcp-size" not in out
     code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--enable-flexkv")
     assert code == 1 and "external KV stores (flexkv)" in out
     code, out = _run(capsys, path, "--capability", "8.0")
@@ -141,9 +141,9 @@ def test_sglang_kv_dtype_architectures_match_sglang():
 
 @pytest.mark.parametrize("argv, cfg, reason", [
     (["--sglang-args=--page-size 32"], DSV32, "32 tokens"),
-    (["--sglang-args=--enable-hierarchical-cache"], DSV32, "hierarchical cache"),
+    (["--sglang-args=--enable-hierarchical-cache --hicache-storage-backend file"], DSV32, "storage backend"),
     (["--capability", "8.0"], DSV32, "no FP8 MMA"),
-], ids=["page-size", "hicache", "sm80"])
+], ids=["page-size", "hicache-storage", "sm80"])
 def test_refused_memory_rows_are_labelled_hypothetical(tmp_path, capsys, argv, cfg, reason):
     code, out = _run(capsys, _write(tmp_path, cfg), "--kv-cache-dtype", "fp8", *argv)
     assert code == 1 and "DISABLED" in out and reason in out
