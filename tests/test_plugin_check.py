@@ -59,6 +59,16 @@ def test_bf16_kv_and_fewer_index_layers(tmp_path, capsys):
     assert str(per_fp8) in out and str(100 * GIB // per_fp8) in out
 
 
+def test_hierarchical_cache_and_pd_are_served(tmp_path, capsys):
+    path = _write(tmp_path, DSV32)
+    for flags in ("--enable-hierarchical-cache", "--disaggregation-mode decode",
+                  "--enable-hierarchical-cache --disaggregation-mode prefill"):
+        code, out = _run(capsys, path, "--capability", "9.0", f"--sglang-args={flags}")
+        assert code == 0 and "FP4 indexer: ENABLED" in out and "refused" not in out, flags
+    code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--enable-hierarchical-cache --dcp-size 2")
+    assert code == 1 and "--dcp-size 2) translates host pages per rank" in out
+
+
 def test_refusals_name_reason_and_exit_1(tmp_path, capsys):
     path = _write(tmp_path, GLM5)
     code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--dcp-size 2 --enable-hisparse")
