@@ -15,8 +15,11 @@ these hold: a DeepSeek Sparse Attention model (SGLang's ``is_deepseek_dsa``),
 interleaved-RoPE models such as GLM-5.2, unless SGLang's
 ``SGLANG_DISABLE_DSA_INDEXER_FUSION`` selects its unfused one), a CUDA GPU with FP8 MMA (compute capability >= 8.9: Ada, Hopper,
 Blackwell), and none of the parallel or cache features the FP4 layout does not
-handle yet (prefill context parallelism, KV sharding, hierarchical cache, HiSparse, PD disaggregation, hybrid KV pools,
-unified memory pools, external KV stores). Every refusal names all the reasons that apply and the
+handle yet (prefill context parallelism, KV sharding, HiSparse, the hierarchical cache or PD disaggregation
+together with decode context parallelism, HiCache storage backends, hybrid KV pools, unified memory pools,
+external KV stores). The hierarchical cache (host memory) and PD disaggregation
+are served: SGLang's host pool holds 68-byte tokens, and both PD servers must
+use the same index-key format (checked when they first connect). Every refusal names all the reasons that apply and the
 fix; SGLang then keeps its FP8 indexer. ``report`` logs one line per process
 (rank 0 only): the active line, or one warning.
 
@@ -105,6 +108,7 @@ class ServerFacts:
         enable_prefill_cp: prefill context parallelism (``--enable-prefill-cp``).
         kv_shard: logical-page KV sharding (SGLang's page-interleave pool).
         hicache: hierarchical cache (``--enable-hierarchical-cache``).
+        hicache_storage: the HiCache storage backend (``--hicache-storage-backend``), empty if none.
         hisparse: HiSparse (``--enable-hisparse``).
         disaggregation_mode: ``"null"``, ``"prefill"`` or ``"decode"``.
         hybrid_pool: the kind of hybrid KV pool in use (hybrid SWA, hybrid
@@ -129,6 +133,7 @@ class ServerFacts:
     enable_prefill_cp: bool = False
     kv_shard: bool = False
     hicache: bool = False
+    hicache_storage: str = ""
     hisparse: bool = False
     disaggregation_mode: str = "null"
     hybrid_pool: str = ""
@@ -325,13 +330,17 @@ def decide(model: ModelFacts, server: ServerFacts, device: DeviceFacts) -> Decis
          "context parallelism (--attn-cp-size / --enable-prefill-cp) shards the indexer in ways the FP4 path does not handle yet"),
         ("kv_shard", server.kv_shard,
          "logical-page KV sharding (page-interleave pool) writes the index cache through its own FP8 writer"),
-        ("hicache", server.hicache,
-         "the hierarchical cache (--enable-hierarchical-cache) sizes and copies host index pages in the 132-byte FP8 layout"),
+        ("hicache_dcp", server.hicache and server.dcp_size > 1,
+         "the hierarchical cache with decode context parallelism (--enable-hierarchical-cache with --dcp-size "
+         f"{server.dcp_size}) translates host pages per rank in ways the FP4 path does not handle yet"),
+        ("hicache_storage", server.hicache and bool(server.hicache_storage),
+         f"a HiCache storage backend (--hicache-storage-backend {server.hicache_storage}) keeps index pages that "
+         "servers with the FP8 layout may read"),
         ("hisparse", server.hisparse,
          "HiSparse (--enable-hisparse) keeps its own FP8 index pool"),
-        ("pd_disaggregation", server.disaggregation_mode not in ("null", None),
-         f"PD disaggregation (--disaggregation-mode {server.disaggregation_mode}) transfers index pages "
-         "between servers that must agree on the layout"),
+        ("pd_dcp", server.disaggregation_mode not in ("null", None) and server.dcp_size > 1,
+         f"PD disaggregation with decode context parallelism (--disaggregation-mode {server.disaggregation_mode} "
+         f"with --dcp-size {server.dcp_size}) packs index pages per rank in ways the FP4 path does not handle yet"),
         ("hybrid_pool", bool(server.hybrid_pool),
          f"{server.hybrid_pool} KV pools build and size the index cache in their own code"),
         ("unified_memory", server.unified_memory,

@@ -59,10 +59,20 @@ def test_bf16_kv_and_fewer_index_layers(tmp_path, capsys):
     assert str(per_fp8) in out and str(100 * GIB // per_fp8) in out
 
 
+def test_hierarchical_cache_and_pd_are_served(tmp_path, capsys):
+    path = _write(tmp_path, DSV32)
+    for flags in ("--enable-hierarchical-cache", "--disaggregation-mode decode",
+                  "--enable-hierarchical-cache --disaggregation-mode prefill"):
+        code, out = _run(capsys, path, "--capability", "9.0", f"--sglang-args={flags}")
+        assert code == 0 and "FP4 indexer: ENABLED" in out and "refused" not in out, flags
+    code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--enable-hierarchical-cache --tp-size 2 --dcp-size 2")
+    assert code == 1 and "--dcp-size 2) translates host pages per rank" in out
+
+
 def test_refusals_name_reason_and_exit_1(tmp_path, capsys):
     path = _write(tmp_path, GLM5)
-    code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--tp-size 2 --dcp-size 2 --enable-hierarchical-cache")
-    assert code == 1 and "DISABLED" in out and "hierarchical cache" in out and "--dcp-size" not in out
+    code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--tp-size 2 --dcp-size 2 --enable-hisparse")
+    assert code == 1 and "DISABLED" in out and "HiSparse" in out and "--dcp-size" not in out
     code, out = _run(capsys, path, "--capability", "9.0", "--sglang-args=--enable-flexkv")
     assert code == 1 and "external KV stores (flexkv)" in out
     code, out = _run(capsys, path, "--capability", "8.0")
@@ -141,9 +151,9 @@ def test_sglang_kv_dtype_architectures_match_sglang():
 
 @pytest.mark.parametrize("argv, cfg, reason", [
     (["--sglang-args=--page-size 32"], DSV32, "32 tokens"),
-    (["--sglang-args=--enable-hierarchical-cache"], DSV32, "hierarchical cache"),
+    (["--sglang-args=--enable-hierarchical-cache --hicache-storage-backend file"], DSV32, "storage backend"),
     (["--capability", "8.0"], DSV32, "no FP8 MMA"),
-], ids=["page-size", "hicache", "sm80"])
+], ids=["page-size", "hicache-storage", "sm80"])
 def test_refused_memory_rows_are_labelled_hypothetical(tmp_path, capsys, argv, cfg, reason):
     code, out = _run(capsys, _write(tmp_path, cfg), "--kv-cache-dtype", "fp8", *argv)
     assert code == 1 and "DISABLED" in out and reason in out
@@ -676,9 +686,15 @@ def test_next_n_comes_from_the_speculative_flags(tmp_path, capsys):
     auto = server_args_from_flags(cfg, ["--speculative-algorithm", "EAGLE"])
     assert speculative_next_n(auto, "DeepseekV32ForCausalLM")[0] == _auto_choose_speculative_params(
         auto, "DeepseekV32ForCausalLM")[2]
-    # The shipped MTP config: 6 rows per request, not in the measured tables, so no time is quoted.
+    # The shipped MTP config: 4 rows per request (3 steps, top-k 1), a measured next_n, so its time is quoted.
     code, out = _run(capsys, _write_dir(tmp_path, "mtp", DSV32), "--context", "131072",
                      f"--sglang-args=--config {_CONFIGS / 'deepseek-v3.2-mtp.yaml'}")
+    fp4_us, _ = _bench_us(bench, 64, 8, 131072, 4, "ours")
+    assert "the trade below uses next_n 4" in out and f"FP4 {fp4_us:.1f} us" in out
+    # 6 rows per request are not in the measured tables: no time is quoted.
+    code, out = _run(capsys, _write_dir(tmp_path, "mtp6", DSV32), "--context", "131072",
+                     "--sglang-args=--speculative-algorithm EAGLE --speculative-num-steps 5 --speculative-eagle-topk 1 "
+                     "--speculative-num-draft-tokens 6")
     assert "the trade below uses next_n 6" in out and "indexer scorer time at next_n 6: not measured" in out
     with pytest.raises(SystemExit) as exc:
         main(["check", cfg, "--context", "131072", "--next-n", "3", f"--sglang-args={flags}"])

@@ -59,8 +59,8 @@ def test_gate_enables_dcp_replicated_by_default_sharded_on_request():
     assert shard.enabled and shard.dcp_mode == dcp.SHARDED and "DCP 8: sharded index (8.5 B" in shard.reason
     assert plain.enabled and plain.dcp_mode == "" and "DCP" not in plain.reason  # no DCP: the flag does nothing
     # DCP no longer refuses, other refusals still apply and carry no mode.
-    refused = decide(GOOD, ServerFacts(True, 64, dcp_size=2, hicache=True), DeviceFacts("cuda", (9, 0)))
-    assert not refused.enabled and refused.codes == ("hicache",) and refused.dcp_mode == ""
+    refused = decide(GOOD, ServerFacts(True, 64, dcp_size=2, hisparse=True), DeviceFacts("cuda", (9, 0)))
+    assert not refused.enabled and refused.codes == ("hisparse",) and refused.dcp_mode == ""
 
 
 def test_eagle_tree_verify_keeps_the_replicated_index(plugin):

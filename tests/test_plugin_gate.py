@@ -94,9 +94,10 @@ GOOD = ModelFacts("DeepseekV32ForCausalLM", True, False, 128, 64, 1)
         (GOOD, ServerFacts(True, 64, attn_cp_size=2), H200, "prefill_cp"),
         (GOOD, ServerFacts(True, 64, enable_prefill_cp=True), H200, "prefill_cp"),
         (GOOD, ServerFacts(True, 64, kv_shard=True), H200, "kv_shard"),
-        (GOOD, ServerFacts(True, 64, hicache=True), H200, "hicache"),
+        (GOOD, ServerFacts(True, 64, hicache=True, dcp_size=2), H200, "hicache_dcp"),
+        (GOOD, ServerFacts(True, 64, hicache=True, hicache_storage="file"), H200, "hicache_storage"),
         (GOOD, ServerFacts(True, 64, hisparse=True), H200, "hisparse"),
-        (GOOD, ServerFacts(True, 64, disaggregation_mode="decode"), H200, "pd_disaggregation"),
+        (GOOD, ServerFacts(True, 64, disaggregation_mode="decode", dcp_size=2), H200, "pd_dcp"),
         (GOOD, ServerFacts(True, 64, hybrid_pool="hybrid sliding-window (SWA)"), H200, "hybrid_pool"),
         (GOOD, ServerFacts(True, 64, unified_memory=True), H200, "unified_memory"),
         (GOOD, ServerFacts(True, 64, external_kv_store="flexkv"), H200, "external_kv_store"),
@@ -108,6 +109,16 @@ def test_each_refusal(model, server, device, code):
     assert not d.enabled
     assert d.codes == (code,)
     assert d.reason and d.fix
+
+
+@pytest.mark.parametrize("server", [
+    ServerFacts(True, 64, hicache=True),
+    ServerFacts(True, 64, disaggregation_mode="prefill"),
+    ServerFacts(True, 64, disaggregation_mode="decode", hicache=True),
+    ServerFacts(True, 64, hicache_storage="file"),  # a storage backend without the hierarchical cache is unused
+], ids=["hicache", "pd-prefill", "pd-decode-hicache", "storage-without-hicache"])
+def test_hierarchical_cache_and_pd_are_served(server):
+    assert decide(GOOD, server, H200).enabled
 
 
 def test_interleaved_indexer_rope_needs_sglangs_unfused_indexer():
@@ -160,13 +171,13 @@ def test_page_size_default_and_supported_heads():
 
 
 def test_all_reasons_listed_in_order_and_deterministic():
-    server = ServerFacts(True, 64, dcp_size=4, hicache=True)
+    server = ServerFacts(True, 64, dcp_size=4, hisparse=True)
     model = ModelFacts("X", True, False, 128, 48)
     d1 = decide(model, server, DeviceFacts("cuda", (8, 0)))
     d2 = decide(model, server, DeviceFacts("cuda", (8, 0)))
     assert d1 == d2
-    assert d1.codes == ("index_heads", "device", "hicache")
-    assert "hierarchical cache" in d1.reason and "48" in d1.reason
+    assert d1.codes == ("index_heads", "device", "hisparse")
+    assert "HiSparse" in d1.reason and "48" in d1.reason
 
 
 def test_bad_arguments():
@@ -182,7 +193,7 @@ def test_bad_arguments():
 
 def test_exactly_one_warning_per_process(caplog):
     gate.reset_reports()
-    refused = decide(GOOD, ServerFacts(True, 64, hicache=True), H200)
+    refused = decide(GOOD, ServerFacts(True, 64, hisparse=True), H200)
     with caplog.at_level(logging.INFO, logger="sglang_fp4_indexer"):
         assert gate.report(refused, rank=1) is False  # not rank 0
         assert gate.report(refused) is True
@@ -191,7 +202,7 @@ def test_exactly_one_warning_per_process(caplog):
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     msg = warnings[0].getMessage()
-    assert msg.startswith("FP4 indexer disabled") and "hierarchical cache" in msg and "Fix:" in msg
+    assert msg.startswith("FP4 indexer disabled") and "HiSparse" in msg and "Fix:" in msg
 
 
 def test_active_line_once(caplog):

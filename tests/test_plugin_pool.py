@@ -38,12 +38,16 @@ def test_sglang_sizing_counts_68_bytes_with_fp4(plugin, cfg):
     assert cap.bytes_per_token_fp8 == cell_fp8 and cap.bytes_per_token_fp4 == cell_fp4
 
 
+#: Flags the gate refuses FP4 for (a HiCache storage backend) that leave SGLang's sizing as it is.
+_STORAGE = ("--enable-hierarchical-cache", "--hicache-storage-backend", "file")
+
+
 def test_sizing_refused_keeps_132(plugin):
     from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
 
     conf = object.__new__(DefaultPoolConfigurator)
-    with published(page_size=64, enable_hierarchical_cache=True):
-        kvc = stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer", "--enable-hierarchical-cache"))
+    with published(page_size=64, enable_hierarchical_cache=True, hicache_storage_backend="file"):
+        kvc = stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer", *_STORAGE))
         assert conf._compute_dsa_indexer_cell_size(kvc=kvc, num_layers=61) == 61 * 132
 
 
@@ -74,7 +78,7 @@ def test_build_pool_fp4_and_fp8(plugin):
 def test_one_process_never_mixes_layouts(plugin):
     with published(page_size=64):
         _build(stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer"), num_layers=2))
-        refused = stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer", "--enable-hierarchical-cache"), num_layers=2)
+        refused = stand_in_kvc(DSV32, _server_args("--enable-fp4-indexer", *_STORAGE), num_layers=2)
         with pytest.raises(RuntimeError, match="cannot mix FP4 and FP8"):
             _build(refused)
         plugin.reset_state()

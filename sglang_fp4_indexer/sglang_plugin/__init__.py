@@ -41,9 +41,10 @@ def hooks() -> tuple[Hook, ...]:
     and model-config helpers) but not the hook targets themselves: SGLang's
     ``HookRegistry.apply_hooks`` resolves those.
     """
-    from . import indexer, kv_pool, metadata, server_args
+    from . import disaggregation, host_pool, indexer, kv_pool, metadata, server_args
 
-    return _bound(SEAMS, {"server_args": server_args, "kv_pool": kv_pool, "indexer": indexer, "metadata": metadata})
+    return _bound(SEAMS, {"server_args": server_args, "kv_pool": kv_pool, "indexer": indexer, "metadata": metadata,
+                          "host_pool": host_pool, "disaggregation": disaggregation})
 
 
 def _cli_hooks() -> tuple[Hook, ...]:

@@ -271,6 +271,7 @@ def server_facts(
         enable_prefill_cp=bool(server_field(server_args, "enable_prefill_cp", False)),
         kv_shard=kv_shard,
         hicache=bool(server_field(server_args, "enable_hierarchical_cache", False)),
+        hicache_storage=str(server_field(server_args, "hicache_storage_backend", "") or ""),
         hisparse=bool(server_field(server_args, "enable_hisparse", False)),
         disaggregation_mode=str(server_field(server_args, "disaggregation_mode", "null")),
         hybrid_pool=hybrid_pool,

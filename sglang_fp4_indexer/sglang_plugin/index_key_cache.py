@@ -41,9 +41,14 @@ class Fp4IndexKeyCache(IndexKeyCache):
         pool = self.pool
         return pool.page_size // pool.index_kpool // pool.index_page_size
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row of a layer's buffer: ``pages_per_row x 64 x 68`` (the keys of ``pool.page_size`` slots)."""
+        return self.pages_per_row * fp4_pool.page_bytes(self.pool.index_page_size)
+
     def _buffer_shape(self, num_pages: int) -> tuple[int, int]:
         # SGLang's num_pages counts rows of pool.page_size slots; each holds pages_per_row FP4 pages.
-        return (num_pages, self.pages_per_row * fp4_pool.page_bytes(self.pool.index_page_size))
+        return (num_pages, self.row_bytes)
 
     def _kernel_view(self, buffer):
         # The kernels' view: one 64-token FP4 page per row, [rows * pages_per_row, 64 * 68] (no copy).

@@ -9,9 +9,9 @@ Seams (docs/sglang-seams.md):
 - ``DefaultPoolConfigurator._compute_dsa_indexer_cell_size`` (AROUND): the
   one place SGLang turns index bytes into ``max_total_num_tokens`` for plain
   DSA pools (target and EAGLE/MTP draft share); with FP4 enabled it counts 68
-  bytes per token per index layer instead of 132. The other sites with the
-  132-byte formula belong to features the gate refuses (hybrid SWA pools,
-  HiCache host pools, page-interleave pools, DeepSeek-V4).
+  bytes per token per index layer instead of 132. HiCache's host pool has its
+  own 132-byte formula (``host_pool``); the other sites with it belong to
+  features the gate refuses (hybrid SWA pools, page-interleave pools, DeepSeek-V4).
 
 One process holds either FP4 or FP8 DSA pools, never both: the paged-MQA
 schedule resolver is process-wide (``metadata.py``), so a mix would hand one

@@ -71,6 +71,8 @@ _INDEXER = "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer"
 _UTILS = "sglang.srt.layers.attention.dsa.utils"
 _BACKEND = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnBackend"
 _MULTI = "sglang.srt.layers.attention.dsa_backend.DeepseekSparseAttnMultiStepBackend"
+_HOST = "sglang.srt.mem_cache.pool_host.dsa"
+_PD = "sglang.srt.disaggregation.common.conn.CommonKVManager"
 
 #: Every SGLang target the plugin hooks, in registration order (docs/sglang-seams.md).
 SEAMS: tuple[Seam, ...] = (
@@ -97,6 +99,10 @@ SEAMS: tuple[Seam, ...] = (
          "AROUND", "(self, forward_mode, cache_seqlens_int32, seqlens_expanded, batch_size)"),
     Seam(f"{_MULTI}.init_forward_metadata_out_graph", "metadata", "multi_step_init_forward_metadata_out_graph",
          "AFTER", "(self, forward_batch, in_capture=False)"),
+    Seam(f"{_HOST}.make_dsa_indexer_pool_decl", "host_pool", "make_dsa_indexer_pool_decl", "AROUND",
+         "(pool, *, name=<PoolName.INDEXER: 'indexer'>)"),
+    Seam(f"{_PD}.__init__", "disaggregation", "kv_manager_init", "AROUND",
+         "(self, args, disaggregation_mode, server_args, is_mla_backend=False)"),
 )
 
 

@@ -1,0 +1,74 @@
+"""The GPU check of the radix cache and HiCache (scripts/hicache_radix_gpu.py), on the CPU.
+
+Its runs need a GPU; here: the top-k agreement it reports (against hand-computed values), the Engine
+arguments it builds, and its scheduler-side page probe run on SGLang's real HiCache host pool (CPU
+tensors, as in test_plugin_hicache.py): it finds every reloaded page identical, and finds a page
+corrupted in host memory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from plugin_support import plugin  # noqa: F401 (the fixture)
+from test_plugin_hicache import FP4_PAGE, _fill, _pools, cpu_host_pools  # noqa: F401 (a fixture)
+
+_PATH = Path(__file__).resolve().parents[1] / "scripts" / "hicache_radix_gpu.py"
+_spec = importlib.util.spec_from_file_location("hicache_radix_gpu", _PATH)
+tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tool)
+
+
+def _row(values):
+    return list(values) + [-1] * (tool.TOPK - len(values))
+
+
+def test_topk_agreement_over_the_rows_both_computed():
+    longer = [_row([9, 9]), _row([1, 2, 3, 4]), _row([5, 6])]  # its first row has no counterpart
+    shorter = [_row([4, 3, 2, 1]), _row([5, 7])]
+    got = tool.topk_agreement(longer, shorter)
+    assert got == {"rows": 2, "equal_rows": 1, "mean_overlap": 0.75, "min_overlap": 0.5}
+    with pytest.raises(ValueError, match="a, b"):
+        tool.topk_agreement([], shorter)
+
+
+def test_engine_arguments_keep_the_radix_cache():
+    opts = types.SimpleNamespace(model="/tmp/tiny", fp8=False, mem_fraction_static=0.006)
+    kw = tool.engine_kwargs(opts, enable_hierarchical_cache=True)
+    assert kw["enable_fp4_indexer"] is True and kw["enable_hierarchical_cache"] is True
+    assert "disable_radix_cache" not in kw and kw["enable_return_indexer_topk"] is True
+    assert "enable_fp4_indexer" not in tool.engine_kwargs(types.SimpleNamespace(**{**vars(opts), "fp8": True}))
+    with pytest.raises(ValueError, match="disable_radix_cache"):
+        tool.engine_kwargs(opts, disable_radix_cache=True)
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("corrupt", [False, True], ids=["intact", "corrupted-host-page"])
+def test_page_probe_on_sglangs_host_pool(plugin, cpu_host_pools, monkeypatch, tmp_path, corrupt):
+    from sglang.srt.mem_cache.pool_host.dsa import DSAIndexerPoolHost
+
+    for name in ("backup_from_device_all_layer", "load_to_device_per_layer"):  # restored after the test
+        monkeypatch.setattr(DSAIndexerPoolHost, name, getattr(DSAIndexerPoolHost, name))
+    out = tmp_path / "probe.jsonl"
+    monkeypatch.setenv(tool.PROBE_ENV, str(out))
+    exec(compile(tool.PROBE_SOURCE, "sitecustomize.py", "exec"), {})
+
+    target, _, host = _pools(["--enable-fp4-indexer"], hicache_mem_layout="layer_first", hicache_io_backend="direct")
+    _fill(target.index_k_with_scale_buffer, seed=3)
+    device_slots, host_slots = torch.arange(64, 192), torch.arange(192, 320)  # device pages 1-2 -> host 3-4
+    host.backup_from_device_all_layer(target, host_slots, device_slots, "direct")
+    _fill(target.index_k_with_scale_buffer, seed=4)
+    if corrupt:
+        host.index_k_with_scale_buffer[1, 4, 7] ^= 0xFF  # host layer 1 (device layer 2), host page 4, one byte
+    for layer in range(4):
+        host.load_to_device_per_layer(target, host_slots, device_slots, layer, "direct")
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows[0] == {"op": "backup", "pages": 2, "layers": 2, "page_bytes": FP4_PAGE}
+    loads = [(r["layer"], r["pages"], r["identical"], r["not_backed_up"]) for r in rows[1:]]
+    assert loads == [(0, 2, 2, 0), (1, 2, 1 if corrupt else 2, 0)]  # skip-top-k layers 1 and 3 copy nothing
