@@ -31,7 +31,14 @@ def _write(tmp_path, cfg, as_dir=True):
     return str(f)
 
 
-def _run(capsys, *argv):
+#: The KV budget the tests about other things give (``--memory-gib``): their fixtures hold only the config keys the
+#: decision reads, not the shapes the derived budget needs (tests/test_check_budget.py checks the derivation).
+MEMORY = ("--memory-gib", "100")
+
+
+def _run(capsys, *argv, derive=False):
+    if not derive and not any(a.startswith("--memory-gib") for a in argv):
+        argv = (*argv, *MEMORY)
     code = main(["check", *argv])
     # rich wraps lines and draws cell borders: compare whitespace-normalised, without the borders
     return code, " ".join(capsys.readouterr().out.replace("│", " ").replace("┃", " ").split())
@@ -240,7 +247,7 @@ _BLOCKED = "import sys; sys.modules['sglang'] = None; from sglang_fp4_indexer.cl
 def test_without_sglang_subprocess(tmp_path):
     path = _write(tmp_path, GLM5)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    run = lambda *a: subprocess.run([sys.executable, "-c", _BLOCKED, "check", path, "--capability", "10.0", *a],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-c", _BLOCKED, "check", path, "--capability", "10.0", *MEMORY, *a],  # noqa: E731
                                     capture_output=True, text=True, env=env, timeout=300)
     res = run()
     assert res.returncode == 0 and "ENABLED" in res.stdout and "Traceback" not in res.stderr, res.stderr
@@ -252,7 +259,7 @@ def test_without_sglang_subprocess(tmp_path):
 
 
 def test_no_sglang_import_warnings(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "sglang_fp4_indexer.cli", "check", _write(tmp_path, DSV32)],
+    res = subprocess.run([sys.executable, "-m", "sglang_fp4_indexer.cli", "check", _write(tmp_path, DSV32), *MEMORY],
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert res.returncode == 0 and "classified by SGLang's own DSA helpers" in " ".join(res.stdout.split())
@@ -528,7 +535,7 @@ def test_refused_by_the_models_own_geometry_prices_nothing(tmp_path, capsys, arg
 
 def _rendered(capsys, *argv):
     """check's stdout as a user's 80-column terminal shows it (rich's width without a terminal is 80)."""
-    code = main(["check", *argv])
+    code = main(["check", *argv, *MEMORY])
     return code, capsys.readouterr().out
 
 
@@ -571,10 +578,11 @@ def test_batch_and_next_n_need_context(capsys):
 
 
 def test_context_beyond_the_models_positions_is_refused(tmp_path, capsys):
-    err = _one_line_error(capsys, ["deepseek-v3.2", "--context", "1000000"])
+    err = _one_line_error(capsys, ["deepseek-v3.2", "--context", "1000000", *MEMORY])
     assert ("--context: 1000000 tokens is more than this model's 163840 positions (max_position_embeddings in its "
             "config.json, the longest request SGLang serves); give at most 163840") in err
-    err = _one_line_error(capsys, ["deepseek-v3.2", "--context", "131072", "--sglang-args=--context-length 65536"])
+    err = _one_line_error(capsys, ["deepseek-v3.2", "--context", "131072", "--sglang-args=--context-length 65536",
+                                   *MEMORY])
     assert "131072 tokens is more than this model's 65536 positions (--context-length in --sglang-args" in err
     code, out = _run(capsys, "deepseek-v3.2", "--context", "163840")  # the longest request: answered
     # (8 requests of 160K fit with either index format: the verdict's exit code 3)
@@ -714,13 +722,3 @@ def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, 
     code, out = _run(capsys, _write_dir(tmp_path, "rep", DSV32), "--context", "131072", "--batch", "8",
                      "--sglang-args=--tp-size 8 --dcp-size 2")
     assert "faster indexer" in out and "not measured for this configuration" not in out
-
-
-def test_the_kv_budget_says_it_is_assumed_unless_given(tmp_path, capsys):
-    from sglang_fp4_indexer.check import ASSUMED_MEMORY_GIB
-
-    code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "9.0")
-    assert f"KV pool: {ASSUMED_MEMORY_GIB:g} GiB per GPU assumed, not derived from the GPU's memory" in out
-    assert str(int(ASSUMED_MEMORY_GIB * GIB) // (61 * (1152 + 132))) in out
-    code, out = _run(capsys, _write_dir(tmp_path, "given", DSV32), "--capability", "9.0", "--memory-gib", "30")
-    assert "assumed" not in out and str(30 * GIB // (61 * (1152 + 132))) in out

@@ -12,6 +12,7 @@ from typing import Callable
 from ..argtypes import integer, memory_gib
 from ..dcp import DcpCapacity, SHARDED
 from ..gate import Decision
+from .budget import GPUS
 from .model import PACKAGED_MODELS
 from .findings import run_check
 from .trade import _k, _pm, _shape_text, worth_it
@@ -21,15 +22,12 @@ __all__ = [
     "main",
     "MAX_NEXT_N",
     "MAX_CONTEXT",
-    "ASSUMED_MEMORY_GIB",
 ]
 
 
 #: Largest --next-n: the paged scorer's ``ops.paged_logits.MAX_NEXT_N`` (restated, not imported: that module
 #: loads Triton, which ``check`` never needs; tests/test_cli_errors.py keeps the two equal).
 MAX_NEXT_N = 8
-#: The KV-pool budget ``check`` assumes without ``--memory-gib`` (said so in its output): not derived.
-ASSUMED_MEMORY_GIB = 100.0
 #: Largest --context: SGLang keeps positions and lengths as int32.
 MAX_CONTEXT = 2**31 - 1
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         "hf download REPO config.json --local-dir DIR")
     parser.add_argument("--memory-gib", type=memory_gib(), default=None,
                         help="KV-pool memory per GPU in GiB for the token counts: the figure SGLang logs as "
-                             "'KV Cache is allocated' for your GPU, --mem-fraction-static, TP size and weights "
-                             f"(default {ASSUMED_MEMORY_GIB:g}, an assumed figure, not derived from them)")
+                             "'KV Cache is allocated' (default: derived as SGLang sizes it, GPU memory x "
+                             "--mem-fraction-static - the weights per GPU computed from the config; the output "
+                             "says how)")
+    parser.add_argument("--gpu", default=None, metavar="NAME",
+                        help="GPU whose memory (and compute capability, unless --capability) the KV budget is "
+                             f"derived for: {', '.join(GPUS)} (default: the local GPU, else H200)")
     parser.add_argument("--context", type=integer(1, MAX_CONTEXT), default=None, metavar="N",
                         help="tokens per request (e.g. 131072), at most the model's positions "
                              "(max_position_embeddings, or --context-length in --sglang-args): adds what FP4 gains "
@@ -169,7 +171,7 @@ def _memory_table(res: dict, d: Decision, memory_gib: float):
         notes.append("* the mode " + ("the server would use" if d.enabled else "these flags give") + f": {mode}")
     if not d.enabled:
         notes.append("FP4 rows: what FP4 would give if the refusal were lifted; the server keeps FP8")
-    table = Table(title=f"memory effect, {memory_gib:g} GiB KV pool {where}", caption="\n".join(notes) or None)
+    table = Table(title=f"memory effect, {memory_gib:.4g} GiB KV pool {where}", caption="\n".join(notes) or None)
     table.add_column("index cache", no_wrap=True)
     for header in ("index B per token and layer", "KV + index B per token and layer", "KV + index B per token",
                    "KV tokens"):
@@ -201,8 +203,7 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
     except ValueError as exc:
         raise ValueError(f"--sglang-args: cannot split {args.sglang_args!r} into flags ({exc})") from None
     context, batch, next_n = _context_options(args)
-    memory = ASSUMED_MEMORY_GIB if args.memory_gib is None else args.memory_gib
-    res = run_check(args.model, memory_gib=memory, capability=args.capability,
+    res = run_check(args.model, memory_gib=args.memory_gib, gpu=getattr(args, "gpu", None), capability=args.capability,
                     kv_cache_dtype=args.kv_cache_dtype, server_flags=flags, announce=announce,
                     read_sglang=read_sglang)
     next_n = _verify_next_n(res, getattr(args, "next_n", None), next_n)
@@ -239,12 +240,11 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
         if context is not None:
             console.print("verdict: FP4 changes nothing for this model at any context", markup=False)
         return 0 if d.enabled else 1
-    console.print(_memory_table(res, d, memory))
-    if args.memory_gib is None:
-        console.print(f"KV pool: {memory:g} GiB per GPU assumed, not derived from the GPU's memory, "
-                      "--mem-fraction-static, the TP size and the weights; the token and request counts scale "
-                      "with it: give --memory-gib with the size SGLang logs in its 'KV Cache is allocated' line",
-                      markup=False)
+    console.print(_memory_table(res, d, res["pool_gib"]))
+    if res["budget"] is not None:
+        console.print(res["budget"].text(), markup=False)
+    else:
+        console.print(f"KV pool per GPU: {args.memory_gib:g} GiB (--memory-gib)", markup=False)
     gain = cap.gain_sharded if res["fp4_mode"] == SHARDED else cap.gain_replicated
     tokens = cap.tokens_fp4_sharded if res["fp4_mode"] == SHARDED else cap.tokens_fp4_replicated
     mode = "" if res["dcp_size"] == 1 else f" ({res['fp4_mode']})"

@@ -12,6 +12,8 @@ from typing import Callable
 from ..argtypes import MAX_MEMORY_GIB
 from ..dcp import DcpCapacity, REPLICATED, SHARDED, bytes_per_token, dcp_capacity
 from ..gate import Decision, DeviceFacts, dcp_mode_for, decide, index_key_rotation
+from .budget import KvBudget, gpu_memory, kv_budget
+from .weights import Parallel
 from .model import (
     _SGLANG_KV_DTYPES,
     _check_complete,
@@ -50,7 +52,23 @@ def _device(capability: str | None) -> tuple[DeviceFacts, str]:
     return DeviceFacts("cuda", (9, 0), "assumed H200"), "CUDA 9.0 (assumed: no local GPU; --capability to change)"
 
 
-def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None = None,
+def _derived_budget(cfg: dict, memory: dict | None, gpu: tuple[int, tuple[int, int] | None, str]) -> KvBudget:
+    """The KV budget per GPU as SGLang sizes it (``budget.kv_budget``) from the adapter's ``memory`` facts.
+
+    Raises:
+        ValueError: no memory facts (SGLang not importable), or what ``kv_budget`` / ``fraction_for`` raise.
+    """
+    if memory is None:
+        raise ValueError("--memory-gib: SGLang is not importable here, so its --mem-fraction-static rule cannot be "
+                         "read to derive the KV pool; give --memory-gib (the size SGLang logs as 'KV Cache is "
+                         "allocated')")
+    par = Parallel(tp=memory["tp"], attn_dp=memory["attn_dp"], dp_lm_head=memory["dp_lm_head"],
+                   a2a_moe=memory["a2a_moe"], mtp=memory["mtp"])
+    fraction, how = memory["fraction_for"](gpu[0])
+    return kv_budget(cfg, par, gpu[0], gpu[2], fraction, how)
+
+
+def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = None, capability: str | None = None,
               kv_cache_dtype: str | None = None, server_flags: list[str] | None = None,
               announce: Callable[[str], None] = lambda line: None,
               read_sglang: Callable[[dict, str, list[str]], tuple] | None = None) -> dict:
@@ -62,9 +80,16 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
 
     ``read_sglang(cfg, model_dir, server_flags)`` reads the model and server facts through SGLang (the adapter's
     ``sglang_plugin.check_facts.read_sglang_facts``, which the ``sglang-fp4-indexer`` command passes): it returns
-    ``((model facts, server facts, index layers, SGLang's --kv-cache-dtype, --context-length, (next_n, how)), "")``
-    (``(next_n, how)``: target verify's rows per request from the speculative flags, or ``(None, ...)``), or
+    ``((model facts, server facts, index layers, SGLang's --kv-cache-dtype, --context-length, (next_n, how),
+    memory), "")`` (``(next_n, how)``: target verify's rows per request from the speculative flags, or
+    ``(None, ...)``; ``memory``: the parallel layout and SGLang's ``--mem-fraction-static`` rule), or
     ``(None, why)`` when SGLang cannot be imported. Without it the config keys decide, as without SGLang.
+
+    The KV-pool budget per GPU is ``memory_gib`` GiB when given, else derived as SGLang sizes it
+    (``budget.kv_budget``): the memory of ``gpu`` (a ``budget.GPUS`` name; default the local GPU, else an H200)
+    x ``--mem-fraction-static`` (the flag's, else SGLang's own default for that GPU and these flags) - the
+    weights per GPU computed from the config's shapes (``weights.weight_bytes_per_gpu``); ``budget`` holds it
+    (None when given). ``gpu`` also sets the compute capability when ``capability`` is not given.
 
     The MLA KV format is ``kv_cache_dtype`` (``"fp8"``/``"bf16"``) when given,
     else the ``--kv-cache-dtype`` of the server flags, else SGLang's default
@@ -95,9 +120,10 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
             layer count or MLA sizes, a DSA-by-name architecture without
             ``index_topk``), bad options (``memory_gib`` not a finite number in
             ``(0, MAX_MEMORY_GIB]``), rejected server flags, a KV dtype conflict
-            between ``kv_cache_dtype`` and the server flags.
+            between ``kv_cache_dtype`` and the server flags; without ``memory_gib``: an unknown ``gpu``, weights
+            that do not fit, a config without the sizes the weights need, or SGLang not importable.
     """
-    if not (isinstance(memory_gib, (int, float)) and math.isfinite(memory_gib) and 0 < memory_gib <= MAX_MEMORY_GIB):
+    if memory_gib is not None and not (isinstance(memory_gib, (int, float)) and math.isfinite(memory_gib) and 0 < memory_gib <= MAX_MEMORY_GIB):
         raise ValueError(f"--memory-gib: expected a finite number > 0 and <= {MAX_MEMORY_GIB}, got {memory_gib}")
     flags = list(server_flags or [])
     path, source = resolve_model(model)
@@ -111,8 +137,11 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
     detection = "SGLang's own DSA helpers"
     if found is None:
         found, detection = _without_sglang(cfg, flags, why), f"its config keys, SGLang not being importable here: {why}"
-    model_facts, server, index_layers, server_kv, context_length, verify = found
+    model_facts, server, index_layers, server_kv, context_length, verify, memory = found
     _check_complete(cfg, file, model_facts)
+    gpu_found = gpu_memory(gpu) if memory_gib is None or gpu is not None else None
+    if capability is None and gpu_found is not None and gpu_found[1] is not None:
+        capability = "%d.%d" % gpu_found[1]
     device, device_text = _device(capability)
     decision: Decision = decide(model_facts, server, device)
     arch = model_facts.architecture or f"no architectures in config, model_type {cfg.get('model_type')!r}"
@@ -136,8 +165,10 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
         else:
             dtype, dtype_why = sglang_kv_cache_dtype(cfg, server_kv, device.capability or (9, 0))
         kv = mla_kv_bytes_per_token(cfg, dtype)
+        budget = None if memory_gib is not None else _derived_budget(cfg, memory, gpu_found)
+        pool_bytes = int(memory_gib * 2**30) if budget is None else budget.bytes
         w, layers = server.dcp_size, out["layers"]
-        cap: DcpCapacity = dcp_capacity(int(memory_gib * 2**30), w, kv_bytes=kv, num_layers=layers,
+        cap: DcpCapacity = dcp_capacity(pool_bytes, w, kv_bytes=kv, num_layers=layers,
                                         num_index_layers=index_layers)
         fp4_mode = dcp_mode_for(server) or REPLICATED  # gate.decide's rule, refused or not
 
@@ -154,5 +185,6 @@ def run_check(model: str, *, memory_gib: float = 100.0, capability: str | None =
         else:
             for mode, tokens in ((REPLICATED, cap.tokens_fp4_replicated), (SHARDED, cap.tokens_fp4_sharded)):
                 rows.append(row(f"FP4 {mode}{' *' if mode == fp4_mode else ''}", "fp4", mode, tokens))
-        out.update(kv_dtype=dtype, kv_dtype_why=dtype_why, kv_bytes=kv, capacity=cap, fp4_mode=fp4_mode, rows=rows)
+        out.update(kv_dtype=dtype, kv_dtype_why=dtype_why, kv_bytes=kv, capacity=cap, fp4_mode=fp4_mode, rows=rows,
+                   budget=budget, pool_gib=pool_bytes / 2**30)
     return out

@@ -215,7 +215,8 @@ def _without_sglang(cfg: dict, flags: list[str], why: str):
     )
     layers = int(cfg.get("num_hidden_layers", 0) or 0)
     fusion_off = os.environ.get(INDEXER_FUSION_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-    return model, ServerFacts(requested=True, indexer_fusion_disabled=fusion_off), layers, "auto", None, (None, "")
+    return (model, ServerFacts(requested=True, indexer_fusion_disabled=fusion_off), layers, "auto", None, (None, ""),
+            None)
 
 
 def _check_complete(cfg: dict, file: Path, model: ModelFacts) -> None:

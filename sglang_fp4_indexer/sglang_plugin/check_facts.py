@@ -12,17 +12,18 @@ import warnings
 from .facts import index_layer_count, model_facts, server_facts, server_field
 from .server_args import server_args_from_flags
 
-__all__ = ["read_sglang_facts", "speculative_next_n", "sglang_import_error"]
+__all__ = ["read_sglang_facts", "speculative_next_n", "sglang_import_error", "memory_facts"]
 
 
 def read_sglang_facts(cfg: dict, model_path: str, flags: list[str]):
-    """``((model facts, server facts, index layers, SGLang's --kv-cache-dtype, --context-length, verify), "")``.
+    """``((model facts, server facts, index layers, SGLang's --kv-cache-dtype, --context-length, verify, memory), "")``.
 
     What ``check`` reads with SGLang installed (the ``sglang-fp4-indexer`` command passes this function to
     ``check.run_check``): the model classified by SGLang's own DSA helpers, the server flags parsed by SGLang's
     own parser, with a ``--config FILE`` among them merged as SGLang merges it. ``verify`` is
     ``(next_n, how)``: the query rows per request of target verify that the speculative flags give
-    (``speculative_next_n``), or ``(None, "")`` without speculative decoding.
+    (``speculative_next_n``), or ``(None, "")`` without speculative decoding. ``memory`` is ``memory_facts``'s
+    dict: the parallel layout and SGLang's ``--mem-fraction-static`` rule.
 
     Args:
         cfg: the model's ``config.json`` as a dict.
@@ -57,7 +58,49 @@ def read_sglang_facts(cfg: dict, model_path: str, flags: list[str]):
     arch = (cfg.get("architectures") or [""])[0]
     return (model_facts(cfg), server_facts(record), index_layer_count(cfg, layers),
             str(server_field(record, "kv_cache_dtype", "auto")), context_length,
-            speculative_next_n(record, arch)), ""
+            speculative_next_n(record, arch), memory_facts(record)), ""
+
+
+def memory_facts(record) -> dict:
+    """What SGLang's KV budget depends on, from a raw record: the parallel layout and its static-memory fraction.
+
+    Returns:
+        dict: ``tp``, ``attn_dp`` (the DP-attention size, 1 without ``--enable-dp-attention``), ``dp_lm_head``,
+        ``a2a_moe`` (``--moe-a2a-backend`` not ``none``), ``mtp`` (``--speculative-algorithm`` EAGLE or NEXTN,
+        which loads the MTP layer as the draft model), ``mem_fraction_static`` (the flag's value, or None) and
+        ``fraction_for``: ``fraction_for(gpu_mib) -> (fraction, how)``, SGLang 0.5.23's own default for a GPU
+        of ``gpu_mib`` MiB (``memory_hook.handle_gpu_memory_settings`` after ``handle_cuda_graph_config`` on a
+        copy of the record, the device's capacity given as ``gpu_mib``), or the flag's value. It raises
+        ValueError where the raw record cannot resolve SGLang's default (DP attention: its extra reserve
+        depends on the DP layout SGLang resolves only at launch).
+    """
+    import copy
+    from unittest import mock
+
+    dp_attention = bool(server_field(record, "enable_dp_attention", False))
+    attn_dp = int(server_field(record, "dp_size", 1)) if dp_attention else 1
+    given = server_field(record, "mem_fraction_static", None)
+    algorithm = str(server_field(record, "speculative_algorithm", "") or "").upper()
+
+    def fraction_for(gpu_mib: int) -> tuple[float, str]:
+        if given is not None:
+            return float(given), "--mem-fraction-static in --sglang-args"
+        if dp_attention:
+            raise ValueError("--sglang-args: with DP attention SGLang sizes its reserve from the DP layout it "
+                             "resolves at launch; give --mem-fraction-static in --sglang-args, or --memory-gib")
+        import sglang.srt.arg_groups.memory_hook as memory_hook
+        from sglang.srt.arg_groups.cuda_graph_hook import handle_cuda_graph_config
+
+        probe = copy.deepcopy(record)
+        with mock.patch.object(memory_hook, "get_device_memory_capacity", return_value=gpu_mib):
+            handle_cuda_graph_config(probe)
+            memory_hook.handle_gpu_memory_settings(probe)
+        return float(server_field(probe, "mem_fraction_static", 0.0)), "SGLang's default for this GPU and flags"
+
+    return {"tp": int(server_field(record, "tp_size", 1)), "attn_dp": attn_dp,
+            "dp_lm_head": bool(server_field(record, "enable_dp_lm_head", False)),
+            "a2a_moe": str(server_field(record, "moe_a2a_backend", "none")) != "none",
+            "mtp": algorithm in ("EAGLE", "NEXTN"), "mem_fraction_static": given, "fraction_for": fraction_for}
 
 
 def speculative_next_n(record, architecture: str) -> tuple[int | None, str]:

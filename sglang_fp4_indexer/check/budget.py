@@ -1,0 +1,102 @@
+"""The KV-pool budget per GPU as SGLang sizes it: GPU memory x ``--mem-fraction-static`` - weights per GPU.
+
+SGLang 0.5.23 gives the KV pool what is free after the weights load, less the slack ``(1 -
+mem_fraction_static)`` of the memory free before (``mem_cache/kv_cache_configurator._profile_available_bytes``).
+With the whole GPU free before loading that is ``memory x fraction - weights``; the CUDA context and communication
+buffers taken before loading make SGLang's own figure (its ``KV Cache is allocated`` line) somewhat smaller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .weights import Parallel, WeightBytes, weight_bytes_per_gpu
+
+__all__ = ["GPUS", "gpu_memory", "KvBudget", "kv_budget"]
+
+#: GPUs ``--gpu`` names: total memory in MiB as the CUDA driver reports it (SGLang's
+#: ``get_device_memory_capacity``; ``nvidia-smi`` shows the same figure) and the compute capability.
+GPUS = {
+    "H100": (81559, (9, 0)),
+    "H20": (97871, (9, 0)),
+    "H200": (143771, (9, 0)),
+    "B200": (183359, (10, 0)),
+}
+
+
+def gpu_memory(name: str | None) -> tuple[int, tuple[int, int] | None, str]:
+    """The GPU's memory in MiB, its compute capability (None for the local GPU) and how it was found.
+
+    ``name`` is one of ``GPUS`` (any case, an ``NVIDIA `` prefix allowed); None: the local CUDA GPU, else an H200
+    (assumed, as ``check``'s default device).
+
+    Raises:
+        ValueError: a name not in ``GPUS`` (the message lists them and points to ``--memory-gib``).
+    """
+    if name is not None:
+        key = name.strip().upper().removeprefix("NVIDIA").strip()
+        if key not in GPUS:
+            raise ValueError(f"--gpu: {name!r} is not one of {', '.join(GPUS)}; for another GPU give --memory-gib "
+                             "with the size SGLang logs in its 'KV Cache is allocated' line")
+        mib, cap = GPUS[key]
+        return mib, cap, f"{key}, {mib} MiB, given as --gpu"
+    import torch
+
+    if torch.cuda.is_available() and not getattr(torch.version, "hip", None):
+        mib = torch.cuda.get_device_properties(0).total_memory // 2**20
+        return mib, None, f"{torch.cuda.get_device_name()}, {mib} MiB, the local GPU"
+    mib = GPUS["H200"][0]
+    return mib, None, f"H200, {mib} MiB, assumed: no local GPU, --gpu to change"
+
+
+@dataclass(frozen=True)
+class KvBudget:
+    """A derived KV-pool budget per GPU.
+
+    Attributes:
+        bytes: the KV-pool budget in bytes (> 0).
+        gpu_mib: the GPU's memory in MiB; ``gpu_text`` how it was found.
+        fraction: ``--mem-fraction-static``; ``fraction_how`` where it came from.
+        weights: the weight bytes per GPU by part.
+    """
+
+    bytes: int
+    gpu_mib: int
+    gpu_text: str
+    fraction: float
+    fraction_how: str
+    weights: WeightBytes
+    parallel: Parallel
+
+    def text(self) -> str:
+        """One line: how the budget was derived, in GiB."""
+        g = 2**30
+        par = self.parallel
+        layout = f"TP {par.tp}" + (f", DP attention {par.attn_dp}" if par.attn_dp > 1 else "") + (
+            ", with the MTP draft layer" if par.mtp else "")
+        return (f"KV pool per GPU: {self.gpu_mib * 2**20 / g:.1f} GiB GPU memory ({self.gpu_text}) x "
+                f"{self.fraction:g} --mem-fraction-static ({self.fraction_how}) - {self.weights.total / g:.1f} GiB "
+                f"weights per GPU ({self.weights.dtype}, {layout}, from the config's shapes) = {self.bytes / g:.1f} "
+                "GiB; SGLang's own figure, its 'KV Cache is allocated' line, is somewhat smaller for the CUDA "
+                "context and communication buffers: give it as --memory-gib")
+
+
+def kv_budget(cfg: dict, par: Parallel, gpu_mib: int, gpu_text: str, fraction: float, fraction_how: str) -> KvBudget:
+    """The KV-pool bytes per GPU: ``gpu_mib`` MiB x ``fraction`` - the weights per GPU (``weight_bytes_per_gpu``).
+
+    Raises:
+        ValueError: the weights do not fit (one line: the figures and what to change), a fraction outside
+            (0, 1], or what ``weight_bytes_per_gpu`` raises.
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--sglang-args: --mem-fraction-static {fraction:g}: expected a number in (0, 1]")
+    weights = weight_bytes_per_gpu(cfg, par)
+    static = gpu_mib * 2**20 * fraction
+    budget = int(static - weights.total)
+    if budget <= 0:
+        g = 2**30
+        raise ValueError(f"model: its weights take {weights.total / g:.1f} GiB per GPU ({weights.dtype}, TP "
+                         f"{par.tp}), more than the {static / g:.1f} GiB static memory of a {gpu_mib} MiB GPU at "
+                         f"--mem-fraction-static {fraction:g}: raise --tp-size in --sglang-args, use a larger GPU "
+                         f"(--gpu){'' if weights.dtype != 'bf16' else ' or an FP8 checkpoint'}, or give --memory-gib")
+    return KvBudget(budget, gpu_mib, gpu_text, fraction, fraction_how, weights, par)
