@@ -705,7 +705,7 @@ def test_next_n_comes_from_the_speculative_flags(tmp_path, capsys):
                      "--speculative-num-draft-tokens 6")
     assert "the trade below uses next_n 6" in out and "indexer scorer time at next_n 6: not measured" in out
     with pytest.raises(SystemExit) as exc:
-        main(["check", cfg, "--context", "131072", "--next-n", "3", f"--sglang-args={flags}"])
+        main(["check", cfg, "--context", "131072", "--next-n", "3", f"--sglang-args={flags}", *MEMORY])
     assert exc.value.code == 2 and "--next-n 3 differs from the 2 rows per request" in capsys.readouterr().err
 
 
