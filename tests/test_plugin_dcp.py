@@ -129,9 +129,10 @@ def test_check_command_reports_the_dcp_mode(tmp_path, capsys):
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(DSV32))
-    assert main(["check", str(path), "--capability", "9.0", "--sglang-args=--dcp-size 8 --tp-size 8"]) == 0
+    assert main(["check", str(path), "--capability", "9.0", "--memory-gib", "100",
+                 "--sglang-args=--dcp-size 8 --tp-size 8"]) == 0
     assert "DCP 8: replicated index" in capsys.readouterr().out
-    assert main(["check", str(path), "--capability", "9.0",
+    assert main(["check", str(path), "--capability", "9.0", "--memory-gib", "100",
                  "--sglang-args=--dcp-size 8 --tp-size 8 --fp4-indexer-dcp-shard"]) == 0
     assert "DCP 8: sharded index (8.5 B" in capsys.readouterr().out
 

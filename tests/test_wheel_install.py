@@ -117,13 +117,15 @@ def test_wheel_installs_next_to_sglang_and_sglang_loads_it(tmp_path):
 
     assert version.returncode == 0 and version.stdout.strip().startswith(f"sglang-fp4-indexer {__version__}")
     (tmp_path / "v32.json").write_text(json.dumps(DSV32))
-    check = run(str(script), "check", "v32.json", "--context", "131072", "--batch", "8", cwd=tmp_path, env=env)
+    check = run(str(script), "check", "v32.json", "--context", "131072", "--batch", "8", "--memory-gib", "100",
+                cwd=tmp_path, env=env)
     out = " ".join(check.stdout.split())
     assert check.returncode == 0 and "Traceback" not in check.stderr, check.stdout + check.stderr
     assert "ENABLED" in out and "measured on NVIDIA H200 at this shape" in out and "verdict: turn FP4 on where KV memory limits you: it fits 1 more 128K-token request (10 -> 11, +5.2 % KV tokens)" in out
 
     # The packaged config, without a download; the installed docs, named by --help and listed by docs.
-    packaged = run(str(script), "check", "deepseek-v3.2", "--context", "131072", cwd=tmp_path, env=env)
+    packaged = run(str(script), "check", "deepseek-v3.2", "--context", "131072", "--memory-gib", "100",
+                   cwd=tmp_path, env=env)
     out = " ".join(packaged.stdout.split())
     assert packaged.returncode == 0 and "the config fields of deepseek-ai/DeepSeek-V3.2 packaged" in out, out
     assert str(site) in "".join(packaged.stdout.split()) and "verdict: turn FP4 on where KV memory limits you: it fits 1 more 128K-token request (10 -> 11, +5.2 % KV tokens)" in out
