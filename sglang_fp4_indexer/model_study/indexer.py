@@ -253,6 +253,7 @@ def _record_kl(model: LightningIndexer, rec, scale: float, chunk: int = 1024) ->
 
 def save(indexer: TrainedIndexer, path: str | Path) -> None:
     """Write the indexers' weights (bf16) and ``meta`` to ``path`` (``torch.save``)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     state = {str(layer): {k: v.detach().to("cpu", torch.bfloat16) for k, v in m.state_dict().items()}
              for layer, m in indexer.layers.items()}
     torch.save({"format": _FORMAT, "meta": indexer.meta, "layers": state}, str(path))

@@ -512,7 +512,8 @@ def main(args: argparse.Namespace) -> int:
         log = lambda s: console.print(s, markup=False, highlight=False)  # noqa: E731
         trained = None
         if args.train_indexer:
-            check_output_dir(str(Path(args.train_indexer).parent or "."))
+            check_output_dir(str(Path(args.train_indexer).parent))
+            Path(args.train_indexer).parent.mkdir(parents=True, exist_ok=True)
             trained = train_indexer(model, tok, context=args.train_context, sequences=args.train_sequences,
                                     steps=args.train_steps, seed=args.train_seed, log=log)
             ix.save(trained, args.train_indexer)
