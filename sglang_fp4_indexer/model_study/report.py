@@ -41,7 +41,7 @@ def summarize(doc: dict) -> dict:
 
     Returns:
         ``{"loss": {context: {"windows", "dense", "topk": {k: {"delta": {form: (m, se)},
-        "fp4_minus_fp8": (m, se), "recall": {form: (m, se)}, "recall_layers": {form: {layer: (m, se)}}}}}},
+        "fp4_minus_fp8": (m, se), "recall": {form: (m, se)}, "recall_layers": {form: {layer: (m, se)}}, "attention_recall": {form: (m, se)} (when measured)}}}},
         "passkey": {context: {"prompts", "variants": {name: {"retrieved", "by_depth": {depth: (ok, n)},
         "logprob": (m, se), "delta_logprob": (m, se)}}}}}``; contexts and k as ints.
     """
@@ -62,6 +62,11 @@ def summarize(doc: dict) -> dict:
                     layers = sorted(rec[0], key=int)
                     row["recall_layers"][form] = {int(la): mean_se([r[la] for r in rec]) for la in layers}
                     row["recall"][form] = mean_se([sum(r.values()) / len(r) for r in rec])
+            att = [w.get("attention_recall", {}).get(_name(f, k), {}) for f in ("exact", "fp8", "fp4") for w in ws]
+            if att and all(att):
+                row["attention_recall"] = {f: mean_se([sum(r.values()) / len(r) for r in
+                                                       (w["attention_recall"][_name(f, k)] for w in ws)])
+                                           for f in ("exact", "fp8", "fp4")}
             row["fp4_minus_fp8"] = mean_se([w["nll"][_name("fp4", k)] - w["nll"][_name("fp8", k)] for w in ws])
             case["topk"][int(k)] = row
         out["loss"][int(ctx)] = case
@@ -132,6 +137,16 @@ def render_markdown(doc: dict) -> str:
             for form, layers in row["recall_layers"].items():
                 cells = " | ".join(_pm(layers[la], 4, False) for la in sorted(layers))
                 lines.append(f"| {_ctx(ctx)} | {k} | {_FORM_LABEL[form]} | {cells} |")
+    att = [(ctx, k, row) for ctx, case in sorted(s["loss"].items()) for k, row in case["topk"].items()
+           if "attention_recall" in row]
+    if att:
+        lines += ["", f"Recall of the layer's attention top-k (its softmax weights summed over heads), mean over the "
+                  f"global layers, {doc.get('indexer_kind', 'stand-in')} indexer:", "",
+                  "| context | k | exact selection | FP8 | FP4 |", "| ---: | ---: | ---: | ---: | ---: |"]
+        for ctx, k, row in att:
+            r = row["attention_recall"]
+            lines.append(f"| {_ctx(ctx)} | {k} | {_pm(r['exact'], 4, False)} | {_pm(r['fp8'], 4, False)} | "
+                         f"{_pm(r['fp4'], 4, False)} |")
     if s["passkey"]:
         lines += ["", "Passkey retrieval (the five digits all the argmax under teacher forcing; prompts per depth; "
                   "answer log-probability mean ± standard error over the prompts):", "",

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .gemma import BOS_ID, GLOBAL_LAYERS
-from .sparse import IndexerProjection, KVCache, Selection, calibrate_projection
+from .sparse import IndexerProjection, KVCache, Selection, calibrate_projection, install_hidden_hook
 
-__all__ = ["LOSS_CHUNK", "Variant", "SequenceResult", "run_sequence", "calibrate", "dense_loss_reference"]
+__all__ = ["LOSS_CHUNK", "Variant", "SequenceResult", "run_sequence", "calibrate", "record_global_layers",
+           "attention_scales", "dense_loss_reference"]
 
 #: Positions per chunk of the loss (final norm, tied embedding, log-softmax).
 LOSS_CHUNK = 256
@@ -58,6 +59,8 @@ class SequenceResult:
         nll: ``{"dense" | variant name: fp64 [scored] per-position loss in nats}``.
         argmax_ok: ``{name: bool [scored]}`` the next token is the argmax.
         recall: ``{variant name: {layer: mean recall of the exact top-k over scored rows}}`` (FP8, FP4).
+        attention_recall: ``{variant name: {layer: mean recall of the layer's attention top-k (its softmax
+            weights summed over heads) over scored rows}}``.
         fp4_paths: what wrote the FP4 bytes per layer call, ``{variant name: [...]}``.
         seconds: ``{name: wall seconds}`` (``"shared"``: embedding and the layers before the first global layer).
     """
@@ -67,6 +70,7 @@ class SequenceResult:
     nll: dict = field(default_factory=dict)
     argmax_ok: dict = field(default_factory=dict)
     recall: dict = field(default_factory=dict)
+    attention_recall: dict = field(default_factory=dict)
     fp4_paths: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
 
@@ -99,7 +103,7 @@ def _score(model, h: torch.Tensor, targets: torch.Tensor, normed: bool = False) 
 
 @torch.inference_mode()
 def run_sequence(model, ids: torch.Tensor, score_from: int, variants: list[Variant], projection: IndexerProjection,
-                 *, store_op: str = "first", recall: bool = True) -> SequenceResult:
+                 *, store_op: str = "first", recall: bool = True, scorer: str = "torch") -> SequenceResult:
     """Score one token sequence under the dense model and every variant.
 
     Args:
@@ -107,10 +111,12 @@ def run_sequence(model, ids: torch.Tensor, score_from: int, variants: list[Varia
         ids: int64 ``[L]`` token ids, ``<bos>`` first.
         score_from: first scored position (``1 <= score_from <= L - 2``); position ``p`` predicts ``ids[p + 1]``.
         variants: sparse variants (format, top-k).
-        projection: the stand-in indexer's projection.
+        projection: the indexer: the stand-in's projection or an ``indexer.TrainedIndexer``.
         store_op: which FP4 index keys the store op writes (``"all"``, ``"first"``: the first global
             layer's, once per sequence, ``"none"``); the rest come from its bit-exact oracle.
-        recall: measure each format's recall of the exact top-k on the scored rows.
+        recall: measure each format's recall of the exact top-k, and each variant's recall of the layer's
+            attention top-k, on the scored rows.
+        scorer: ``"torch"`` or ``"paged"`` (FP4 scored by the product's paged scorer; ``sparse.Selection``).
 
     Raises:
         ValueError: ``ids`` does not start with ``<bos>`` or ``score_from`` is out of range.
@@ -122,6 +128,8 @@ def run_sequence(model, ids: torch.Tensor, score_from: int, variants: list[Varia
         raise ValueError(f"score_from: expected 1 .. {length - 2}, got {score_from}")
     dev = next(model.parameters()).device
     ids = ids.to(dev)
+    install_hidden_hook(model)
+    scales = attention_scales(model)
     res = SequenceResult(length, score_from)
     targets = ids[score_from + 1:]
     positions = torch.arange(length, device=dev)
@@ -140,10 +148,12 @@ def run_sequence(model, ids: torch.Tensor, score_from: int, variants: list[Varia
     for v in variants:
         t0 = time.perf_counter()
         sel = Selection(v.form, v.topk, projection, first, shared, shared_topk=max_k,
-                        recall_from=score_from if recall else None, store_op=store_op)
+                        recall_from=score_from if recall else None, store_op=store_op, scorer=scorer,
+                        attention_scale=scales[first] if recall else None)
         hv = _layers(model, h_first, positions, range(first, n_layers), KVCache(), fp4_selection=sel)
         res.nll[v.name], res.argmax_ok[v.name] = _score(model, hv[:, score_from:length - 1], targets)
         res.recall[v.name] = {layer: s / n for layer, (s, n) in sel.recall.items() if n}
+        res.attention_recall[v.name] = {layer: s / n for layer, (s, n) in sel.attention_recall.items() if n}
         if sel.fp4_paths:
             res.fp4_paths[v.name] = sel.fp4_paths
         res.seconds[v.name] = time.perf_counter() - t0
@@ -160,6 +170,36 @@ def calibrate(model, ids: torch.Tensor) -> IndexerProjection:
     _layers(model, model.model.embed_tokens(ids[None]), positions, range(model.config.num_hidden_layers), KVCache(),
             fp4_record=record)
     return calibrate_projection({i: q for i, (q, _) in record.items()}, {i: k for i, (_, k) in record.items()})
+
+
+def attention_scales(model) -> dict:
+    """``{global layer: its attention's softmax scale}`` (Gemma 3: ``query_pre_attn_scalar ** -0.5``, one value).
+
+    Raises:
+        ValueError: the global layers' scales differ (``Selection`` takes one).
+    """
+    scales = {i: float(model.model.layers[i].self_attn.scaling) for i in GLOBAL_LAYERS}
+    if len(set(scales.values())) != 1:
+        raise ValueError(f"model: the global layers' attention scales differ ({scales})")
+    return scales
+
+
+@torch.inference_mode()
+def record_global_layers(model, ids: torch.Tensor) -> dict:
+    """One dense pass over ``ids``: each global layer's ``(query [H, L, D], key [L, D], hidden [L, hidden])``.
+
+    ``query`` and ``key`` are post-RoPE (what the attention reads), ``hidden`` the attention module's input
+    (after the layer's input norm); what an indexer is trained on (``indexer.train``).
+    """
+    dev = next(model.parameters()).device
+    ids = ids.to(dev)
+    install_hidden_hook(model)
+    positions = torch.arange(ids.shape[0], device=dev)
+    record: dict = {}
+    hidden: dict = {}
+    _layers(model, model.model.embed_tokens(ids[None]), positions, range(model.config.num_hidden_layers), KVCache(),
+            fp4_record=record, fp4_record_hidden=hidden)
+    return {i: (record[i][0], record[i][1], hidden[i]) for i in record}
 
 
 @torch.inference_mode()

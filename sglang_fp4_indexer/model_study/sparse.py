@@ -44,6 +44,21 @@ weights (``demo.quantize_queries``), as SGLang's indexer scores them; the score
 is summed in fp32 over the decoded values, the arithmetic of the project's
 scorer (``reference.logits_from_keys`` is its fp64 oracle).
 
+On a GPU (``Selection.scorer = "paged"``) the FP4 logits are not decoded and
+multiplied in torch: the product's paged scorer (``ops.paged_logits``; the
+Hopper kernel on an H200) reads the cache the store op wrote, one query row per
+request over the same block table (``paged_index_logits``; heads padded with
+zero weights to the scorer's smallest head count). Exact and FP8 stay in torch
+(FP8 is SGLang's format emulated as above). On the CPU the same function runs
+the paged scorer in the Triton interpreter (tests, tiny sizes).
+
+A trained indexer (``indexer.TrainedIndexer``) plugs in where the projection
+does: both give ``queries_for`` and ``keys_for``; the trained one reads the
+layer's input hidden states, which ``install_hidden_hook`` passes to the
+attention function. Each variant also measures how well its selection matches
+the layer's own attention: the recall of the top-k keys by attention weight
+summed over heads (``attention_topk``), the target a trained indexer learns.
+
 Attention itself always uses the model's real keys and values: only which
 keys a query may read changes. ``register`` adds the attention function
 ``ATTENTION_NAME`` to ``transformers.AttentionInterface`` and the same name to
@@ -78,6 +93,9 @@ __all__ = [
     "index_keys",
     "store_op_bytes",
     "index_logits",
+    "paged_index_logits",
+    "attention_topk",
+    "install_hidden_hook",
     "Selection",
     "KVCache",
     "register",
@@ -114,6 +132,22 @@ class IndexerProjection:
     def project(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """``x [..., 256]`` -> Hadamard-rotated ``[..., 128]`` in ``x``'s dtype (DSA's pre-quantization rotation)."""
         return rotate_activation(x.index_select(-1, self.dims(layer, x.device)))
+
+    def queries_for(self, layer: int, query: torch.Tensor, hidden: torch.Tensor | None = None,
+                    positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Index queries and head weights of a chunk: ``(query [H, C, 256] projected -> [C, H, 128], fp32 [C, H])``.
+
+        The weights are DSA's constant factors ``H ** -0.5 * 128 ** -0.5``; ``hidden`` and ``positions`` are
+        not used (the stand-in reads the attention's own queries).
+        """
+        qi = self.project(layer, query.transpose(0, 1))
+        w = torch.full(qi.shape[:2], (qi.shape[1] ** -0.5) * (fmt.INDEX_HEAD_DIM ** -0.5), dtype=torch.float32,
+                       device=qi.device)
+        return qi, w
+
+    def keys_for(self, layer: int, key: torch.Tensor, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """Index keys of a sequence: ``key [S, 256]`` -> rotated ``[S, 128]`` in ``key``'s dtype (``hidden`` unused)."""
+        return self.project(layer, key)
 
 
 def calibrate_projection(queries: dict[int, torch.Tensor], keys: dict[int, torch.Tensor]) -> IndexerProjection:
@@ -179,6 +213,16 @@ def store_op_bytes(keys: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, tor
     Returns:
         ``(payload uint8 [S, 64], scales uint8 [S, 4])``.
     """
+    cache, table, slots = store_op_cache(keys, seed)
+    return read_index_k(cache, slots)
+
+
+def store_op_cache(keys: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``keys`` (bf16 ``[S, 128]``) written by the store op into a paged cache over a seeded shuffled block table.
+
+    Returns:
+        ``(cache uint8 [pages, page_size * 68], block_table int32 [1, pages], slots int64 [S])`` on ``keys``' device.
+    """
     from ..demo import request_slots, shuffled_block_table
     from ..ops.quantize import store_index_k
 
@@ -187,7 +231,65 @@ def store_op_bytes(keys: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, tor
     slots = request_slots(table, n)
     cache = allocate_index_k_cache(table.numel(), device=keys.device)
     store_index_k(keys.contiguous(), cache, slots)
-    return read_index_k(cache, slots)
+    return cache, table, slots
+
+
+def paged_index_logits(q: torch.Tensor, w: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
+                       positions: torch.Tensor) -> torch.Tensor:
+    """The product's paged scorer over one sequence's FP4 cache, one request per query row.
+
+    Row ``r`` sees keys ``0 .. positions[r]`` (the block table's first ``positions[r] + 1`` slots); heads below
+    the scorer's smallest supported count are padded with zero queries and zero weights (``relu(0) * 0`` adds
+    nothing).
+
+    Args:
+        q: float8_e4m3fn ``[C, H, 128]`` index queries, ``H <= 128``.
+        w: fp32 ``[C, H]`` head weights (query scale folded in, ``demo.quantize_queries``).
+        cache: uint8 FP4 index-key cache the store op wrote (``store_op_cache``).
+        block_table: int32 ``[1, pages]`` the sequence's pages.
+        positions: int64 ``[C]`` query positions.
+
+    Returns:
+        fp32 ``[C, max(positions) + 1]``, ``-inf`` past each row's position.
+
+    Raises:
+        ValueError: more heads than the scorer takes (``ops.paged_logits.SUPPORTED_HEADS``).
+    """
+    from ..ops.paged_logits import SUPPORTED_HEADS, paged_logits
+
+    c, h, d = q.shape
+    heads = next((x for x in SUPPORTED_HEADS if x >= h), None)
+    if heads is None:
+        raise ValueError(f"q: {h} heads, the paged scorer takes at most {SUPPORTED_HEADS[-1]}")
+    if heads != h:
+        q = torch.cat([q, torch.zeros(c, heads - h, d, dtype=q.dtype, device=q.device)], 1)
+        w = torch.cat([w, torch.zeros(c, heads - h, dtype=w.dtype, device=w.device)], 1)
+    width = int(positions.max()) + 1
+    lens = (positions + 1).to(torch.int32)
+    table = block_table[:1].expand(c, -1).contiguous()
+    out = paged_logits(q.contiguous(), w.to(torch.float32).contiguous(), cache, table, lens, width=width)
+    cols = torch.arange(width, device=out.device)
+    return out.float().masked_fill(cols[None, :] > positions[:, None], float("-inf"))
+
+
+def attention_topk(query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor, k: int,
+                   scale: float) -> torch.Tensor:
+    """The top-``k`` keys of each query row by the layer's attention weight, summed over its heads.
+
+    Args:
+        query: ``[H, C, D]`` post-RoPE queries; key: ``[S, D]`` post-RoPE keys (one KV head).
+        positions: int64 ``[C]`` query positions (< S); row ``r`` attends to keys ``0 .. positions[r]``.
+        k: keys per row (at most ``positions.min() + 1``).
+        scale: the attention's softmax scale.
+
+    Returns:
+        int64 ``[C, k]`` key indices, best first.
+    """
+    end = int(positions.max()) + 1
+    logits = torch.einsum("hcd,sd->hcs", query.float(), key[:end].float()) * scale
+    cols = torch.arange(end, device=key.device)
+    logits = logits.masked_fill(cols[None, None, :] > positions[None, :, None], float("-inf"))
+    return torch.topk(torch.softmax(logits, -1).sum(0), k, dim=1).indices
 
 
 def index_logits(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -230,6 +332,12 @@ class Selection:
             only, once per sequence) or ``"none"`` (all from ``format.quantize_index_k``).
         recall: ``{layer: [sum of recalls, rows]}``.
         fp4_paths: what wrote the FP4 bytes, per layer call.
+        scorer: ``"torch"`` (FP4 keys decoded, scored in fp32 by ``index_logits``) or ``"paged"`` (the FP4 cache
+            the store op wrote, scored by the product's paged scorer, ``paged_index_logits``; every FP4 layer
+            call then uses the store op).
+        attention_scale: the attention's softmax scale; when set, ``attention_recall`` measures the recall of
+            the attention's own top-k (``attention_topk``) on the recall rows.
+        attention_recall: ``{layer: [sum of recalls, rows]}``.
     """
 
     form: str
@@ -242,24 +350,37 @@ class Selection:
     store_op: str = "first"
     recall: dict = field(default_factory=dict)
     fp4_paths: list = field(default_factory=list)
+    scorer: str = "torch"
+    attention_scale: float | None = None
+    attention_recall: dict = field(default_factory=dict)
     _layer: dict = field(default_factory=dict)
 
-    def _queries(self, layer: int, query: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
-        qi = self.projection.project(layer, query.transpose(0, 1))  # [C, H, 128] bf16
-        w = torch.full(qi.shape[:2], (qi.shape[1] ** -0.5) * (fmt.INDEX_HEAD_DIM ** -0.5), dtype=torch.float32,
-                       device=qi.device)
+    def __post_init__(self):
+        if self.scorer not in ("torch", "paged"):
+            raise ValueError(f"scorer: expected 'torch' or 'paged', got {self.scorer!r}")
+
+    def _queries(self, layer: int, query: torch.Tensor, form: str, hidden: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None, raw: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Index queries (fp32 decoded; e4m3 with ``raw`` for FP8 / FP4) and weights of a chunk ``[C, H, 128]``."""
+        qi, w = self.projection.queries_for(layer, query, hidden, positions)
         if form == "exact":
             return qi.to(torch.float32), w
         q8, w8 = quantize_queries(qi, w)
-        return q8.to(torch.float32), w8
+        return (q8 if raw else q8.to(torch.float32)), w8
 
-    def _keys(self, layer: int, key: torch.Tensor, form: str) -> torch.Tensor:
+    def _keys(self, layer: int, key: torch.Tensor, form: str, hidden: torch.Tensor | None = None) -> torch.Tensor:
         tag = (layer, "keys", form)
         cache = self.shared if layer == self.shared_layer else self._layer
         if tag not in cache:
-            ki = self.projection.project(layer, key)
-            use = self.store_op == "all" or (self.store_op == "first" and layer == self.shared_layer)
-            cache[tag], cache[(layer, "path", form)] = index_keys(ki, form, use_store_op=use)
+            ki = self.projection.keys_for(layer, key, hidden)
+            if form == "fp4" and self.scorer == "paged":
+                paged, table, slots = store_op_cache(ki, seed=layer)
+                cache[(layer, "paged", form)] = (paged, table)
+                cache[tag] = fmt.dequantize_index_k(*read_index_k(paged, slots))
+                cache[(layer, "path", form)] = "store op, paged scorer"
+            else:
+                use = self.store_op == "all" or (self.store_op == "first" and layer == self.shared_layer)
+                cache[tag], cache[(layer, "path", form)] = index_keys(ki, form, use_store_op=use)
         self._note_path(layer, form)
         return cache[tag]
 
@@ -271,15 +392,22 @@ class Selection:
             self.fp4_paths.append(f"layer {layer}: {cache[(layer, 'path', form)]}")
 
     def _topk(self, layer: int, form: str, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
-              width: int) -> torch.Tensor:
+              width: int, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """Top-``width`` indices (best first) of each row under ``form`` over keys ``0 .. positions[-1]``."""
         end = int(positions[-1]) + 1
         tag = (layer, "top", form, int(positions[0]), end)
         if layer == self.shared_layer and tag in self.shared and self.shared[tag].shape[1] >= width:
             self._note_path(layer, form)  # keys and top-k from an earlier variant of this sequence
             return self.shared[tag][:, :width].long()
-        q, w = self._queries(layer, query, form)
-        logits = index_logits(q, w, self._keys(layer, key, form)[:end], positions)
+        keys = self._keys(layer, key, form, hidden)
+        if form == "fp4" and self.scorer == "paged":
+            cache = self.shared if layer == self.shared_layer else self._layer
+            paged, table = cache[(layer, "paged", form)]
+            q8, w8 = self._queries(layer, query, form, hidden, positions, raw=True)
+            logits = paged_index_logits(q8, w8, paged, table, positions)
+        else:
+            q, w = self._queries(layer, query, form, hidden, positions)
+            logits = index_logits(q, w, keys[:end], positions)
         keep = max(width, self.shared_topk) if layer == self.shared_layer else width
         keep = min(keep, logits.shape[1])
         top = torch.topk(logits, keep, dim=1).indices
@@ -287,7 +415,8 @@ class Selection:
             self.shared[tag] = top.to(torch.int32)
         return top[:, :width]
 
-    def key_mask(self, layer: int, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def key_mask(self, layer: int, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor,
+                 hidden: torch.Tensor | None = None) -> torch.Tensor:
         """Which keys each query of a chunk reads: bool ``[C, S]``.
 
         Args:
@@ -295,6 +424,7 @@ class Selection:
             query: bf16 ``[H, C, 256]`` post-RoPE queries of the chunk.
             key: bf16 ``[S, 256]`` post-RoPE keys ``0 .. S - 1`` of the whole sequence.
             positions: int64 ``[C]`` the chunk's query positions, increasing by one.
+            hidden: ``[S, D]`` the layer's input hidden states (a trained indexer reads them), or None.
 
         Returns:
             bool ``[C, positions[-1] + 1]``.
@@ -303,20 +433,25 @@ class Selection:
         cols = torch.arange(s, device=key.device)
         causal = cols[None, :] <= positions[:, None]
         k = min(self.topk, s)
-        top = self._topk(layer, self.form, query, key, positions, k)
+        top = self._topk(layer, self.form, query, key, positions, k, hidden)
         mask = torch.zeros_like(causal).scatter_(1, top, True) & causal
         full = positions + 1 <= self.topk
         mask[full] = causal[full]
-        if self.form != "exact" and self.recall_from is not None:
-            rows = (positions >= self.recall_from) & ~full
-            if bool(rows.any()):
-                exact = self._topk(layer, "exact", query[:, rows], key, positions[rows], k) \
-                    if layer != self.shared_layer else self._topk(layer, "exact", query, key, positions, k)[rows]
-                recall = topk_recall_rows(top[rows], exact)
-                acc = self.recall.setdefault(layer, [0.0, 0])
-                acc[0] += float(recall.sum())
-                acc[1] += int(rows.sum())
+        rows = (positions >= self.recall_from) & ~full if self.recall_from is not None else None
+        if rows is not None and self.form != "exact" and bool(rows.any()):
+            exact = self._topk(layer, "exact", query[:, rows], key, positions[rows], k, hidden) \
+                if layer != self.shared_layer else self._topk(layer, "exact", query, key, positions, k, hidden)[rows]
+            self._add(self.recall, layer, topk_recall_rows(top[rows], exact))
+        if rows is not None and self.attention_scale is not None and bool(rows.any()):
+            want = attention_topk(query[:, rows], key, positions[rows], k, self.attention_scale)
+            self._add(self.attention_recall, layer, topk_recall_rows(top[rows], want))
         return mask
+
+    @staticmethod
+    def _add(acc: dict, layer: int, recall: torch.Tensor) -> None:
+        entry = acc.setdefault(layer, [0.0, 0])
+        entry[0] += float(recall.sum())
+        entry[1] += int(recall.numel())
 
 
 class KVCache:
@@ -341,7 +476,9 @@ def sparse_attention(module, query, key, value, attention_mask, scaling=None, dr
         attention_mask: must be None (padding is not supported; causality and the window are applied here).
         sliding_window: the layer's window (Gemma: a key ``j`` is visible to ``p`` when ``p - W < j <= p``), or None.
         kwargs: ``position_ids`` ``[1, Lq]`` (contiguous), ``fp4_selection`` (a ``Selection``, or None: dense),
-            ``fp4_record`` (a dict: each global layer's ``(query [Hq, Lq, D], key [S, D])`` is put there).
+            ``fp4_record`` (a dict: each global layer's ``(query [Hq, Lq, D], key [S, D])`` is put there),
+            ``fp4_record_hidden`` (a dict: each global layer's input hidden states ``[S, hidden]``),
+            ``fp4_hidden`` (``[1, S, hidden]``, passed by ``install_hidden_hook``).
 
     Returns:
         ``(out [1, Lq, Hq, D], None)``.
@@ -361,6 +498,12 @@ def sparse_attention(module, query, key, value, attention_mask, scaling=None, dr
     record = kwargs.get("fp4_record")
     if record is not None and not sliding_window:
         record[module.layer_idx] = (query[0], key[0, 0])
+    hidden = kwargs.get("fp4_hidden")
+    hidden = hidden[0] if hidden is not None else None
+    if kwargs.get("fp4_record_hidden") is not None and not sliding_window:
+        if hidden is None:
+            raise ValueError("fp4_record_hidden: no hidden states passed (call install_hidden_hook first)")
+        kwargs["fp4_record_hidden"][module.layer_idx] = hidden
     scale = module.scaling if scaling is None else scaling
     out = torch.empty_like(query)
     first = int(positions[0])
@@ -376,7 +519,7 @@ def sparse_attention(module, query, key, value, attention_mask, scaling=None, dr
         if sliding_window:
             mask = (cols[None, :] <= pos[:, None]) & (cols[None, :] > pos[:, None] - sliding_window)
         elif selection is not None:
-            mask = selection.key_mask(module.layer_idx, query[0, :, c0:c1], key[0, 0], pos)
+            mask = selection.key_mask(module.layer_idx, query[0, :, c0:c1], key[0, 0], pos, hidden)
         else:
             mask = cols[None, :] <= pos[:, None]
         out[:, :, c0:c1] = torch.nn.functional.scaled_dot_product_attention(
@@ -397,3 +540,24 @@ def register() -> str:
     AttentionInterface.register(ATTENTION_NAME, sparse_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, flash_attention_mask)
     return ATTENTION_NAME
+
+
+def _pass_hidden(module, args, kwargs):
+    """Forward pre-hook: hand the attention module's input hidden states to the attention function."""
+    if kwargs.get("fp4_selection") is not None or kwargs.get("fp4_record_hidden") is not None:
+        kwargs["fp4_hidden"] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+    return args, kwargs
+
+
+def install_hidden_hook(model) -> None:
+    """Pass each full-attention layer's input hidden states to the attention function as ``fp4_hidden``.
+
+    A forward pre-hook on the attention module of every layer whose ``config.layer_types`` entry is
+    ``"full_attention"``, active only in passes given ``fp4_selection`` or ``fp4_record_hidden``; installed once.
+    """
+    inner = model.model
+    for i, layer in enumerate(inner.layers):
+        attn = layer.self_attn
+        if inner.config.layer_types[i] == "full_attention" and not getattr(attn, "_fp4_hidden_hook", False):
+            attn.register_forward_pre_hook(_pass_hidden, with_kwargs=True)
+            attn._fp4_hidden_hook = True

