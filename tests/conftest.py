@@ -10,8 +10,20 @@ from __future__ import annotations
 
 import importlib.util
 
+import pytest
+
 
 def pytest_ignore_collect(collection_path, config):
     if collection_path.name.startswith("test_plugin_") and config.getoption("markexpr") == "gpu":
         return importlib.util.find_spec("sglang") is None
     return None
+
+
+
+@pytest.fixture(autouse=True)
+def _fresh_scorer_launchers(monkeypatch):
+    """Each test resolves the paged scorer's launchers itself: ``paged_scorer`` keeps them per process, and a
+    test that stands in for a GPU, a build or a failure must not see launchers another test resolved."""
+    from sglang_fp4_indexer.ops import paged_logits
+
+    monkeypatch.setattr(paged_logits, "_SCORERS", {})

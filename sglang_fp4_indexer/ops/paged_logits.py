@@ -398,7 +398,8 @@ def paged_scorer(device: torch.device | str, heads: int, next_n: int = 1, *, log
     The pattern of FlashInfer's ``plan()`` / ``run()`` and DeepGEMM's cached JIT
     launcher: everything a call would otherwise re-decide -- which kernel
     (``impl``), its build (NVRTC, for the Hopper kernel), its constexprs, grid
-    rule and argument layout -- is decided here; the launcher's call takes
+    rule and argument layout -- is decided here, once per configuration and
+    process (the same launcher is returned for the same arguments); its call takes
     tensors only and launches once: ``launcher(q, weights, cache, block_table,
     context_lens, schedule, out) -> out``. The serving path holds one per
     configuration (``ops.serving.ServingKernels``); ``paged_logits`` validates a
@@ -428,6 +429,29 @@ def paged_scorer(device: torch.device | str, heads: int, next_n: int = 1, *, log
         RuntimeError: ``impl="wgmma"`` and its build or load fails.
     """
     device = _device(device)
+    if block_kv is None:
+        block_kv = default_block_kv(device)
+    try:
+        key = (device, heads, next_n, logits_dtype, bool(lens_2d), page_size, block_kv, bool(clean_logits), q_dtype,
+               impl, mma, tuning)
+        got = _SCORERS.get(key)
+    except TypeError:  # an unhashable argument: the checks below name it
+        key = got = None
+    if got is None:
+        got = _resolve_scorer(device, heads, next_n, logits_dtype, lens_2d, page_size, block_kv, clean_logits,
+                              q_dtype, impl, mma, tuning)
+        if key is not None:
+            _SCORERS[key] = got
+    return got
+
+
+#: ``paged_scorer``'s launchers by configuration: each resolved (and, for the Hopper kernel, built) once per process.
+_SCORERS: dict = {}
+
+
+def _resolve_scorer(device, heads, next_n, logits_dtype, lens_2d, page_size, block_kv, clean_logits, q_dtype, impl,
+                    mma, tuning):
+    """``paged_scorer``'s work for a configuration not resolved yet (arguments as there, ``device`` with its index)."""
     if heads not in SUPPORTED_HEADS:
         raise ValueError(f"heads: {heads!r} index heads; expected one of {SUPPORTED_HEADS}")
     if isinstance(next_n, bool) or not isinstance(next_n, int) or not 1 <= next_n <= MAX_NEXT_N:
@@ -436,8 +460,6 @@ def paged_scorer(device: torch.device | str, heads: int, next_n: int = 1, *, log
         raise ValueError(f"logits_dtype: expected float32, bfloat16 or float16, got {logits_dtype}")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size: expected a positive int, got {page_size!r}")
-    if block_kv is None:
-        block_kv = default_block_kv(device)
     if isinstance(block_kv, bool) or not isinstance(block_kv, int) or block_kv < 16 or block_kv & (block_kv - 1):
         raise ValueError(f"block_kv: expected a power of two >= 16, got {block_kv!r}")
     if q_dtype not in (torch.float8_e4m3fn, torch.bfloat16):
