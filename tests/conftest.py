@@ -22,8 +22,10 @@ def pytest_ignore_collect(collection_path, config):
 
 @pytest.fixture(autouse=True)
 def _fresh_scorer_launchers(monkeypatch):
-    """Each test resolves the paged scorer's launchers itself: ``paged_scorer`` keeps them per process, and a
-    test that stands in for a GPU, a build or a failure must not see launchers another test resolved."""
-    from sglang_fp4_indexer.ops import paged_logits
+    """Each test resolves the paged scorer's, the store op's and the planner's launchers itself: they are kept
+    per process, and a test that stands in for a GPU, a build or a failure must not see another test's."""
+    from sglang_fp4_indexer.ops import paged_logits, quantize, schedule
 
     monkeypatch.setattr(paged_logits, "_SCORERS", {})
+    quantize.store_launcher.cache_clear()
+    schedule.planner_for.cache_clear()

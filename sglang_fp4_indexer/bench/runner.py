@@ -220,9 +220,9 @@ def bench_store(device: torch.device, tokens: int, l2: int | None, bandwidth: fl
             store_index_k(ks[s], caches[s], slots, PAGE_SIZE, check_slots=False)
             return caches[s]
 
-        from ..ops.quantize import _cuda_store
+        from ..ops.quantize import store_launcher
 
-        row["kernel"] = "cuda" if _cuda_store(k, caches[0], slots) is not None else "triton"
+        row["kernel"] = store_launcher(k.device, k.dtype, slots.dtype).kernel_for(k, caches[0])
 
         run = time_calls(fn, device, sets)
         _sync(device)
@@ -264,9 +264,9 @@ def bench_planner(device: torch.device, batch: int, seed: int = 0) -> dict:
         block_kv = default_block_kv(device)
         out = torch.full((num_ctas + 1, 2), -1, dtype=torch.int32, device=device)
         row.update(block_kv=block_kv, num_ctas=num_ctas)
-        from ..ops.schedule import _cuda_planner_for
+        from ..ops.schedule import planner_for
 
-        row["kernel"] = "cuda" if _cuda_planner_for(lens)[1] is not None else "triton"
+        row["kernel"] = planner_for(lens.device, block_kv).kernel_for(lens)
 
         def fn(s: int) -> torch.Tensor:
             return plan_paged_schedule_into(lens, block_kv, out)

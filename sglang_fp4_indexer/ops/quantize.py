@@ -38,7 +38,7 @@ from .. import format as fmt
 from ..pool import PAGE_SIZE, check_cache, page_bytes, scale_row
 from ._common import scale_row_is_identity
 
-__all__ = ["StoreLauncher", "store_index_k", "DEFAULT_BLOCK_T", "INF_SATURATES_TO"]
+__all__ = ["StoreLauncher", "store_launcher", "store_index_k", "DEFAULT_BLOCK_T", "INF_SATURATES_TO"]
 
 #: Tokens per program of the store kernel (x 128 elements).
 DEFAULT_BLOCK_T = 32
@@ -274,7 +274,14 @@ class StoreLauncher:
         if self._fn is not None:
             self._index = nvrtc._index(device)
             self._args = nvrtc.ArgBlock("PPPqqq")
-            self._element = torch.tensor([], dtype=k_dtype).element_size()
+            self._element = k_dtype.itemsize
+
+    def kernel_for(self, k: torch.Tensor, cache: torch.Tensor) -> str:
+        """The kernel a call with these keys and cache takes: ``"cuda"`` where this launcher has the CUDA kernel
+        and the key rows are 16-byte and the cache 8-byte aligned, else ``"triton"``."""
+        if self._fn is None or (k.data_ptr() | k.stride(0) * self._element) & 15 or cache.data_ptr() & 7:
+            return "triton"
+        return "cuda"
 
     def __call__(self, k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
         """Store ``k`` ``[N, 128]`` at ``slots`` ``[N]`` in ``cache`` (arguments as ``store_index_k`` validates
@@ -283,17 +290,23 @@ class StoreLauncher:
         if n == 0 or cache.shape[0] == 0:
             return
         slots_total = cache.shape[0] * self.page_size
-        if self._fn is not None:
-            kp, cp = k.data_ptr(), cache.data_ptr()
-            row_bytes = k.stride(0) * self._element
-            if not (kp | row_bytes) & 15 and not cp & 7:
-                params = self._args.pack(kp, cp, slots.data_ptr(), n, row_bytes, slots_total)
-                self._fn.launch_packed(self._index, triton.cdiv(n, 32 * CUDA_STORE_TOKENS_PER_GROUP), 256, 0, params)
-                return
+        if self.kernel_for(k, cache) == "cuda":
+            params = self._args.pack(k.data_ptr(), cache.data_ptr(), slots.data_ptr(), n, k.stride(0) * self._element,
+                                     slots_total)
+            self._fn.launch_packed(self._index, triton.cdiv(n, 32 * CUDA_STORE_TOKENS_PER_GROUP), 256, 0, params)
+            return
         _store_index_k_kernel[(triton.cdiv(n, self.block_t),)](
             k, cache, slots, n, k.stride(0), slots_total, PAGE_SIZE=self.page_size, BLOCK_T=self.block_t,
             K_IS_BF16=self._is_bf16, num_warps=4,
         )
+
+
+@functools.lru_cache(maxsize=None)
+def store_launcher(device: torch.device, k_dtype: torch.dtype, slot_dtype: torch.dtype, page_size: int = PAGE_SIZE,
+                   use_cuda: bool = True, block_t: int = DEFAULT_BLOCK_T) -> StoreLauncher:
+    """The ``StoreLauncher`` of this configuration, made once per process (``store_index_k`` and the benchmark
+    use it; ``device`` with its index on CUDA). Raises as ``StoreLauncher``."""
+    return StoreLauncher(device, k_dtype, slot_dtype, page_size, use_cuda=use_cuda, block_t=block_t)
 
 
 def _interpreted() -> bool:
@@ -399,4 +412,4 @@ def store_index_k(
             ``block_t``; with ``check_slots``, a slot ``>= num_pages * page_size``.
     """
     _validate(k, cache, slots, page_size, check_slots)
-    StoreLauncher(k.device, k.dtype, slots.dtype, page_size, use_cuda=use_cuda, block_t=block_t)(k, cache, slots)
+    store_launcher(k.device, k.dtype, slots.dtype, page_size, use_cuda, block_t)(k, cache, slots)

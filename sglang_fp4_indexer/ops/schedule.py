@@ -40,6 +40,7 @@ from ._common import interpreting
 
 __all__ = [
     "Planner",
+    "planner_for",
     "num_key_blocks",
     "check_block_kv",
     "plan_paged_schedule",
@@ -53,16 +54,6 @@ _MAX_BLOCK_B = 128
 #: shared memory fit the 48 KB a launch gets without opting in).
 CUDA_PLANNER_MAX_BATCH = 6000
 _CUDA_PLANNER_SOURCE = Path(__file__).with_name("cuda") / "plan_schedule.cu"
-
-
-def _cuda_planner_for(context_lens: torch.Tensor):
-    """``(device, kernel)`` when the CUDA planner plans these lengths, else ``(None, None)`` (Triton plans):
-    NVIDIA device, int32 lengths, at most ``CUDA_PLANNER_MAX_BATCH`` requests, a successful build."""
-    if not context_lens.is_cuda or context_lens.dtype != torch.int32 or context_lens.shape[0] > CUDA_PLANNER_MAX_BATCH:
-        return None, None
-    device = context_lens.device  # a CUDA tensor's device always carries its index
-    fn = _cuda_planner(device)
-    return (device, fn) if fn is not None else (None, None)
 
 
 def _cuda_planner(device: torch.device):
@@ -260,6 +251,12 @@ class Planner:
             self._index = nvrtc._index(device)
             self._args = nvrtc.ArgBlock("PqqiiiPi")
 
+    def kernel_for(self, context_lens: torch.Tensor) -> str:
+        """The kernel a call with these lengths takes: ``"cuda"`` where this planner has the CUDA kernel, the
+        lengths are int32 and at most ``CUDA_PLANNER_MAX_BATCH`` requests, else ``"triton"``."""
+        ok = context_lens.dtype == torch.int32 and context_lens.shape[0] <= CUDA_PLANNER_MAX_BATCH
+        return "cuda" if self._fn is not None and ok else "triton"
+
     def __call__(self, context_lens: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Plan ``context_lens`` (int32 or int64 ``[B]`` or ``[B, next_n]``) into ``out`` (int32 contiguous
         ``[num_ctas + 1, 2]``, same device), as ``plan_paged_schedule_into`` validates them; returns ``out``."""
@@ -270,7 +267,7 @@ class Planner:
         else:
             next_n, stride_b, stride_n = context_lens.shape[1], strides[0], strides[1]
         num_ctas = out.shape[0] - 1
-        if self._fn is not None and batch <= CUDA_PLANNER_MAX_BATCH and context_lens.dtype == torch.int32:
+        if self.kernel_for(context_lens) == "cuda":
             params = self._args.pack(context_lens.data_ptr(), stride_b, stride_n, batch, next_n, self.block_kv,
                                      out.data_ptr(), num_ctas)
             self._fn.launch_packed(self._index, 1, 1024, 8 * max(batch, 1), params)
@@ -293,6 +290,13 @@ class Planner:
                 BLOCK_C=_BLOCK_C,
             )
         return out
+
+
+@functools.lru_cache(maxsize=None)
+def planner_for(device: torch.device, block_kv: int) -> Planner:
+    """The ``Planner`` of ``device`` and ``block_kv``, made once per process (``plan_paged_schedule_into`` and the
+    benchmark use it; ``device`` with its index on CUDA). Raises as ``Planner``."""
+    return Planner(device, block_kv)
 
 
 def plan_paged_schedule_into(context_lens: torch.Tensor, block_kv: int, out: torch.Tensor) -> torch.Tensor:
@@ -326,7 +330,7 @@ def plan_paged_schedule_into(context_lens: torch.Tensor, block_kv: int, out: tor
     _check_context_lens(context_lens)
     check_block_kv(block_kv)
     _check_out(out, context_lens)
-    return Planner(context_lens.device, block_kv)(context_lens, out)
+    return planner_for(context_lens.device, block_kv)(context_lens, out)
 
 
 def plan_paged_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
