@@ -23,8 +23,8 @@ from ..pool import PAGE_SIZE
 from . import sm90
 from .grid import default_num_ctas
 from .paged_logits import MAX_NEXT_N, default_block_kv, paged_scorer
-from .quantize import StoreLauncher
-from .schedule import Planner
+from .quantize import store_launcher
+from .schedule import planner_for
 
 __all__ = ["hopper_reason", "verify_request_form", "describe", "ServingKernels", "kernels_for"]
 
@@ -141,7 +141,7 @@ class ServingKernels:
         device: the device (with its index on CUDA).
         block_kv: keys per schedule tile (``paged_logits.default_block_kv``).
         num_ctas: schedule entries of the persistent grid (``grid.default_num_ctas``).
-        planner: the CTA planner (``schedule.Planner``) for ``block_kv``.
+        planner: the CTA planner (``schedule.planner_for``) for ``block_kv``.
         max_next_n: most rows per request one scorer call takes (``MAX_NEXT_N``).
 
     Raises:
@@ -156,9 +156,8 @@ class ServingKernels:
         self.device, self.page_size, self.max_next_n = device, page_size, MAX_NEXT_N
         self.block_kv = default_block_kv(device)
         self.num_ctas = default_num_ctas(device)
-        self.planner = Planner(device, self.block_kv)
+        self.planner = planner_for(device, self.block_kv)
         self._paged: dict = {}
-        self._store: dict = {}
         if heads is not None:
             self.paged(heads, 1)
             if next_n > 1 and verify_request_form(device, heads, next_n):
@@ -176,13 +175,9 @@ class ServingKernels:
         return got
 
     def store(self, k_dtype: torch.dtype, slot_dtype: torch.dtype, page_size: int):
-        """The store op's launcher for these dtypes and page size (``quantize.StoreLauncher``):
-        ``store(k, cache, slots)``."""
-        got = self._store.get((k_dtype, slot_dtype, page_size))
-        if got is None:
-            got = self._store[(k_dtype, slot_dtype, page_size)] = StoreLauncher(self.device, k_dtype, slot_dtype,
-                                                                                page_size)
-        return got
+        """The store op's launcher for these dtypes and page size (``quantize.store_launcher``, one per process and
+        configuration): ``store(k, cache, slots)``."""
+        return store_launcher(self.device, k_dtype, slot_dtype, page_size)
 
     def plan(self, context_lens: torch.Tensor) -> torch.Tensor:
         """The CTA schedule of ``context_lens`` in a new int32 ``[num_ctas + 1, 2]`` buffer (``planner``)."""
