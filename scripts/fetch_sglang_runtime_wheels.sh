@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Download what SGLang's own model runner needs on a GPU machine that has torch 2.11 / CUDA 13 and
-# Python 3.12 but neither SGLang nor a network, in two folders that each travel in one call (<= 64 MiB
-# with the checkout): .peers/sglang-runtime/part1 (SGLang and the small pure-Python wheels the image
-# lacks) and .peers/sglang-runtime/part2 (sglang-kernel, FlashMLA). scripts/sglang_gpu_check.sh
-# installs them with pip --no-deps --no-index --target.
+# Python 3.12 but neither SGLang nor a network, in two folders: .peers/sglang-runtime/part1 (SGLang, slimmed, and
+# the small pure-Python wheels the image lacks; 28 MB) and .peers/sglang-runtime/part2 (sglang-kernel, slimmed, and
+# FlashMLA; 25 MB). Both, the checkout and .peers/deepgemm.tar.gz travel in one call (<= 64 MiB);
+# scripts/sglang_gpu_check.sh installs them with pip --no-deps --no-index --target.
 #
 #   bash scripts/fetch_sglang_runtime_wheels.sh
 #
@@ -36,11 +36,12 @@ dl() { "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3
 dl "$DEST/part1" "${PART1[@]}"
 dl "$DEST/part2" "${PART2[@]}"
 STAGE="$(mktemp -d)"; trap 'rm -rf "$STAGE"' EXIT
-dl "$STAGE" "$KERNEL"
-mkdir "$STAGE/x" && (cd "$STAGE/x" && unzip -q "$STAGE"/sglang_kernel-*.whl)
-rm -rf "$STAGE/x/sgl_kernel/sm100" "$STAGE"/x/sgl_kernel/flash_ops*.so "$STAGE"/x/sgl_kernel/flashmla_ops*.so \
-       "$STAGE"/x/sgl_kernel/infllm_ops*.so
-"$PY" - "$STAGE/x" <<'PYEOF'
+# slim WHEEL DEST PATHS...: unpack a wheel, drop PATHS (globs inside it), drop them from its RECORD, repack into DEST.
+slim() {
+  local whl=$1 dest=$2; shift 2
+  rm -rf "$STAGE/x" && mkdir "$STAGE/x" && (cd "$STAGE/x" && unzip -q "$whl")
+  (cd "$STAGE/x" && rm -rf "$@")
+  "$PY" - "$STAGE/x" <<'PYEOF'
 import csv, glob, os, sys
 os.chdir(sys.argv[1])
 rec = glob.glob("*.dist-info/RECORD")[0]
@@ -48,7 +49,18 @@ rows = [r for r in csv.reader(open(rec)) if os.path.exists(r[0])]
 with open(rec, "w", newline="") as f:
     csv.writer(f).writerows(rows)
 PYEOF
-WHL="$(basename "$STAGE"/sglang_kernel-*.whl)"
-rm -f "$DEST/part2"/sglang_kernel-*.whl
-(cd "$STAGE/x" && zip -q -r -9 "$OLDPWD/$DEST/part2/$WHL" .)
+  local name; name="$(basename "$whl")"
+  rm -f "$dest/$name"
+  (cd "$STAGE/x" && zip -q -r -9 "$OLDPWD/$dest/$name" .)
+}
+dl "$STAGE" "$KERNEL"
+slim "$(ls "$STAGE"/sglang_kernel-*.whl)" "$DEST/part2" sgl_kernel/sm100 'sgl_kernel/flash_ops*.so' \
+  'sgl_kernel/flashmla_ops*.so' 'sgl_kernel/infllm_ops*.so'
+# SGLang itself, slimmed to what the one-batch path, the Engine, launch_server and bench_serving import (39 MB to
+# 15 MB): the diffusion runtime (multimodal_gen), its tests and the Rust extensions of the Rust HTTP server
+# (SGLANG_RUST_SERVER), gRPC, the Rust benchmark client and multimodal preprocessing are dropped.
+mv "$DEST"/part1/sglang-*.whl "$STAGE/"
+slim "$(ls "$STAGE"/sglang-*.whl)" "$DEST/part1" sglang/multimodal_gen sglang/test \
+  'sglang/srt/rust_extensions/_server*.so' 'sglang/srt/rust_extensions/_bench*.so' \
+  'sglang/srt/rust_extensions/_grpc*.so' 'sglang/srt/rust_extensions/_multimodal*.so'
 du -sh "$DEST/part1" "$DEST/part2"

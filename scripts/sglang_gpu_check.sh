@@ -3,10 +3,12 @@
 # (scripts/sglang_one_batch.py says what runs and what is checked). Wheels from
 # scripts/fetch_sglang_runtime_wheels.sh, DeepGEMM from scripts/pack_deepgemm.sh.
 #
-# The wheels are larger than one transfer, so the sequence is split into calls that follow each
-# other while the machine keeps /tmp:
-#   bash scripts/sglang_gpu_check.sh install   # carry .peers/sglang-runtime/part1 and .peers/deepgemm.tar.gz
-#   bash scripts/sglang_gpu_check.sh runner    # carry .peers/sglang-runtime/part2: one-batch FP8, FP4, FP4 eager
+# The slimmed wheels, DeepGEMM's sources and the checkout fit one call (carry .peers/sglang-runtime/part1,
+# .peers/sglang-runtime/part2 and .peers/deepgemm.tar.gz, and .peers/jit-cache.tar.gz where an earlier call brought
+# one back); the steps can follow each other in one command or in calls that follow each other while the machine
+# keeps /tmp:
+#   bash scripts/sglang_gpu_check.sh install   # installs, prints the versions
+#   bash scripts/sglang_gpu_check.sh runner    # one-batch FP8, FP4, FP4 eager
 #   bash scripts/sglang_gpu_check.sh engine    # sglang.Engine with MTP (speculative decoding), FP8 then FP4;
 #                                              # without speculative decoding if that does not start
 #   bash scripts/sglang_gpu_check.sh mtp       # EAGLE (MTP) 1 step / 2 draft tokens and 3 / 4, FP8 then FP4, every
@@ -54,6 +56,12 @@ fi
 if [ ! -f "$WORK/topk_trace.installed" ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site \
     scripts/topk_trace >>"$WORK/logs/pip.log" 2>&1 && touch "$WORK/topk_trace.installed" || echo "topk_trace install failed (logs/pip.log)"
+fi
+# JIT caches (DeepGEMM's, Triton's, tvm-ffi's) brought back from an earlier machine as .peers/jit-cache.tar.gz: a
+# fresh machine otherwise compiles for about 4 minutes during its first graph capture. JIT_CACHE_OUT=1 writes the
+# caches to $OUT/jit-cache.tar.gz at the end (when under 16 MB, what comes back from a call).
+if [ -f .peers/jit-cache.tar.gz ] && [ ! -f "$WORK/jit-cache.extracted" ]; then
+  tar -xzf .peers/jit-cache.tar.gz -C "$WORK" && touch "$WORK/jit-cache.extracted" || echo "jit cache not extracted"
 fi
 DG_SITE="$(cat "$WORK/deepgemm.site" 2>/dev/null)"
 export PYTHONPATH="/tmp/site${DG_SITE:+:$DG_SITE}"
@@ -126,7 +134,8 @@ case "$STEP" in
         stage "mtp${s}_$fmt" "${MTP_LIMIT:-280}" "$PY" scripts/sglang_one_batch.py engine --model "$M" --out "$WORK/mtp${s}_$fmt.json" \
           --spec-steps "$s" --draft-tokens "$n" --trace "$WORK/trace_mtp${s}_$fmt" $([ $fmt = fp4 ] && echo --fp4)
       done
-      "$PY" scripts/sglang_one_batch.py trace-check --fp8 "$WORK/mtp${s}_fp8.json" --fp4 "$WORK/mtp${s}_fp4.json" \
+      FP8_RUN=(); [ -f "$WORK/mtp${s}_fp8.json" ] && FP8_RUN=(--fp8 "$WORK/mtp${s}_fp8.json")
+      "$PY" scripts/sglang_one_batch.py trace-check ${FP8_RUN[@]+"${FP8_RUN[@]}"} --fp4 "$WORK/mtp${s}_fp4.json" \
         --fp4-log "$WORK/logs/mtp${s}_fp4.log" --json "$OUTDIR/mtp${s}.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
     done
     ;;
@@ -167,9 +176,11 @@ case "$STEP" in
     # FP4: SERVE_LENS input lengths, 256 output tokens, SERVE_PROMPTS prompts at SERVE_CONC concurrency. With
     # SERVE_POOL_TOKENS (KV-limited load) FP8 gets that many pool tokens and FP4 the tokens the same memory holds
     # by SGLang's per-token sizing of this model (656 B MLA + 132 or 68 B index per token and layer).
+    # SERVE_FORMATS: which of "fp8 fp4" to run (one per call where both do not fit one call's time); SERVE_EXTRA:
+    # more launch_server arguments (e.g. "--cuda-graph-max-bs 4" to capture fewer decode graphs).
     M2="$WORK/v32-layers"
     "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
-    for fmt in fp8 fp4; do
+    for fmt in ${SERVE_FORMATS:-fp8 fp4}; do
       POOL=()
       if [ -n "${SERVE_POOL_TOKENS:-}" ]; then
         t=$SERVE_POOL_TOKENS; [ $fmt = fp4 ] && t=$(( SERVE_POOL_TOKENS * (656 + 132) / (656 + 68) ))
@@ -178,7 +189,7 @@ case "$STEP" in
       stage "serving_$fmt" "${SERVE_LIMIT:-540}" "$PY" scripts/sglang_bench.py serving --model "$M2" --out "$OUTDIR/serving_$fmt.jsonl" \
         --input-lens ${SERVE_LENS:-32768 100000} --prompts "${SERVE_PROMPTS:-16}" --concurrency "${SERVE_CONC:-8}" \
         $([ $fmt = fp4 ] && echo --fp4) --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton \
-        --mem-fraction-static 0.5 --disable-radix-cache --random-seed 0 ${POOL[@]+"${POOL[@]}"}
+        --mem-fraction-static 0.5 --disable-radix-cache --random-seed 0 ${POOL[@]+"${POOL[@]}"} ${SERVE_EXTRA:-}
       cp "$OUTDIR/serving_$fmt.jsonl.server.log" "$WORK/logs/" 2>/dev/null; rm -f "$OUTDIR/serving_$fmt.jsonl.server.log"
     done
     ;;
@@ -203,6 +214,11 @@ if [ ${#RUNS[@]} -gt 0 ] || [ ${#ENGINE[@]} -gt 0 ] || [ ${#SERVER[@]} -gt 0 ]; 
 fi
 cp "$WORK"/server.json.log "$WORK/logs/server_launch.log" 2>/dev/null
 tar -czf "$OUTDIR/logs.tar.gz" -C "$WORK" logs stages.txt 2>/dev/null
+if [ "${JIT_CACHE_OUT:-0}" = 1 ]; then
+  tar -czf "$OUTDIR/jit-cache.tar.gz" -C "$WORK" $(cd "$WORK" && ls -d deepgemm-jit triton tvm-ffi 2>/dev/null)
+  size=$(stat -c %s "$OUTDIR/jit-cache.tar.gz")
+  [ "$size" -le 16000000 ] || { echo "jit cache is $size B, over what comes back: not kept"; rm -f "$OUTDIR/jit-cache.tar.gz"; }
+fi
 echo "== device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 cat "$WORK/stages.txt" 2>/dev/null
 cat "$OUTDIR/table.txt" 2>/dev/null || tail -n 5 "$WORK/logs/compare.log" 2>/dev/null

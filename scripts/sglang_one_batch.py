@@ -683,9 +683,12 @@ def _first_difference(r8: dict, r4: dict) -> int:
 
 
 def trace_check(argv: list[str]) -> int:
-    """``trace-check --fp8 ENGINE.json --fp4 ENGINE.json [--fp4-log LOG] [--json OUT]``: MTP top-k checks, as a table."""
+    """``trace-check [--fp8 ENGINE.json] --fp4 ENGINE.json [--fp4-log LOG] [--json OUT]``: MTP top-k checks, as a table.
+
+    Without ``--fp8`` (the FP8 run did not finish) only the FP4 run's rows are checked and no overlap is reported.
+    """
     p = argparse.ArgumentParser(prog="sglang_one_batch.py trace-check")
-    p.add_argument("--fp8", required=True, help="the FP8 run's engine JSON (written with --trace)")
+    p.add_argument("--fp8", help="the FP8 run's engine JSON (written with --trace); without it, the FP4 run alone")
     p.add_argument("--fp4", required=True, help="the FP4 run's engine JSON (written with --trace)")
     p.add_argument("--fp4-log", help="the FP4 run's log, for the plugin's start-up line")
     p.add_argument("--json")
@@ -693,16 +696,19 @@ def trace_check(argv: list[str]) -> int:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "topk_trace"))
     from fp4_indexer_topk_trace import read_trace
 
-    e8, e4 = (json.load(open(f)) for f in (opts.fp8, opts.fp4))
+    e4 = json.load(open(opts.fp4))
+    e8 = json.load(open(opts.fp8)) if opts.fp8 else None
     for name, e in (("--fp8", e8), ("--fp4", e4)):
-        if not e.get("trace"):
+        if e is not None and not e.get("trace"):
             p.error(f"{name}: the run was not traced (engine ... --trace DIR)")
-    if (e8["spec_steps"], e8["draft_tokens"]) != (e4["spec_steps"], e4["draft_tokens"]):
+    if e8 is not None and (e8["spec_steps"], e8["draft_tokens"]) != (e4["spec_steps"], e4["draft_tokens"]):
         p.error("--fp8 / --fp4: runs of different speculative settings")
     n = e4["draft_tokens"]
-    runs = {name: check_trace(read_trace(e["trace"]), n) for name, e in (("FP8", e8), ("FP4", e4))}
-    same = {r8["prompt_len"]: _first_difference(r8, r4) for r8, r4 in zip(e8["requests"], e4["requests"])}
-    ov = trace_overlap(runs["FP8"], runs["FP4"], same)
+    runs = {name: check_trace(read_trace(e["trace"]), n) for name, e in (("FP8", e8), ("FP4", e4)) if e is not None}
+    ov = {}
+    if e8 is not None:
+        same = {r8["prompt_len"]: _first_difference(r8, r4) for r8, r4 in zip(e8["requests"], e4["requests"])}
+        ov = trace_overlap(runs["FP8"], runs["FP4"], same)
     label = f"EAGLE {e4['spec_steps']} step(s), {n} draft tokens"
     rows = []
     for name, run_ in runs.items():
@@ -722,9 +728,9 @@ def trace_check(argv: list[str]) -> int:
         rows.append({"check": f"{label}: FP4 vs FP8 {MODE_NAMES[mode]} top-k overlap (reported)", "ok": True,
                      "detail": f"mean {st['mean']:.4f}, lowest row {st['min']:.4f} over {st['rows']} rows scored "
                                "with the same tokens"})
-    toks = "; ".join(f"prompt {r['prompt_len']}: {r['completion_tokens']} tokens in {r['spec_verify_ct']} verify "
-                     f"steps (FP8 {r8['completion_tokens']} in {r8['spec_verify_ct']})"
-                     for r8, r in zip(e8["requests"], e4["requests"]))
+    toks = "; ".join(f"prompt {r['prompt_len']}: {r['completion_tokens']} tokens in {r['spec_verify_ct']} verify steps"
+                     + (f" (FP8 {r8['completion_tokens']} in {r8['spec_verify_ct']})" if r8 else "")
+                     for r8, r in zip(e8["requests"] if e8 else [None] * len(e4["requests"]), e4["requests"]))
     rows.append({"check": f"{label}: Engine generated", "ok": all(r.get("completion_tokens") for r in e4["requests"]),
                  "detail": toks})
     if opts.fp4_log:

@@ -235,6 +235,35 @@ def test_trace_overlap_compares_valid_rows_scored_with_the_same_tokens():
     assert got["min"] == row0 / tool.TOPK < 1.0 and got["mean"] == pytest.approx((3 + row0 / tool.TOPK) / 4)
 
 
+def _traced_run(tmp_path, name, rec):
+    """An Engine result JSON and its trace directory, as ``engine --trace DIR`` writes them (one record)."""
+    d = tmp_path / f"trace_{name}"
+    d.mkdir()
+    rec["calls"].append(dict(rec["calls"][0], mode="DRAFT_EXTEND_V2"))  # EAGLE's draft extend sees the same rows
+    torch.save(rec, d / "100_0.pt")
+    reqs = [{"prompt_len": p, "completion_tokens": 20, "spec_verify_ct": 10, "output_ids": list(range(20))}
+            for p in rec["prompt_lens"]]
+    out = tmp_path / f"{name}.json"
+    out.write_text(__import__("json").dumps({"trace": str(d), "spec_steps": 1, "draft_tokens": 2, "requests": reqs}))
+    return str(out)
+
+
+def test_trace_check_command_with_and_without_the_fp8_run(tmp_path, capsys):
+    """With both runs: validity rows for each and the overlap; with the FP4 run alone: its validity rows only."""
+    fp8, fp4 = _traced_run(tmp_path, "fp8", _verify_record(0)), _traced_run(tmp_path, "fp4", _verify_record(0))
+    assert tool.trace_check(["--fp8", fp8, "--fp4", fp4]) == 0
+    both = capsys.readouterr().out
+    assert "FP8: every target verify top-k row valid" in both and "FP4 vs FP8 target verify" in both
+    assert "target verify top-k overlap (reported) PASS mean 1.0000, lowest row 1.0000 over 4 rows" in both
+    assert tool.trace_check(["--fp4", fp4]) == 0
+    alone = capsys.readouterr().out
+    assert "FP4: every target verify top-k row valid" in alone and "PASS 4 rows" in alone
+    assert "FP8" not in alone
+    bad = _verify_record(0)
+    bad["calls"][0]["topk"][0, 5] = bad["calls"][0]["topk"][0, 6]
+    assert tool.trace_check(["--fp4", _traced_run(tmp_path, "bad", bad)]) == 1
+
+
 def test_rows_per_request_by_mode():
     assert [tool.rows_per_request(m, 4) for m in ("TARGET_VERIFY", "DRAFT_EXTEND_V2", "DECODE")] == [4, 4, 1]
     with pytest.raises(ValueError, match="mode"):
