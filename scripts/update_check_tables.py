@@ -1,6 +1,7 @@
 """Rebuild the measured tables that ``sglang-fp4-indexer check --context`` quotes.
 
-    PYTHONPATH=. python3 scripts/update_check_tables.py BENCH_JSON ACCURACY_JSON [--model-accuracy JSON] [--out PATH]
+    PYTHONPATH=. python3 scripts/update_check_tables.py BENCH_JSON ACCURACY_JSON [--model-accuracy JSON]
+        [--sglang-one-batch JSONL --sglang-profile JSON [JSON ...] --sglang-gpu NAME --sglang-date DATE] [--out PATH]
 
 BENCH_JSON: a ``sglang-fp4-indexer bench --device cuda --json`` report measured
 on an H200 (the FP8 times come from its ``deepgemm-fp8`` column when it has
@@ -8,7 +9,10 @@ one; without it the table says the FP8 time is not measured). ACCURACY_JSON:
 an ``accuracy.json`` written by ``sglang-fp4-indexer accuracy`` (the GPU study
 reaches 128K contexts). ``--model-accuracy``: a ``model-accuracy.json`` of
 ``sglang-fp4-indexer model-accuracy`` (the real-model study; its loss and
-passkey numbers are what check's verdict quotes as the measured cost). Writes ``sglang_fp4_indexer/data/h200_tables.json``
+passkey numbers are what check's verdict quotes as the measured cost).
+``--sglang-one-batch`` / ``--sglang-profile``: SGLang's ``bench_one_batch`` result lines and the decode kernel
+tables (``scripts/sglang_bench.py profile-table --json``) of FP8 and FP4 runs of DeepSeek-V3.2's layer sizes
+(``scripts/sglang_gpu_check.sh e2e``): check quotes their decode step at exactly those shapes. Writes ``sglang_fp4_indexer/data/h200_tables.json``
 (shipped inside the wheel) unless ``--out`` says otherwise, and prints what it took.
 """
 
@@ -19,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from sglang_fp4_indexer.tables import TABLES_RESOURCE, build_tables
+from sglang_fp4_indexer.tables import TABLES_RESOURCE, build_tables, sglang_decode_section
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "sglang_fp4_indexer" / TABLES_RESOURCE
@@ -45,14 +49,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("accuracy_json", metavar="ACCURACY_JSON")
     parser.add_argument("--model-accuracy", default=None, metavar="JSON",
                         help="model-accuracy.json of the real-model study (adds the model section)")
+    parser.add_argument("--sglang-one-batch", default=None, metavar="JSONL",
+                        help="bench_one_batch --result-filename lines of FP8 and FP4 runs (run names fp8 / fp4)")
+    parser.add_argument("--sglang-profile", nargs="+", default=[], metavar="JSON",
+                        help="profile-table --json results of the same runs' decode steps")
+    parser.add_argument("--sglang-gpu", default=None, help="the GPU those runs used, as nvidia-smi names it")
+    parser.add_argument("--sglang-date", default=None, help="the date of those runs (YYYY-MM-DD)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
+    if args.sglang_one_batch and not (args.sglang_gpu and args.sglang_date):
+        parser.error("--sglang-one-batch needs --sglang-gpu and --sglang-date (what was measured where)")
     try:
         model = _read(args.model_accuracy) if args.model_accuracy else None
+        sglang = None
+        if args.sglang_one_batch:
+            try:
+                lines = [json.loads(x) for x in Path(args.sglang_one_batch).read_text().splitlines() if x.strip()]
+            except (OSError, ValueError) as exc:
+                raise SystemExit(f"update_check_tables: {args.sglang_one_batch}: cannot be read as JSON lines "
+                                 f"({exc})") from None
+            profiles = {k: v for p in args.sglang_profile for k, v in _read(p).items()}
+            sglang = sglang_decode_section(
+                lines, profiles, gpu=args.sglang_gpu, date=args.sglang_date,
+                model="DeepSeek-V3.2's layer sizes, 3 of its 61 layers plus the MTP layer, dummy weights",
+                index_heads=64, kv_cache_dtype="fp8",
+                sources=[_source(args.sglang_one_batch), *map(_source, args.sglang_profile)])
         tables = build_tables(_read(args.bench_json), _read(args.accuracy_json),
                               bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json),
                               model_accuracy=model,
-                              model_source=_source(args.model_accuracy) if args.model_accuracy else "")
+                              model_source=_source(args.model_accuracy) if args.model_accuracy else "",
+                              sglang=sglang)
     except ValueError as exc:
         parser.exit(2, f"update_check_tables: {exc}\n")
     out = Path(args.out)
@@ -62,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{out}: {len(timing['rows'])} timing rows ({timing['gpu']}, {timing['date']}, FP4 column "
           f"{timing['fp4_column']}, FP8 {'measured' if timing['fp8_measured'] else 'not measured'}), "
           f"{len(tables['recall']['rows'])} recall rows ({tables['recall']['device']})"
-          + (f", {len(tables['model']['rows'])} model rows" if "model" in tables else ""))
+          + (f", {len(tables['model']['rows'])} model rows" if "model" in tables else "")
+          + (f", {len(tables['sglang']['rows'])} SGLang decode rows" if "sglang" in tables else ""))
     return 0
 
 

@@ -29,6 +29,15 @@ indexer, measured on a CPU): per complete (context, top-k) case, the loss differ
 attention of each format and FP4 - FP8, each ``[mean, standard error]`` in
 nats per token over the windows, and passkey retrieval counts
 (``nearest_model_cost``).
+
+SGLang decode rows (optional, ``sglang``): the decode step inside SGLang's own
+``bench_one_batch`` with FP8 and FP4 index keys on the same GPU in the same
+run, from its ``--result-filename`` JSONL and the kernel table of a
+torch-profiler trace of its decode steps (``scripts/sglang_bench.py
+profile-table --json``): per (batch, input length), each format's median
+decode step (ms, wall), GPU kernel time per step and the indexer-logits
+kernels' share of it (µs); ``measured_decode`` finds the row of exactly the
+shape asked about.
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ __all__ = [
     "nearest_timing",
     "nearest_recall",
     "nearest_model_cost",
+    "sglang_decode_section",
+    "measured_decode",
 ]
 
 #: ``format`` field of the tables file.
@@ -148,9 +159,77 @@ def _model(doc: dict, source: str) -> dict:
     return {"model": str(doc.get("model", "?")), "device": "CPU", "rows": rows}
 
 
+def sglang_decode_section(one_batch: list[dict], profiles: dict, *, gpu: str, date: str, model: str,
+                          index_heads: int, kv_cache_dtype: str, sources: list[str]) -> dict:
+    """The ``sglang`` section: FP8 against FP4 decode steps measured inside SGLang's ``bench_one_batch``.
+
+    Args:
+        one_batch: the lines of ``bench_one_batch --result-filename`` (dicts with ``run_name`` ``"fp8"`` or
+            ``"fp4"``, ``batch_size``, ``input_len``, ``median_decode_latency`` in seconds); lines of other
+            run names (e.g. eager host-time runs) are left out.
+        profiles: ``profile-table --json`` results merged: trace path -> ``{"us_per_step": {category: µs},
+            "total_us_per_step": µs}``; a path names its run as ``prof_<fp8|fp4>_batch<B>_input<L>_...``
+            (``bench_one_batch --profile-prefix``).
+        gpu, date, model, kv_cache_dtype: what was measured (recorded, and quoted with the numbers).
+        index_heads: the model's index heads (``check`` quotes a row only for a model with as many).
+        sources: the files read, recorded.
+
+    Returns:
+        ``{"gpu", "date", "model", "index_heads", "kv_cache_dtype", "sources", "rows": [{"batch", "context",
+        "fp8": {"decode_ms", "kernel_us", "indexer_us"}, "fp4": {...}}]}``; a format's ``kernel_us`` /
+        ``indexer_us`` are None where no trace of that run was given.
+
+    Raises:
+        ValueError: no shape with both an FP8 and an FP4 line.
+    """
+    import re
+
+    steps: dict = {}
+    for line in one_batch:
+        fmt = line.get("run_name")
+        if fmt in ("fp8", "fp4"):
+            steps[(int(line["batch_size"]), int(line["input_len"]), fmt)] = float(line["median_decode_latency"])
+    kernels: dict = {}
+    for path, prof in profiles.items():
+        m = re.search(r"prof_(fp8|fp4)_batch(\d+)_input(\d+)_", path)
+        if m:
+            kernels[(int(m[2]), int(m[3]), m[1])] = (prof["total_us_per_step"],
+                                                     prof["us_per_step"].get("indexer logits"))
+    rows = []
+    for b, il in sorted({(b, il) for b, il, _ in steps}):
+        if (b, il, "fp8") not in steps or (b, il, "fp4") not in steps:
+            continue
+        row = {"batch": b, "context": il}
+        for fmt in ("fp8", "fp4"):
+            kern, idx = kernels.get((b, il, fmt), (None, None))
+            row[fmt] = {"decode_ms": steps[(b, il, fmt)] * 1e3, "kernel_us": kern, "indexer_us": idx}
+        rows.append(row)
+    if not rows:
+        raise ValueError("SGLang one-batch results: no shape measured with both FP8 and FP4 "
+                         "(run names 'fp8' and 'fp4')")
+    return {"gpu": gpu, "date": date, "model": model, "index_heads": index_heads, "kv_cache_dtype": kv_cache_dtype,
+            "sources": sources, "rows": rows}
+
+
+def measured_decode(tables: dict, batch: int, context: int) -> dict | None:
+    """The ``sglang`` section's row measured at exactly ``batch`` requests of ``context`` tokens, or None.
+
+    No nearest row: a decode step's time mixes the indexer with every other kernel, so it is quoted only at
+    the shape it was measured at.
+
+    Raises:
+        ValueError: a non-positive ``batch`` or ``context``.
+    """
+    for name, value in (("batch", batch), ("context", context)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    rows = (tables.get("sglang") or {}).get("rows") or []
+    return next((r for r in rows if r["batch"] == batch and r["context"] == context), None)
+
+
 def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench report",
                  accuracy_source: str = "accuracy.json", model_accuracy: dict | None = None,
-                 model_source: str = "model-accuracy.json") -> dict:
+                 model_source: str = "model-accuracy.json", sglang: dict | None = None) -> dict:
     """The tables file's content from a GPU benchmark report and an accuracy result.
 
     Args:
@@ -160,6 +239,7 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
             ``FP4``/``FP8`` ``recall_mean``).
         bench_source, accuracy_source, model_source: names for messages and the record.
         model_accuracy: a ``model-accuracy.json`` (the real-model study), or None (no ``model`` section).
+        sglang: a ``sglang_decode_section`` result, or None (no ``sglang`` section).
 
     Returns:
         ``{"format", "timing": {...}, "recall": {...}, "sources": [...]}`` (module docstring).
@@ -172,6 +252,9 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
     if model_accuracy is not None:
         out["model"] = _model(model_accuracy, model_source)
         out["sources"].append(model_source)
+    if sglang is not None:
+        out["sglang"] = sglang
+        out["sources"].extend(sglang["sources"])
     return out
 
 

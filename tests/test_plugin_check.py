@@ -722,3 +722,31 @@ def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, 
     code, out = _run(capsys, _write_dir(tmp_path, "rep", DSV32), "--context", "131072", "--batch", "8",
                      "--sglang-args=--tp-size 8 --dcp-size 2")
     assert "faster indexer" in out and "not measured for this configuration" not in out
+
+
+def test_context_quotes_the_decode_step_measured_inside_sglang_only_where_it_was_measured(tmp_path, capsys):
+    """The packaged SGLang bench_one_batch rows, quoted at exactly their shape (FP8 MLA KV, next_n 1), else why not."""
+    from sglang_fp4_indexer.tables import load_tables
+
+    sec = load_tables()["sglang"]
+    row = sec["rows"][0]
+    b, ctx = row["batch"], row["context"]
+    cfg = _write(tmp_path, DSV32)
+    code, out = _run(capsys, cfg, "--capability", "9.0", "--kv-cache-dtype", "fp8", "--context", str(ctx),
+                     "--batch", str(b))
+    f8, f4 = row["fp8"], row["fp4"]
+    assert (f"decode step inside SGLang (bench_one_batch, CUDA graphs, {sec['model']}; {sec['gpu']}, {sec['date']}) "
+            f"at {b} x {ctx // 1024}K: median FP8 {f8['decode_ms']:.2f} ms, FP4 {f4['decode_ms']:.2f} ms; GPU kernel "
+            f"time per step FP8 {f8['kernel_us']:.0f} us, FP4 {f4['kernel_us']:.0f} us, of which indexer logits "
+            f"{f8['indexer_us']:.1f} and {f4['indexer_us']:.1f} us") in out
+    shapes = ", ".join(f"{r['batch']} x {r['context'] // 1024}K" for r in sec["rows"])
+    code, out = _run(capsys, cfg, "--capability", "9.0", "--kv-cache-dtype", "fp8", "--context", str(ctx + 1024),
+                     "--batch", str(b))
+    assert f"decode step inside SGLang at {b} x {(ctx + 1024) // 1024}K: not measured (measured at {shapes} only)" in out
+    code, out = _run(capsys, cfg, "--capability", "9.0", "--kv-cache-dtype", "fp8", "--context", str(ctx),
+                     "--batch", str(b), "--next-n", "2")
+    assert "not measured (measured with MTP off, not at next_n 2)" in out
+    code, out = _run(capsys, cfg, "--capability", "9.0", "--kv-cache-dtype", "bf16", "--context", str(ctx),
+                     "--batch", str(b))
+    assert "not measured (measured with 64 index heads, an FP8 MLA KV cache and no DCP, not this configuration)" in out
+    assert "median FP8" not in out

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fp4_indexer.tables import build_tables, load_tables, nearest_model_cost, nearest_recall, nearest_timing
+from sglang_fp4_indexer.tables import (build_tables, load_tables, measured_decode, nearest_model_cost, nearest_recall,
+                                      nearest_timing, sglang_decode_section)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,14 +86,52 @@ def test_bad_reports_are_refused_by_name():
 
 def test_packaged_tables_are_built_from_their_recorded_sources():
     tables = load_tables()
-    bench_src, acc_src, model_src = tables["sources"]
+    bench_src, acc_src, model_src = tables["sources"][:3]
     bench = json.loads((REPO / bench_src).read_text())
     acc = json.loads((REPO / acc_src).read_text())
     model = json.loads((REPO / model_src).read_text())
+    sec = tables["sglang"]
+    one_batch_src, *profile_srcs = sec["sources"]
+    lines = [json.loads(x) for x in (REPO / one_batch_src).read_text().splitlines() if x.strip()]
+    profiles = {k: v for p in profile_srcs for k, v in json.loads((REPO / p).read_text()).items()}
+    sglang = sglang_decode_section(lines, profiles, gpu=sec["gpu"], date=sec["date"], model=sec["model"],
+                                   index_heads=64, kv_cache_dtype="fp8", sources=sec["sources"])
     # Up to date: re-running scripts/update_check_tables.py on the recorded sources changes nothing.
     assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src, model_accuracy=model,
-                                  model_source=model_src)
+                                  model_source=model_src, sglang=sglang)
     assert tables["timing"]["gpu"] == "NVIDIA H200" and tables["recall"]["topk"] == 2048
+    assert tables["sources"][3:] == sec["sources"]
+
+
+def _one_batch_lines():
+    return [{"run_name": "fp8", "batch_size": 1, "input_len": 4096, "median_decode_latency": 0.0031},
+            {"run_name": "fp4", "batch_size": 1, "input_len": 4096, "median_decode_latency": 0.0030},
+            {"run_name": "fp4_eager", "batch_size": 1, "input_len": 4096, "median_decode_latency": 0.009},
+            {"run_name": "fp8", "batch_size": 8, "input_len": 2048, "median_decode_latency": 0.004}]  # no FP4 pair
+
+
+def test_sglang_decode_rows_pair_the_formats_and_their_kernel_tables():
+    profiles = {"/tmp/w/prof_fp8_batch1_input4096_output32_decode.trace.json.gz":
+                {"us_per_step": {"indexer logits": 90.0, "GEMMs": 1000.0}, "total_us_per_step": 2400.0},
+                "/tmp/w/prof_fp4_batch1_input4096_output32_decode.trace.json.gz":
+                {"us_per_step": {"indexer logits": 30.0}, "total_us_per_step": 2300.0}}
+    sec = sglang_decode_section(_one_batch_lines(), profiles, gpu="G", date="D", model="M", index_heads=64,
+                                kv_cache_dtype="fp8", sources=["a.jsonl"])
+    assert sec["rows"] == [{"batch": 1, "context": 4096,
+                            "fp8": {"decode_ms": pytest.approx(3.1), "kernel_us": 2400.0, "indexer_us": 90.0},
+                            "fp4": {"decode_ms": pytest.approx(3.0), "kernel_us": 2300.0, "indexer_us": 30.0}}]
+    tables = {"sglang": sec}
+    assert measured_decode(tables, 1, 4096) is sec["rows"][0]
+    assert measured_decode(tables, 1, 4097) is None and measured_decode(tables, 2, 4096) is None
+    assert measured_decode({}, 1, 4096) is None
+    without = sglang_decode_section(_one_batch_lines(), {}, gpu="G", date="D", model="M", index_heads=64,
+                                    kv_cache_dtype="fp8", sources=[])
+    assert without["rows"][0]["fp4"]["kernel_us"] is None  # no trace given: not invented
+    with pytest.raises(ValueError, match="both FP8 and FP4"):
+        sglang_decode_section(_one_batch_lines()[3:], {}, gpu="G", date="D", model="M", index_heads=64,
+                              kv_cache_dtype="fp8", sources=[])
+    with pytest.raises(ValueError, match="context"):
+        measured_decode(tables, 1, 0)
 
 
 def test_update_script_writes_the_tables(tmp_path):

@@ -97,6 +97,7 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
         console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']} {where}: "
                       f"FP4 {row['fp4_us']:.1f} us (x {layers} index layers = {row['fp4_us'] * layers / 1000:.2f} ms "
                       f"per step); {fp8}")
+    _print_sglang_decode(console, w, batch, context)
     ctx = w["recall"][0]["context"]
     where = f"at {_k(ctx)}" + ("" if w["recall_exact"] else f" (the nearest measured context to {_k(context)})")
     parts = ", ".join(f"{r['workload']} {r['fp4']:.3f} vs {r['fp8']:.3f}" for r in w["recall"])
@@ -116,6 +117,25 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
                              f"{m['passkey_fp8'][0]}/{m['passkey_fp8'][1]}, FP4 {m['passkey_fp4'][0]}/{m['passkey_fp4'][1]}"
                              if "passkey_fp4" in m else ""))
     console.print(f"verdict: {w['verdict']}")
+
+
+def _print_sglang_decode(console, w: dict, batch: int, context: int) -> None:
+    """The decode step measured inside SGLang at this shape, or why none is quoted (nothing without such rows)."""
+    run, row = w.get("sglang_decode_run"), w.get("sglang_decode")
+    if run is None:
+        return
+    if row is None:
+        console.print(f"decode step inside SGLang at {batch} x {_k(context)}: not measured "
+                      f"({w['sglang_decode_why']})")
+        return
+    f8, f4 = row["fp8"], row["fp4"]
+    kern = ""
+    if f8["kernel_us"] is not None and f4["kernel_us"] is not None:
+        kern = (f"; GPU kernel time per step FP8 {f8['kernel_us']:.0f} us, FP4 {f4['kernel_us']:.0f} us, of which "
+                f"indexer logits {f8['indexer_us']:.1f} and {f4['indexer_us']:.1f} us")
+    console.print(f"decode step inside SGLang (bench_one_batch, CUDA graphs, {run['model']}; {run['gpu']}, "
+                  f"{run['date']}) at {row['batch']} x {_k(row['context'])}: median FP8 {f8['decode_ms']:.2f} ms, "
+                  f"FP4 {f4['decode_ms']:.2f} ms{kern}")
 
 
 def _model_line(res: dict) -> str:

@@ -66,6 +66,31 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
     return None
 
 
+def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: int, batch: int, context: int,
+                   next_n: int) -> dict:
+    """``sglang_decode`` (the SGLang-measured decode row of exactly this shape, or None) and, when None,
+    ``sglang_decode_why`` (why none is quoted; None where the tables have no SGLang rows at all)."""
+    from ..tables import measured_decode
+
+    sec = tables.get("sglang")
+    if not sec:
+        return {"sglang_decode": None, "sglang_decode_why": None, "sglang_decode_run": None}
+    shapes = ", ".join(f"{r['batch']} x {_k(r['context'])}" for r in sec["rows"])
+    why = None
+    if unmeasured is not None:
+        why = unmeasured
+    elif next_n != 1:
+        why = f"measured with MTP off, not at next_n {next_n}"
+    elif heads != sec["index_heads"] or found.get("kv_dtype") != sec["kv_cache_dtype"] or found["dcp_size"] != 1:
+        why = (f"measured with {sec['index_heads']} index heads, an {sec['kv_cache_dtype'].upper()} MLA KV cache and "
+               "no DCP, not this configuration")
+    row = None if why else measured_decode(tables, batch, context)
+    if row is None and why is None:
+        why = f"measured at {shapes} only"
+    run = {k: sec[k] for k in ("gpu", "date", "model")}
+    return {"sglang_decode": row, "sglang_decode_why": why, "sglang_decode_run": run}
+
+
 def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tables: dict | None = None) -> dict:
     """What FP4 gains and costs at one serving shape, and the decision, from ``run_check``'s findings and the tables.
 
@@ -104,7 +129,10 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         (the measured next_n values), ``timing_exact``, ``timing_gpu``,
         ``recall`` (rows at the nearest measured context), ``recall_exact``,
         ``recall_device``, ``model_cost`` (``tables.nearest_model_cost`` or
-        None), ``topk``, ``decision``, ``exit_code`` and
+        None), ``sglang_decode`` (the decode step measured inside SGLang at
+        exactly this batch and context, MTP off, with this index-head count,
+        MLA KV format and no DCP: ``tables.measured_decode``; else None, with
+        ``sglang_decode_why``), ``sglang_decode_run``, ``topk``, ``decision``, ``exit_code`` and
         ``verdict`` (one line).
 
     Raises:
@@ -141,6 +169,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         "timing_exact": row is not None and (row["heads"], row["batch"], row["context"]) == (heads, batch, context),
         "recall": recall, "recall_exact": recall[0]["context"] == context, "recall_device": tables["recall"]["device"],
         "model_cost": model_cost, "topk": topk, "heads": heads,
+        **_sglang_decode(tables, found, unmeasured, heads=heads, batch=batch, context=context, next_n=next_n),
     }
     if unmeasured is not None:
         speed = f"an indexer speed that is not measured for this configuration ({unmeasured})"
