@@ -12,6 +12,9 @@
   ``python -m sglang.launch_server`` on localhost (SGLang loads the plugin itself), then
   SGLang's ``python -m sglang.benchmark.serving`` (random token ids, fixed lengths, a
   fixed concurrency) once per input length; its result lines go to OUT.jsonl.
+* ``serving-table --fp8 FP8.jsonl --fp4 FP4.jsonl [--json OUT]``: the two ``serving`` runs side by side, per
+  input length: requests completed, output tokens/s, median TPOT and TTFT, and the accepted length where MTP
+  was on (``serving_table``).
 * ``profile-table TRACE.json.gz [...] [--json OUT]``: a torch-profiler trace
   (``bench_one_batch --profile``) summed by kernel category (``CATEGORIES``): GPU
   time per decode step in each, and its share.
@@ -181,14 +184,86 @@ def _serving(argv: list[str]) -> int:
     return 0
 
 
+#: bench_serving result fields the serving table shows: (field, heading, format).
+SERVING_FIELDS = (("completed", "requests done", "{:.0f}"), ("output_throughput", "output tok/s", "{:.1f}"),
+                  ("median_tpot_ms", "median TPOT ms", "{:.2f}"), ("median_ttft_ms", "median TTFT ms", "{:.0f}"),
+                  ("accept_length", "accepted length", "{:.2f}"))
+
+
+def serving_table(fp8: list[dict], fp4: list[dict]) -> list[dict]:
+    """FP8 and FP4 ``bench_serving`` result lines paired by input length, output length and concurrency.
+
+    Args:
+        fp8, fp4: the result lines of ``python -m sglang.benchmark.serving --output-file`` (dicts with
+            ``random_input_len``, ``random_output_len``, ``max_concurrency`` and the metrics of
+            ``SERVING_FIELDS``), one list per format.
+
+    Returns:
+        One dict per shape both formats ran: ``input_len``, ``output_len``, ``concurrency`` and per field
+        ``{"fp8": value, "fp4": value}`` (None where a run does not report it), ``output_ratio`` (FP4 / FP8
+        output tokens/s).
+    """
+    def key(r):
+        return (r.get("random_input_len"), r.get("random_output_len"), r.get("max_concurrency"))
+
+    by4 = {key(r): r for r in fp4}
+    rows = []
+    for r8 in fp8:
+        r4 = by4.get(key(r8))
+        if r4 is None:
+            continue
+        il, ol, conc = key(r8)
+        row = {"input_len": il, "output_len": ol, "concurrency": conc}
+        for field, _, _ in SERVING_FIELDS:
+            row[field] = {"fp8": r8.get(field), "fp4": r4.get(field)}
+        a, b = r8.get("output_throughput"), r4.get("output_throughput")
+        row["output_ratio"] = b / a if a and b else None
+        rows.append(row)
+    return rows
+
+
+def _serving_table(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="sglang_bench.py serving-table")
+    p.add_argument("--fp8", required=True, help="the FP8 serving run's JSONL")
+    p.add_argument("--fp4", required=True, help="the FP4 serving run's JSONL")
+    p.add_argument("--json")
+    opts = p.parse_args(argv)
+    runs = []
+    for name in (opts.fp8, opts.fp4):
+        try:
+            runs.append([json.loads(x) for x in open(name) if x.strip()])
+        except (OSError, ValueError) as exc:
+            p.error(f"{name}: cannot be read as JSON lines ({exc})")
+    rows = serving_table(*runs)
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    for row in rows:
+        print(f"input {row['input_len']}, output {row['output_len']}, concurrency {row['concurrency']}:")
+        for field, head, fmt in SERVING_FIELDS:
+            v8, v4 = row[field]["fp8"], row[field]["fp4"]
+            if v8 is None and v4 is None:
+                continue
+            show = lambda v: fmt.format(v) if isinstance(v, (int, float)) else "-"  # noqa: E731
+            print(f"  {head:<18} FP8 {show(v8):>10}  FP4 {show(v4):>10}")
+        if row["output_ratio"] is not None:
+            print(f"  {'FP4 / FP8 output tok/s':<18} {row['output_ratio']:.3f}")
+    if not rows:
+        print("no input length was served by both runs")
+        return 1
+    return 0
+
+
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("one-batch", "serving", "profile-table"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("one-batch", "serving", "serving-table", "profile-table"):
         print(__doc__)
         return 2
     if sys.argv[1] == "one-batch":
         return _one_batch(sys.argv[2:])
     if sys.argv[1] == "serving":
         return _serving(sys.argv[2:])
+    if sys.argv[1] == "serving-table":
+        return _serving_table(sys.argv[2:])
     p = argparse.ArgumentParser(prog="sglang_bench.py profile-table")
     p.add_argument("traces", nargs="+")
     p.add_argument("--steps", type=int, default=1, help="decode steps in each trace (--profile-steps)")

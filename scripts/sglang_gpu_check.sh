@@ -26,6 +26,12 @@ PY="${PYTHON:-python3}"
 OUTDIR="${OUT:-$PWD/out}"
 WORK=/tmp/sglang-check
 mkdir -p "$OUTDIR" "$WORK/logs"
+# Several steps in one call: bash scripts/sglang_gpu_check.sh install mtp serving (each as if called alone, in order).
+if [ $# -gt 1 ]; then
+  rc=0
+  for step in "$@"; do bash "$0" "$step" || rc=$?; done
+  exit $rc
+fi
 STEP="${1:-runner}"
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1  # sglang-kernel 0.4.5 (built for torch 2.11) instead of the pinned 0.4.10
 # The slimmed sglang-kernel leaves out FA3, through which SGLang prefills prompts up to its dense threshold
@@ -176,10 +182,17 @@ case "$STEP" in
     # FP4: SERVE_LENS input lengths, 256 output tokens, SERVE_PROMPTS prompts at SERVE_CONC concurrency. With
     # SERVE_POOL_TOKENS (KV-limited load) FP8 gets that many pool tokens and FP4 the tokens the same memory holds
     # by SGLang's per-token sizing of this model (656 B MLA + 132 or 68 B index per token and layer).
+    # SERVE_SPEC="STEPS:DRAFT_TOKENS": MTP on (SGLang's EAGLE on the model's next-n layer, top-1 drafts); bench_serving
+    # then reports the accepted length, which dummy weights make meaningless: read TPOT and the verify-step time.
     # SERVE_FORMATS: which of "fp8 fp4" to run (one per call where both do not fit one call's time); SERVE_EXTRA:
     # more launch_server arguments (e.g. "--cuda-graph-max-bs 4" to capture fewer decode graphs).
     M2="$WORK/v32-layers"
     "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
+    SPEC=()
+    if [ -n "${SERVE_SPEC:-}" ]; then
+      SPEC=(--speculative-algorithm EAGLE --speculative-num-steps "${SERVE_SPEC%%:*}" --speculative-eagle-topk 1
+            --speculative-num-draft-tokens "${SERVE_SPEC##*:}")
+    fi
     for fmt in ${SERVE_FORMATS:-fp8 fp4}; do
       POOL=()
       if [ -n "${SERVE_POOL_TOKENS:-}" ]; then
@@ -189,9 +202,15 @@ case "$STEP" in
       stage "serving_$fmt" "${SERVE_LIMIT:-540}" "$PY" scripts/sglang_bench.py serving --model "$M2" --out "$OUTDIR/serving_$fmt.jsonl" \
         --input-lens ${SERVE_LENS:-32768 100000} --prompts "${SERVE_PROMPTS:-16}" --concurrency "${SERVE_CONC:-8}" \
         $([ $fmt = fp4 ] && echo --fp4) --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton \
-        --mem-fraction-static 0.5 --disable-radix-cache --random-seed 0 ${POOL[@]+"${POOL[@]}"} ${SERVE_EXTRA:-}
+        --mem-fraction-static 0.5 --disable-radix-cache --random-seed 0 ${POOL[@]+"${POOL[@]}"} ${SPEC[@]+"${SPEC[@]}"} ${SERVE_EXTRA:-}
       cp "$OUTDIR/serving_$fmt.jsonl.server.log" "$WORK/logs/" 2>/dev/null; rm -f "$OUTDIR/serving_$fmt.jsonl.server.log"
+      grep -h "KV Cache is allocated\|max_total_num_tokens\|FP4 indexer active" "$WORK/logs/serving_$fmt.jsonl.server.log" \
+        2>/dev/null | head -n 3 >>"$OUTDIR/table.txt"
     done
+    if [ -f "$OUTDIR/serving_fp8.jsonl" ] && [ -f "$OUTDIR/serving_fp4.jsonl" ]; then
+      "$PY" scripts/sglang_bench.py serving-table --fp8 "$OUTDIR/serving_fp8.jsonl" --fp4 "$OUTDIR/serving_fp4.jsonl" \
+        --json "$OUTDIR/serving_table.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
+    fi
     ;;
   server)
     # A fresh machine compiles SGLang's and DeepGEMM's JIT kernels while it captures the first decode graph

@@ -66,3 +66,30 @@ def test_host_time_summary_percentiles():
     assert got["p90_us"] == pytest.approx(91.0)
     with pytest.raises(ValueError, match="no indexer call"):
         bench.host_time_summary([])
+
+
+def _serving_line(il, tput, tpot, accept=None):
+    """One result line as ``python -m sglang.benchmark.serving --output-file`` writes it (the fields read)."""
+    return {"random_input_len": il, "random_output_len": 256, "max_concurrency": 4, "completed": 8,
+            "output_throughput": tput, "median_tpot_ms": tpot, "median_ttft_ms": 900.0, "accept_length": accept}
+
+
+def test_serving_table_pairs_the_runs_by_shape(tmp_path, capsys):
+    fp8 = [_serving_line(32768, 400.0, 9.5), _serving_line(100000, 120.0, 30.0)]
+    fp4 = [_serving_line(32768, 440.0, 8.6, accept=1.7)]  # the 100000 run did not finish: not paired
+    rows = bench.serving_table(fp8, fp4)
+    assert len(rows) == 1 and rows[0]["input_len"] == 32768 and rows[0]["concurrency"] == 4
+    assert rows[0]["output_ratio"] == pytest.approx(1.1)
+    assert rows[0]["median_tpot_ms"] == {"fp8": 9.5, "fp4": 8.6}
+    assert rows[0]["accept_length"] == {"fp8": None, "fp4": 1.7}
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps(x) + "\n" for x in fp8))
+    b.write_text("".join(json.dumps(x) + "\n" for x in fp4))
+    assert bench._serving_table(["--fp8", str(a), "--fp4", str(b), "--json", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    assert "output tok/s       FP8      400.0  FP4      440.0" in out and "FP4 / FP8 output tok/s 1.100" in out
+    assert "accepted length    FP8          -  FP4       1.70" in out
+    assert json.loads((tmp_path / "t.json").read_text())[0]["output_ratio"] == pytest.approx(1.1)
+    assert bench._serving_table(["--fp8", str(a), "--fp4", str(a)]) == 0
+    b.write_text(json.dumps(_serving_line(2048, 1.0, 1.0)) + "\n")
+    assert bench._serving_table(["--fp8", str(a), "--fp4", str(b)]) == 1
