@@ -4,8 +4,8 @@
 # scripts/fetch_sglang_runtime_wheels.sh, DeepGEMM from scripts/pack_deepgemm.sh.
 #
 # The slimmed wheels, DeepGEMM's sources and the checkout fit one call (carry .peers/sglang-runtime/part1,
-# .peers/sglang-runtime/part2 and .peers/deepgemm.tar.gz, and .peers/jit-cache.tar.gz where an earlier call brought
-# one back); the steps can follow each other in one command or in calls that follow each other while the machine
+# .peers/sglang-runtime/part2 and .peers/deepgemm.tar.gz, and .peers/jit-cache where an earlier call brought
+# JIT caches back); the steps can follow each other in one command or in calls that follow each other while the machine
 # keeps /tmp:
 #   bash scripts/sglang_gpu_check.sh install   # installs, prints the versions
 #   bash scripts/sglang_gpu_check.sh runner    # one-batch FP8, FP4, FP4 eager
@@ -63,11 +63,13 @@ if [ ! -f "$WORK/topk_trace.installed" ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site \
     scripts/topk_trace >>"$WORK/logs/pip.log" 2>&1 && touch "$WORK/topk_trace.installed" || echo "topk_trace install failed (logs/pip.log)"
 fi
-# JIT caches (DeepGEMM's, Triton's, tvm-ffi's) brought back from an earlier machine as .peers/jit-cache.tar.gz: a
-# fresh machine otherwise compiles for about 4 minutes during its first graph capture. JIT_CACHE_OUT=1 writes the
-# caches to $OUT/jit-cache.tar.gz at the end (when under 16 MB, what comes back from a call).
-if [ -f .peers/jit-cache.tar.gz ] && [ ! -f "$WORK/jit-cache.extracted" ]; then
-  tar -xzf .peers/jit-cache.tar.gz -C "$WORK" && touch "$WORK/jit-cache.extracted" || echo "jit cache not extracted"
+# JIT caches (DeepGEMM's, Triton's, tvm-ffi's) brought back from an earlier machine into .peers/jit-cache/: a fresh
+# machine otherwise compiles for about 4 minutes during its first graph capture. JIT_CACHE_OUT=1 writes each cache
+# to $OUT/jit-<name>.tar.gz at the end (each kept when under 16 MB, what comes back from a call); copy those files
+# into .peers/jit-cache/ and carry that folder.
+if ls .peers/jit-cache/jit-*.tar.gz >/dev/null 2>&1 && [ ! -f "$WORK/jit-cache.extracted" ]; then
+  for f in .peers/jit-cache/jit-*.tar.gz; do tar -xzf "$f" -C "$WORK" || echo "jit cache $f not extracted"; done
+  touch "$WORK/jit-cache.extracted"
 fi
 DG_SITE="$(cat "$WORK/deepgemm.site" 2>/dev/null)"
 export PYTHONPATH="/tmp/site${DG_SITE:+:$DG_SITE}"
@@ -234,9 +236,12 @@ fi
 cp "$WORK"/server.json.log "$WORK/logs/server_launch.log" 2>/dev/null
 tar -czf "$OUTDIR/logs.tar.gz" -C "$WORK" logs stages.txt 2>/dev/null
 if [ "${JIT_CACHE_OUT:-0}" = 1 ]; then
-  tar -czf "$OUTDIR/jit-cache.tar.gz" -C "$WORK" $(cd "$WORK" && ls -d deepgemm-jit triton tvm-ffi 2>/dev/null)
-  size=$(stat -c %s "$OUTDIR/jit-cache.tar.gz")
-  [ "$size" -le 16000000 ] || { echo "jit cache is $size B, over what comes back: not kept"; rm -f "$OUTDIR/jit-cache.tar.gz"; }
+  for name in deepgemm-jit triton tvm-ffi; do
+    [ -d "$WORK/$name" ] || continue
+    tar -czf "$OUTDIR/jit-$name.tar.gz" -C "$WORK" "$name"
+    size=$(stat -c %s "$OUTDIR/jit-$name.tar.gz")
+    [ "$size" -le 16000000 ] || { echo "jit cache $name is $size B, over what comes back: not kept"; rm -f "$OUTDIR/jit-$name.tar.gz"; }
+  done
 fi
 echo "== device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 cat "$WORK/stages.txt" 2>/dev/null
