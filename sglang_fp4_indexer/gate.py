@@ -11,9 +11,7 @@ Enabled only when the user asked for it (``--enable-fp4-indexer``) and all of
 these hold: a DeepSeek Sparse Attention model (SGLang's ``is_deepseek_dsa``),
 ``index_head_dim == 128``, an index head count the paged scorer supports
 (``ops.paged_logits.SUPPORTED_HEADS``), a 64-token index page, ``index_kpool
-== 1``, index keys that SGLang Hadamard-rotates (not the fused indexer of
-interleaved-RoPE models such as GLM-5.2, unless SGLang's
-``SGLANG_DISABLE_DSA_INDEXER_FUSION`` selects its unfused one), a CUDA GPU with FP8 MMA (compute capability >= 8.9: Ada, Hopper,
+== 1``, a CUDA GPU with FP8 MMA (compute capability >= 8.9: Ada, Hopper,
 Blackwell), and none of the parallel or cache features the FP4 layout does not
 handle yet (prefill context parallelism, KV sharding, HiSparse, the hierarchical cache or PD disaggregation
 together with decode context parallelism, HiCache storage backends, hybrid KV pools, unified memory pools,
@@ -81,7 +79,8 @@ class ModelFacts:
             ``indexer_rope_interleave``, e.g. GLM-5.2, or an architecture whose
             indexer always is: ``INTERLEAVED_INDEXER_ARCHS``). On CUDA SGLang
             then runs its fused indexer kernels, which do not apply the Hadamard
-            rotation to the index keys.
+            rotation to the index queries and keys; with the FP4 cache the
+            plugin's hooks apply it (``index_key_rotation``).
     """
 
     architecture: str | None
@@ -119,7 +118,8 @@ class ServerFacts:
             ``"lmcache"``), empty if none.
         indexer_fusion_disabled: SGLang's ``SGLANG_DISABLE_DSA_INDEXER_FUSION``
             is set: its unfused indexer runs, which applies the Hadamard
-            rotation whatever the RoPE style.
+            rotation whatever the RoPE style (only reported: with fusion on,
+            the plugin applies the rotation itself).
         speculative_eagle_topk: ``--speculative-eagle-topk`` (1 without a draft
             tree). Above 1 EAGLE tree verify moves index keys between slots of
             different DCP ranks, so ``--fp4-indexer-dcp-shard`` is served replicated.
@@ -191,24 +191,29 @@ def supported_heads() -> tuple[int, ...]:
 
 
 def index_key_rotation(model: ModelFacts, server: ServerFacts) -> tuple[bool, str]:
-    """Whether SGLang applies the Hadamard rotation to this model's index keys on CUDA, and why.
+    """Whether the FP4 cache's index keys (and the queries scored against them) are Hadamard-rotated, and by whom.
 
-    SGLang 0.5.23 (``layers/attention/dsa/dsa_indexer.py``) runs its fused
-    indexer kernels, which skip the rotation of q and k, exactly when the
-    indexer's RoPE is interleaved (``is_neox_style`` false) and
-    ``SGLANG_DISABLE_DSA_INDEXER_FUSION`` is not set; otherwise q and k are
-    rotated before quantization.
+    SGLang 0.5.23 (``layers/attention/dsa/dsa_indexer.py``) rotates q and k
+    before quantization in its unfused indexer; it runs its fused indexer
+    kernels, which skip the rotation, exactly when the indexer's RoPE is
+    interleaved (``is_neox_style`` false) and
+    ``SGLANG_DISABLE_DSA_INDEXER_FUSION`` is not set. With the FP4 cache the
+    plugin's hooks (``sglang_plugin/indexer.py``) then apply SGLang's own
+    rotation to both in every branch of the fused indexer, so the keys are
+    rotated in every case; the text says which path does it.
 
     Returns:
-        ``(rotated, text)``.
+        ``(rotated, text)``; ``rotated`` is always True in this release (a
+        plugin whose hooks SGLang could not apply is refused before this is
+        asked: ``seams.refusal``).
     """
     if not model.indexer_rope_interleave:
         return True, "rotated (NeoX-style indexer RoPE: SGLang's unfused indexer applies the Hadamard rotation)"
     if server.indexer_fusion_disabled:
         return True, (f"rotated (interleaved indexer RoPE with {INDEXER_FUSION_ENV}=1: SGLang's unfused indexer "
                       "applies the Hadamard rotation)")
-    return False, ("not rotated (interleaved indexer RoPE: SGLang's fused indexer kernels skip the Hadamard "
-                   f"rotation; {INDEXER_FUSION_ENV}=1 selects the unfused indexer, which applies it)")
+    return True, ("rotated (interleaved indexer RoPE: SGLang's fused indexer skips the Hadamard rotation; with the "
+                  "FP4 cache the plugin applies SGLang's rotation to the index queries and keys)")
 
 
 def dcp_mode_for(server: ServerFacts) -> str:
@@ -236,8 +241,7 @@ def decide(model: ModelFacts, server: ServerFacts, device: DeviceFacts) -> Decis
     Checks, in this order, and collects every reason that applies: requested;
     DeepSeek-V4 (SGLang has its own FP4 indexer for it); DSA model; index head
     dim 128; index head count in ``supported_heads()``; ``index_kpool == 1``;
-    64-token index page; on CUDA, index keys Hadamard-rotated
-    (``index_key_rotation``); CUDA device with capability >= 8.9; then the
+    64-token index page; CUDA device with capability >= 8.9; then the
     parallel and cache features the FP4 layout does not handle yet.
 
     Args:
@@ -298,16 +302,6 @@ def decide(model: ModelFacts, server: ServerFacts, device: DeviceFacts) -> Decis
                 f"the index page is {server.page_size // kpool} tokens; the FP4 cache uses {FP4_INDEX_PAGE_SIZE}-token pages",
                 f"use --page-size {FP4_INDEX_PAGE_SIZE * kpool} (SGLang's default for DSA models)",
             ))
-        if device.kind == "cuda" and not index_key_rotation(model, server)[0]:
-            reasons.append((
-                "unrotated_keys",
-                f"{arch}'s indexer uses interleaved RoPE, for which SGLang runs its fused indexer kernels, and "
-                "those skip the Hadamard rotation of the index keys; without it MXFP4's 32-element group scales "
-                "see the raw outlier channels and the top-k loses recall",
-                f"set {INDEXER_FUSION_ENV}=1 (SGLang's unfused indexer, which applies the rotation) to use the FP4 "
-                "indexer, or drop --enable-fp4-indexer",
-            ))
-
     if device.kind != "cuda":
         reasons.append((
             "device",

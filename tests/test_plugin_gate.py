@@ -101,7 +101,6 @@ GOOD = ModelFacts("DeepseekV32ForCausalLM", True, False, 128, 64, 1)
         (GOOD, ServerFacts(True, 64, hybrid_pool="hybrid sliding-window (SWA)"), H200, "hybrid_pool"),
         (GOOD, ServerFacts(True, 64, unified_memory=True), H200, "unified_memory"),
         (GOOD, ServerFacts(True, 64, external_kv_store="flexkv"), H200, "external_kv_store"),
-        (ModelFacts("X", True, False, 128, 32, 1, True), ON, H200, "unrotated_keys"),
     ],
 )
 def test_each_refusal(model, server, device, code):
@@ -121,14 +120,18 @@ def test_hierarchical_cache_and_pd_are_served(server):
     assert decide(GOOD, server, H200).enabled
 
 
-def test_interleaved_indexer_rope_needs_sglangs_unfused_indexer():
+def test_interleaved_indexer_rope_is_served_with_the_plugins_rotation():
+    """Interleaved indexer RoPE (GLM-5.x): SGLang's fused indexer skips the Hadamard rotation, the plugin's hooks
+    apply it with the FP4 cache, so FP4 is served with fusion on or off; the text says who rotates."""
     interleaved = ModelFacts("GlmMoeDsaForCausalLM", True, False, 128, 32, 1, True)
-    refused = decide(interleaved, ON, H200)
-    assert "skip the Hadamard rotation" in refused.reason and "SGLANG_DISABLE_DSA_INDEXER_FUSION=1" in refused.fix
+    assert decide(interleaved, ON, H200).enabled
     assert decide(interleaved, ServerFacts(True, 64, indexer_fusion_disabled=True), H200).enabled
-    assert gate.index_key_rotation(interleaved, ON)[0] is False
+    rotated, text = gate.index_key_rotation(interleaved, ON)
+    assert rotated is True and "the plugin applies SGLang's rotation to the index queries and keys" in text
+    assert "SGLang's unfused indexer" in gate.index_key_rotation(
+        interleaved, ServerFacts(True, 64, indexer_fusion_disabled=True))[1]
     assert gate.index_key_rotation(GOOD, ON)[0] is True
-    # Off CUDA the device refusal alone applies (the fused kernels are CUDA's).
+    # Off CUDA the device refusal alone applies.
     assert decide(interleaved, ON, DeviceFacts("rocm")).codes == ("device",)
 
 

@@ -567,11 +567,16 @@ def test_passthrough_without_fp4_pool():
         assert hooks.get_topk_ragged(original, ix, True, fb, 3, "q", "w", "md", topk_result="buf") == "sglang"
         assert hooks.store_index_k_cache(original, ix, fb, 3, "k", act_quant="aq", out_cache_loc="loc") == "sglang"
         assert hooks.fused_k_prepare_and_store(original, ix, "kr", "pos", fb, 3, "aq", out_cache_loc="loc") == "sglang"
+        assert hooks.fused_q_prepare_and_store(original, ix, "x", "ql", "pos", fb, 3, "aq", num_tokens=2,
+                                               enable_dual_stream=False) == "sglang"
+        assert hooks.maybe_rotate(original, ix, "x") == "sglang"
     assert calls == [
         ((ix, fb, 3, "q", "w", "md"), {}),
         ((ix, True, fb, 3, "q", "w", "md"), {"topk_result": "buf"}),
         ((ix, fb, 3, "k"), {"act_quant": "aq", "out_cache_loc": "loc"}),
         ((ix, "kr", "pos", fb, 3, "aq"), {"out_cache_loc": "loc"}),
+        ((ix, "x", "ql", "pos", fb, 3, "aq"), {"num_tokens": 2, "enable_dual_stream": False}),
+        ((ix, "x"), {}),
     ]
     saved = dict(plugin_pool._state)
     plugin_pool.reset_state()
@@ -586,8 +591,11 @@ def test_passthrough_without_fp4_pool():
 
 
 def test_fused_k_path_stores_fp4(env, monkeypatch):
-    """SGLang's fused norm+RoPE+FP8-store would write FP8 bytes; with FP4 its norm+RoPE runs and the key is stored as FP4."""
+    """SGLang's fused norm+RoPE+FP8-store would write FP8 bytes; with FP4 its norm+RoPE runs, SGLang's
+    rotate_activation rotates the key, and the rotated key is stored as FP4."""
     from sglang.srt.layers.attention.dsa import dsa_indexer
+
+    monkeypatch.setattr(dsa_indexer, "rotate_activation", _hadamard_rotate)
 
     g = torch.Generator().manual_seed(9)
     key_raw = torch.randn(5, 128, generator=g).to(torch.bfloat16)
@@ -610,8 +618,250 @@ def test_fused_k_path_stores_fp4(env, monkeypatch):
         ix._fused_k_prepare_and_store(key_raw, positions, _batch("DECODE", out_cache_loc=slots), 0, None)
     assert seen["args"] == ("w", "b", 1e-6, "cos_sin")
     payload, scales = fp4_pool.read_index_k(env.cache, slots)
-    want = quantize_index_k((key_raw.float() * 2 - 1).to(torch.bfloat16))
+    want = quantize_index_k(_hadamard_rotate((key_raw.float() * 2 - 1).to(torch.bfloat16)))
     assert torch.equal(payload, want[0]) and torch.equal(scales, want[1])
     others = torch.ones(env.cache.shape[0] * 64, dtype=torch.bool)
     others[slots] = False
     assert int(fp4_pool.read_index_k(env.cache, torch.arange(env.cache.shape[0] * 64)[others])[1].max()) == 0
+
+
+# --- Interleaved indexer RoPE (GLM-5.x): SGLang's fused indexer with the FP4 cache ------------------------------
+#
+# With ``use_dsa_indexer_fusion`` SGLang skips the Hadamard rotation of the index queries and keys; with the FP4
+# cache the plugin's hooks rotate both, in every branch. Real SGLang objects: the Indexer class and its own
+# ``_fused_q_prepare_and_store``, ``_forward_cuda_k_only``, ``_get_q_k_bf16``, ``_scale_head_gates``,
+# ``_get_logits_head_gate``, SGLang's ``LayerNorm``, ``RotaryEmbedding`` (interleaved) and its Triton
+# ``act_quant`` (under the interpreter). Stand-ins, each saying what it stands for: ``rotate_activation``
+# (CUDA-only ``hadamard_transform``), ``ReplicatedLinear`` and the CUDA norm+RoPE key kernel.
+
+HIDDEN, Q_LORA, ROPE, GLM_HEADS = 96, 64, 64, 32
+
+
+def _hadamard_rotate(x):
+    """Stands for SGLang's ``rotate_activation`` (``dsa_indexer.py``), whose ``hadamard_transform`` runs on CUDA
+    only: the normalized Walsh-Hadamard transform ``x @ H_n * n ** -0.5`` over the last dim, ``H_n`` from
+    ``scipy.linalg.hadamard``, summed in fp32 and returned in ``x``'s dtype (SGLang's returns bf16 for bf16)."""
+    import scipy.linalg
+
+    n = x.shape[-1]
+    h = torch.tensor(scipy.linalg.hadamard(n), dtype=torch.float32) * n**-0.5
+    return (x.float() @ h).to(x.dtype)
+
+
+class _Linear:
+    """Stands for SGLang's ``ReplicatedLinear`` (built from a TP group): ``(x @ W.T, None)`` summed in fp64 and
+    rounded once to bf16, so each output column is the same whether ``W`` is ``wk`` alone or ``[wk; weights_proj]``."""
+
+    def __init__(self, weight):
+        self.weight = weight
+
+    def __call__(self, x):
+        return (x.double() @ self.weight.double().t()).to(torch.bfloat16), None
+
+
+def _glm_indexer(fused: bool, seed: int = 21):
+    """The real ``Indexer`` class without ``__init__``, as SGLang builds it for interleaved indexer RoPE.
+
+    ``fused`` is ``use_dsa_indexer_fusion`` (CUDA, ``SGLANG_DISABLE_DSA_INDEXER_FUSION`` unset): one
+    ``wk_weights_proj = [wk; weights_proj]``; otherwise the unfused ``wk`` and ``weights_proj``. The same weights
+    either way; SGLang's ``LayerNorm`` and its ``RotaryEmbedding`` with ``is_neox_style=False``, constructed as on
+    a CPU platform (no CUDA kernel bound, so it runs ``forward_native``).
+    """
+    from sglang.srt.layers.layernorm import LayerNorm
+    from sglang.srt.layers.rotary_embedding import base
+
+    g = torch.Generator().manual_seed(seed)
+    ix = _indexer(GLM_HEADS)
+    ix.rope_head_dim, ix.q_lora_rank, ix.hidden_size = ROPE, Q_LORA, HIDDEN
+    ix.softmax_scale = 128**-0.5
+    ix.alt_stream = None
+    ix.use_dsa_indexer_fusion, ix.use_aiter_fused_fp8_writer, ix.dsa_enable_prefill_cp = fused, False, False
+    wq = (torch.randn(GLM_HEADS * 128, Q_LORA, generator=g) * Q_LORA**-0.5).to(torch.bfloat16)
+    wk = (torch.randn(128, HIDDEN, generator=g) * HIDDEN**-0.5).to(torch.bfloat16)
+    wp = (torch.randn(GLM_HEADS, HIDDEN, generator=g) * HIDDEN**-0.5).to(torch.bfloat16)
+    ix.wq_b = _Linear(wq)
+    if fused:
+        ix.wk_weights_proj = _Linear(torch.cat([wk, wp]))
+    else:
+        ix.wk, ix.weights_proj = _Linear(wk), _Linear(wp)
+    ix.k_norm = LayerNorm(128, dtype=torch.float32)
+    with torch.no_grad():
+        ix.k_norm.weight.copy_(1 + 0.1 * torch.randn(128, generator=g))
+        ix.k_norm.bias.copy_(0.1 * torch.randn(128, generator=g))
+    mp = pytest.MonkeyPatch()
+    mp.setattr(base, "_is_cpu", True)
+    try:
+        ix.rotary_emb = base.RotaryEmbedding(ROPE, ROPE, 4096, 10000, False, torch.float32)
+    finally:
+        mp.undo()
+    return ix
+
+
+def _norm_rope_kernel(ix):
+    """Stands for SGLang's CUDA ``fused_k_indexer_norm_rope`` (LayerNorm, then interleaved RoPE on the first 64
+    dims): the same two steps with the indexer's own ``LayerNorm`` and ``RotaryEmbedding``, composed as SGLang's
+    ``_get_q_k_bf16`` composes them."""
+
+    def fused_k_indexer_norm_rope(key_raw, weight, bias, eps, cos_sin, positions):
+        assert weight is ix.k_norm.weight and bias is ix.k_norm.bias and cos_sin is ix.rotary_emb.cos_sin_cache
+        key = ix.k_norm(key_raw)
+        dummy_q = torch.zeros(key.shape[0], 1, ROPE, dtype=key.dtype)
+        _, k_rope = ix.rotary_emb(positions, dummy_q, key[..., :ROPE])
+        key[..., :ROPE].copy_(k_rope)
+        return key
+
+    return fused_k_indexer_norm_rope
+
+
+def _glm_inputs(n, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, HIDDEN, generator=g).to(torch.bfloat16)
+    q_lora = torch.randn(n, Q_LORA, generator=g).to(torch.bfloat16)
+    return x, q_lora, torch.arange(n) * 37 + 5
+
+
+#: Stands for a DSA pool with SGLang's own (FP8) IndexKeyCache: every plugin hook passes through on it.
+_FP8_POOL = types.SimpleNamespace(index_key_cache=object())
+
+
+@pytest.fixture()
+def glm(monkeypatch):
+    """``rotate_activation`` stood in (``_hadamard_rotate``), torch.compile'd SGLang helpers run eagerly, SGLang's
+    Triton ``act_quant``, and the unfused reference on the same weights (SGLang's unfused indexer)."""
+    from sglang.kernels.ops.quantization.act_quant_triton import act_quant
+    from sglang.srt.layers.attention.dsa import dsa_indexer
+
+    monkeypatch.setattr(dsa_indexer, "rotate_activation", _hadamard_rotate)
+    no_compile = torch._dynamo.config.patch(disable=True)  # SGLang's torch.compile'd head-gate helpers, eagerly
+    no_compile.__enter__()
+    n = 5
+    x, q_lora, positions = _glm_inputs(n)
+    unfused = _glm_indexer(fused=False)
+    with _forward(_FP8_POOL):  # SGLang's own unfused branch: its _maybe_rotate rotates
+        query, key, _ = unfused._get_q_k_bf16(q_lora, x, positions, False, forward_batch=_batch("EXTEND"))
+    q_fp8, q_scale = act_quant(query, 128, None)
+    weights = unfused._get_logits_head_gate(x, q_scale)
+    yield types.SimpleNamespace(act_quant=act_quant, dsa_indexer=dsa_indexer, n=n, x=x, q_lora=q_lora,
+                                positions=positions, query=query, key=key, q_fp8=q_fp8, weights=weights,
+                                slots=torch.tensor([3, 64, 65, 200, 7]))
+    no_compile.__exit__(None, None, None)
+
+
+def _only_slots_written(env, slots):
+    others = torch.ones(env.cache.shape[0] * 64, dtype=torch.bool)
+    others[slots] = False
+    assert int(fp4_pool.read_index_k(env.cache, torch.arange(env.cache.shape[0] * 64)[others])[1].max()) == 0
+
+
+@pytest.mark.parametrize("num_tokens", [None, 3])
+def test_fused_q_path_rotates_queries_and_keys(env, glm, num_tokens):
+    """``_fused_q_prepare_and_store`` with FP4 (eager, and the CUDA-graph prefill split op's ``num_tokens``
+    slicing): the index queries fed to the scorer are bit-identical to SGLang's unfused path (rotated, then
+    ``act_quant``), the stored FP4 keys are exactly the unfused path's rotated keys, and the head gates match the
+    unfused ones within rel 2**-7 (the fused ``wk_weights_proj`` gives bf16 gates and ``_scale_head_gates``
+    scales them in bf16; the unfused projection is fp32: two bf16 roundings)."""
+    keep = glm.n if num_tokens is None else num_tokens
+    ix = _glm_indexer(fused=True)
+    env.cache.zero_()
+    with _forward(env.pool):
+        q_fp8, weights = ix._fused_q_prepare_and_store(
+            glm.x, glm.q_lora, glm.positions, _batch("EXTEND", out_cache_loc=glm.slots), 0, glm.act_quant,
+            num_tokens=num_tokens, enable_dual_stream=False,
+        )
+    assert q_fp8.dtype == torch.float8_e4m3fn and q_fp8.shape == (keep, GLM_HEADS, 128)
+    assert weights.dtype == torch.float32 and weights.shape == (keep, GLM_HEADS, 1)
+    assert torch.equal(q_fp8.view(torch.uint8), glm.q_fp8[:keep].view(torch.uint8))
+    assert torch.allclose(weights, glm.weights[:keep], rtol=2**-7, atol=0)
+    payload, scales = fp4_pool.read_index_k(env.cache, glm.slots[:keep])
+    want = quantize_index_k(glm.key[:keep])
+    assert torch.equal(payload, want[0]) and torch.equal(scales, want[1])
+    _only_slots_written(env, glm.slots[:keep])
+
+
+@pytest.mark.parametrize("num_tokens", [None, 3])
+def test_fused_k_only_branch_stores_rotated_keys(env, glm, monkeypatch, num_tokens):
+    """SGLang's ``_forward_cuda_k_only`` (the key-only branch: short prefill, and the split op's key-only case
+    with ``num_tokens``) under fusion stores exactly the unfused path's rotated keys in the FP4 cache."""
+    ix = _glm_indexer(fused=True)
+    monkeypatch.setattr(glm.dsa_indexer, "fused_k_indexer_norm_rope", _norm_rope_kernel(ix), raising=False)
+    keep = glm.n if num_tokens is None else num_tokens
+    env.cache.zero_()
+    with _forward(env.pool):
+        assert ix._forward_cuda_k_only(glm.x, glm.positions, _batch("EXTEND", out_cache_loc=glm.slots), 0,
+                                       glm.act_quant, None, return_indices=False, num_tokens=num_tokens) is None
+    payload, scales = fp4_pool.read_index_k(env.cache, glm.slots[:keep])
+    want = quantize_index_k(glm.key[:keep])
+    assert torch.equal(payload, want[0]) and torch.equal(scales, want[1])
+    _only_slots_written(env, glm.slots[:keep])
+
+
+def test_maybe_rotate_branches_rotate_and_keep_scores(env, glm):
+    """The branches through ``_get_q_k_bf16`` under fusion (two-stream decode, CUDA-graph steps the split op does
+    not take): with FP4 the hooked ``_maybe_rotate`` rotates query and key, exactly SGLang's unfused values and
+    exactly the rotation of what SGLang's fused path computes without FP4; the scores q.k are those of the
+    unrotated q and k up to bf16 rounding of the rotated values (the rotation is orthogonal):
+    |delta| <= 2**-7 * |q|_2 * |k|_2 per head and key."""
+    ix = _glm_indexer(fused=True)
+    batch = _batch("EXTEND")
+    with _forward(_FP8_POOL):  # SGLang's fused path as it is: _maybe_rotate returns its input
+        q_plain, k_plain, w_plain = ix._get_q_k_bf16(glm.q_lora, glm.x, glm.positions, False, forward_batch=batch)
+    with _forward(env.pool):
+        q_rot, k_rot, w_rot = ix._get_q_k_bf16(glm.q_lora, glm.x, glm.positions, False, forward_batch=batch)
+    assert torch.equal(q_rot, glm.query) and torch.equal(k_rot, glm.key)
+    assert torch.equal(q_rot, _hadamard_rotate(q_plain)) and torch.equal(k_rot, _hadamard_rotate(k_plain))
+    assert torch.equal(w_rot, w_plain)
+    assert not torch.equal(q_rot, q_plain) and not torch.equal(k_rot, k_plain)
+    plain = torch.einsum("thd,sd->ths", q_plain.float(), k_plain.float())
+    rotated = torch.einsum("thd,sd->ths", q_rot.float(), k_rot.float())
+    bound = 2**-7 * q_plain.float().norm(dim=-1)[..., None] * k_plain.float().norm(dim=-1)
+    assert torch.all((rotated - plain).abs() <= bound)
+
+
+def test_fused_indexer_untouched_without_fp4(glm, monkeypatch):
+    """With FP4 off (no FP4 pool built in the process), SGLang's fused indexer runs exactly as without the
+    plugin: ``_fused_q_prepare_and_store`` returns what SGLang's fused q kernel returns (the same objects), its
+    kernels get the unrotated projections, the key goes through SGLang's fused FP8 store, and ``_maybe_rotate``
+    returns its input itself. Under every hook is SGLang's own function (``__wrapped__``)."""
+    from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
+    from sglang_fp4_indexer.sglang_plugin import kv_pool as plugin_pool
+
+    load()
+    di = glm.dsa_indexer
+    for name in ("_fused_q_prepare_and_store", "_fused_k_prepare_and_store", "_maybe_rotate"):
+        assert Indexer.__dict__[name].__wrapped__.__module__ == di.__name__
+    seen = {}
+    q_out = (torch.zeros(1), torch.ones(1))
+
+    def fused_q(q, weights_raw, scale, cos_sin, positions):
+        """Stands for SGLang's CUDA ``fused_q_indexer_rope_first_quant``: records its inputs."""
+        seen["q"] = (q.clone(), weights_raw.clone(), scale, cos_sin, positions.clone())
+        return q_out
+
+    def fused_k_store(key_raw, buf, loc, weight, bias, eps, cos_sin, positions, page_size):
+        """Stands for SGLang's CUDA ``fused_k_indexer_norm_rope_store`` (its FP8 write): records its inputs."""
+        seen["k"] = (key_raw.clone(), buf, loc.clone(), positions.clone(), page_size)
+
+    monkeypatch.setattr(di, "fused_q_indexer_rope_first_quant", fused_q, raising=False)
+    monkeypatch.setattr(di, "fused_k_indexer_norm_rope_store", fused_k_store, raising=False)
+    monkeypatch.setattr(di, "can_use_dsa_fused_store", lambda *a: True)
+    buf = torch.zeros(4, 64 * 132, dtype=torch.uint8)
+    fp8_pool = types.SimpleNamespace(index_key_cache=object(), index_page_size=64,
+                                     get_index_k_with_scale_buffer=lambda layer_id: buf)
+    saved = dict(plugin_pool._state)
+    plugin_pool.reset_state()
+    try:
+        ix = _glm_indexer(fused=True)
+        with _forward(fp8_pool):
+            out = ix._fused_q_prepare_and_store(glm.x, glm.q_lora, glm.positions,
+                                                _batch("DECODE", out_cache_loc=glm.slots), 0, glm.act_quant,
+                                                num_tokens=3, enable_dual_stream=False)
+            assert ix._maybe_rotate(glm.query) is glm.query
+    finally:
+        plugin_pool._state.update(saved)
+    assert out is q_out
+    q = ix.wq_b(glm.q_lora)[0].view(-1, GLM_HEADS, 128)[:3]
+    kw = ix.wk_weights_proj(glm.x)[0]
+    assert torch.equal(seen["q"][0], q) and torch.equal(seen["q"][1], kw[:3, 128:])
+    assert seen["q"][2] == 128**-0.5 * GLM_HEADS**-0.5 and torch.equal(seen["q"][4], glm.positions[:3])
+    assert torch.equal(seen["k"][0], kw[:3, :128]) and seen["k"][1] is buf
+    assert torch.equal(seen["k"][2], glm.slots[:3]) and seen["k"][4] == 64

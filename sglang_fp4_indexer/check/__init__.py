@@ -18,7 +18,7 @@ output says so. The device is the local CUDA GPU when there is one, else
 flags' ``--kv-cache-dtype``, else ``check``'s own, else SGLang's default for
 DSA models on that device (``sglang_kv_cache_dtype``). Under DCP the memory
 rows are per rank (``dcp.bytes_per_token`` / ``dcp.dcp_capacity``); when the
-deployment refuses FP4 (flags, device, unrotated keys) its rows are labelled as
+deployment refuses FP4 (flags, device) its rows are labelled as
 what it would give if the refusal were lifted; when the model itself rules FP4
 out (``MODEL_REFUSALS``) no FP4 figure is printed. A config lacking a key
 ``check`` reads is a usage error naming it.

@@ -107,8 +107,8 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
         else None) and ``positions_from``, ``verify_next_n`` and ``verify_how`` (target
         verify's rows per request from the speculative flags and how, or None), ``model_refusal`` (the refusal is the
         model's own, ``MODEL_REFUSALS``: then nothing below is given); for DSA
-        models FP4 can serve ``index_keys`` (whether SGLang Hadamard-rotates the
-        index keys, and why: ``gate.index_key_rotation``), ``kv_dtype``, ``kv_dtype_why``, ``kv_bytes``, ``capacity
+        models FP4 can serve ``index_keys`` (whether the index keys are Hadamard-rotated, by
+        SGLang or the plugin: ``gate.index_key_rotation``), ``kv_dtype``, ``kv_dtype_why``, ``kv_bytes``, ``capacity
         (``dcp.DcpCapacity``), ``fp4_mode`` (the DCP mode of the FP4 rows the
         gain refers to: the decision's, or what the flags would give when refused)
         and ``rows``: ``(label, index bytes per rank, KV + index bytes per layer

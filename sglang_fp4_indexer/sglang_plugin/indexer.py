@@ -15,7 +15,19 @@ Seams (docs/sglang-seams.md), all on
   (``ops.quantize.StoreLauncher``).
 - ``_fused_k_prepare_and_store``: SGLang's fused norm+RoPE+FP8-store kernel
   would write FP8 bytes; with FP4 the same norm+RoPE kernel runs without the
-  store (SGLang's own fallback branch) and the key goes through the store above.
+  store (SGLang's own fallback branch), SGLang's ``rotate_activation`` rotates
+  the key, and it goes through the store above.
+- ``_fused_q_prepare_and_store`` and ``_maybe_rotate``: SGLang's fused indexer
+  (``use_dsa_indexer_fusion``: interleaved indexer RoPE on CUDA, e.g. GLM-5.x)
+  skips the Hadamard rotation of the index queries and keys, which MXFP4 needs
+  (one scale per 32 elements). With FP4, ``_maybe_rotate`` always returns
+  ``rotate_activation(x)`` (as without fusion), and ``_fused_q_prepare_and_store``
+  runs SGLang's own non-kernel branch instead of its fused q kernel:
+  ``_get_q_k_bf16`` (rotating through ``_maybe_rotate``), ``act_quant``, the
+  store above, ``_scale_head_gates``. So every branch stores rotated keys and
+  scores rotated queries: the fused q/k methods (eager, decode CUDA graph, the
+  CUDA-graph prefill split op with its ``num_tokens`` slicing, the key-only
+  path) and the branches through ``_get_q_k_bf16``.
 - ``_get_topk_paged`` (decode, target verify, draft extend): logits from the
   paged scorer's launcher (``ops.paged_logits.paged_scorer``: the Hopper kernel's
   ``ops.sm90.Launcher`` or the Triton ``TritonLauncher``) on the paged FP4 cache
@@ -50,6 +62,8 @@ __all__ = [
     "paged_scorer_inputs",
     "store_index_k_cache",
     "fused_k_prepare_and_store",
+    "fused_q_prepare_and_store",
+    "maybe_rotate",
     "get_topk_paged",
     "get_topk_ragged",
 ]
@@ -98,10 +112,19 @@ def store_index_k_cache(original, self, forward_batch, layer_id, key, *, act_qua
 def fused_k_prepare_and_store(
     original, self, key_raw, positions, forward_batch, layer_id, act_quant, out_cache_loc=None
 ):
-    """AROUND hook of ``Indexer._fused_k_prepare_and_store``: norm + RoPE with SGLang's kernel, then the FP4 store."""
+    """AROUND hook of ``Indexer._fused_k_prepare_and_store``: SGLang's norm + RoPE kernel, its rotation, the FP4 store.
+
+    ``key_raw`` (bf16 ``[N, 128]``, the key columns of ``wk_weights_proj``'s
+    output) goes through SGLang's ``fused_k_indexer_norm_rope`` (LayerNorm,
+    interleaved RoPE; the kernel of SGLang's own fallback branch), then
+    SGLang's ``rotate_activation`` (the Hadamard rotation the fused kernels
+    skip), then the hooked ``_store_index_k_cache`` (FP4 store). Returns None,
+    as SGLang's method; raises what those calls raise.
+    """
     if not is_fp4_pool(_current_pool()):
         return original(self, key_raw, positions, forward_batch, layer_id, act_quant, out_cache_loc=out_cache_loc)
-    key = _dsa_indexer_module().fused_k_indexer_norm_rope(
+    di = _dsa_indexer_module()
+    key = di.fused_k_indexer_norm_rope(
         key_raw,
         self.k_norm.weight,
         self.k_norm.bias,
@@ -109,6 +132,7 @@ def fused_k_prepare_and_store(
         self._indexer_cos_sin_cache,
         positions,
     )
+    key = di.rotate_activation(key)  # the FP4 cache holds rotated keys, as SGLang's unfused indexer stores them
     self._store_index_k_cache(
         forward_batch=forward_batch,
         layer_id=layer_id,
@@ -117,6 +141,76 @@ def fused_k_prepare_and_store(
         out_cache_loc=out_cache_loc,
     )
     return None
+
+
+@passthrough_around(fp4_active)
+def fused_q_prepare_and_store(
+    original, self, x, q_lora, positions, forward_batch, layer_id, act_quant, *, num_tokens=None,
+    enable_dual_stream=True,
+):
+    """AROUND hook of ``Indexer._fused_q_prepare_and_store``: rotated index queries and keys for the FP4 cache.
+
+    SGLang's method (used while ``use_dsa_indexer_fusion`` is on: interleaved
+    indexer RoPE on CUDA) stores the key through ``_fused_k_prepare_and_store``
+    and makes the FP8 query with ``fused_q_indexer_rope_first_quant``, whose
+    Hadamard step is off. With the FP4 cache this runs SGLang's own branch for
+    the same case instead (what its ``forward_cuda`` does when the fused
+    kernels are not taken): ``_get_q_k_bf16`` (``wq_b``; ``wk_weights_proj``
+    through ``_fused_k_weights``; LayerNorm; RoPE; the hooked ``_maybe_rotate``,
+    i.e. SGLang's ``rotate_activation``, on query and key), ``act_quant`` of
+    the query, the hooked ``_store_index_k_cache`` of the key, and
+    ``_scale_head_gates`` for the head gate.
+
+    Args (SGLang 0.5.23's): ``x`` hidden states ``[T, hidden]`` (bf16),
+    ``q_lora`` ``[T, q_lora_rank]``, ``positions`` int ``[T]``, ``act_quant``
+    SGLang's FP8 activation quantizer; ``num_tokens`` (CUDA-graph prefill split
+    op) keeps the first ``num_tokens`` rows of queries, keys, gates and
+    ``forward_batch.out_cache_loc``; ``enable_dual_stream`` is ignored (one stream).
+
+    Returns:
+        ``(q_fp8 float8_e4m3fn [T', H, 128], weights fp32 [T', H, 1])`` with
+        ``T' = num_tokens`` or ``T``, as SGLang's method.
+
+    Raises:
+        What SGLang's calls and the FP4 store raise (e.g. ``ValueError`` for a
+        key that is not ``[N, 128]``).
+    """
+    if not is_fp4_pool(_current_pool()):
+        return original(self, x, q_lora, positions, forward_batch, layer_id, act_quant, num_tokens=num_tokens,
+                        enable_dual_stream=enable_dual_stream)
+    query, key, weights_raw = self._get_q_k_bf16(q_lora, x, positions, False, forward_batch=forward_batch)
+    out_cache_loc = forward_batch.out_cache_loc
+    if num_tokens is not None:
+        query, key, weights_raw = query[:num_tokens], key[:num_tokens], weights_raw[:num_tokens]
+        out_cache_loc = out_cache_loc[:num_tokens]
+    self._store_index_k_cache(
+        forward_batch=forward_batch, layer_id=layer_id, key=key, act_quant=act_quant, out_cache_loc=out_cache_loc
+    )
+    q_fp8, q_scale = act_quant(query, self.block_size, self.scale_fmt)
+    return q_fp8, self._scale_head_gates(weights_raw, q_scale)
+
+
+@passthrough_around(fp4_active)
+def maybe_rotate(original, self, x):
+    """AROUND hook of ``Indexer._maybe_rotate``: with the FP4 cache, always SGLang's ``rotate_activation(x)``.
+
+    SGLang's method returns ``x`` unrotated while its fused indexer is on
+    (so the keys its fallback branches store match the fused kernels'); the
+    FP4 cache needs every branch rotated. Without fusion SGLang's method
+    rotates too, so this changes nothing there.
+
+    Args:
+        x: bf16 ``[..., 128]`` index queries or keys.
+
+    Returns:
+        ``rotate_activation(x)``: same shape and dtype.
+
+    Raises:
+        AssertionError: (SGLang's) the last dimension is not a power of two.
+    """
+    if not is_fp4_pool(_current_pool()):
+        return original(self, x)
+    return _dsa_indexer_module().rotate_activation(x)
 
 
 def paged_scorer_inputs(block_tables, seqlens_2d, schedule, rows: int, max_next_n: int):

@@ -87,6 +87,9 @@ SEAMS: tuple[Seam, ...] = (
          "(self, forward_batch, layer_id, key, *, act_quant=None, out_cache_loc=None)"),
     Seam(f"{_INDEXER}._fused_k_prepare_and_store", "indexer", "fused_k_prepare_and_store", "AROUND",
          "(self, key_raw, positions, forward_batch, layer_id, act_quant, out_cache_loc=None)"),
+    Seam(f"{_INDEXER}._fused_q_prepare_and_store", "indexer", "fused_q_prepare_and_store", "AROUND",
+         "(self, x, q_lora, positions, forward_batch, layer_id, act_quant, *, num_tokens=None, enable_dual_stream=True)"),
+    Seam(f"{_INDEXER}._maybe_rotate", "indexer", "maybe_rotate", "AROUND", "(self, x)"),
     Seam(f"{_INDEXER}._get_topk_paged", "indexer", "get_topk_paged", "AROUND",
          "(self, forward_batch, layer_id, q_fp8, weights, metadata)"),
     Seam(f"{_INDEXER}._get_topk_ragged", "indexer", "get_topk_ragged", "AROUND",
@@ -255,6 +258,11 @@ _RELIED_ON = (
       "index_head_dim")),
     ("sglang.srt.mem_cache.memory_pool:DSATokenToKVPool", "get_index_k_with_scale_buffer", ("index_key_cache",)),
     ("sglang.srt.layers.attention.dsa.dsa_indexer:Indexer", "_get_index_k_read_buffer", ()),
+    # The FP4 path of the fused indexer (interleaved indexer RoPE): q and k come from _get_q_k_bf16, which
+    # projects through wk_weights_proj (_fused_k_weights) and rotates through the hooked _maybe_rotate.
+    ("sglang.srt.layers.attention.dsa.dsa_indexer:Indexer", "_get_q_k_bf16", ("_maybe_rotate", "_fused_k_weights")),
+    ("sglang.srt.layers.attention.dsa.dsa_indexer:Indexer", "_scale_head_gates", ()),
+    ("sglang.srt.layers.attention.dsa.dsa_indexer", "rotate_activation", ()),
     ("sglang.srt.layers.attention.dsa.dsa_indexer:Indexer", "_mask_init_and_local_tokens", ()),
     ("sglang.srt.layers.attention.dsa_backend:DeepseekSparseAttnBackend", "_refresh_topk_v2_plan", ()),
     ("sglang.srt.layers.attention.dsa_backend:DeepseekSparseAttnMultiStepBackend",
