@@ -135,6 +135,12 @@ case "$STEP" in
     # SGLang's EAGLE (MTP on the next-n layer) through sglang.Engine, FP8 then FP4, the top-k of every target
     # verify, draft decode and draft extend call read by the trace plugin (SGLang's --enable-return-indexer-topk
     # capturer makes its start-up cuBLAS call fail on this stack). MTP_CONFIGS: "STEPS:DRAFT_TOKENS ...".
+    # MTP_SIZE=tiny-interleaved: the tiny model with interleaved indexer RoPE (GLM-5.x), so SGLang's fused indexer
+    # runs and the plugin's rotation inside it is what serves.
+    if [ -n "${MTP_SIZE:-}" ]; then
+      M="$WORK/$MTP_SIZE"
+      "$PY" scripts/sglang_one_batch.py make-model "$M" --size "$MTP_SIZE" >/dev/null
+    fi
     for cfg in ${MTP_CONFIGS:-1:2 3:4}; do
       s=${cfg%%:*}; n=${cfg##*:}
       for fmt in fp8 fp4; do

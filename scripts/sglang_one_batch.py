@@ -89,7 +89,10 @@ V32_LAYERS_CONFIG = dict(
     quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                          "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
 )
-MODEL_SIZES = {"tiny": TINY_CONFIG, "v32-layers": V32_LAYERS_CONFIG}
+#: The tiny model with interleaved indexer RoPE (GLM-5.x's ``indexer_rope_interleave: true``): SGLang then runs its
+#: fused indexer kernels, in which the plugin applies the Hadamard rotation to index queries and keys.
+TINY_INTERLEAVED_CONFIG = dict(TINY_CONFIG, indexer_rope_interleave=True)
+MODEL_SIZES = {"tiny": TINY_CONFIG, "tiny-interleaved": TINY_INTERLEAVED_CONFIG, "v32-layers": V32_LAYERS_CONFIG}
 
 #: SGLang server flags every stage uses (dummy weights, FP8 MLA KV -> FlashMLA's sparse FP8 decode on SM90).
 COMMON_SERVER_ARGS = (

@@ -71,6 +71,25 @@ def test_tiny_model_is_served_by_the_plugin(tmp_path, capsys):
     assert "FP4 indexer: ENABLED" in out and "64 index heads x 128" in out
 
 
+@pytest.mark.sglang
+def test_tiny_interleaved_model_runs_sglangs_fused_indexer_with_the_plugins_rotation(tmp_path, capsys):
+    """The GPU check's GLM-5.x stand-in: the tiny model with interleaved indexer RoPE, served with fusion on."""
+    import json
+
+    from sglang_fp4_indexer.cli import main
+
+    tool.make_model(str(tmp_path / "m"), "tiny-interleaved")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert cfg["indexer_rope_interleave"] is True
+    assert {k: v for k, v in cfg.items() if k != "indexer_rope_interleave"} == tool.TINY_CONFIG
+    rc = main(["check", str(tmp_path / "m"), "--capability", "9.0"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 0, out
+    assert "FP4 indexer: ENABLED" in out
+    assert ("SGLang's fused indexer skips the Hadamard rotation; with the FP4 cache the plugin applies SGLang's "
+            "rotation to the index queries and keys") in out
+
+
 PROMPT, NEW, LAYERS = 3, 2, 2  # SGLang returns (PROMPT + NEW - 1, LAYERS, TOPK) per request
 
 
