@@ -18,6 +18,10 @@
 #   bash scripts/sglang_gpu_check.sh serving   # the same model behind launch_server, SGLang's bench_serving,
 #                                              # FP8 then FP4 (SERVE_POOL_TOKENS: a KV-limited load)
 #   bash scripts/sglang_gpu_check.sh server    # one request to launch_server with --enable-fp4-indexer
+#   bash scripts/sglang_gpu_check.sh pd        # PD disaggregation on one GPU (scripts/pd_gpu.py): FP4 prefill ->
+#                                              # FP4 decode over Mooncake TCP against a plain FP4 server, then FP8
+#                                              # prefill -> FP4 decode refused at bootstrap. Needs .peers/pd-runtime
+#                                              # (scripts/fetch_pd_wheels.sh), carried in a call of its own.
 # Each step installs whatever wheels it finds under .peers/sglang-runtime into /tmp/site.
 # Output: $OUT (default ./out): summary.json, table.txt, logs.tar.gz; the table is printed last.
 set -uo pipefail
@@ -49,6 +53,27 @@ for part in .peers/sglang-runtime/part1 .peers/sglang-runtime/part2; do
       || echo "pip install of $part failed (logs/pip.log)"
   fi
 done
+# PD disaggregation's transfer engine (scripts/fetch_pd_wheels.sh): the slimmed Mooncake wheel into /tmp/site; of the
+# system libraries its engine links, only those this machine's loader does not find are linked into /tmp/pd-syslibs.
+if ls .peers/pd-runtime/*.whl >/dev/null 2>&1 && [ ! -f "$WORK/pd-runtime.installed" ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .peers/pd-runtime/*.whl >>"$WORK/logs/pip.log" 2>&1 && touch "$WORK/pd-runtime.installed" \
+    || echo "pip install of .peers/pd-runtime failed (logs/pip.log)"
+fi
+if [ -f /tmp/site/mooncake/engine.so ] && [ -d .peers/pd-runtime/syslibs ]; then
+  mkdir -p /tmp/pd-syslibs
+  for _ in 1 2 3 4 5 6; do  # each round links what is missing, then looks again at what those link
+    missing=$(LD_LIBRARY_PATH=/tmp/pd-syslibs ldd /tmp/site/mooncake/engine.so /tmp/pd-syslibs/*.so* 2>/dev/null \
+      | awk '/not found/ {print $1}' | sort -u)
+    linked=0
+    for lib in $missing; do
+      [ -f ".peers/pd-runtime/syslibs/$lib" ] && [ ! -e "/tmp/pd-syslibs/$lib" ] \
+        && ln -s "$PWD/.peers/pd-runtime/syslibs/$lib" "/tmp/pd-syslibs/$lib" && linked=1
+    done
+    [ $linked = 1 ] || break
+  done
+  echo "pd syslibs linked: $(ls /tmp/pd-syslibs | tr '\n' ' ') still missing (libcudart/libcuda come from torch / the driver): $missing" >>"$WORK/logs/pd_syslibs.log"
+fi
 # The plugin itself, installed so that SGLang's loader finds its entry point (sglang.srt.plugins).
 if [ ! -f "$WORK/plugin.installed" ] || [ sglang_fp4_indexer -nt "$WORK/plugin.installed" ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site . \
@@ -226,7 +251,19 @@ case "$STEP" in
     READY="${SERVER_READY_S:-450}"
     WITHOUT_PLUGIN_ARGS=--fp8 stage_or_bisect server $((READY + 60)) "$WORK/server.json" "$PY" scripts/sglang_one_batch.py server --model "$M" --out "$WORK/server.json" --ready-timeout "$READY"
     ;;
-  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|server]" >&2; exit 2 ;;
+  pd)
+    # Not yet run on a GPU. Three servers one after another on one GPU (prefill + decode, plain, FP8 prefill + FP4
+    # decode), each started as `server` starts its one: PD_READY_S bounds each wait for /health, PD_LIMIT the step.
+    # The decode and plain servers' top-k are read by the trace plugin (FP4_INDEXER_TOPK_TRACE_DIR, set per server).
+    [ -f /tmp/site/mooncake/engine.so ] || { echo "pd: no Mooncake in /tmp/site (carry .peers/pd-runtime)"; exit 1; }
+    rm -rf "$WORK"/logs/trace_decode_fp4 "$WORK"/logs/trace_plain_fp4
+    LD_LIBRARY_PATH="/tmp/pd-syslibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" stage pd "${PD_LIMIT:-580}" \
+      "$PY" scripts/pd_gpu.py --model "$M" --out-dir "$OUTDIR" --log-dir "$WORK/logs" \
+      --ready-timeout "${PD_READY_S:-300}" --prompts "${PD_PROMPTS:-3}"
+    tar -czf "$WORK/logs/pd_traces.tar.gz" -C "$WORK/logs" trace_decode_fp4 trace_plain_fp4 2>/dev/null \
+      && rm -rf "$WORK"/logs/trace_decode_fp4 "$WORK"/logs/trace_plain_fp4
+    ;;
+  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|server|pd]" >&2; exit 2 ;;
 esac
 
 ENGINE=()
@@ -239,6 +276,8 @@ if [ ${#RUNS[@]} -gt 0 ] || [ ${#ENGINE[@]} -gt 0 ] || [ ${#SERVER[@]} -gt 0 ]; 
   "$PY" scripts/sglang_one_batch.py compare ${RUNS[@]+"${RUNS[@]}"} ${ENGINE[@]+"${ENGINE[@]}"} \
     ${SERVER[@]+"${SERVER[@]}"} --json "$OUTDIR/summary.json" >"$OUTDIR/table.txt" 2>"$WORK/logs/compare.log"
 fi
+# After compare (which rewrites table.txt): the pd step's lines.
+[ "$STEP" = pd ] && cat "$OUTDIR/pd_table.txt" >>"$OUTDIR/table.txt" 2>/dev/null
 cp "$WORK"/server.json.log "$WORK/logs/server_launch.log" 2>/dev/null
 tar -czf "$OUTDIR/logs.tar.gz" -C "$WORK" logs stages.txt 2>/dev/null
 if [ "${JIT_CACHE_OUT:-0}" = 1 ]; then
