@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             profiles = {k: v for p in args.sglang_profile for k, v in _read(p).items()}
             sglang = sglang_decode_section(
                 lines, profiles, gpu=args.sglang_gpu, date=args.sglang_date,
-                model="DeepSeek-V3.2's layer sizes, 3 of its 61 layers plus the MTP layer, dummy weights",
+                model="DeepSeek-V3.2's layer sizes, 3 of its 61 layers, dummy weights",
                 index_heads=64, kv_cache_dtype="fp8",
                 sources=[_source(args.sglang_one_batch), *map(_source, args.sglang_profile)])
         tables = build_tables(_read(args.bench_json), _read(args.accuracy_json),

@@ -82,6 +82,12 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
     if w.get("timing_unmeasured"):
         console.print(f"indexer scorer time: not measured for this configuration ({w['timing_unmeasured']}); "
                       "measure it on your GPU: sglang-fp4-indexer bench --device cuda --quick")
+    elif w.get("timing_far") is not None:
+        f = w["timing_far"]
+        console.print(f"indexer scorer time at {batch} x {_k(context)}, next_n {next_n}: not measured at this shape "
+                      f"(the nearest measured one, {_shape_text(f['heads'], f['batch'], f['context'], f['next_n'])}, "
+                      "is too far to stand for it: quoted only within 2x in keys read and 4x in batch, same index "
+                      "heads); measure it: sglang-fp4-indexer bench --device cuda")
     elif row is None:
         console.print(f"indexer scorer time at next_n {next_n}: not measured (the {w['timing_gpu']} tables have "
                       f"next_n {', '.join(map(str, w['timing_next_n']))}; no other next_n is quoted for it)")
@@ -135,7 +141,8 @@ def _print_sglang_decode(console, w: dict, batch: int, context: int) -> None:
                 f"indexer logits {f8['indexer_us']:.1f} and {f4['indexer_us']:.1f} us")
     console.print(f"decode step inside SGLang (bench_one_batch, CUDA graphs, {run['model']}; {run['gpu']}, "
                   f"{run['date']}) at {row['batch']} x {_k(row['context'])}: median FP8 {f8['decode_ms']:.2f} ms, "
-                  f"FP4 {f4['decode_ms']:.2f} ms{kern}")
+                  f"FP4 {f4['decode_ms']:.2f} ms (single steps vary by about 0.2 ms there, so this difference is "
+                  f"not resolved){kern}")
 
 
 def _model_line(res: dict) -> str:

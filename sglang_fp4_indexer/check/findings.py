@@ -156,6 +156,9 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
            "verify_next_n": verify[0], "verify_how": verify[1]}
     if model_facts.is_dsa and not out["model_refusal"]:
         out["index_keys"] = index_key_rotation(model_facts, server)[1]
+        # The plugin's rotation inside SGLang's fused indexer (interleaved indexer RoPE, fusion not disabled) runs
+        # SGLang's unfused query path there: its speed is not what the tables measured.
+        out["fused_rotation"] = bool(model_facts.indexer_rope_interleave and not server.indexer_fusion_disabled)
         if kv_cache_dtype is not None and server_kv != "auto":
             if _SGLANG_KV_DTYPES.get(server_kv) != kv_cache_dtype:
                 raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} conflicts with --kv-cache-dtype {server_kv} "

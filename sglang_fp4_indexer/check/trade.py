@@ -46,7 +46,8 @@ def _model_cost_text(row: dict | None, context: int, topk: int) -> str:
     return text + f" on Gemma 3 270M at {_k(row['context'])}, top-{row['topk']} (real-model study, stand-in indexer)"
 
 
-def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_size: int) -> str | None:
+def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_size: int,
+                              fused_rotation: bool = False) -> str | None:
     """Why the measured times (one GPU, ``gpu``, the Hopper kernel, no DCP exchange) do not hold here, or None.
 
     The tables hold the Hopper CUDA kernel against DeepGEMM as SGLang 0.5.23 calls it on Hopper, on ``gpu`` (an
@@ -63,7 +64,25 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
     if sharded and dcp_size > 1:
         return ("the sharded index under DCP adds a candidate exchange per step; at DCP 2 on two H200 it was slower "
                 "than the replicated index at every measured shape (user guide, \"Decode context parallelism\")")
+    if fused_rotation:
+        return ("with interleaved indexer RoPE the plugin rotates index queries and keys inside SGLang's fused "
+                "indexer, running SGLang's unfused query path there; that path's time on a GPU is not measured")
     return None
+
+
+#: How far a measured timing row may be from the shape asked about and still be quoted for it: keys read
+#: (batch x context) within 2x and batch within 4x, same index heads and next_n. Beyond that the scorer's time
+#: changes shape (CTA schedule, occupancy) more than the bytes it reads say.
+NEAR_KEYS_LOG2, NEAR_BATCH_LOG2 = 1.0, 2.0
+
+
+def _near(row: dict, heads: int, batch: int, context: int) -> bool:
+    """Whether a measured timing row is close enough to quote for ``heads`` x ``batch`` x ``context``."""
+    import math
+
+    return (row["heads"] == heads
+            and abs(math.log2(row["batch"] * row["context"]) - math.log2(batch * context)) <= NEAR_KEYS_LOG2
+            and abs(math.log2(row["batch"]) - math.log2(batch)) <= NEAR_BATCH_LOG2)
 
 
 def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: int, batch: int, context: int,
@@ -81,9 +100,14 @@ def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: 
         why = unmeasured
     elif next_n != 1:
         why = f"measured with MTP off, not at next_n {next_n}"
-    elif heads != sec["index_heads"] or found.get("kv_dtype") != sec["kv_cache_dtype"] or found["dcp_size"] != 1:
-        why = (f"measured with {sec['index_heads']} index heads, an {sec['kv_cache_dtype'].upper()} MLA KV cache and "
-               "no DCP, not this configuration")
+    else:
+        differs = [text for cond, text in (
+            (heads != sec["index_heads"], f"{sec['index_heads']} index heads, not {heads}"),
+            (found.get("kv_dtype") != sec["kv_cache_dtype"],
+             f"an {sec['kv_cache_dtype'].upper()} MLA KV cache, not {str(found.get('kv_dtype')).upper()}"),
+            (found["dcp_size"] != 1, f"no DCP, not DCP {found['dcp_size']}")) if cond]
+        if differs:
+            why = "measured with " + "; ".join(differs)
     row = None if why else measured_decode(tables, batch, context)
     if row is None and why is None:
         why = f"measured at {shapes} only"
@@ -105,11 +129,13 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
       requests, so FP4 buys only its indexer time, at the measured cost.
 
     The time is the measured row nearest the shape among rows with the asked
-    ``next_n`` (``tables.nearest_timing``); without such a row none is quoted,
+    ``next_n`` (``tables.nearest_timing``), quoted only when it is near
+    (``_near``: same index heads, keys read within 2x, batch within 4x; else
+    ``timing_far`` holds it and no speed is claimed); without such a row none is quoted,
     and none where the measured configuration (an H200 at compute capability
     9.0 running the Hopper kernel, single-GPU or a replicated DCP rank) is not
-    the one asked about: another GPU or capability, or the sharded DCP index
-    (``timing_unmeasured`` says why).
+    the one asked about: another GPU or capability, the sharded DCP index, or
+    the plugin's rotation inside SGLang's fused indexer (``timing_unmeasured`` says why).
     The cost is the top-k recall at the nearest measured context
     (``tables.nearest_recall``) and the real-model study's loss and passkey
     numbers at the nearest measured context (``tables.nearest_model_cost``,
@@ -154,10 +180,13 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     measured_n = sorted({r["next_n"] for r in tables["timing"]["rows"]})
     dev: DeviceFacts = found["device_facts"]
     gpu = tables["timing"]["gpu"]
-    unmeasured = _unmeasured_configuration(dev, gpu, sharded, found["dcp_size"])
+    unmeasured = _unmeasured_configuration(dev, gpu, sharded, found["dcp_size"], found.get("fused_rotation", False))
     same_n = [r for r in tables["timing"]["rows"] if r["next_n"] == next_n]
     row = (nearest_timing({"timing": {"rows": same_n}}, heads, batch, context, next_n)
            if same_n and unmeasured is None else None)
+    far = None
+    if row is not None and not _near(row, heads, batch, context):
+        far, row = row, None
     recall = nearest_recall(tables, heads, context)
     topk = int(tables["recall"]["topk"])
     model_cost = nearest_model_cost(tables, context, topk)
@@ -165,7 +194,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         "requests_fp8": cap.tokens_fp8 // context, "requests_fp4": tokens_fp4 // context,
         "tokens_needed": batch * context, "tokens_fp8": cap.tokens_fp8, "tokens_fp4": tokens_fp4, "gain": gain,
         "timing": row, "timing_next_n": measured_n, "timing_gpu": gpu,
-        "timing_unmeasured": unmeasured,
+        "timing_unmeasured": unmeasured, "timing_far": far,
         "timing_exact": row is not None and (row["heads"], row["batch"], row["context"]) == (heads, batch, context),
         "recall": recall, "recall_exact": recall[0]["context"] == context, "recall_device": tables["recall"]["device"],
         "model_cost": model_cost, "topk": topk, "heads": heads,
@@ -173,6 +202,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     }
     if unmeasured is not None:
         speed = f"an indexer speed that is not measured for this configuration ({unmeasured})"
+    elif far is not None:
+        speed = "an indexer speed that is not measured at this shape"
     elif row is None:
         speed = (f"an indexer time at next_n {next_n} that is not measured (measured: next_n "
                  f"{', '.join(map(str, measured_n))})")
