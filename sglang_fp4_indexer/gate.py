@@ -123,6 +123,10 @@ class ServerFacts:
         speculative_eagle_topk: ``--speculative-eagle-topk`` (1 without a draft
             tree). Above 1 EAGLE tree verify moves index keys between slots of
             different DCP ranks, so ``--fp4-indexer-dcp-shard`` is served replicated.
+        off_by: when not ``requested``, what turned FP4 off if something did
+            explicitly: ``"env"`` (``SGLANG_ENABLE_FP4_INDEXER`` set to an off
+            value), ``"flag"`` (``--no-enable-fp4-indexer``); empty when it was
+            simply not asked for.
     """
 
     requested: bool
@@ -141,6 +145,7 @@ class ServerFacts:
     external_kv_store: str = ""
     indexer_fusion_disabled: bool = False
     speculative_eagle_topk: int = 1
+    off_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -258,6 +263,13 @@ def decide(model: ModelFacts, server: ServerFacts, device: DeviceFacts) -> Decis
     """
     _check_types(model, server, device)
     if not server.requested:
+        if server.off_by == "env":
+            return Decision(False, "SGLANG_ENABLE_FP4_INDEXER is set to an off value, which wins over the command "
+                                   "line and the --config file",
+                            "unset SGLANG_ENABLE_FP4_INDEXER (or set it to 1) to use the FP4 indexer", ("off",))
+        if server.off_by == "flag":
+            return Decision(False, "--no-enable-fp4-indexer given (it wins over the --config file)",
+                            "drop --no-enable-fp4-indexer to use the FP4 indexer", ("off",))
         return Decision(False, "--enable-fp4-indexer not given", "", ("off",))
 
     reasons: list[tuple[str, str, str]] = []  # (code, reason, fix)

@@ -768,3 +768,22 @@ def test_context_claims_no_speed_for_the_rotation_inside_sglangs_fused_indexer(t
     code, out = _run(capsys, _write_dir(tmp_path, "unfused", GLM52), "--capability", "9.0", "--context", "131072",
                      "--batch", "8")
     assert "measured on NVIDIA H200 at this shape" in out
+
+
+def test_check_says_what_turned_fp4_off(tmp_path, capsys, monkeypatch):
+    """check answers as if FP4 were asked for, unless the user's own switches turn it off: it names which."""
+    yaml = tmp_path / "on.yaml"
+    yaml.write_text("enable-fp4-indexer: true\n")
+    cfg = _write(tmp_path, DSV32)
+    monkeypatch.setenv("SGLANG_ENABLE_FP4_INDEXER", "0")
+    code, out = _run(capsys, cfg, "--capability", "9.0", f"--sglang-args=--config {yaml}")
+    assert code == 1
+    assert ("FP4 indexer: DISABLED (SGLang keeps its FP8 indexer) - SGLANG_ENABLE_FP4_INDEXER is set to an off "
+            "value, which wins over the command line and the --config file") in out
+    assert "fix: unset SGLANG_ENABLE_FP4_INDEXER (or set it to 1) to use the FP4 indexer" in out
+    monkeypatch.delenv("SGLANG_ENABLE_FP4_INDEXER")
+    code, out = _run(capsys, cfg, "--capability", "9.0", f"--sglang-args=--config {yaml} --no-enable-fp4-indexer")
+    assert code == 1 and "DISABLED (SGLang keeps its FP8 indexer) - --no-enable-fp4-indexer given" in out
+    assert "fix: drop --no-enable-fp4-indexer to use the FP4 indexer" in out
+    code, out = _run(capsys, cfg, "--capability", "9.0", f"--sglang-args=--config {yaml}")
+    assert code == 0 and "FP4 indexer: ENABLED" in out

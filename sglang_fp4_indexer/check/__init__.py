@@ -4,7 +4,8 @@ Given a model directory (with ``config.json``), a Hugging Face config JSON or
 the name of a packaged config (``PACKAGED_MODELS``: the public config fields of
 DeepSeek-V3.2, GLM-5 and GLM-5.2, so no download is needed), and optionally
 SGLang server flags (``--sglang-args="..."``), prints the gate's
-``Decision`` as if ``--enable-fp4-indexer`` were given, and the memory effect:
+``Decision`` as if ``--enable-fp4-indexer`` were given (unless ``$SGLANG_ENABLE_FP4_INDEXER`` set to off or
+``--no-enable-fp4-indexer`` turns it off, as at launch), and the memory effect:
 index bytes per token per layer (132 FP8 -> 68 FP4) and the KV tokens a memory
 budget holds with each. No weights are read and no GPU is needed.
 

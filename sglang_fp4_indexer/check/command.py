@@ -257,7 +257,8 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
     else:
         own = "its own DeepSeek-V4 indexer" if "deepseek_v4" in d.codes else "its FP8 indexer"
         console.print(f"FP4 indexer: DISABLED (SGLang keeps {own}) - {d.reason}", markup=False)
-        console.print(f"fix: {d.fix}", markup=False)
+        if d.fix:
+            console.print(f"fix: {d.fix}", markup=False)
     cap: DcpCapacity | None = res.get("capacity")
     if cap is None:
         why = ("no DSA index-key cache" if not res["model"].is_dsa or "deepseek_v4" in d.codes

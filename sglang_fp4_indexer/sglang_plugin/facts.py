@@ -262,8 +262,16 @@ def server_facts(
     unified = bool(server_field(server_args, "enable_unified_memory", False)) or bool(
         server_field(server_args, "enable_unified_cache_external_linker", False)
     )
+    asked = requested(server_args)
+    off_by = ""
+    if not asked:
+        if env_setting(ENV_VAR) is False:
+            off_by = "env"
+        elif getattr(server_args, "_fp4_indexer_turned_off", False):
+            off_by = "flag"
     return ServerFacts(
-        requested=requested(server_args),
+        requested=asked,
+        off_by=off_by,
         page_size=None if page_size is None else int(page_size),
         dcp_size=dcp,
         dcp_shard=dcp_shard_requested(server_args),
