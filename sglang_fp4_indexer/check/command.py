@@ -55,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=integer(1), default=None, metavar="B",
                         help="with --context: requests decoded together (default 1)")
     parser.add_argument("--next-n", type=integer(1, MAX_NEXT_N), default=None, metavar="N",
-                        help="with --context: query tokens per request and step: 1 for plain decode, draft "
-                             "tokens + 1 with MTP / EAGLE speculative decoding, at most %d (default 1)" % MAX_NEXT_N)
+                        help="with --context: query tokens per request and step: 1 for plain decode; with MTP / "
+                             "EAGLE, SGLang's --speculative-num-draft-tokens (which counts the verified token: "
+                             "steps + 1 with top-1 drafts), at most %d (default 1)" % MAX_NEXT_N)
     parser.add_argument("--capability", default=None,
                         help="CUDA compute capability to assume, e.g. 9.0 (default: the local GPU, else 9.0)")
     parser.add_argument("--kv-cache-dtype", choices=("fp8", "bf16"), default=None,

@@ -145,7 +145,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         found: ``run_check``'s result for a DSA model (with ``capacity``).
         context: tokens per request.
         batch: requests decoded together.
-        next_n: query tokens per request and step (1: decode; draft tokens + 1: speculative verify).
+        next_n: query tokens per request and step (1: decode; SGLang's draft tokens, the verified one counted, in
+            speculative verify).
         tables: measured tables (default: the packaged ones, ``tables.load_tables``).
 
     Returns:
