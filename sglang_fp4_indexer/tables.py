@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -53,6 +54,7 @@ __all__ = [
     "build_tables",
     "load_tables",
     "nearest_timing",
+    "timing_is_near",
     "nearest_recall",
     "nearest_model_cost",
     "sglang_decode_section",
@@ -182,8 +184,6 @@ def sglang_decode_section(one_batch: list[dict], profiles: dict, *, gpu: str, da
     Raises:
         ValueError: no shape with both an FP8 and an FP4 line.
     """
-    import re
-
     steps: dict = {}
     for line in one_batch:
         fmt = line.get("run_name")
@@ -306,6 +306,20 @@ def nearest_timing(tables: dict, heads: int, batch: int, context: int, next_n: i
     return min(rows, key=lambda r: (_log_gap(r["heads"], heads) + _log_gap(r["batch"] * r["context"], batch * context)
                                     + _log_gap(r["next_n"], next_n) + 0.5 * _log_gap(r["batch"], batch),
                                     -r["heads"], -r["batch"] * r["context"] * r["next_n"]))
+
+
+#: How far a measured timing row may be from a shape and still stand for it (``timing_is_near``): keys read
+#: (batch x context) within 2x and batch within 4x, as ``|log2|`` gaps. Beyond that the scorer's time changes
+#: with the CTA schedule and occupancy more than with the bytes it reads.
+NEAR_KEYS_LOG2, NEAR_BATCH_LOG2 = 1.0, 2.0
+
+
+def timing_is_near(row: dict, heads: int, batch: int, context: int) -> bool:
+    """Whether a timing row (``nearest_timing``'s) is close enough to quote for ``heads`` x ``batch`` x ``context``:
+    the same index heads, keys read within ``NEAR_KEYS_LOG2`` and batch within ``NEAR_BATCH_LOG2`` (``|log2|`` gaps)."""
+    return (row["heads"] == heads
+            and _log_gap(row["batch"] * row["context"], batch * context) <= NEAR_KEYS_LOG2
+            and _log_gap(row["batch"], batch) <= NEAR_BATCH_LOG2)
 
 
 def nearest_recall(tables: dict, heads: int, context: int) -> list[dict]:

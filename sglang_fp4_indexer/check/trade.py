@@ -70,21 +70,6 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
     return None
 
 
-#: How far a measured timing row may be from the shape asked about and still be quoted for it: keys read
-#: (batch x context) within 2x and batch within 4x, same index heads and next_n. Beyond that the scorer's time
-#: changes shape (CTA schedule, occupancy) more than the bytes it reads say.
-NEAR_KEYS_LOG2, NEAR_BATCH_LOG2 = 1.0, 2.0
-
-
-def _near(row: dict, heads: int, batch: int, context: int) -> bool:
-    """Whether a measured timing row is close enough to quote for ``heads`` x ``batch`` x ``context``."""
-    import math
-
-    return (row["heads"] == heads
-            and abs(math.log2(row["batch"] * row["context"]) - math.log2(batch * context)) <= NEAR_KEYS_LOG2
-            and abs(math.log2(row["batch"]) - math.log2(batch)) <= NEAR_BATCH_LOG2)
-
-
 def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: int, batch: int, context: int,
                    next_n: int) -> dict:
     """``sglang_decode`` (the SGLang-measured decode row of exactly this shape, or None) and, when None,
@@ -130,7 +115,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
 
     The time is the measured row nearest the shape among rows with the asked
     ``next_n`` (``tables.nearest_timing``), quoted only when it is near
-    (``_near``: same index heads, keys read within 2x, batch within 4x; else
+    (``tables.timing_is_near``: same index heads, keys read within 2x, batch within 4x; else
     ``timing_far`` holds it and no speed is claimed); without such a row none is quoted,
     and none where the measured configuration (an H200 at compute capability
     9.0 running the Hopper kernel, single-GPU or a replicated DCP rank) is not
@@ -166,7 +151,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         ValueError: ``found`` has no memory rows (not a DSA model), a
             non-positive shape, or ``context < next_n``.
     """
-    from ..tables import load_tables, nearest_model_cost, nearest_recall, nearest_timing
+    from ..tables import load_tables, nearest_model_cost, nearest_recall, nearest_timing, timing_is_near
 
     cap: DcpCapacity | None = found.get("capacity")
     if cap is None:
@@ -186,7 +171,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     row = (nearest_timing({"timing": {"rows": same_n}}, heads, batch, context, next_n)
            if same_n and unmeasured is None else None)
     far = None
-    if row is not None and not _near(row, heads, batch, context):
+    if row is not None and not timing_is_near(row, heads, batch, context):
         far, row = row, None
     recall = nearest_recall(tables, heads, context)
     topk = int(tables["recall"]["topk"])

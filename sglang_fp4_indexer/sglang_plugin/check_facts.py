@@ -46,12 +46,9 @@ def read_sglang_facts(cfg: dict, model_path: str, flags: list[str]):
     if given is not None:
         raise ValueError("--sglang-args: --model-path is not used by check, which reads the model given as its "
                          "positional argument; drop --model-path from --sglang-args")
-    # check answers as if FP4 were asked for, unless the user's own flags turn it off (--no-enable-fp4-indexer wins
-    # over the --config file, as at launch); SGLANG_ENABLE_FP4_INDEXER set to off wins over both (server_facts).
-    turned_off = "--no-enable-fp4-indexer" in flags
-    record = server_args_from_flags(model_path, flags, requested=not turned_off)
-    if turned_off:
-        record._fp4_indexer_turned_off = True
+    # check answers as if FP4 were asked for, unless the user's own flags turn it off (server_args_from_flags), as
+    # at launch; SGLANG_ENABLE_FP4_INDEXER set to off wins over both (server_facts).
+    record = server_args_from_flags(model_path, flags, requested=True)
     tp, dcp = int(server_field(record, "tp_size", 1)), int(server_field(record, "dcp_size", 1))
     for name, value in (("--tp-size", tp), ("--dcp-size", dcp)):
         if value < 1:

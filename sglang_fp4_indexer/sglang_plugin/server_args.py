@@ -213,7 +213,9 @@ def server_args_from_flags(model_path: str, flags: list[str], *, requested: bool
     Args:
         model_path: the ``--model-path`` value.
         flags: further SGLang command-line flags.
-        requested: if not None, overrides whether the FP4 indexer is asked for.
+        requested: if not None, whether the FP4 indexer is asked for in place of the flags' own answer
+            (``check`` passes True: it answers as if asked), except that an explicit ``--no-enable-fp4-indexer``
+            (the last of the two flags) still turns it off and is recorded as ``_fp4_indexer_turned_off``.
 
     Raises:
         ValueError: SGLang's parser rejects the flags, or SGLang cannot read
@@ -247,6 +249,12 @@ def server_args_from_flags(model_path: str, flags: list[str], *, requested: bool
     if unknown:
         raise ValueError(f"server flags: SGLang does not know {unknown}")
     record = ServerArgs.from_cli_args(ns)
-    mark_requested(record, bool(ns.enable_fp4_indexer) if requested is None else requested)
+    # The last of --enable-fp4-indexer / --no-enable-fp4-indexer wins (one destination); a --config file's flags are
+    # merged before the command line's, so this covers both.
+    given = [a for a in argv if a in (FLAG, NO_FLAG)]
+    turned_off = bool(given) and given[-1] == NO_FLAG
+    mark_requested(record, bool(ns.enable_fp4_indexer) if requested is None else requested and not turned_off)
+    if turned_off:
+        record._fp4_indexer_turned_off = True  # read by facts.server_facts: which switch turned FP4 off
     mark_dcp_shard(record, bool(getattr(ns, "fp4_indexer_dcp_shard", False)))
     return record
