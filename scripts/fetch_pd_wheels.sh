@@ -34,9 +34,10 @@ STAGE="$(mktemp -d)"; trap 'rm -rf "$STAGE"' EXIT
   --platform manylinux_2_28_x86_64 -d "$STAGE" "$WHEEL"
 whl="$(ls "$STAGE"/mooncake_transfer_engine*.whl)"
 mkdir "$STAGE/x" && (cd "$STAGE/x" && unzip -q "$whl")
-# Keep the NEEDED closure of mooncake/engine.so among the wheel's shared objects; drop every other binary; fix RECORD.
+# Keep the NEEDED closure of mooncake/engine.so among the wheel's shared objects; drop every other binary; then
+# fix RECORD.
 "$PY" - "$STAGE/x" <<'PYEOF'
-import csv, glob, os, subprocess, sys
+import glob, os, subprocess, sys
 os.chdir(sys.argv[1])
 def needed(path):
     out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, check=True).stdout
@@ -61,12 +62,9 @@ for path in glob.glob("mooncake/**/*", recursive=True) + glob.glob("*.libs/*"):
     if path.endswith((".so", ".c")) or ".so." in path or os.access(path, os.X_OK):
         os.remove(path)
         dropped += 1
-rec = glob.glob("*.dist-info/RECORD")[0]
-rows = [r for r in csv.reader(open(rec)) if os.path.exists(r[0])]
-with open(rec, "w", newline="") as f:
-    csv.writer(f).writerows(rows)
 print("kept:", " ".join(sorted(keep)), f"({dropped} files dropped)")
 PYEOF
+"$PY" scripts/fix_wheel_record.py "$STAGE/x"
 rm -f "$DEST"/mooncake_transfer_engine*.whl
 (cd "$STAGE/x" && zip -q -r -9 "$DEST/$(basename "$whl")" .)
 # System libraries engine.so links, with their own (glibc / libstdc++ / libgcc_s excluded).

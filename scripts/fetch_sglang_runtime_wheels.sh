@@ -41,14 +41,7 @@ slim() {
   local whl=$1 dest=$2; shift 2
   rm -rf "$STAGE/x" && mkdir "$STAGE/x" && (cd "$STAGE/x" && unzip -q "$whl")
   (cd "$STAGE/x" && rm -rf "$@")
-  "$PY" - "$STAGE/x" <<'PYEOF'
-import csv, glob, os, sys
-os.chdir(sys.argv[1])
-rec = glob.glob("*.dist-info/RECORD")[0]
-rows = [r for r in csv.reader(open(rec)) if os.path.exists(r[0])]
-with open(rec, "w", newline="") as f:
-    csv.writer(f).writerows(rows)
-PYEOF
+  "$PY" scripts/fix_wheel_record.py "$STAGE/x"
   local name; name="$(basename "$whl")"
   rm -f "$dest/$name"
   (cd "$STAGE/x" && zip -q -r -9 "$OLDPWD/$dest/$name" .)

@@ -36,7 +36,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sglang_one_batch import launched_server, seeded_prompts  # noqa: E402
+from sglang_one_batch import check_table, first_difference, launched_server, seeded_prompts  # noqa: E402
 
 #: What the plugin appends to the KV cache dtype a server holding FP4 index keys publishes (its
 #: ``disaggregation.INDEX_KEYS_NOTE``, repeated here so that this script runs without importing the plugin).
@@ -176,11 +176,6 @@ def mismatch_lines(log_text: str) -> list[str]:
     return [ln[ln.index(MISMATCH_PREFIX):].strip() for ln in log_text.splitlines() if MISMATCH_PREFIX in ln]
 
 
-def _first_difference(a: list, b: list) -> int:
-    """The first index at which two lists differ (the shorter length when one is a prefix of the other)."""
-    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def checks(pd: list[dict], plain: list[dict], topk_pd: dict | None, topk_plain: dict | None,
            mismatch: dict | None) -> list[dict]:
     """The checks as rows ``{check, ok, detail}``.
@@ -209,7 +204,7 @@ def checks(pd: list[dict], plain: list[dict], topk_pd: dict | None, topk_plain: 
         if x and x == y:
             same += 1
         else:
-            diffs.append(f"prompt {a['prompt_len']}: first difference at output {_first_difference(x, y)} "
+            diffs.append(f"prompt {a['prompt_len']}: first difference at output {first_difference(x, y)} "
                          f"({len(x)} PD / {len(y)} plain tokens)")
     rows.append({"check": "PD greedy output ids = plain FP4 server's", "ok": bool(pd) and same == len(pd),
                  "detail": f"{same}/{len(pd)} requests identical" + ("; " + "; ".join(diffs) if diffs else "")})
@@ -239,8 +234,8 @@ def checks(pd: list[dict], plain: list[dict], topk_pd: dict | None, topk_plain: 
 
 
 def table(rows: list[dict]) -> str:
-    """The rows as text, one line per check: ``check  PASS|FAIL  detail``."""
-    return "\n".join(f"{r['check']:<66} {'PASS' if r['ok'] else 'FAIL':4} {r['detail']}" for r in rows)
+    """The rows as text, one line per check: ``check  PASS|FAIL  detail`` (``sglang_one_batch.check_table``)."""
+    return check_table(rows)
 
 
 @contextlib.contextmanager

@@ -678,11 +678,19 @@ def trace_overlap(fp8: dict, fp4: dict, same_until: dict[int, int]) -> dict:
     return {m: {"rows": st["rows"], "mean": st["sum"] / st["rows"], "min": st["min"]} for m, st in out.items()}
 
 
+def first_difference(a: list, b: list) -> int:
+    """The first index at which two token lists differ (the shorter length when one is a prefix of the other)."""
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def _first_difference(r8: dict, r4: dict) -> int:
     """The first position at which two Engine results of one prompt differ (prompt + output tokens)."""
-    a, b = r8.get("output_ids") or [], r4.get("output_ids") or []
-    n = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return r8["prompt_len"] + n
+    return r8["prompt_len"] + first_difference(r8.get("output_ids") or [], r4.get("output_ids") or [])
+
+
+def check_table(rows: list[dict], width: int = 66) -> str:
+    """Check rows (``check``, ``ok``, ``detail``) as text, one line each: ``check  PASS|FAIL  detail``."""
+    return "\n".join(f"{r['check']:<{width}} {'PASS' if r['ok'] else 'FAIL':4} {r['detail']}" for r in rows)
 
 
 def trace_check(argv: list[str]) -> int:
@@ -745,8 +753,7 @@ def trace_check(argv: list[str]) -> int:
         with open(opts.json, "w") as f:
             json.dump({"checks": rows, "modes": modes, "overlap": ov, "spec_steps": e4["spec_steps"],
                        "draft_tokens": n}, f, indent=1, default=str)
-    for r in rows:
-        print(f"{r['check']:<78} {'PASS' if r['ok'] else 'FAIL':4} {r['detail']}")
+    print(check_table(rows, 78))
     return 0 if all(r["ok"] for r in rows) else 1
 
 
@@ -901,8 +908,7 @@ def compare(argv: list[str]) -> int:
             json.dump(summary, f, indent=1, default=str)
     print(f"versions: {fp4.get('versions')}")
     print(f"{'check':<66} {'':4} detail")
-    for r in rows:
-        print(f"{r['check']:<66} {'PASS' if r['ok'] else 'FAIL':4} {r['detail']}")
+    print(check_table(rows))
     return 0 if all(r["ok"] for r in rows) else 1
 
 
