@@ -40,7 +40,7 @@ STAGE="$(mktemp -d)"; trap 'rm -rf "$STAGE"' EXIT
 slim() {
   local whl=$1 dest=$2; shift 2
   rm -rf "$STAGE/x" && mkdir "$STAGE/x" && (cd "$STAGE/x" && unzip -q "$whl")
-  (cd "$STAGE/x" && rm -rf "$@")
+  (cd "$STAGE/x" && for pattern in "$@"; do rm -rf $pattern; done)  # unquoted: each pattern expands as a glob
   "$PY" scripts/fix_wheel_record.py "$STAGE/x"
   local name; name="$(basename "$whl")"
   rm -f "$dest/$name"
