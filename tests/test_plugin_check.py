@@ -717,7 +717,13 @@ def test_next_n_comes_from_the_speculative_flags(tmp_path, capsys):
     (["--capability", "10.0", "--next-n", "2"], "on compute capability 10.0 this plugin scores with its Triton kernel"),
     (["--capability", "8.9"], "on compute capability 8.9 this plugin scores with its Triton kernel"),
     (["--sglang-args=--tp-size 8 --dcp-size 2 --fp4-indexer-dcp-shard"], "the sharded index under DCP adds"),
-], ids=["sm100", "sm89", "dcp-sharded"])
+    (["--gpu", "H100"], "measured on NVIDIA H200, not H100"),
+    (["--gpu", "H20"], "measured on NVIDIA H200, not H20"),
+    (["--sglang-args=--disaggregation-mode prefill"], "reason: PD disaggregation prefill server"),
+    (["--sglang-args=--disaggregation-mode decode"], "reason: PD decode server not measured"),
+    (["--sglang-args=--enable-hierarchical-cache"], "reason: hierarchical cache not measured"),
+    (["--sglang-args=--tp-size 8 --dcp-size 4"], "only DCP width 2 was measured, not DCP 4"),
+], ids=["sm100", "sm89", "dcp-sharded", "h100", "h20", "pd-prefill", "pd-decode", "hicache", "dcp4-replicated"])
 def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, capsys, argv, why):
     code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8", *argv)
     assert code in (0, 3) and "indexer scorer time: not measured for this configuration (" in out and why in out
@@ -726,6 +732,17 @@ def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, 
     code, out = _run(capsys, _write_dir(tmp_path, "rep", DSV32), "--context", "131072", "--batch", "8",
                      "--sglang-args=--tp-size 8 --dcp-size 2")
     assert "faster indexer" in out and "not measured for this configuration" not in out
+    # --gpu H200 is the measured GPU: its time is quoted.
+    code, out = _run(capsys, _write_dir(tmp_path, "h200", DSV32), "--context", "131072", "--batch", "8",
+                     "--gpu", "H200")
+    assert "faster indexer" in out and "not measured for this configuration" not in out
+
+
+def test_check_announces_the_sglang_import_time_of_the_user_guide():
+    from sglang_fp4_indexer.check.findings import LOADING_SGLANG
+
+    assert "10-30 s" in LOADING_SGLANG
+    assert "importing SGLang takes 10-30 s" in " ".join((_REPO / "docs" / "user-guide.md").read_text().split())
 
 
 def test_context_quotes_the_decode_step_measured_inside_sglang_only_where_it_was_measured(tmp_path, capsys):

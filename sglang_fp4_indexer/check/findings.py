@@ -34,14 +34,17 @@ __all__ = [
 #: Refusal codes (``Decision.codes``) that come from the model itself: no server flag or environment lifts them,
 #: so ``check`` gives no FP4 figure for such a model.
 MODEL_REFUSALS = frozenset({"not_dsa", "deepseek_v4", "index_head_dim", "index_heads", "index_kpool"})
-#: The line ``check`` prints on stderr before SGLang's import (measured: 23-27 s on a 2-core machine, every run).
-LOADING_SGLANG = "loading SGLang to classify the model and parse its flags (its import takes 20-30 s)..."
-def _device(capability: str | None) -> tuple[DeviceFacts, str]:
+#: The line ``check`` prints on stderr before SGLang's import (docs/user-guide.md: 10-30 s,
+#: 13-27 s measured on 2-core machines).
+LOADING_SGLANG = "loading SGLang to classify the model and parse its flags (its import takes 10-30 s)..."
+def _device(capability: str | None, gpu: str | None = None) -> tuple[DeviceFacts, str]:
     if capability is not None:
         try:
             major, minor = (int(x) for x in capability.split("."))
         except ValueError:
             raise ValueError(f"--capability: expected MAJOR.MINOR such as 9.0, got {capability!r}") from None
+        if gpu is not None:  # --gpu: its name, so that claims measured on another GPU are not quoted for it
+            return DeviceFacts("cuda", (major, minor), f"NVIDIA {gpu}"), f"{gpu}, CUDA {major}.{minor} (given)"
         return DeviceFacts("cuda", (major, minor), "given"), f"CUDA {major}.{minor} (given)"
     import torch
 
@@ -50,6 +53,18 @@ def _device(capability: str | None) -> tuple[DeviceFacts, str]:
         name = torch.cuda.get_device_name()
         return DeviceFacts("cuda", cap, name), f"{name}, CUDA {cap[0]}.{cap[1]} (local)"
     return DeviceFacts("cuda", (9, 0), "assumed H200"), "CUDA 9.0 (assumed: no local GPU; --capability to change)"
+
+
+def _server_unmeasured(server) -> str | None:
+    """Why the measured times (a server that decodes, no hierarchical cache) do not hold for ``server``, or None."""
+    mode = getattr(server, "disaggregation_mode", "null")
+    if mode == "prefill":
+        return "PD disaggregation prefill server: it runs no decode steps"
+    if mode == "decode":
+        return "PD decode server not measured"
+    if getattr(server, "hicache", False):
+        return "hierarchical cache not measured"
+    return None
 
 
 def _derived_budget(cfg: dict, memory: dict | None, gpu: tuple[int, tuple[int, int] | None, str]) -> KvBudget:
@@ -142,7 +157,7 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
     gpu_found = gpu_memory(gpu) if memory_gib is None or gpu is not None else None
     if capability is None and gpu_found is not None and gpu_found[1] is not None:
         capability = "%d.%d" % gpu_found[1]
-    device, device_text = _device(capability)
+    device, device_text = _device(capability, gpu_found[2].split(",")[0] if gpu is not None and gpu_found else None)
     decision: Decision = decide(model_facts, server, device)
     arch = model_facts.architecture or f"no architectures in config, model_type {cfg.get('model_type')!r}"
     positions = context_length or cfg.get("max_position_embeddings")
@@ -153,7 +168,7 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
            "positions_from": ("--context-length in --sglang-args" if context_length
                               else "max_position_embeddings in its config.json"),
            "model_refusal": bool(MODEL_REFUSALS.intersection(decision.codes)),
-           "verify_next_n": verify[0], "verify_how": verify[1]}
+           "verify_next_n": verify[0], "verify_how": verify[1], "server_unmeasured": _server_unmeasured(server)}
     if model_facts.is_dsa and not out["model_refusal"]:
         out["index_keys"] = index_key_rotation(model_facts, server)[1]
         # The plugin's rotation inside SGLang's fused indexer (interleaved indexer RoPE, fusion not disabled) runs

@@ -47,7 +47,7 @@ def _model_cost_text(row: dict | None, context: int, topk: int) -> str:
 
 
 def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_size: int,
-                              fused_rotation: bool = False) -> str | None:
+                              fused_rotation: bool = False, server: str | None = None) -> str | None:
     """Why the measured times (one GPU, ``gpu``, the Hopper kernel, no DCP exchange) do not hold here, or None.
 
     The tables hold the Hopper CUDA kernel against DeepGEMM as SGLang 0.5.23 calls it on Hopper, on ``gpu`` (an
@@ -60,10 +60,14 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
         return (f"the times were measured on an {gpu.replace('NVIDIA ', '')} (compute capability 9.0, the Hopper "
                 f"kernel); on compute capability {cap[0]}.{cap[1]} {kernels}")
     if dev.name not in ("assumed H200", "given") and "H200" not in (dev.name or ""):
-        return f"the times were measured on an {gpu.replace('NVIDIA ', '')}, not on this {dev.name}"
+        return f"measured on {gpu}, not {dev.name.replace('NVIDIA ', '')}"
+    if server is not None:
+        return f"reason: {server}"
     if sharded and dcp_size > 1:
         return ("the sharded index under DCP adds a candidate exchange per step; at DCP 2 on two H200 it was slower "
                 "than the replicated index at every measured shape (user guide, \"Decode context parallelism\")")
+    if dcp_size > 2:
+        return f"only DCP width 2 was measured, not DCP {dcp_size}"
     if fused_rotation:
         return ("with interleaved indexer RoPE the plugin rotates index queries and keys inside SGLang's fused "
                 "indexer, running SGLang's unfused query path there; that path's time on a GPU is not measured")
@@ -119,7 +123,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     ``timing_far`` holds it and no speed is claimed); without such a row none is quoted,
     and none where the measured configuration (an H200 at compute capability
     9.0 running the Hopper kernel, single-GPU or a replicated DCP rank) is not
-    the one asked about: another GPU or capability, the sharded DCP index, or
+    the one asked about: another GPU (H100, H20 too) or capability, the sharded DCP index, a replicated DCP width
+    other than 2, a PD prefill or decode server, the hierarchical cache, or
     the plugin's rotation inside SGLang's fused indexer (``timing_unmeasured`` says why).
     The cost is the top-k recall at the nearest measured context
     (``tables.nearest_recall``) and the real-model study's loss and passkey
@@ -166,7 +171,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     measured_n = sorted({r["next_n"] for r in tables["timing"]["rows"]})
     dev: DeviceFacts = found["device_facts"]
     gpu = tables["timing"]["gpu"]
-    unmeasured = _unmeasured_configuration(dev, gpu, sharded, found["dcp_size"], found.get("fused_rotation", False))
+    unmeasured = _unmeasured_configuration(dev, gpu, sharded, found["dcp_size"], found.get("fused_rotation", False),
+                                          found.get("server_unmeasured"))
     same_n = [r for r in tables["timing"]["rows"] if r["next_n"] == next_n]
     row = (nearest_timing({"timing": {"rows": same_n}}, heads, batch, context, next_n)
            if same_n and unmeasured is None else None)
