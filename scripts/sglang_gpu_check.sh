@@ -218,7 +218,7 @@ case "$STEP" in
     # SERVE_SPEC="STEPS:DRAFT_TOKENS": MTP on (SGLang's EAGLE on the model's next-n layer, top-1 drafts); bench_serving
     # then reports the accepted length, which dummy weights make meaningless: read TPOT and the verify-step time.
     # SERVE_FORMATS: which of "fp8 fp4" to run (one per call where both do not fit one call's time); SERVE_EXTRA:
-    # more launch_server arguments (e.g. "--cuda-graph-max-bs 4" to capture fewer decode graphs).
+    # more launch_server arguments (e.g. "--cuda-graph-max-bs-decode 4" to capture fewer decode graphs; SGLang 0.5.23 refuses the ambiguous "--cuda-graph-max-bs").
     M2="$WORK/v32-layers"
     "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
     SPEC=()
