@@ -29,23 +29,16 @@ import argparse
 import ctypes
 import json
 import statistics
-import time
 
 
-def _host_time(fn, calls: int, repeats: int = 5) -> list[float]:
+def _host_time(fn, calls: int) -> list[float]:
+    """Seconds per call of ``fn()``: the benchmark's host timer (``bench.timing.time_host``), 5 repeats."""
     import torch
 
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls)
-        torch.cuda.synchronize()
-    return samples
+    from sglang_fp4_indexer.bench.timing import time_host
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    return time_host(lambda _: fn(), dev, warmup=50, calls=calls, repeats=5).samples
 
 
 def main() -> int:

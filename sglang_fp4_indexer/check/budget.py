@@ -24,6 +24,19 @@ GPUS = {
 }
 
 
+def gpu_key(name: str) -> str:
+    """``name`` as ``GPUS`` keys it: upper case, without an ``NVIDIA`` prefix (``"nvidia h100"`` -> ``"H100"``).
+
+    Raises:
+        ValueError: a name not in ``GPUS`` (the message lists them and points to ``--memory-gib``).
+    """
+    key = name.strip().upper().removeprefix("NVIDIA").strip()
+    if key not in GPUS:
+        raise ValueError(f"--gpu: {name!r} is not one of {', '.join(GPUS)}; for another GPU give --memory-gib "
+                         "with the size SGLang logs in its 'KV Cache is allocated' line")
+    return key
+
+
 def gpu_memory(name: str | None) -> tuple[int, tuple[int, int] | None, str]:
     """The GPU's memory in MiB, its compute capability (None for the local GPU) and how it was found.
 
@@ -34,10 +47,7 @@ def gpu_memory(name: str | None) -> tuple[int, tuple[int, int] | None, str]:
         ValueError: a name not in ``GPUS`` (the message lists them and points to ``--memory-gib``).
     """
     if name is not None:
-        key = name.strip().upper().removeprefix("NVIDIA").strip()
-        if key not in GPUS:
-            raise ValueError(f"--gpu: {name!r} is not one of {', '.join(GPUS)}; for another GPU give --memory-gib "
-                             "with the size SGLang logs in its 'KV Cache is allocated' line")
+        key = gpu_key(name)
         mib, cap = GPUS[key]
         return mib, cap, f"{key}, {mib} MiB, given as --gpu"
     import torch

@@ -11,8 +11,8 @@ from typing import Callable
 
 from ..argtypes import MAX_MEMORY_GIB
 from ..dcp import DcpCapacity, REPLICATED, SHARDED, bytes_per_token, dcp_capacity
-from ..gate import Decision, DeviceFacts, dcp_mode_for, decide, index_key_rotation
-from .budget import KvBudget, gpu_memory, kv_budget
+from ..gate import Decision, DeviceFacts, ServerFacts, dcp_mode_for, decide, index_key_rotation
+from .budget import KvBudget, gpu_key, gpu_memory, kv_budget
 from .weights import Parallel
 from .model import (
     _SGLANG_KV_DTYPES,
@@ -55,14 +55,13 @@ def _device(capability: str | None, gpu: str | None = None) -> tuple[DeviceFacts
     return DeviceFacts("cuda", (9, 0), "assumed H200"), "CUDA 9.0 (assumed: no local GPU; --capability to change)"
 
 
-def _server_unmeasured(server) -> str | None:
+def _server_unmeasured(server: ServerFacts) -> str | None:
     """Why the measured times (a server that decodes, no hierarchical cache) do not hold for ``server``, or None."""
-    mode = getattr(server, "disaggregation_mode", "null")
-    if mode == "prefill":
+    if server.disaggregation_mode == "prefill":
         return "PD disaggregation prefill server: it runs no decode steps"
-    if mode == "decode":
+    if server.disaggregation_mode == "decode":
         return "PD decode server not measured"
-    if getattr(server, "hicache", False):
+    if server.hicache:
         return "hierarchical cache not measured"
     return None
 
@@ -157,7 +156,7 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
     gpu_found = gpu_memory(gpu) if memory_gib is None or gpu is not None else None
     if capability is None and gpu_found is not None and gpu_found[1] is not None:
         capability = "%d.%d" % gpu_found[1]
-    device, device_text = _device(capability, gpu_found[2].split(",")[0] if gpu is not None and gpu_found else None)
+    device, device_text = _device(capability, gpu_key(gpu) if gpu is not None else None)
     decision: Decision = decide(model_facts, server, device)
     arch = model_facts.architecture or f"no architectures in config, model_type {cfg.get('model_type')!r}"
     positions = context_length or cfg.get("max_position_embeddings")
