@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.util
 import json
 import os
 import re
@@ -173,6 +174,12 @@ def _serving(argv: list[str]) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from sglang_one_batch import launched_server
 
+    client_env = dict(os.environ)
+    if importlib.util.find_spec("datasets") is None:
+        # SGLang's benchmark client imports Hugging Face datasets, which random-ids prompts never call:
+        # scripts/bench_standins/datasets stands in for it where it is not installed (the GPU machine).
+        standins = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_standins")
+        client_env["PYTHONPATH"] = os.pathsep.join(x for x in (os.environ.get("PYTHONPATH"), standins) if x)
     with launched_server(cmd, opts.port, opts.out + ".server.log", opts.ready_timeout):
         for il in opts.input_lens:
             subprocess.run([sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--host",
@@ -180,7 +187,7 @@ def _serving(argv: list[str]) -> int:
                             "--random-input-len", str(il), "--random-output-len", str(opts.output_len),
                             "--random-range-ratio", "1", "--num-prompts", str(opts.prompts),
                             "--max-concurrency", str(opts.concurrency), "--seed", "0", "--disable-tqdm",
-                            "--output-file", opts.out], check=True)
+                            "--output-file", opts.out], check=True, env=client_env)
     return 0
 
 

@@ -237,11 +237,13 @@ case "$STEP" in
         $([ $fmt = fp4 ] && echo --fp4) --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton \
         --mem-fraction-static 0.5 --disable-radix-cache --random-seed 0 ${POOL[@]+"${POOL[@]}"} ${SPEC[@]+"${SPEC[@]}"} ${SERVE_EXTRA:-}
       cp "$OUTDIR/serving_$fmt.jsonl.server.log" "$WORK/logs/" 2>/dev/null; rm -f "$OUTDIR/serving_$fmt.jsonl.server.log"
+      rm -f "$WORK/serving_$fmt.jsonl"; cp "$OUTDIR/serving_$fmt.jsonl" "$WORK/" 2>/dev/null
       grep -h "KV Cache is allocated\|max_total_num_tokens\|FP4 indexer active" "$WORK/logs/serving_$fmt.jsonl.server.log" \
         2>/dev/null | head -n 3 >>"$OUTDIR/table.txt"
     done
-    if [ -f "$OUTDIR/serving_fp8.jsonl" ] && [ -f "$OUTDIR/serving_fp4.jsonl" ]; then
-      "$PY" scripts/sglang_bench.py serving-table --fp8 "$OUTDIR/serving_fp8.jsonl" --fp4 "$OUTDIR/serving_fp4.jsonl" \
+    # The pair is read from $WORK, so FP8 and FP4 may come from calls that follow each other on one machine.
+    if [ -f "$WORK/serving_fp8.jsonl" ] && [ -f "$WORK/serving_fp4.jsonl" ]; then
+      "$PY" scripts/sglang_bench.py serving-table --fp8 "$WORK/serving_fp8.jsonl" --fp4 "$WORK/serving_fp4.jsonl" \
         --json "$OUTDIR/serving_table.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
     fi
     ;;
