@@ -382,7 +382,7 @@ def _recall(acc, workload, context, heads):
 def test_context_adds_what_fp4_gains_and_costs(tmp_path, capsys, cfg, layers, heads, kv):
     bench, acc = _sources()
     ours = next(s["name"] for s in bench["scorers"] if s["name"] in ("ours", "ours[auto]"))
-    code, out = _run(capsys, _write(tmp_path, cfg), "--capability", "9.0", "--context", "131072", "--batch", "8")
+    code, out = _run(capsys, _write(tmp_path, cfg), "--gpu", "H200", "--context", "131072", "--batch", "8")
     assert "ENABLED" in out  # the exit code is the verdict's (below)
     # Tokens: SGLang's Hopper default MLA KV is bf16 (1152 B); requests of 128K that fit.
     t8, t4 = 100 * GIB // (layers * (kv + 132)), 100 * GIB // (layers * (kv + 68))
@@ -452,7 +452,7 @@ def test_context_quotes_only_the_asked_next_n(tmp_path, capsys):
 
     measured = sorted({r["next_n"] for r in load_tables()["timing"]["rows"]})
     assert 8 not in measured
-    code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "9.0", "--context", "131072", "--batch", "8",
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--gpu", "H200", "--context", "131072", "--batch", "8",
                      "--next-n", "8")
     assert code == 0
     assert (f"indexer scorer time at next_n 8: not measured (the NVIDIA H200 tables have next_n "
@@ -463,7 +463,7 @@ def test_context_quotes_only_the_asked_next_n(tmp_path, capsys):
 
 
 def test_context_names_the_nearest_measured_shape(tmp_path, capsys):
-    code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "9.0", "--context", "100000", "--batch", "6",
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--gpu", "H200", "--context", "100000", "--batch", "6",
                      "--next-n", "4")
     assert code in (0, 3)
     assert "measured on NVIDIA H200 at the nearest measured shape, H 64, batch 8 x 128K, next_n 4" in out
@@ -498,7 +498,7 @@ def test_context_quotes_both_deepgemm_columns_where_they_differ(tmp_path, capsys
     rows = [r for r in bench["rows"] if r["heads"] == 64 and r["results"].get(ours, {}).get("status") == "ok"]
     row = max(rows, key=lambda r: (r["next_n"], r["batch"] * r["context"]))  # a target-verify row where there is one
     shape = [str(row[k]) for k in ("context", "batch", "next_n")]
-    code, out = _run(capsys, _write(tmp_path, DSV32), "--capability", "9.0", "--context", shape[0], "--batch",
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--gpu", "H200", "--context", shape[0], "--batch",
                      shape[1], "--next-n", shape[2])
     assert code == 0 and "measured on NVIDIA H200 at this shape" in out
     fp4 = row["results"][ours]["seconds"] * 1e6
@@ -738,6 +738,33 @@ def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, 
     assert "faster indexer" in out and "not measured for this configuration" not in out
 
 
+def test_a_capability_without_a_gpu_name_claims_no_time_measured_on_one_gpu(tmp_path, capsys, monkeypatch):
+    """--capability 9.0 alone, no local GPU: the GPU is unknown, so no H200 time or speed-up; memory claims stay."""
+    from sglang_fp4_indexer.check import findings
+
+    monkeypatch.setattr(findings, "_local_gpu", lambda: None, raising=False)
+    cfg = "deepseek-v3.2"  # the packaged config: its shapes give the weights the derived budget subtracts
+    argv = ("--context", "57344", "--kv-cache-dtype", "fp8", "--sglang-args=--tp-size 8")  # a measured decode shape
+    code, out = _run(capsys, cfg, "--capability", "9.0", *argv, derive=True)
+    assert "device: CUDA 9.0 (given; GPU not named, pass --gpu)" in out
+    assert "indexer scorer time: not measured for this configuration (reason: GPU not named; pass --gpu)" in out
+    assert "decode step inside SGLang at 1 x 56K: not measured (reason: GPU not named; pass --gpu)" in out
+    assert "indexer speed that is not measured for this configuration (reason: GPU not named; pass --gpu)" in out
+    for h200_only in ("faster indexer", "slower indexer", " us ", "median FP8", "H200 at"):
+        assert h200_only not in out
+    # The memory claims are those of the default device (an H200's memory, as the budget line says).
+    _, named = _run(capsys, cfg, "--gpu", "H200", *argv, derive=True)
+    for claim in ("requests that fit: ", "extra KV tokens with FP4: ", "layers: 61"):
+        line = lambda text: text[text.index(claim):][:120]  # noqa: E731
+        assert line(out) == line(named)
+    assert "H200, 143771 MiB, assumed: no local GPU" in out
+    # A local GPU of the given capability is the GPU asked about: named, and its own reason given.
+    monkeypatch.setattr(findings, "_local_gpu", lambda: ((9, 0), "NVIDIA H100 80GB HBM3"), raising=False)
+    code, out = _run(capsys, cfg, "--capability", "9.0", *argv)
+    assert "device: NVIDIA H100 80GB HBM3, CUDA 9.0 (given; the local GPU)" in out
+    assert "not measured for this configuration (measured on NVIDIA H200, not H100 80GB HBM3)" in out
+
+
 def test_check_announces_the_sglang_import_time_of_the_user_guide():
     from sglang_fp4_indexer.check.findings import LOADING_SGLANG
 
@@ -753,7 +780,7 @@ def test_context_quotes_the_decode_step_measured_inside_sglang_only_where_it_was
     row = sec["rows"][0]
     b, ctx = row["batch"], row["context"]
     cfg = _write(tmp_path, DSV32)
-    code, out = _run(capsys, cfg, "--capability", "9.0", "--kv-cache-dtype", "fp8", "--context", str(ctx),
+    code, out = _run(capsys, cfg, "--gpu", "H200", "--kv-cache-dtype", "fp8", "--context", str(ctx),
                      "--batch", str(b))
     f8, f4 = row["fp8"], row["fp4"]
     assert (f"decode step inside SGLang (bench_one_batch, CUDA graphs, {sec['model']}; {sec['gpu']}, {sec['date']}) "
@@ -762,13 +789,13 @@ def test_context_quotes_the_decode_step_measured_inside_sglang_only_where_it_was
             f"time per step FP8 {f8['kernel_us']:.0f} us, FP4 {f4['kernel_us']:.0f} us, of which indexer logits "
             f"{f8['indexer_us']:.1f} and {f4['indexer_us']:.1f} us") in out
     shapes = ", ".join(f"{r['batch']} x {r['context'] // 1024}K" for r in sec["rows"])
-    code, out = _run(capsys, cfg, "--capability", "9.0", "--kv-cache-dtype", "fp8", "--context", str(ctx + 1024),
+    code, out = _run(capsys, cfg, "--gpu", "H200", "--kv-cache-dtype", "fp8", "--context", str(ctx + 1024),
                      "--batch", str(b))
     assert f"decode step inside SGLang at {b} x {(ctx + 1024) // 1024}K: not measured (measured at {shapes} only)" in out
-    code, out = _run(capsys, cfg, "--capability", "9.0", "--kv-cache-dtype", "fp8", "--context", str(ctx),
+    code, out = _run(capsys, cfg, "--gpu", "H200", "--kv-cache-dtype", "fp8", "--context", str(ctx),
                      "--batch", str(b), "--next-n", "2")
     assert "not measured (measured with MTP off, not at next_n 2)" in out
-    code, out = _run(capsys, cfg, "--capability", "9.0", "--kv-cache-dtype", "bf16", "--context", str(ctx),
+    code, out = _run(capsys, cfg, "--gpu", "H200", "--kv-cache-dtype", "bf16", "--context", str(ctx),
                      "--batch", str(b))
     assert "not measured (measured with an FP8 MLA KV cache, not BF16)" in out
     assert "median FP8" not in out
@@ -777,12 +804,12 @@ def test_context_quotes_the_decode_step_measured_inside_sglang_only_where_it_was
 def test_context_claims_no_speed_for_the_rotation_inside_sglangs_fused_indexer(tmp_path, capsys, monkeypatch):
     """Interleaved indexer RoPE (GLM-5.2): the plugin's rotation runs SGLang's unfused query path, not measured."""
     monkeypatch.delenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", raising=False)
-    code, out = _run(capsys, _write(tmp_path, GLM52), "--capability", "9.0", "--context", "131072", "--batch", "8")
+    code, out = _run(capsys, _write(tmp_path, GLM52), "--gpu", "H200", "--context", "131072", "--batch", "8")
     assert ("indexer scorer time: not measured for this configuration (with interleaved indexer RoPE the plugin "
             "rotates index queries and keys inside SGLang's fused indexer") in out
     assert "faster indexer" not in out
     monkeypatch.setenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", "1")  # SGLang's unfused indexer: the measured path
-    code, out = _run(capsys, _write_dir(tmp_path, "unfused", GLM52), "--capability", "9.0", "--context", "131072",
+    code, out = _run(capsys, _write_dir(tmp_path, "unfused", GLM52), "--gpu", "H200", "--context", "131072",
                      "--batch", "8")
     assert "measured on NVIDIA H200 at this shape" in out
 

@@ -15,7 +15,7 @@ the server flags are parsed by SGLang's own parser (the adapter's ``sglang_plugi
 Without SGLang (not importable), the config keys decide (``index_topk``
 present, not a DeepSeek-V4 architecture), and server flags are refused; the
 output says so. The device is the local CUDA GPU when there is one, else
-``--capability`` (default 9.0, an H200). The MLA KV format is the server
+``--capability`` (default 9.0, an H200; given without ``--gpu``, no GPU is named). The MLA KV format is the server
 flags' ``--kv-cache-dtype``, else ``check``'s own, else SGLang's default for
 DSA models on that device (``sglang_kv_cache_dtype``). Under DCP the memory
 rows are per rank (``dcp.bytes_per_token`` / ``dcp.dcp_capacity``); when the

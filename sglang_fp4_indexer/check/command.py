@@ -59,7 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "EAGLE, SGLang's --speculative-num-draft-tokens (which counts the verified token: "
                              "steps + 1 with top-1 drafts), at most %d (default 1)" % MAX_NEXT_N)
     parser.add_argument("--capability", default=None,
-                        help="CUDA compute capability to assume, e.g. 9.0 (default: the local GPU, else 9.0)")
+                        help="CUDA compute capability to assume, e.g. 9.0 (default: the local GPU, else 9.0); "
+                             "without --gpu it names no GPU (unless the local GPU has it), so no time measured "
+                             "on one GPU is quoted")
     parser.add_argument("--kv-cache-dtype", choices=("fp8", "bf16"), default=None,
                         help="MLA KV cache format for the token counts: FlashMLA FP8 or bf16 (default: the "
                              "--kv-cache-dtype in --sglang-args, else SGLang's default for DSA models on the "

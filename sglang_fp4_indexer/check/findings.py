@@ -34,6 +34,8 @@ __all__ = [
 #: Refusal codes (``Decision.codes``) that come from the model itself: no server flag or environment lifts them,
 #: so ``check`` gives no FP4 figure for such a model.
 MODEL_REFUSALS = frozenset({"not_dsa", "deepseek_v4", "index_head_dim", "index_heads", "index_kpool"})
+#: ``DeviceFacts.name`` of a device given by ``--capability`` alone: no GPU named and none local of that capability.
+UNNAMED_GPU = "given"
 #: The line ``check`` prints on stderr before SGLang's import (docs/user-guide.md: 10-30 s,
 #: 13-27 s measured on 2-core machines).
 LOADING_SGLANG = "loading SGLang to classify the model and parse its flags (its import takes 10-30 s)..."
@@ -45,14 +47,26 @@ def _device(capability: str | None, gpu: str | None = None) -> tuple[DeviceFacts
             raise ValueError(f"--capability: expected MAJOR.MINOR such as 9.0, got {capability!r}") from None
         if gpu is not None:  # --gpu: its name, so that claims measured on another GPU are not quoted for it
             return DeviceFacts("cuda", (major, minor), f"NVIDIA {gpu}"), f"{gpu}, CUDA {major}.{minor} (given)"
-        return DeviceFacts("cuda", (major, minor), "given"), f"CUDA {major}.{minor} (given)"
+        local = _local_gpu()
+        if local is not None and local[0] == (major, minor):
+            return DeviceFacts("cuda", local[0], local[1]), f"{local[1]}, CUDA {major}.{minor} (given; the local GPU)"
+        # No GPU named: which GPU is unknown, so no time measured on one GPU is claimed for it (check.trade).
+        return (DeviceFacts("cuda", (major, minor), UNNAMED_GPU),
+                f"CUDA {major}.{minor} (given; GPU not named, pass --gpu)")
+    local = _local_gpu()
+    if local is not None:
+        cap, name = local
+        return DeviceFacts("cuda", cap, name), f"{name}, CUDA {cap[0]}.{cap[1]} (local)"
+    return DeviceFacts("cuda", (9, 0), "assumed H200"), "CUDA 9.0 (assumed: no local GPU; --capability to change)"
+
+
+def _local_gpu() -> tuple[tuple[int, int], str] | None:
+    """The local CUDA GPU's compute capability and name, or None without one."""
     import torch
 
     if torch.cuda.is_available() and not getattr(torch.version, "hip", None):
-        cap = tuple(torch.cuda.get_device_capability())
-        name = torch.cuda.get_device_name()
-        return DeviceFacts("cuda", cap, name), f"{name}, CUDA {cap[0]}.{cap[1]} (local)"
-    return DeviceFacts("cuda", (9, 0), "assumed H200"), "CUDA 9.0 (assumed: no local GPU; --capability to change)"
+        return tuple(torch.cuda.get_device_capability()), torch.cuda.get_device_name()
+    return None
 
 
 def _server_unmeasured(server: ServerFacts) -> str | None:

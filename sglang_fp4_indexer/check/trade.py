@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..dcp import DcpCapacity, SHARDED
 from ..gate import DeviceFacts
+from .findings import UNNAMED_GPU
 
 __all__ = [
     "worth_it",
@@ -51,7 +52,8 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
     """Why the measured times (one GPU, ``gpu``, the Hopper kernel, no DCP exchange) do not hold here, or None.
 
     The tables hold the Hopper CUDA kernel against DeepGEMM as SGLang 0.5.23 calls it on Hopper, on ``gpu`` (an
-    H200), single-GPU; that is what a replicated DCP rank runs too. Anything else was not measured there.
+    H200), single-GPU; that is what a replicated DCP rank runs too. Anything else was not measured there, and a
+    device given by its compute capability alone (``findings.UNNAMED_GPU``) may be another GPU.
     """
     cap = tuple(dev.capability or ())
     if cap != (9, 0):
@@ -59,7 +61,9 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
                    if cap >= (10, 0) else "this plugin scores with its Triton kernel there")
         return (f"the times were measured on an {gpu.replace('NVIDIA ', '')} (compute capability 9.0, the Hopper "
                 f"kernel); on compute capability {cap[0]}.{cap[1]} {kernels}")
-    if dev.name not in ("assumed H200", "given") and "H200" not in (dev.name or ""):
+    if dev.name == UNNAMED_GPU:
+        return "reason: GPU not named; pass --gpu"
+    if dev.name != "assumed H200" and "H200" not in (dev.name or ""):
         return f"measured on {gpu}, not {dev.name.replace('NVIDIA ', '')}"
     if server is not None:
         return f"reason: {server}"
@@ -123,7 +127,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     ``timing_far`` holds it and no speed is claimed); without such a row none is quoted,
     and none where the measured configuration (an H200 at compute capability
     9.0 running the Hopper kernel, single-GPU or a replicated DCP rank) is not
-    the one asked about: another GPU (H100, H20 too) or capability, the sharded DCP index, a replicated DCP width
+    the one asked about: another GPU (H100, H20 too) or capability, a GPU not named (``--capability``
+    without ``--gpu`` and no local GPU of that capability), the sharded DCP index, a replicated DCP width
     other than 2, a PD prefill or decode server, the hierarchical cache, or
     the plugin's rotation inside SGLang's fused indexer (``timing_unmeasured`` says why).
     The cost is the top-k recall at the nearest measured context
