@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             sglang = sglang_decode_section(
                 lines, profiles, gpu=args.sglang_gpu, date=args.sglang_date,
                 model="DeepSeek-V3.2's layer sizes, 3 of its 61 layers, dummy weights",
-                index_heads=64, kv_cache_dtype="fp8",
+                index_heads=64, kv_cache_dtype="fp8", fp8_gemm_backend="triton", tp_size=1,  # sglang_gpu_check.sh e2e
                 sources=[_source(args.sglang_one_batch), *map(_source, args.sglang_profile)])
         tables = build_tables(_read(args.bench_json), _read(args.accuracy_json),
                               bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json),

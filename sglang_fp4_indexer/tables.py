@@ -32,7 +32,7 @@ nats per token over the windows, and passkey retrieval counts
 
 SGLang decode rows (optional, ``sglang``): the decode step inside SGLang's own
 ``bench_one_batch`` with FP8 and FP4 index keys on the same GPU in the same
-run, from its ``--result-filename`` JSONL and the kernel table of a
+run (its ``--fp8-gemm-backend`` and ``--tp-size`` recorded), from its ``--result-filename`` JSONL and the kernel table of a
 torch-profiler trace of its decode steps (``scripts/sglang_bench.py
 profile-table --json``): per (batch, input length), each format's median
 decode step (ms, wall), GPU kernel time per step and the indexer-logits
@@ -162,7 +162,8 @@ def _model(doc: dict, source: str) -> dict:
 
 
 def sglang_decode_section(one_batch: list[dict], profiles: dict, *, gpu: str, date: str, model: str,
-                          index_heads: int, kv_cache_dtype: str, sources: list[str]) -> dict:
+                          index_heads: int, kv_cache_dtype: str, fp8_gemm_backend: str, tp_size: int,
+                          sources: list[str]) -> dict:
     """The ``sglang`` section: FP8 against FP4 decode steps measured inside SGLang's ``bench_one_batch``.
 
     Args:
@@ -174,10 +175,13 @@ def sglang_decode_section(one_batch: list[dict], profiles: dict, *, gpu: str, da
             (``bench_one_batch --profile-prefix``).
         gpu, date, model, kv_cache_dtype: what was measured (recorded, and quoted with the numbers).
         index_heads: the model's index heads (``check`` quotes a row only for a model with as many).
+        fp8_gemm_backend, tp_size: the runs' ``--fp8-gemm-backend`` and ``--tp-size`` (``check`` quotes a row
+            only for server flags with the same).
         sources: the files read, recorded.
 
     Returns:
-        ``{"gpu", "date", "model", "index_heads", "kv_cache_dtype", "sources", "rows": [{"batch", "context",
+        ``{"gpu", "date", "model", "index_heads", "kv_cache_dtype", "fp8_gemm_backend", "tp_size", "sources",
+        "rows": [{"batch", "context",
         "fp8": {"decode_ms", "kernel_us", "indexer_us"}, "fp4": {...}}]}``; a format's ``kernel_us`` /
         ``indexer_us`` are None where no trace of that run was given.
 
@@ -208,7 +212,7 @@ def sglang_decode_section(one_batch: list[dict], profiles: dict, *, gpu: str, da
         raise ValueError("SGLang one-batch results: no shape measured with both FP8 and FP4 "
                          "(run names 'fp8' and 'fp4')")
     return {"gpu": gpu, "date": date, "model": model, "index_heads": index_heads, "kv_cache_dtype": kv_cache_dtype,
-            "sources": sources, "rows": rows}
+            "fp8_gemm_backend": fp8_gemm_backend, "tp_size": tp_size, "sources": sources, "rows": rows}
 
 
 def measured_decode(tables: dict, batch: int, context: int) -> dict | None:

@@ -773,15 +773,16 @@ def test_check_announces_the_sglang_import_time_of_the_user_guide():
 
 
 def test_context_quotes_the_decode_step_measured_inside_sglang_only_where_it_was_measured(tmp_path, capsys):
-    """The packaged SGLang bench_one_batch rows, quoted at exactly their shape (FP8 MLA KV, next_n 1), else why not."""
+    """The packaged SGLang bench_one_batch rows, quoted at exactly their shape and flags (FP8 MLA KV, next_n 1,
+    Triton FP8 GEMMs on one GPU), else why not."""
     from sglang_fp4_indexer.tables import load_tables
 
     sec = load_tables()["sglang"]
     row = sec["rows"][0]
     b, ctx = row["batch"], row["context"]
     cfg = _write(tmp_path, DSV32)
-    code, out = _run(capsys, cfg, "--gpu", "H200", "--kv-cache-dtype", "fp8", "--context", str(ctx),
-                     "--batch", str(b))
+    measured = ("--gpu", "H200", "--batch", str(b), "--sglang-args=--fp8-gemm-backend triton")
+    code, out = _run(capsys, cfg, *measured, "--kv-cache-dtype", "fp8", "--context", str(ctx))
     f8, f4 = row["fp8"], row["fp4"]
     assert (f"decode step inside SGLang (bench_one_batch, CUDA graphs, {sec['model']}; {sec['gpu']}, {sec['date']}) "
             f"at {b} x {ctx // 1024}K: median FP8 {f8['decode_ms']:.2f} ms, FP4 {f4['decode_ms']:.2f} ms (single steps "
@@ -789,16 +790,23 @@ def test_context_quotes_the_decode_step_measured_inside_sglang_only_where_it_was
             f"time per step FP8 {f8['kernel_us']:.0f} us, FP4 {f4['kernel_us']:.0f} us, of which indexer logits "
             f"{f8['indexer_us']:.1f} and {f4['indexer_us']:.1f} us") in out
     shapes = ", ".join(f"{r['batch']} x {r['context'] // 1024}K" for r in sec["rows"])
-    code, out = _run(capsys, cfg, "--gpu", "H200", "--kv-cache-dtype", "fp8", "--context", str(ctx + 1024),
-                     "--batch", str(b))
+    code, out = _run(capsys, cfg, *measured, "--kv-cache-dtype", "fp8", "--context", str(ctx + 1024))
     assert f"decode step inside SGLang at {b} x {(ctx + 1024) // 1024}K: not measured (measured at {shapes} only)" in out
-    code, out = _run(capsys, cfg, "--gpu", "H200", "--kv-cache-dtype", "fp8", "--context", str(ctx),
-                     "--batch", str(b), "--next-n", "2")
+    code, out = _run(capsys, cfg, *measured, "--kv-cache-dtype", "fp8", "--context", str(ctx), "--next-n", "2")
     assert "not measured (measured with MTP off, not at next_n 2)" in out
-    code, out = _run(capsys, cfg, "--gpu", "H200", "--kv-cache-dtype", "bf16", "--context", str(ctx),
-                     "--batch", str(b))
+    code, out = _run(capsys, cfg, *measured, "--kv-cache-dtype", "bf16", "--context", str(ctx))
     assert "not measured (measured with an FP8 MLA KV cache, not BF16)" in out
     assert "median FP8" not in out
+    # The runs' FP8 GEMM backend and TP size, recorded with them: other server flags are not what was measured.
+    assert (sec["fp8_gemm_backend"], sec["tp_size"]) == ("triton", 1)
+    for flags, asked in (("", "auto, SGLang's default, at --tp-size 1"),
+                         ("--fp8-gemm-backend deep_gemm", "deep_gemm at --tp-size 1"),
+                         ("--fp8-gemm-backend triton --tp-size 8", "triton at --tp-size 8")):
+        code, out = _run(capsys, cfg, "--gpu", "H200", "--batch", str(b), f"--sglang-args={flags}",
+                         "--kv-cache-dtype", "fp8", "--context", str(ctx))
+        assert (f"decode step inside SGLang at {b} x {ctx // 1024}K: not measured (measured with --fp8-gemm-backend "
+                f"triton on 1 GPU at --tp-size 1, not --fp8-gemm-backend {asked})") in out
+        assert "median FP8" not in out
 
 
 def test_context_claims_no_speed_for_the_rotation_inside_sglangs_fused_indexer(tmp_path, capsys, monkeypatch):

@@ -95,12 +95,19 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
     lines = [json.loads(x) for x in (REPO / one_batch_src).read_text().splitlines() if x.strip()]
     profiles = {k: v for p in profile_srcs for k, v in json.loads((REPO / p).read_text()).items()}
     sglang = sglang_decode_section(lines, profiles, gpu=sec["gpu"], date=sec["date"], model=sec["model"],
-                                   index_heads=64, kv_cache_dtype="fp8", sources=sec["sources"])
+                                   index_heads=64, kv_cache_dtype="fp8", fp8_gemm_backend="triton", tp_size=1,
+                                   sources=sec["sources"])
     # Up to date: re-running scripts/update_check_tables.py on the recorded sources changes nothing.
     assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src, model_accuracy=model,
                                   model_source=model_src, sglang=sglang)
     assert tables["timing"]["gpu"] == "NVIDIA H200" and tables["recall"]["topk"] == 2048
     assert tables["sources"][3:] == sec["sources"]
+    # The recorded flags are those the runs were made with (scripts/sglang_gpu_check.sh e2e): Triton FP8 GEMMs, no
+    # --tp-size (SGLang's 1).
+    e2e = (REPO / "scripts" / "sglang_gpu_check.sh").read_text().split("\n  e2e)")[1].split(";;")[0]
+    assert (sec["fp8_gemm_backend"], sec["tp_size"]) == ("triton", 1)
+    assert e2e.count("--fp8-gemm-backend triton") == e2e.count("sglang_bench.py one-batch") > 0
+    assert "--tp-size" not in e2e and "--tp " not in e2e
 
 
 def _one_batch_lines():
@@ -116,20 +123,21 @@ def test_sglang_decode_rows_pair_the_formats_and_their_kernel_tables():
                 "/tmp/w/prof_fp4_batch1_input4096_output32_decode.trace.json.gz":
                 {"us_per_step": {"indexer logits": 30.0}, "total_us_per_step": 2300.0}}
     sec = sglang_decode_section(_one_batch_lines(), profiles, gpu="G", date="D", model="M", index_heads=64,
-                                kv_cache_dtype="fp8", sources=["a.jsonl"])
+                                kv_cache_dtype="fp8", fp8_gemm_backend="triton", tp_size=1, sources=["a.jsonl"])
     assert sec["rows"] == [{"batch": 1, "context": 4096,
                             "fp8": {"decode_ms": pytest.approx(3.1), "kernel_us": 2400.0, "indexer_us": 90.0},
                             "fp4": {"decode_ms": pytest.approx(3.0), "kernel_us": 2300.0, "indexer_us": 30.0}}]
+    assert (sec["fp8_gemm_backend"], sec["tp_size"]) == ("triton", 1)  # the runs' flags, recorded with them
     tables = {"sglang": sec}
     assert measured_decode(tables, 1, 4096) is sec["rows"][0]
     assert measured_decode(tables, 1, 4097) is None and measured_decode(tables, 2, 4096) is None
     assert measured_decode({}, 1, 4096) is None
     without = sglang_decode_section(_one_batch_lines(), {}, gpu="G", date="D", model="M", index_heads=64,
-                                    kv_cache_dtype="fp8", sources=[])
+                                    kv_cache_dtype="fp8", fp8_gemm_backend="triton", tp_size=1, sources=[])
     assert without["rows"][0]["fp4"]["kernel_us"] is None  # no trace given: not invented
     with pytest.raises(ValueError, match="both FP8 and FP4"):
         sglang_decode_section(_one_batch_lines()[3:], {}, gpu="G", date="D", model="M", index_heads=64,
-                              kv_cache_dtype="fp8", sources=[])
+                              kv_cache_dtype="fp8", fp8_gemm_backend="triton", tp_size=1, sources=[])
     with pytest.raises(ValueError, match="context"):
         measured_decode(tables, 1, 0)
 

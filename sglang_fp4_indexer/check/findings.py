@@ -133,7 +133,9 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
         packaged config, else empty), ``positions`` (the longest request: the
         server flags' ``--context-length``, else ``max_position_embeddings``,
         else None) and ``positions_from``, ``verify_next_n`` and ``verify_how`` (target
-        verify's rows per request from the speculative flags and how, or None), ``model_refusal`` (the refusal is the
+        verify's rows per request from the speculative flags and how, or None), ``fp8_gemm_backend`` and
+        ``tp_size`` (the server flags' ``--fp8-gemm-backend`` and ``--tp-size``, SGLang's defaults ``auto`` and 1
+        without them), ``model_refusal`` (the refusal is the
         model's own, ``MODEL_REFUSALS``: then nothing below is given); for DSA
         models FP4 can serve ``index_keys`` (whether the index keys are Hadamard-rotated, by
         SGLang or the plugin: ``gate.index_key_rotation``), ``kv_dtype``, ``kv_dtype_why``, ``kv_bytes``, ``capacity
@@ -181,7 +183,10 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
            "positions_from": ("--context-length in --sglang-args" if context_length
                               else "max_position_embeddings in its config.json"),
            "model_refusal": bool(MODEL_REFUSALS.intersection(decision.codes)),
-           "verify_next_n": verify[0], "verify_how": verify[1], "server_unmeasured": _server_unmeasured(server)}
+           "verify_next_n": verify[0], "verify_how": verify[1], "server_unmeasured": _server_unmeasured(server),
+           # Without SGLang no flags are read: the server's would be SGLang's defaults.
+           "fp8_gemm_backend": memory["fp8_gemm_backend"] if memory else "auto",
+           "tp_size": memory["tp"] if memory else 1}
     if model_facts.is_dsa and not out["model_refusal"]:
         out["index_keys"] = index_key_rotation(model_facts, server)[1]
         # The plugin's rotation inside SGLang's fused indexer (interleaved indexer RoPE, fusion not disabled) runs

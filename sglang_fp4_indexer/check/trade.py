@@ -78,10 +78,19 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
     return None
 
 
+def _gemm_and_gpus(sec: dict, found: dict) -> str:
+    """The SGLang decode runs' FP8 GEMM backend and GPUs against the server flags' (``found``)."""
+    tp = sec["tp_size"]
+    asked = found["fp8_gemm_backend"] + (", SGLang's default," if found["fp8_gemm_backend"] == "auto" else "")
+    return (f"--fp8-gemm-backend {sec['fp8_gemm_backend']} on {tp} GPU{'s' if tp > 1 else ''} at --tp-size {tp}, "
+            f"not --fp8-gemm-backend {asked} at --tp-size {found['tp_size']}")
+
+
 def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: int, batch: int, context: int,
                    next_n: int) -> dict:
-    """``sglang_decode`` (the SGLang-measured decode row of exactly this shape, or None) and, when None,
-    ``sglang_decode_why`` (why none is quoted; None where the tables have no SGLang rows at all)."""
+    """``sglang_decode`` (the SGLang-measured decode row of exactly this shape, for server flags with the runs'
+    ``--fp8-gemm-backend`` and ``--tp-size``, or None) and, when None, ``sglang_decode_why`` (why none is quoted;
+    None where the tables have no SGLang rows at all)."""
     from ..tables import measured_decode
 
     sec = tables.get("sglang")
@@ -98,7 +107,9 @@ def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: 
             (heads != sec["index_heads"], f"{sec['index_heads']} index heads, not {heads}"),
             (found.get("kv_dtype") != sec["kv_cache_dtype"],
              f"an {sec['kv_cache_dtype'].upper()} MLA KV cache, not {str(found.get('kv_dtype')).upper()}"),
-            (found["dcp_size"] != 1, f"no DCP, not DCP {found['dcp_size']}")) if cond]
+            (found["dcp_size"] != 1, f"no DCP, not DCP {found['dcp_size']}"),
+            ((found["fp8_gemm_backend"], found["tp_size"]) != (sec["fp8_gemm_backend"], sec["tp_size"]),
+             _gemm_and_gpus(sec, found))) if cond]
         if differs:
             why = "measured with " + "; ".join(differs)
     row = None if why else measured_decode(tables, batch, context)

@@ -64,10 +64,12 @@ def read_sglang_facts(cfg: dict, model_path: str, flags: list[str]):
 
 
 def memory_facts(record) -> dict:
-    """What SGLang's KV budget depends on, from a raw record: the parallel layout and its static-memory fraction.
+    """What SGLang's KV budget depends on, from a raw record: the parallel layout and its static-memory fraction;
+    also the FP8 GEMM backend (the measured SGLang decode step holds for one backend only).
 
     Returns:
-        dict: ``tp``, ``attn_dp`` (the DP-attention size, 1 without ``--enable-dp-attention``), ``dp_lm_head``,
+        dict: ``tp``, ``fp8_gemm_backend`` (``--fp8-gemm-backend``, SGLang's ``auto`` when not given), ``attn_dp``
+        (the DP-attention size, 1 without ``--enable-dp-attention``), ``dp_lm_head``,
         ``a2a_moe`` (``--moe-a2a-backend`` not ``none``), ``mtp`` (``--speculative-algorithm`` EAGLE or NEXTN,
         which loads the MTP layer as the draft model), ``mem_fraction_static`` (the flag's value, or None) and
         ``fraction_for``: ``fraction_for(gpu_mib) -> (fraction, how)``, SGLang 0.5.23's own default for a GPU
@@ -100,6 +102,7 @@ def memory_facts(record) -> dict:
         return float(server_field(probe, "mem_fraction_static", 0.0)), "SGLang's default for this GPU and flags"
 
     return {"tp": int(server_field(record, "tp_size", 1)), "attn_dp": attn_dp,
+            "fp8_gemm_backend": str(server_field(record, "fp8_gemm_runner_backend", "auto")),
             "dp_lm_head": bool(server_field(record, "enable_dp_lm_head", False)),
             "a2a_moe": str(server_field(record, "moe_a2a_backend", "none")) != "none",
             "mtp": algorithm in ("EAGLE", "NEXTN"), "mem_fraction_static": given, "fraction_for": fraction_for}
