@@ -797,6 +797,13 @@ def test_context_quotes_the_decode_step_measured_inside_sglang_only_where_it_was
     code, out = _run(capsys, cfg, *measured, "--kv-cache-dtype", "bf16", "--context", str(ctx))
     assert "not measured (measured with an FP8 MLA KV cache, not BF16)" in out
     assert "median FP8" not in out
+    # A shape never measured inside SGLang (8 x 128K: a scorer-table shape only) is the first reason, whatever else
+    # differs (here SGLang's bf16 MLA KV on Hopper, its default FP8 GEMM backend).
+    assert (8, 131072) not in {(r["batch"], r["context"]) for r in sec["rows"]}
+    assert (64, 8, 131072) in {(r["heads"], r["batch"], r["context"]) for r in load_tables()["timing"]["rows"]}
+    code, out = _run(capsys, cfg, "--gpu", "H200", "--context", "131072", "--batch", "8")
+    assert "MLA KV 1152 B per token and layer in bf16" in out
+    assert f"decode step inside SGLang at 8 x 128K: not measured (measured at {shapes} only)" in out
     # The runs' FP8 GEMM backend and TP size, recorded with them: other server flags are not what was measured.
     assert (sec["fp8_gemm_backend"], sec["tp_size"]) == ("triton", 1)
     for flags, asked in (("", "auto, SGLang's default, at --tp-size 1"),

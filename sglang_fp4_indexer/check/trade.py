@@ -97,8 +97,11 @@ def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: 
     if not sec:
         return {"sglang_decode": None, "sglang_decode_why": None, "sglang_decode_run": None}
     shapes = ", ".join(f"{r['batch']} x {_k(r['context'])}" for r in sec["rows"])
-    why = None
-    if unmeasured is not None:
+    # The first reason is the shape: where it was never measured, no flag or device would make the row hold.
+    row, why = measured_decode(tables, batch, context), None
+    if row is None:
+        why = f"measured at {shapes} only"
+    elif unmeasured is not None:
         why = unmeasured
     elif next_n != 1:
         why = f"measured with MTP off, not at next_n {next_n}"
@@ -112,9 +115,8 @@ def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: 
              _gemm_and_gpus(sec, found))) if cond]
         if differs:
             why = "measured with " + "; ".join(differs)
-    row = None if why else measured_decode(tables, batch, context)
-    if row is None and why is None:
-        why = f"measured at {shapes} only"
+    if why is not None:
+        row = None
     run = {k: sec[k] for k in ("gpu", "date", "model")}
     return {"sglang_decode": row, "sglang_decode_why": why, "sglang_decode_run": run}
 
