@@ -137,7 +137,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     The time is the measured row nearest the shape among rows with the asked
     ``next_n`` (``tables.nearest_timing``), quoted only when it is near
     (``tables.timing_is_near``: same index heads, keys read within 2x, batch within 4x; else
-    ``timing_far`` holds it and no speed is claimed); without such a row none is quoted,
+    ``timing_far`` holds it and no speed is claimed, the reason being the head count where its heads differ from
+    the model's); without such a row none is quoted,
     and none where the measured configuration (an H200 at compute capability
     9.0 running the Hopper kernel, single-GPU or a replicated DCP rank) is not
     the one asked about: another GPU (H100, H20 too) or capability, a GPU not named (``--capability``
@@ -160,7 +161,9 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     Returns:
         dict: ``requests_fp8`` / ``requests_fp4`` (requests of ``context`` tokens
         that fit), ``tokens_needed`` (``batch * context``), ``timing`` (the
-        nearest measured row with this next_n, or None), ``timing_next_n``
+        nearest measured row with this next_n, or None), ``timing_far`` (that row where it is too far to
+        quote), ``timing_heads_shapes`` (the batch x context measured with this next_n and the model's index
+        heads, as text), ``timing_next_n``
         (the measured next_n values), ``timing_exact``, ``timing_gpu``,
         ``recall`` (rows at the nearest measured context), ``recall_exact``,
         ``recall_device``, ``model_cost`` (``tables.nearest_model_cost`` or
@@ -205,6 +208,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         "tokens_needed": batch * context, "tokens_fp8": cap.tokens_fp8, "tokens_fp4": tokens_fp4, "gain": gain,
         "timing": row, "timing_next_n": measured_n, "timing_gpu": gpu,
         "timing_unmeasured": unmeasured, "timing_far": far,
+        "timing_heads_shapes": [f"{r['batch']} x {_k(r['context'])}" for r in same_n if r["heads"] == heads],
         "timing_exact": row is not None and (row["heads"], row["batch"], row["context"]) == (heads, batch, context),
         "recall": recall, "recall_exact": recall[0]["context"] == context, "recall_device": tables["recall"]["device"],
         "model_cost": model_cost, "topk": topk, "heads": heads,
@@ -213,7 +217,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     if unmeasured is not None:
         speed = f"an indexer speed that is not measured for this configuration ({unmeasured})"
     elif far is not None:
-        speed = "an indexer speed that is not measured at this shape"
+        speed = "an indexer speed that is not measured " + (
+            "at this shape" if far["heads"] == heads else f"with {heads} index heads at this shape")
     elif row is None:
         speed = (f"an indexer time at next_n {next_n} that is not measured (measured: next_n "
                  f"{', '.join(map(str, measured_n))})")
