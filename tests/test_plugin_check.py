@@ -553,8 +553,9 @@ def test_refused_by_the_models_own_geometry_prices_nothing(tmp_path, capsys, arg
     assert code == 1 and "DISABLED" in out and reason in out
     assert "memory effect: none (FP4 cannot serve this model's indexer" in out
     assert "verdict: FP4 changes nothing for this model at any context" in out
+    shown = out.replace(str(tmp_path), "<config dir>")  # pytest's folder name may hold "68"
     for priced in ("FP4 (refused)", "68", "would add", "KV tokens", "recall", "+"):
-        assert priced not in out, priced
+        assert priced not in shown, priced
 
 
 def _rendered(capsys, *argv):
