@@ -219,8 +219,13 @@ case "$STEP" in
     # then reports the accepted length, which dummy weights make meaningless: read TPOT and the verify-step time.
     # SERVE_FORMATS: which of "fp8 fp4" to run (one per call where both do not fit one call's time); SERVE_EXTRA:
     # more launch_server arguments (e.g. "--cuda-graph-max-bs-decode 4" to capture fewer decode graphs; SGLang 0.5.23 refuses the ambiguous "--cuda-graph-max-bs").
+    # SERVE_PREFILL_GRAPHS=1 keeps SGLang's prefill CUDA graphs: their capture (58 token counts, "breakable"
+    # backend) took 195 s of one server's start on an H100; by default both servers prefill eagerly
+    # (--disable-prefill-cuda-graph), decode runs under CUDA graphs either way.
     M2="$WORK/v32-layers"
     "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
+    PREFILL_GRAPHS=(--disable-prefill-cuda-graph)
+    [ "${SERVE_PREFILL_GRAPHS:-0}" = 1 ] && PREFILL_GRAPHS=()
     SPEC=()
     if [ -n "${SERVE_SPEC:-}" ]; then
       SPEC=(--speculative-algorithm EAGLE --speculative-num-steps "${SERVE_SPEC%%:*}" --speculative-eagle-topk 1
@@ -235,7 +240,7 @@ case "$STEP" in
       stage "serving_$fmt" "${SERVE_LIMIT:-540}" "$PY" scripts/sglang_bench.py serving --model "$M2" --out "$OUTDIR/serving_$fmt.jsonl" \
         --input-lens ${SERVE_LENS:-32768 100000} --prompts "${SERVE_PROMPTS:-16}" --concurrency "${SERVE_CONC:-8}" \
         $([ $fmt = fp4 ] && echo --fp4) --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton \
-        --mem-fraction-static 0.5 --disable-radix-cache --random-seed 0 ${POOL[@]+"${POOL[@]}"} ${SPEC[@]+"${SPEC[@]}"} ${SERVE_EXTRA:-}
+        --mem-fraction-static 0.5 --disable-radix-cache --random-seed 0 ${POOL[@]+"${POOL[@]}"} ${SPEC[@]+"${SPEC[@]}"} ${PREFILL_GRAPHS[@]+"${PREFILL_GRAPHS[@]}"} ${SERVE_EXTRA:-}
       cp "$OUTDIR/serving_$fmt.jsonl.server.log" "$WORK/logs/" 2>/dev/null; rm -f "$OUTDIR/serving_$fmt.jsonl.server.log"
       rm -f "$WORK/serving_$fmt.jsonl"; cp "$OUTDIR/serving_$fmt.jsonl" "$WORK/" 2>/dev/null
       grep -h "KV Cache is allocated\|max_total_num_tokens\|FP4 indexer active" "$WORK/logs/serving_$fmt.jsonl.server.log" \
