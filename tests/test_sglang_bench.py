@@ -93,3 +93,24 @@ def test_serving_table_pairs_the_runs_by_shape(tmp_path, capsys):
     assert bench._serving_table(["--fp8", str(a), "--fp4", str(a)]) == 0
     b.write_text(json.dumps(_serving_line(2048, 1.0, 1.0)) + "\n")
     assert bench._serving_table(["--fp8", str(a), "--fp4", str(b)]) == 1
+
+
+def test_the_datasets_standin_lets_sglangs_serving_client_import(tmp_path):
+    """SGLang's ``sglang.benchmark.serving`` imports with ``scripts/bench_standins`` ahead of any installed
+    ``datasets`` (as on the GPU machine, which has none), and the stand-in refuses to load data."""
+    import os
+    import subprocess
+    import sys
+
+    standins = _PATH.parent / "bench_standins"
+    code = ("import datasets, sglang.benchmark.serving as s; print(datasets.__file__); "
+            "print(s.get_dataset.__module__)\n"
+            "try:\n    datasets.load_dataset('x')\nexcept RuntimeError as e:\n    print('refused:', e)")
+    env = dict(os.environ, PYTHONPATH=str(standins))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert lines[0] == str(standins / "datasets" / "__init__.py")
+    assert lines[1] == "sglang.benchmark.datasets"
+    assert lines[2].startswith("refused: datasets is a stand-in here")
