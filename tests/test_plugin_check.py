@@ -767,9 +767,9 @@ def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, 
 
 def test_a_capability_without_a_gpu_name_claims_no_time_measured_on_one_gpu(tmp_path, capsys, monkeypatch):
     """--capability 9.0 alone, no local GPU: the GPU is unknown, so no H200 time or speed-up; memory claims stay."""
-    from sglang_fp4_indexer.check import findings
+    from sglang_fp4_indexer.check import budget
 
-    monkeypatch.setattr(findings, "_local_gpu", lambda: None, raising=False)
+    monkeypatch.setattr(budget, "local_gpu", lambda: None)
     cfg = "deepseek-v3.2"  # the packaged config: its shapes give the weights the derived budget subtracts
     argv = ("--context", "57344", "--kv-cache-dtype", "fp8", "--sglang-args=--tp-size 8")  # a measured decode shape
     code, out = _run(capsys, cfg, "--capability", "9.0", *argv, derive=True)
@@ -786,7 +786,7 @@ def test_a_capability_without_a_gpu_name_claims_no_time_measured_on_one_gpu(tmp_
         assert line(out) == line(named)
     assert "H200, 143771 MiB, assumed: no local GPU" in out
     # A local GPU of the given capability is the GPU asked about: named, and its own reason given.
-    monkeypatch.setattr(findings, "_local_gpu", lambda: ((9, 0), "NVIDIA H100 80GB HBM3"), raising=False)
+    monkeypatch.setattr(budget, "local_gpu", lambda: ((9, 0), "NVIDIA H100 80GB HBM3"))
     code, out = _run(capsys, cfg, "--capability", "9.0", *argv)
     assert "device: NVIDIA H100 80GB HBM3, CUDA 9.0 (given; the local GPU)" in out
     assert "not measured for this configuration (measured on NVIDIA H200, not H100 80GB HBM3)" in out

@@ -37,6 +37,15 @@ def gpu_key(name: str) -> str:
     return key
 
 
+def local_gpu() -> tuple[tuple[int, int], str] | None:
+    """The local CUDA GPU's compute capability and name (``torch.cuda``), or None without one (ROCm counts as none)."""
+    import torch
+
+    if torch.cuda.is_available() and not getattr(torch.version, "hip", None):
+        return tuple(torch.cuda.get_device_capability()), torch.cuda.get_device_name()
+    return None
+
+
 def gpu_memory(name: str | None) -> tuple[int, tuple[int, int] | None, str]:
     """The GPU's memory in MiB, its compute capability (None for the local GPU) and how it was found.
 
@@ -50,11 +59,12 @@ def gpu_memory(name: str | None) -> tuple[int, tuple[int, int] | None, str]:
         key = gpu_key(name)
         mib, cap = GPUS[key]
         return mib, cap, f"{key}, {mib} MiB, given as --gpu"
-    import torch
+    local = local_gpu()
+    if local is not None:
+        import torch
 
-    if torch.cuda.is_available() and not getattr(torch.version, "hip", None):
         mib = torch.cuda.get_device_properties(0).total_memory // 2**20
-        return mib, None, f"{torch.cuda.get_device_name()}, {mib} MiB, the local GPU"
+        return mib, None, f"{local[1]}, {mib} MiB, the local GPU"
     mib = GPUS["H200"][0]
     return mib, None, f"H200, {mib} MiB, assumed: no local GPU, --gpu to change"
 

@@ -12,6 +12,7 @@ from typing import Callable
 from ..argtypes import MAX_MEMORY_GIB
 from ..dcp import DcpCapacity, REPLICATED, SHARDED, bytes_per_token, dcp_capacity
 from ..gate import Decision, DeviceFacts, ServerFacts, dcp_mode_for, decide, index_key_rotation
+from . import budget
 from .budget import KvBudget, gpu_key, gpu_memory, kv_budget
 from .weights import Parallel
 from .model import (
@@ -47,26 +48,17 @@ def _device(capability: str | None, gpu: str | None = None) -> tuple[DeviceFacts
             raise ValueError(f"--capability: expected MAJOR.MINOR such as 9.0, got {capability!r}") from None
         if gpu is not None:  # --gpu: its name, so that claims measured on another GPU are not quoted for it
             return DeviceFacts("cuda", (major, minor), f"NVIDIA {gpu}"), f"{gpu}, CUDA {major}.{minor} (given)"
-        local = _local_gpu()
+        local = budget.local_gpu()
         if local is not None and local[0] == (major, minor):
             return DeviceFacts("cuda", local[0], local[1]), f"{local[1]}, CUDA {major}.{minor} (given; the local GPU)"
         # No GPU named: which GPU is unknown, so no time measured on one GPU is claimed for it (check.trade).
         return (DeviceFacts("cuda", (major, minor), UNNAMED_GPU),
                 f"CUDA {major}.{minor} (given; GPU not named, pass --gpu)")
-    local = _local_gpu()
+    local = budget.local_gpu()
     if local is not None:
         cap, name = local
         return DeviceFacts("cuda", cap, name), f"{name}, CUDA {cap[0]}.{cap[1]} (local)"
     return DeviceFacts("cuda", (9, 0), "assumed H200"), "CUDA 9.0 (assumed: no local GPU; --capability to change)"
-
-
-def _local_gpu() -> tuple[tuple[int, int], str] | None:
-    """The local CUDA GPU's compute capability and name, or None without one."""
-    import torch
-
-    if torch.cuda.is_available() and not getattr(torch.version, "hip", None):
-        return tuple(torch.cuda.get_device_capability()), torch.cuda.get_device_name()
-    return None
 
 
 def _server_unmeasured(server: ServerFacts) -> str | None:
