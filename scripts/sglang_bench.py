@@ -171,14 +171,15 @@ def _serving(argv: list[str]) -> int:
     opts, server_args = p.parse_known_args(argv)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", opts.model, "--host", "127.0.0.1",
            "--port", str(opts.port), *server_args] + (["--enable-fp4-indexer"] if opts.fp4 else [])
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    scripts = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, scripts)
     from sglang_one_batch import launched_server
 
     client_env = dict(os.environ)
     if importlib.util.find_spec("datasets") is None:
         # SGLang's benchmark client imports Hugging Face datasets, which random-ids prompts never call:
         # scripts/bench_standins/datasets stands in for it where it is not installed (the GPU machine).
-        standins = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_standins")
+        standins = os.path.join(scripts, "bench_standins")
         client_env["PYTHONPATH"] = os.pathsep.join(x for x in (os.environ.get("PYTHONPATH"), standins) if x)
     with launched_server(cmd, opts.port, opts.out + ".server.log", opts.ready_timeout):
         for il in opts.input_lens:
