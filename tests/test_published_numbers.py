@@ -385,3 +385,25 @@ def test_benchmarks_cpu_host_overhead_is_the_measured_file():
     before, after = (" / ".join(f"{run[side][s] * 1e6:.1f}" for s in shapes) for side in ("before", "after"))
     text = _flat(_page("docs/benchmarks.md"))
     assert f"{before} µs per call before the launchers" in text and f"{after} µs after" in text
+
+
+def test_benchmarks_mtp_serving_table_is_the_measured_runs():
+    """The FP8-against-FP4 table behind launch_server quotes SGLang's result lines and pool lines as printed."""
+    page = _flat(_page("docs/benchmarks.md"))
+    base = "sglang_serving_v32_layers_mtp34_eager_prefill_h100_{}_2026-12-05"
+    runs = {fmt: json.loads((RESULTS / f"{base.format(fmt)}.jsonl").read_text().splitlines()[0])
+            for fmt in ("fp8", "fp4")}
+    pools = {fmt: int(re.search(r"#tokens: (\d+)", (RESULTS / f"{base.format(fmt)}.txt").read_text())[1])
+             for fmt in ("fp8", "fp4")}
+    f8, f4 = runs["fp8"], runs["fp4"]
+    assert (f"| output tokens/s | {f8['output_throughput']:.1f} | {f4['output_throughput']:.1f} |") in page
+    assert (f"| median / mean TPOT | {f8['median_tpot_ms']:.2f} / {f8['mean_tpot_ms']:.2f} ms | "
+            f"{f4['median_tpot_ms']:.2f} / {f4['mean_tpot_ms']:.2f} ms |") in page
+    assert f"| {f8['median_itl_ms']:.2f} ms | {f4['median_itl_ms']:.2f} ms |" in page
+    ttft = [f"{round(r['median_ttft_ms']):,}".replace(",", " ") for r in (f8, f4)]
+    assert f"| median TTFT | {ttft[0]} ms | {ttft[1]} ms |" in page
+    gain = 100 * (pools["fp4"] / pools["fp8"] - 1)
+    fmt_pool = [f"{pools[f]:,}".replace(",", " ") for f in ("fp8", "fp4")]
+    assert f"| KV pool (tokens) | {fmt_pool[0]} | **{fmt_pool[1]} (+{gain:.1f} %)** |" in page
+    table = _json("sglang_serving_v32_layers_mtp34_eager_prefill_h100_table_2026-12-05.json")[0]
+    assert table["output_throughput"] == {"fp8": f8["output_throughput"], "fp4": f4["output_throughput"]}
