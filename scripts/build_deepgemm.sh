@@ -20,6 +20,12 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SUM" ]; then echo "$DEST/DeepGEMM"
 rm -rf "$DEST"; mkdir -p "$DEST"
 tar -xzf "$ARCHIVE" -C "$DEST"
 cd "$DEST/DeepGEMM"
+# The archive holds CUTLASS's cute/cutlass headers once, under deep_gemm/include; setup.py reads them from
+# third-party/cutlass/include as well (archives packed before this held both copies).
+if [ ! -d third-party/cutlass/include/cute ]; then
+  mkdir -p third-party/cutlass/include
+  cp -r deep_gemm/include/cute deep_gemm/include/cutlass third-party/cutlass/include/
+fi
 export DG_USE_LOCAL_VERSION=0 MAX_JOBS="${MAX_JOBS:-16}"
 if ! CC=/usr/bin/gcc CXX=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared" \
      "$PY" setup.py build_ext --inplace >"$DEST/build.log" 2>&1; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download what SGLang's own model runner needs on a GPU machine that has torch 2.11 / CUDA 13 and
 # Python 3.12 but neither SGLang nor a network, in two folders: .peers/sglang-runtime/part1 (SGLang, slimmed, and
-# the small pure-Python wheels the image lacks; 28 MB) and .peers/sglang-runtime/part2 (sglang-kernel, slimmed, and
+# the small wheels the image lacks; 27 MB) and .peers/sglang-runtime/part2 (sglang-kernel, slimmed, and
 # FlashMLA; 25 MB). Both, the checkout and .peers/deepgemm.tar.gz travel in one call (<= 64 MiB);
 # scripts/sglang_gpu_check.sh installs them with pip --no-deps --no-index --target.
 #
@@ -56,4 +56,8 @@ mv "$DEST"/part1/sglang-*.whl "$STAGE/"
 slim "$(ls "$STAGE"/sglang-*.whl)" "$DEST/part1" sglang/multimodal_gen sglang/test \
   'sglang/srt/rust_extensions/_server*.so' 'sglang/srt/rust_extensions/_bench*.so' \
   'sglang/srt/rust_extensions/_grpc*.so' 'sglang/srt/rust_extensions/_multimodal*.so'
+# tvm-ffi without its test library and libbacktrace's sources (2.7 MB to 1.6 MB): SGLang's JIT kernels build against
+# its headers (include/) and load libtvm_ffi, which stay.
+mv "$DEST"/part1/apache_tvm_ffi-*.whl "$STAGE/"
+slim "$(ls "$STAGE"/apache_tvm_ffi-*.whl)" "$DEST/part1" tvm_ffi/lib/libtvm_ffi_testing.so tvm_ffi/3rdparty/libbacktrace
 du -sh "$DEST/part1" "$DEST/part2"

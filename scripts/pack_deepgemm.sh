@@ -9,7 +9,7 @@
 # FMT_GIT_DIR: one of github.com/fmtlib/fmt (the commit DeepGEMM pins as its
 # submodule is used when present). CUTLASS/CuTe headers come from the
 # sgl-deep-gemm wheel on PyPI (its deep_gemm/include/ holds cute/ and cutlass/).
-# Output: .peers/deepgemm.tar.gz (git-ignored, ~6 MB): take it along with the checkout to the
+# Output: .peers/deepgemm.tar.gz (git-ignored, ~3 MB): take it along with the checkout to the
 # GPU machine; scripts/gpu_run.sh builds it there (scripts/build_deepgemm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,9 +48,8 @@ with zipfile.ZipFile(wheel) as z:
             if name.startswith(prefix) and not name.endswith("/"):
                 z.extract(name, f"{stage}/DeepGEMM")
 PYEOF
-mkdir -p "$STAGE/DeepGEMM/third-party/cutlass/include"
-cp -r "$STAGE/DeepGEMM/deep_gemm/include/cute" "$STAGE/DeepGEMM/deep_gemm/include/cutlass" \
-  "$STAGE/DeepGEMM/third-party/cutlass/include/"
+# DeepGEMM's setup.py also reads them from third-party/cutlass/include: scripts/build_deepgemm.sh copies them there on
+# the GPU machine, so the archive holds them once (a second copy added 2.5 MiB to a call that carries at most 64 MiB).
 echo "DeepGEMM $DG_COMMIT, fmt $(git --git-dir="$FMT" rev-parse "$FMT_REV"), cute/cutlass from sgl-deep-gemm $WHEEL_VERSION" \
   > "$STAGE/DeepGEMM/PACKED_FROM"
 tar -C "$STAGE" -czf .peers/deepgemm.tar.gz DeepGEMM
