@@ -407,3 +407,15 @@ def test_benchmarks_mtp_serving_table_is_the_measured_runs():
     assert f"| KV pool (tokens) | {fmt_pool[0]} | **{fmt_pool[1]} (+{gain:.1f} %)** |" in page
     table = _json("sglang_serving_v32_layers_mtp34_eager_prefill_h100_table_2026-12-05.json")[0]
     assert table["output_throughput"] == {"fp8": f8["output_throughput"], "fp4": f4["output_throughput"]}
+
+
+def test_readme_serving_rows_are_the_measured_runs():
+    """The README's launch_server rows quote the same result lines as docs/benchmarks.md's table."""
+    page = _flat(_page("README.md"))
+    base = "sglang_serving_v32_layers_mtp34_eager_prefill_h100_{}_2026-12-05"
+    f8, f4 = (json.loads((RESULTS / f"{base.format(fmt)}.jsonl").read_text().splitlines()[0]) for fmt in ("fp8", "fp4"))
+    p8, p4 = (int(re.search(r"#tokens: (\d+)", (RESULTS / f"{base.format(fmt)}.txt").read_text())[1])
+              for fmt in ("fp8", "fp4"))
+    assert f"| {f8['median_itl_ms']:.2f} ms | {f4['median_itl_ms']:.2f} ms |" in page
+    assert f"| {f8['output_throughput']:.1f} | {f4['output_throughput']:.1f} |" in page
+    assert f"| {p8:,} | {p4:,} (**+{100 * (p4 / p8 - 1):.1f} %**) |" in page
