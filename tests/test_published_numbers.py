@@ -419,3 +419,43 @@ def test_readme_serving_rows_are_the_measured_runs():
     assert f"| {f8['median_itl_ms']:.2f} ms | {f4['median_itl_ms']:.2f} ms |" in page
     assert f"| {f8['output_throughput']:.1f} | {f4['output_throughput']:.1f} |" in page
     assert f"| {p8:,} | {p4:,} (**+{100 * (p4 / p8 - 1):.1f} %**) |" in page
+
+
+@pytest.mark.parametrize("name", ["model-accuracy-cpu-trained-indexer.json", "model-accuracy-cpu-stand-in-4k.json"])
+def test_accuracy_trained_indexer_tables_are_the_measured_runs(name):
+    """docs/accuracy.md's trained-indexer section holds every table row of both runs as the study renders them."""
+    from sglang_fp4_indexer.model_study import report
+
+    page = _page("docs/accuracy.md")
+    rows = [line for line in report.render_markdown(_json(name)).splitlines()
+            if line.startswith("| ") and not line.startswith("| ---") and not line.startswith("| context")]
+    assert len(rows) == 8 and [r for r in rows if r not in page] == []
+
+
+def test_accuracy_trained_indexer_prose_is_the_measured_runs():
+    """The differences the trained-indexer section states are computed from the two runs."""
+    page = _flat(_page("docs/accuracy.md"))
+    trained, stand_in = (_json(n) for n in ("model-accuracy-cpu-trained-indexer.json",
+                                            "model-accuracy-cpu-stand-in-4k.json"))
+    from sglang_fp4_indexer.model_study import report
+
+    def att(doc, k, form):
+        return report.summarize(doc)["loss"][4096]["topk"][k]["attention_recall"][form][0]
+
+    lost = [att(d, k, "fp8") - att(d, k, "fp4") for d in (trained, stand_in) for k in (2048, 256)]
+    assert (f"{lost[0]:.4f} and {lost[1]:.4f} with the trained indexer, {lost[2]:.3f} and {lost[3]:.3f} "
+            "with the stand-in") in page
+    kl = trained["indexer"]["trained"]
+    assert (" / ".join(f"{kl['kl_before'][la]:.2f}" for la in ("5", "11", "17")) + " to "
+            + " / ".join(f"{kl['kl_after'][la]:.2f}" for la in ("5", "11", "17"))) in page
+
+
+def test_readme_trained_indexer_sentence_is_the_measured_runs():
+    from sglang_fp4_indexer.model_study import report
+
+    page = _flat(_page("README.md"))
+    t = report.summarize(_json("model-accuracy-cpu-trained-indexer.json"))["loss"][4096]["topk"][2048]
+    s = report.summarize(_json("model-accuracy-cpu-stand-in-4k.json"))["loss"][4096]["topk"][2048]
+    d, e = t["fp4_minus_fp8"]
+    assert (f"FP4 keeps {t['recall']['fp4'][0]:.3f} of the exact top-2048 at 4K (the 4-head stand-in: "
+            f"{s['recall']['fp4'][0]:.3f}) and adds {d:.4f} ± {e:.4f} nats/token over FP8") in page
