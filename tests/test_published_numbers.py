@@ -421,7 +421,7 @@ def test_readme_serving_rows_are_the_measured_runs():
     assert f"| {p8:,} | {p4:,} (**+{100 * (p4 / p8 - 1):.1f} %**) |" in page
 
 
-@pytest.mark.parametrize("name", ["model-accuracy-cpu-trained-indexer.json", "model-accuracy-cpu-stand-in-4k.json"])
+@pytest.mark.parametrize("name", ["model-accuracy-cpu-trained-indexer-1200.json", "model-accuracy-cpu-stand-in-4k.json"])
 def test_accuracy_trained_indexer_tables_are_the_measured_runs(name):
     """docs/accuracy.md's trained-indexer section holds every table row of both runs as the study renders them."""
     from sglang_fp4_indexer.model_study import report
@@ -435,7 +435,7 @@ def test_accuracy_trained_indexer_tables_are_the_measured_runs(name):
 def test_accuracy_trained_indexer_prose_is_the_measured_runs():
     """The differences the trained-indexer section states are computed from the two runs."""
     page = _flat(_page("docs/accuracy.md"))
-    trained, stand_in = (_json(n) for n in ("model-accuracy-cpu-trained-indexer.json",
+    trained, stand_in = (_json(n) for n in ("model-accuracy-cpu-trained-indexer-1200.json",
                                             "model-accuracy-cpu-stand-in-4k.json"))
     from sglang_fp4_indexer.model_study import report
 
@@ -454,8 +454,21 @@ def test_readme_trained_indexer_sentence_is_the_measured_runs():
     from sglang_fp4_indexer.model_study import report
 
     page = _flat(_page("README.md"))
-    t = report.summarize(_json("model-accuracy-cpu-trained-indexer.json"))["loss"][4096]["topk"][2048]
+    t = report.summarize(_json("model-accuracy-cpu-trained-indexer-1200.json"))["loss"][4096]["topk"][2048]
     s = report.summarize(_json("model-accuracy-cpu-stand-in-4k.json"))["loss"][4096]["topk"][2048]
     d, e = t["fp4_minus_fp8"]
     assert (f"FP4 keeps {t['recall']['fp4'][0]:.3f} of the exact top-2048 at 4K (the 4-head stand-in: "
-            f"{s['recall']['fp4'][0]:.3f}) and adds {d:.4f} ± {e:.4f} nats/token over FP8") in page
+            f"{s['recall']['fp4'][0]:.3f}) and its loss differs from FP8's by {d:.4f} ± {e:.4f} nats/token") in page
+
+
+def test_accuracy_trained_indexer_400_steps_sentence_is_its_run():
+    from sglang_fp4_indexer.model_study import report
+
+    page = _flat(_page("docs/accuracy.md"))
+    doc = _json("model-accuracy-cpu-trained-indexer-400.json")
+    kl = doc["indexer"]["trained"]["kl_after"]
+    rows = report.summarize(doc)["loss"][4096]["topk"]
+    att = [rows[k]["attention_recall"]["exact"][0] for k in (2048, 256)]
+    cost = [rows[k]["delta"]["exact"][0] for k in (2048, 256)]
+    assert (f"after 400 steps (KL {kl['5']:.2f} / {kl['11']:.2f} / {kl['17']:.2f}) it recalled {att[0]:.2f} and "
+            f"{att[1]:.2f} and cost +{cost[0]:.4f} and +{cost[1]:.3f}") in page
