@@ -37,6 +37,12 @@ def gpu_key(name: str) -> str:
     return key
 
 
+#: ``DeviceFacts.name`` of the device ``check`` assumes without a local GPU, ``--gpu`` or ``--capability``.
+ASSUMED_GPU = "assumed H200"
+#: ``DeviceFacts.name`` of a device given by ``--capability`` alone: no GPU named and none local of that capability.
+UNNAMED_GPU = "given"
+
+
 def local_gpu() -> tuple[tuple[int, int], str] | None:
     """The local CUDA GPU's compute capability and name (``torch.cuda``), or None without one (ROCm counts as none)."""
     import torch

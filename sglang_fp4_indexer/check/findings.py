@@ -13,7 +13,7 @@ from ..argtypes import MAX_MEMORY_GIB
 from ..dcp import DcpCapacity, REPLICATED, SHARDED, bytes_per_token, dcp_capacity
 from ..gate import Decision, DeviceFacts, ServerFacts, dcp_mode_for, decide, index_key_rotation
 from . import budget
-from .budget import KvBudget, gpu_key, gpu_memory, kv_budget
+from .budget import ASSUMED_GPU, UNNAMED_GPU, KvBudget, gpu_key, gpu_memory, kv_budget
 from .weights import Parallel
 from .model import (
     _SGLANG_KV_DTYPES,
@@ -35,8 +35,6 @@ __all__ = [
 #: Refusal codes (``Decision.codes``) that come from the model itself: no server flag or environment lifts them,
 #: so ``check`` gives no FP4 figure for such a model.
 MODEL_REFUSALS = frozenset({"not_dsa", "deepseek_v4", "index_head_dim", "index_heads", "index_kpool"})
-#: ``DeviceFacts.name`` of a device given by ``--capability`` alone: no GPU named and none local of that capability.
-UNNAMED_GPU = "given"
 #: The line ``check`` prints on stderr before SGLang's import (docs/user-guide.md: 10-30 s,
 #: 13-27 s measured on 2-core machines).
 LOADING_SGLANG = "loading SGLang to classify the model and parse its flags (its import takes 10-30 s)..."
@@ -58,7 +56,7 @@ def _device(capability: str | None, gpu: str | None = None) -> tuple[DeviceFacts
     if local is not None:
         cap, name = local
         return DeviceFacts("cuda", cap, name), f"{name}, CUDA {cap[0]}.{cap[1]} (local)"
-    return DeviceFacts("cuda", (9, 0), "assumed H200"), "CUDA 9.0 (assumed: no local GPU; --capability to change)"
+    return DeviceFacts("cuda", (9, 0), ASSUMED_GPU), "CUDA 9.0 (assumed: no local GPU; --capability to change)"
 
 
 def _server_unmeasured(server: ServerFacts) -> str | None:

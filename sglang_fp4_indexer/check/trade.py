@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..dcp import DcpCapacity, SHARDED
 from ..gate import DeviceFacts
-from .findings import UNNAMED_GPU
+from .budget import ASSUMED_GPU, UNNAMED_GPU
 
 __all__ = [
     "worth_it",
@@ -53,7 +53,7 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
 
     The tables hold the Hopper CUDA kernel against DeepGEMM as SGLang 0.5.23 calls it on Hopper, on ``gpu`` (an
     H200), single-GPU; that is what a replicated DCP rank runs too. Anything else was not measured there, and a
-    device given by its compute capability alone (``findings.UNNAMED_GPU``) may be another GPU.
+    device given by its compute capability alone (``budget.UNNAMED_GPU``) may be another GPU.
     """
     cap = tuple(dev.capability or ())
     if cap != (9, 0):
@@ -63,7 +63,7 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
                 f"kernel); on compute capability {cap[0]}.{cap[1]} {kernels}")
     if dev.name == UNNAMED_GPU:
         return "reason: GPU not named; pass --gpu"
-    if dev.name != "assumed H200" and "H200" not in (dev.name or ""):
+    if dev.name != ASSUMED_GPU and "H200" not in (dev.name or ""):
         return f"measured on {gpu}, not {dev.name.replace('NVIDIA ', '')}"
     if server is not None:
         return f"reason: {server}"
