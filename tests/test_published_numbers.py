@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from sglang_fp4_indexer.dcp import dcp_capacity
+from sglang_fp4_indexer.model_study import report
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -387,23 +388,32 @@ def test_benchmarks_cpu_host_overhead_is_the_measured_file():
     assert f"{before} µs per call before the launchers" in text and f"{after} µs after" in text
 
 
+def _serving_runs():
+    """SGLang's serving result lines and the KV pool tokens of the FP8 and FP4 servers with MTP (H100)."""
+    base = "sglang_serving_v32_layers_mtp34_eager_prefill_h100_{}_2026-12-05"
+    runs = [json.loads((RESULTS / f"{base.format(fmt)}.jsonl").read_text().splitlines()[0]) for fmt in ("fp8", "fp4")]
+    pools = [int(re.search(r"#tokens: (\d+)", (RESULTS / f"{base.format(fmt)}.txt").read_text())[1])
+             for fmt in ("fp8", "fp4")]
+    return runs, pools
+
+
+def _study_4k(name):
+    """The model study's 4K rows by top-k (``report.summarize``) of a raw result file."""
+    return report.summarize(_json(name))["loss"][4096]["topk"]
+
+
 def test_benchmarks_mtp_serving_table_is_the_measured_runs():
     """The FP8-against-FP4 table behind launch_server quotes SGLang's result lines and pool lines as printed."""
     page = _flat(_page("docs/benchmarks.md"))
-    base = "sglang_serving_v32_layers_mtp34_eager_prefill_h100_{}_2026-12-05"
-    runs = {fmt: json.loads((RESULTS / f"{base.format(fmt)}.jsonl").read_text().splitlines()[0])
-            for fmt in ("fp8", "fp4")}
-    pools = {fmt: int(re.search(r"#tokens: (\d+)", (RESULTS / f"{base.format(fmt)}.txt").read_text())[1])
-             for fmt in ("fp8", "fp4")}
-    f8, f4 = runs["fp8"], runs["fp4"]
+    (f8, f4), (p8, p4) = _serving_runs()
     assert (f"| output tokens/s | {f8['output_throughput']:.1f} | {f4['output_throughput']:.1f} |") in page
     assert (f"| median / mean TPOT | {f8['median_tpot_ms']:.2f} / {f8['mean_tpot_ms']:.2f} ms | "
             f"{f4['median_tpot_ms']:.2f} / {f4['mean_tpot_ms']:.2f} ms |") in page
     assert f"| {f8['median_itl_ms']:.2f} ms | {f4['median_itl_ms']:.2f} ms |" in page
     ttft = [f"{round(r['median_ttft_ms']):,}".replace(",", " ") for r in (f8, f4)]
     assert f"| median TTFT | {ttft[0]} ms | {ttft[1]} ms |" in page
-    gain = 100 * (pools["fp4"] / pools["fp8"] - 1)
-    fmt_pool = [f"{pools[f]:,}".replace(",", " ") for f in ("fp8", "fp4")]
+    gain = 100 * (p4 / p8 - 1)
+    fmt_pool = [f"{p:,}".replace(",", " ") for p in (p8, p4)]
     assert f"| KV pool (tokens) | {fmt_pool[0]} | **{fmt_pool[1]} (+{gain:.1f} %)** |" in page
     table = _json("sglang_serving_v32_layers_mtp34_eager_prefill_h100_table_2026-12-05.json")[0]
     assert table["output_throughput"] == {"fp8": f8["output_throughput"], "fp4": f4["output_throughput"]}
@@ -412,10 +422,7 @@ def test_benchmarks_mtp_serving_table_is_the_measured_runs():
 def test_readme_serving_rows_are_the_measured_runs():
     """The README's launch_server rows quote the same result lines as docs/benchmarks.md's table."""
     page = _flat(_page("README.md"))
-    base = "sglang_serving_v32_layers_mtp34_eager_prefill_h100_{}_2026-12-05"
-    f8, f4 = (json.loads((RESULTS / f"{base.format(fmt)}.jsonl").read_text().splitlines()[0]) for fmt in ("fp8", "fp4"))
-    p8, p4 = (int(re.search(r"#tokens: (\d+)", (RESULTS / f"{base.format(fmt)}.txt").read_text())[1])
-              for fmt in ("fp8", "fp4"))
+    (f8, f4), (p8, p4) = _serving_runs()
     assert f"| {f8['median_itl_ms']:.2f} ms | {f4['median_itl_ms']:.2f} ms |" in page
     assert f"| {f8['output_throughput']:.1f} | {f4['output_throughput']:.1f} |" in page
     assert f"| {p8:,} | {p4:,} (**+{100 * (p4 / p8 - 1):.1f} %**) |" in page
@@ -424,8 +431,6 @@ def test_readme_serving_rows_are_the_measured_runs():
 @pytest.mark.parametrize("name", ["model-accuracy-cpu-trained-indexer-1200.json", "model-accuracy-cpu-stand-in-4k.json"])
 def test_accuracy_trained_indexer_tables_are_the_measured_runs(name):
     """docs/accuracy.md's trained-indexer section holds every table row of both runs as the study renders them."""
-    from sglang_fp4_indexer.model_study import report
-
     page = _page("docs/accuracy.md")
     rows = [line for line in report.render_markdown(_json(name)).splitlines()
             if line.startswith("| ") and not line.startswith("| ---") and not line.startswith("| context")]
@@ -435,39 +440,30 @@ def test_accuracy_trained_indexer_tables_are_the_measured_runs(name):
 def test_accuracy_trained_indexer_prose_is_the_measured_runs():
     """The differences the trained-indexer section states are computed from the two runs."""
     page = _flat(_page("docs/accuracy.md"))
-    trained, stand_in = (_json(n) for n in ("model-accuracy-cpu-trained-indexer-1200.json",
-                                            "model-accuracy-cpu-stand-in-4k.json"))
-    from sglang_fp4_indexer.model_study import report
-
-    def att(doc, k, form):
-        return report.summarize(doc)["loss"][4096]["topk"][k]["attention_recall"][form][0]
-
-    lost = [att(d, k, "fp8") - att(d, k, "fp4") for d in (trained, stand_in) for k in (2048, 256)]
+    trained, stand_in = (_study_4k(n) for n in ("model-accuracy-cpu-trained-indexer-1200.json",
+                                                "model-accuracy-cpu-stand-in-4k.json"))
+    lost = [rows[k]["attention_recall"]["fp8"][0] - rows[k]["attention_recall"]["fp4"][0]
+            for rows in (trained, stand_in) for k in (2048, 256)]
     assert (f"{lost[0]:.4f} and {lost[1]:.4f} with the trained indexer, {lost[2]:.3f} and {lost[3]:.3f} "
             "with the stand-in") in page
-    kl = trained["indexer"]["trained"]
+    kl = _json("model-accuracy-cpu-trained-indexer-1200.json")["indexer"]["trained"]
     assert (" / ".join(f"{kl['kl_before'][la]:.2f}" for la in ("5", "11", "17")) + " to "
             + " / ".join(f"{kl['kl_after'][la]:.2f}" for la in ("5", "11", "17"))) in page
 
 
 def test_readme_trained_indexer_sentence_is_the_measured_runs():
-    from sglang_fp4_indexer.model_study import report
-
     page = _flat(_page("README.md"))
-    t = report.summarize(_json("model-accuracy-cpu-trained-indexer-1200.json"))["loss"][4096]["topk"][2048]
-    s = report.summarize(_json("model-accuracy-cpu-stand-in-4k.json"))["loss"][4096]["topk"][2048]
+    t = _study_4k("model-accuracy-cpu-trained-indexer-1200.json")[2048]
+    s = _study_4k("model-accuracy-cpu-stand-in-4k.json")[2048]
     d, e = t["fp4_minus_fp8"]
     assert (f"FP4 keeps {t['recall']['fp4'][0]:.3f} of the exact top-2048 at 4K (the 4-head stand-in: "
             f"{s['recall']['fp4'][0]:.3f}) and its loss differs from FP8's by {d:.4f} ± {e:.4f} nats/token") in page
 
 
 def test_accuracy_trained_indexer_400_steps_sentence_is_its_run():
-    from sglang_fp4_indexer.model_study import report
-
     page = _flat(_page("docs/accuracy.md"))
-    doc = _json("model-accuracy-cpu-trained-indexer-400.json")
-    kl = doc["indexer"]["trained"]["kl_after"]
-    rows = report.summarize(doc)["loss"][4096]["topk"]
+    kl = _json("model-accuracy-cpu-trained-indexer-400.json")["indexer"]["trained"]["kl_after"]
+    rows = _study_4k("model-accuracy-cpu-trained-indexer-400.json")
     att = [rows[k]["attention_recall"]["exact"][0] for k in (2048, 256)]
     cost = [rows[k]["delta"]["exact"][0] for k in (2048, 256)]
     assert (f"after 400 steps (KL {kl['5']:.2f} / {kl['11']:.2f} / {kl['17']:.2f}) it recalled {att[0]:.2f} and "
