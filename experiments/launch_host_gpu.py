@@ -11,7 +11,8 @@ warm-up, synchronised only at the end (the host's wall time to issue them, as ``
   ``torch.cuda.current_device``);
 * ``launch_bindings``: ``cuLaunchKernel`` through ``cuda.bindings`` with everything prepared (what
   ``_Function.launch_packed`` calls), ``launch_ctypes``: the same driver entry point through ``ctypes`` with its
-  argument types declared once (the lower bound a Python caller reaches);
+  argument types declared once (expected to be the lower bound a Python caller reaches; on an H100 it was
+  slower than ``cuda.bindings``, docs/benchmarks.md "Host time");
 * ``launcher``: the launcher's whole call (``ServingKernels.paged(...)(...)``) with preallocated logits, and
   ``hook_call``: with the logits allocated per call (the benchmark's host column for ours);
 DeepGEMM's host time on the same shape is the benchmark's (``--scorers ours,deepgemm``), not repeated here.

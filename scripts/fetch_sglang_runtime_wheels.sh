@@ -56,8 +56,9 @@ mv "$DEST"/part1/sglang-*.whl "$STAGE/"
 slim "$(ls "$STAGE"/sglang-*.whl)" "$DEST/part1" sglang/multimodal_gen sglang/test \
   'sglang/srt/rust_extensions/_server*.so' 'sglang/srt/rust_extensions/_bench*.so' \
   'sglang/srt/rust_extensions/_grpc*.so' 'sglang/srt/rust_extensions/_multimodal*.so'
-# tvm-ffi without its test library and libbacktrace's sources (2.7 MB to 1.6 MB): SGLang's JIT kernels build against
-# its headers (include/) and load libtvm_ffi, which stay.
+# tvm-ffi without libbacktrace's sources: SGLang's JIT kernels build against its headers (include/) and load
+# libtvm_ffi, which stay. Its test library stays too: tvm_ffi's core module links libtvm_ffi_testing.so (readelf -d),
+# and `import tvm_ffi` fails without it.
 mv "$DEST"/part1/apache_tvm_ffi-*.whl "$STAGE/"
-slim "$(ls "$STAGE"/apache_tvm_ffi-*.whl)" "$DEST/part1" tvm_ffi/lib/libtvm_ffi_testing.so tvm_ffi/3rdparty/libbacktrace
+slim "$(ls "$STAGE"/apache_tvm_ffi-*.whl)" "$DEST/part1" tvm_ffi/3rdparty/libbacktrace
 du -sh "$DEST/part1" "$DEST/part2"

@@ -419,13 +419,92 @@ def test_benchmarks_mtp_serving_table_is_the_measured_runs():
     assert table["output_throughput"] == {"fp8": f8["output_throughput"], "fp4": f4["output_throughput"]}
 
 
+def _pair(load):
+    """SGLang's serving result lines of one same-machine pair (FP8, FP4), its serving-table row and the printed
+    table with the servers' start-up and pool lines (``load``: the part of the raw files' names that names the load)."""
+    name = "sglang_serving_v32_layers_" + load + "_{}2026-12-05"
+    runs = [json.loads((RESULTS / (name.format(f"{fmt}_") + ".jsonl")).read_text().splitlines()[0])
+            for fmt in ("fp8", "fp4")]
+    return runs, _json(name.format("table_") + ".json")[0], (RESULTS / (name.format("") + ".txt")).read_text()
+
+
+def _pools(printed):
+    """The FP8 and FP4 pool tokens from a pair's printed start-up lines (the FP4 server's follow its start-up line)."""
+    tokens = [int(t) for t in re.findall(r"KV Cache is allocated\. .*#tokens: (\d+)", printed)]
+    fp4_at = printed.index("FP4 indexer active")
+    fp4 = int(re.search(r"#tokens: (\d+)", printed[fp4_at:])[1])
+    return next(t for t in tokens if t != fp4), fp4
+
+
+def _ms(x):
+    return f"{round(x):,}".replace(",", " ")
+
+
 def test_readme_serving_rows_are_the_measured_runs():
-    """The README's launch_server rows quote the same result lines as docs/benchmarks.md's table."""
+    """The README's launch_server rows quote the same-machine pairs' result lines and pool lines."""
     page = _flat(_page("README.md"))
-    (f8, f4), (p8, p4) = _serving_runs()
-    assert f"| {f8['median_itl_ms']:.2f} ms | {f4['median_itl_ms']:.2f} ms |" in page
-    assert f"| {f8['output_throughput']:.1f} | {f4['output_throughput']:.1f} |" in page
+    (a8, a4), _, printed = _pair("mtp34_same_machine_h100_fp8_first")
+    (b8, b4), _, _ = _pair("mtp34_same_machine_h100_fp4_first")
+    assert (f"| {a8['output_throughput']:.1f}; {b8['output_throughput']:.1f} | "
+            f"{a4['output_throughput']:.1f}; {b4['output_throughput']:.1f} |") in page
+    p8, p4 = _pools(printed)
     assert f"| {p8:,} | {p4:,} (**+{100 * (p4 / p8 - 1):.1f} %**) |" in page
+    (o8, o4), _, _ = _pair("no_mtp_h100")
+    assert f"| {o8['output_throughput']:.1f} | {o4['output_throughput']:.1f} |" in page
+    (k8, k4), _, _ = _pair("kv_limited_100k_h100")
+    gain = 100 * (k4["output_throughput"] / k8["output_throughput"] - 1)
+    assert f"| {k8['output_throughput']:.1f} | **{k4['output_throughput']:.1f} (+{gain:.1f} %)** |" in page
+
+
+def test_benchmarks_same_machine_mtp_table_is_the_measured_runs():
+    """Both orders of the MTP pair, as docs/benchmarks.md's table and prose quote them."""
+    page = _flat(_page("docs/benchmarks.md"))
+    (a8, a4), ta, printed = _pair("mtp34_same_machine_h100_fp8_first")
+    (b8, b4), tb, _ = _pair("mtp34_same_machine_h100_fp4_first")
+    assert ta["output_throughput"] == {"fp8": a8["output_throughput"], "fp4": a4["output_throughput"]}
+    assert tb["output_throughput"] == {"fp8": b8["output_throughput"], "fp4": b4["output_throughput"]}
+    assert f"| output tokens/s, FP8 server first | {a8['output_throughput']:.1f} | {a4['output_throughput']:.1f} |" in page
+    assert f"| output tokens/s, FP4 server first | {b8['output_throughput']:.1f} | {b4['output_throughput']:.1f} |" in page
+    for key, label in (("median_tpot_ms", "median TPOT, FP8 first / FP4 first"),
+                       ("median_itl_ms", "median inter-token latency (one verify step and its draft steps), FP8 first / FP4 first")):
+        assert (f"| {label} | {a8[key]:.2f} / {b8[key]:.2f} ms | {a4[key]:.2f} / {b4[key]:.2f} ms |") in page
+    assert (f"| median TTFT, FP8 first / FP4 first | {_ms(a8['median_ttft_ms'])} / {_ms(b8['median_ttft_ms'])} ms | "
+            f"{_ms(a4['median_ttft_ms'])} / {_ms(b4['median_ttft_ms'])} ms |") in page
+    p8, p4 = _pools(printed)
+    assert f"| KV pool (tokens) | {_ms(p8)} | {_ms(p4)} (+{100 * (p4 / p8 - 1):.1f} %) |" in page
+    second_slower = (100 * (1 - b8["output_throughput"] / a8["output_throughput"]),
+                     100 * (1 - a4["output_throughput"] / b4["output_throughput"]))
+    assert f"FP8 by {second_slower[0]:.1f} %, FP4 by {second_slower[1]:.1f} %" in page
+    m8 = (a8["output_throughput"] + b8["output_throughput"]) / 2
+    m4 = (a4["output_throughput"] + b4["output_throughput"]) / 2
+    assert f"FP4 gives {m4 / m8:.3f} of FP8's output tokens/s ({m4:.1f} against {m8:.1f})" in page
+
+
+def test_benchmarks_no_mtp_and_kv_limited_tables_are_the_measured_runs():
+    """The MTP-off pair and the KV-limited pair as docs/benchmarks.md's tables quote them."""
+    page = _flat(_page("docs/benchmarks.md"))
+    (o8, o4), to, printed = _pair("no_mtp_h100")
+    assert to["output_throughput"] == {"fp8": o8["output_throughput"], "fp4": o4["output_throughput"]}
+    assert f"| output tokens/s | {o8['output_throughput']:.1f} | {o4['output_throughput']:.1f} |" in page
+    assert f"| median TPOT | {o8['median_tpot_ms']:.2f} ms | {o4['median_tpot_ms']:.2f} ms |" in page
+    assert f"| median inter-token latency (one decode step) | {o8['median_itl_ms']:.2f} ms | {o4['median_itl_ms']:.2f} ms |" in page
+    p8, p4 = _pools(printed)
+    assert f"| KV pool (tokens) | {_ms(p8)} | {_ms(p4)} (+{100 * (p4 / p8 - 1):.1f} %) |" in page
+    assert f"was {100 * (o4['output_throughput'] / o8['output_throughput'] - 1):.1f} % faster" in page
+    assert f"{o8['median_itl_ms'] - o4['median_itl_ms']:.2f} ms shorter" in page
+    (k8, k4), tk, printed = _pair("kv_limited_100k_h100")
+    assert tk["output_throughput"] == {"fp8": k8["output_throughput"], "fp4": k4["output_throughput"]}
+    assert (k8["completed"], k4["completed"]) == (12, 12) and k8["random_input_len"] == 100000
+    gain = 100 * (k4["output_throughput"] / k8["output_throughput"] - 1)
+    assert f"| output tokens/s | {k8['output_throughput']:.1f} | **{k4['output_throughput']:.1f} (+{gain:.1f} %)** |" in page
+    assert f"| benchmark duration | {k8['duration']:.2f} s | {k4['duration']:.2f} s |" in page
+    assert f"| median TTFT | {_ms(k8['median_ttft_ms'])} ms | {_ms(k4['median_ttft_ms'])} ms |" in page
+    assert f"| median TPOT | {k8['median_tpot_ms']:.2f} ms | {k4['median_tpot_ms']:.2f} ms |" in page
+    p8, p4 = _pools(printed)
+    assert f"SGLang allocates {p8:,}".replace(",", " ") in page and f"{p4:,} allocated".replace(",", " ") in page
+    # The requests that fit: 100 000 + 256 tokens each.
+    assert (p8 // 100256, p4 // 100256) == (3, 4)
+    assert f"{(k8['median_ttft_ms'] - k4['median_ttft_ms']) / 1000:.2f} s less median TTFT" in page
 
 
 @pytest.mark.parametrize("name", ["model-accuracy-cpu-trained-indexer-1200.json", "model-accuracy-cpu-stand-in-4k.json"])
@@ -468,3 +547,17 @@ def test_accuracy_trained_indexer_400_steps_sentence_is_its_run():
     cost = [rows[k]["delta"]["exact"][0] for k in (2048, 256)]
     assert (f"after 400 steps (KL {kl['5']:.2f} / {kl['11']:.2f} / {kl['17']:.2f}) it recalled {att[0]:.2f} and "
             f"{att[1]:.2f} and cost +{cost[0]:.4f} and +{cost[1]:.3f}") in page
+
+
+def test_benchmarks_launch_host_steps_are_the_measured_run():
+    """The host-time steps docs/benchmarks.md quotes for 8 x 4K next_n 2 are the probe's medians."""
+    import statistics
+
+    page = _flat(_page("docs/benchmarks.md"))
+    sec = _json("launch_host_h100_8x4096_n2_2026-12-05.json")["seconds"]
+    us = {k: f"{statistics.median(v) * 1e6:.2f}" for k, v in sec.items()}
+    assert (f"the logits' `torch.empty` {us['empty']} µs, reading and packing the arguments {us['arg_values']}, "
+            f"torch's current stream {us['stream']}, `cuLaunchKernel` through `cuda.bindings` {us['launch_bindings']} "
+            f"(through `ctypes`, the other way to call the driver from Python, {us['launch_ctypes']}") in page
+    assert (f"the launcher's whole call {us['launcher']} and the hook's call with its logits allocated "
+            f"{us['hook_call']}") in page
