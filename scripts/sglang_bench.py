@@ -12,6 +12,11 @@
   ``python -m sglang.launch_server`` on localhost (SGLang loads the plugin itself), then
   SGLang's ``python -m sglang.benchmark.serving`` (random token ids, fixed lengths, a
   fixed concurrency) once per input length; its result lines go to OUT.jsonl.
+* ``serving-profile --model DIR --out-dir DIR [--fp4] [--shapes BATCH:INPUT ...] [--steps N] [SGLang server
+  flags]``: the same server, and per shape BATCH requests of INPUT random token ids decoding together while
+  SGLang's own profiler (``/start_profile``) records N decode batches; the traces go to
+  ``DIR/FMT_BATCHxINPUT.trace.json.gz`` for ``profile-table``. The server chunks prefill, so any context the
+  pool holds can be profiled (``bench_one_batch`` prefills in one pass, which limits it).
 * ``serving-table --fp8 FP8.jsonl --fp4 FP4.jsonl [--json OUT]``: the two ``serving`` runs side by side, per
   input length: requests completed, output tokens/s, median TPOT and TTFT, and the accepted length where MTP
   was on (``serving_table``).
@@ -192,6 +197,159 @@ def _serving(argv: list[str]) -> int:
     return 0
 
 
+def parse_shapes(texts: list[str]) -> list[tuple[int, int]]:
+    """``["BATCH:INPUT", ...]`` as ``[(batch, input_len), ...]``.
+
+    Raises:
+        ValueError: a text that is not two positive integers joined by ``:``.
+    """
+    shapes = []
+    for t in texts:
+        parts = t.split(":")
+        if len(parts) != 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
+            raise ValueError(f"--shapes: expected BATCH:INPUT with positive integers, got {t!r}")
+        shapes.append((int(parts[0]), int(parts[1])))
+    return shapes
+
+
+def stream_body(input_ids: list[int], output_len: int) -> dict:
+    """The ``/generate`` body of one profiled request: token ids in, ``output_len`` greedy tokens out (end of
+    sequence ignored, so the request decodes until the profile is taken), streamed so the client sees decoding
+    start. Fields are SGLang's ``GenerateReqInput``'s."""
+    return {"input_ids": input_ids, "stream": True,
+            "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}}
+
+
+def profile_body(out_dir: str, steps: int, prefix: str) -> dict:
+    """The ``/start_profile`` body that records the next ``steps`` decode batches (SGLang's ``ProfileReq``:
+    ``profile_by_stage`` counts decode batches and stops by itself), CPU and GPU activity, without Python stacks,
+    into ``out_dir`` as ``PREFIX-<profile id>-TP-0-DECODE.trace.json.gz``."""
+    return {"output_dir": out_dir, "num_steps": steps, "activities": ["CPU", "GPU"], "profile_by_stage": True,
+            "with_stack": False, "record_shapes": False, "profile_prefix": prefix}
+
+
+def _post(url: str, body: dict, timeout: float = 60.0) -> dict:
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        text = r.read().decode()
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {"text": text}
+
+
+def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefix: str, steps: int,
+                   output_len: int, seed: int = 0, timeout: float = 600.0) -> str:
+    """Profile ``steps`` decode batches of a running server while ``batch`` requests of ``input_len`` random
+    token ids decode together; returns the trace's path.
+
+    The requests stream from threads; once every one of them has streamed a token past its first (its prefill
+    done, so the batches that follow are decode batches of all of them), ``/start_profile`` (``profile_body``)
+    is posted, the DECODE trace awaited, and the requests aborted (``/abort_request``, all of them).
+
+    Raises:
+        RuntimeError: a request failed, or decoding or the trace did not come within ``timeout`` seconds.
+    """
+    import glob
+    import random
+    import threading
+    import time
+    import urllib.request
+
+    tokens = [0] * batch
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def run(i: int) -> None:
+        rng = random.Random(seed * 1000 + i)
+        ids = [rng.randrange(1000, 100000) for _ in range(input_len)]
+        req = urllib.request.Request(base + "/generate", data=json.dumps(stream_body(ids, output_len)).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                for line in r:
+                    if line.startswith(b"data:") and b"[DONE]" not in line:
+                        tokens[i] += 1
+                    if stop.is_set():
+                        return
+        except OSError as e:
+            if not stop.is_set():
+                errors.append(f"request {i}: {e}")
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(batch)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + timeout
+    while min(tokens) < 2:
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        if time.time() > deadline:
+            raise RuntimeError(f"{batch} x {input_len}: not all requests decoding after {timeout:.0f} s")
+        time.sleep(0.2)
+    before = set(glob.glob(os.path.join(out_dir, f"{prefix}-*DECODE.trace.json.gz")))
+    _post(base + "/start_profile", profile_body(out_dir, steps, prefix))
+    while not (new := set(glob.glob(os.path.join(out_dir, f"{prefix}-*DECODE.trace.json.gz"))) - before):
+        if time.time() > deadline:
+            raise RuntimeError(f"{batch} x {input_len}: no decode trace in {out_dir} after {timeout:.0f} s")
+        time.sleep(0.5)
+    stop.set()
+    _post(base + "/abort_request", {"abort_all": True})  # SGLang's AbortReq: no request outlives its shape
+    path, size = sorted(new)[0], -1
+    while size != os.path.getsize(path):  # torch writes the .gz after the profile stops: wait until it settles
+        size = os.path.getsize(path)
+        time.sleep(1.0)
+    return path
+
+
+def _serving_profile(argv: list[str]) -> int:
+    """``python -m sglang.launch_server`` on localhost, then a decode profile per ``--shapes`` entry."""
+    import shutil
+
+    p = argparse.ArgumentParser(prog="sglang_bench.py serving-profile")
+    p.add_argument("--model", required=True)
+    p.add_argument("--out-dir", required=True, help="where the traces go, as FMT_BATCHxINPUT.trace.json.gz")
+    p.add_argument("--fp4", action="store_true", help="add --enable-fp4-indexer")
+    p.add_argument("--shapes", nargs="+", default=["1:131072", "8:65536"], help="BATCH:INPUT ...")
+    p.add_argument("--steps", type=int, default=5, help="decode batches per trace")
+    p.add_argument("--output-len", type=int, default=4096, help="tokens each request may decode (never reached)")
+    p.add_argument("--port", type=int, default=30741)
+    p.add_argument("--ready-timeout", type=float, default=600.0)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds each shape may take")
+    opts, server_args = p.parse_known_args(argv)
+    try:
+        shapes = parse_shapes(opts.shapes)
+    except ValueError as e:
+        p.error(str(e))
+    if opts.steps < 1:
+        p.error(f"--steps: expected >= 1, got {opts.steps}")
+    fmt = "fp4" if opts.fp4 else "fp8"
+    os.makedirs(opts.out_dir, exist_ok=True)
+    raw = os.path.join(opts.out_dir, f"raw_{fmt}")
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", opts.model, "--host", "127.0.0.1",
+           "--port", str(opts.port), *server_args] + (["--enable-fp4-indexer"] if opts.fp4 else [])
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sglang_one_batch import launched_server
+
+    rc = 0
+    with launched_server(cmd, opts.port, os.path.join(opts.out_dir, f"server_{fmt}.log"), opts.ready_timeout) as base:
+        for b, il in shapes:
+            name = f"{fmt}_{b}x{il}"
+            try:
+                path = profile_decode(base, b, il, out_dir=raw, prefix=name, steps=opts.steps,
+                                      output_len=opts.output_len, timeout=opts.timeout)
+            except RuntimeError as e:
+                print(f"{name}: {e}", file=sys.stderr)
+                rc = 1
+                continue
+            # Moved out before the next shape: a later prefill may make SGLang write another trace of this prefix.
+            shutil.move(path, os.path.join(opts.out_dir, f"{name}.trace.json.gz"))
+            print(f"{name}: {opts.steps} decode batches profiled")
+    shutil.rmtree(raw, ignore_errors=True)
+    return rc
+
+
 #: bench_serving result fields the serving table shows: (field, heading, format).
 SERVING_FIELDS = (("completed", "requests done", "{:.0f}"), ("output_throughput", "output tok/s", "{:.1f}"),
                   ("median_tpot_ms", "median TPOT ms", "{:.2f}"), ("median_ttft_ms", "median TTFT ms", "{:.0f}"),
@@ -263,7 +421,8 @@ def _serving_table(argv: list[str]) -> int:
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("one-batch", "serving", "serving-table", "profile-table"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("one-batch", "serving", "serving-profile", "serving-table",
+                                                "profile-table"):
         print(__doc__)
         return 2
     if sys.argv[1] == "one-batch":
@@ -272,6 +431,8 @@ def main() -> int:
         return _serving(sys.argv[2:])
     if sys.argv[1] == "serving-table":
         return _serving_table(sys.argv[2:])
+    if sys.argv[1] == "serving-profile":
+        return _serving_profile(sys.argv[2:])
     p = argparse.ArgumentParser(prog="sglang_bench.py profile-table")
     p.add_argument("traces", nargs="+")
     p.add_argument("--steps", type=int, default=1, help="decode steps in each trace (--profile-steps)")

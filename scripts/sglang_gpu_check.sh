@@ -17,6 +17,8 @@
 #                                              # with the decode profile by kernel category
 #   bash scripts/sglang_gpu_check.sh serving   # the same model behind launch_server, SGLang's bench_serving,
 #                                              # FP8 then FP4 (SERVE_POOL_TOKENS: a KV-limited load)
+#   bash scripts/sglang_gpu_check.sh profile   # the same server, FP8 then FP4: SGLang's profiler over a few decode
+#                                              # steps per PROFILE_SHAPES entry, summed by kernel category
 #   bash scripts/sglang_gpu_check.sh server    # one request to launch_server with --enable-fp4-indexer
 #   bash scripts/sglang_gpu_check.sh pd        # PD disaggregation on one GPU (scripts/pd_gpu.py): FP4 prefill ->
 #                                              # FP4 decode over Mooncake TCP against a plain FP4 server, then FP8
@@ -258,6 +260,42 @@ case "$STEP" in
         --json "$OUTDIR/serving_table.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
     fi
     ;;
+  profile)
+    # Where a decode step's time goes behind launch_server (scripts/sglang_bench.py serving-profile): the serving
+    # step's model and flags, FP8 then FP4, and per PROFILE_SHAPES entry ("BATCH:INPUT ...") that many requests
+    # decoding together while SGLang's profiler records PROFILE_STEPS decode batches; then the table by kernel
+    # category per shape (profile-table), and the traces under $OUT where they are small enough to come back.
+    # SERVE_SPEC turns MTP on as in the serving step (one decode batch is then one verify cycle).
+    M2="$WORK/v32-layers"
+    "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
+    SPEC=()
+    if [ -n "${SERVE_SPEC:-}" ]; then
+      SPEC=(--speculative-algorithm EAGLE --speculative-num-steps "${SERVE_SPEC%%:*}" --speculative-eagle-topk 1
+            --speculative-num-draft-tokens "${SERVE_SPEC##*:}")
+    fi
+    SHAPES="${PROFILE_SHAPES:-1:131072 8:65536}"
+    MAXBS=1; for shape in $SHAPES; do [ "${shape%%:*}" -gt $MAXBS ] && MAXBS=${shape%%:*}; done
+    for fmt in ${SERVE_FORMATS:-fp8 fp4}; do
+      stage "profile_$fmt" "${PROFILE_LIMIT:-400}" "$PY" scripts/sglang_bench.py serving-profile --model "$M2" \
+        --out-dir "$WORK/prof_serving" --shapes $SHAPES --steps "${PROFILE_STEPS:-5}" $([ $fmt = fp4 ] && echo --fp4) \
+        --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton --mem-fraction-static 0.5 \
+        --disable-radix-cache --random-seed 0 --disable-prefill-cuda-graph --cuda-graph-max-bs-decode "$MAXBS" \
+        ${SPEC[@]+"${SPEC[@]}"}
+      cp "$WORK/prof_serving/server_$fmt.log" "$WORK/logs/profile_server_$fmt.log" 2>/dev/null
+    done
+    for shape in $SHAPES; do
+      b=${shape%%:*}; il=${shape##*:}
+      TRACES=()
+      for fmt in fp8 fp4; do
+        t="$WORK/prof_serving/${fmt}_${b}x${il}.trace.json.gz"
+        [ -f "$t" ] || continue
+        TRACES+=("$t")
+        [ "$(stat -c %s "$t")" -le 15000000 ] && cp "$t" "$OUTDIR/"
+      done
+      [ ${#TRACES[@]} -gt 0 ] && "$PY" scripts/sglang_bench.py profile-table --steps "${PROFILE_STEPS:-5}" "${TRACES[@]}" \
+        --json "$OUTDIR/serving_profile_${b}x${il}.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
+    done
+    ;;
   server)
     # A fresh machine compiles SGLang's and DeepGEMM's JIT kernels while it captures the first decode graph
     # (about 150 s): SERVER_READY_S bounds the wait for /health.
@@ -276,7 +314,7 @@ case "$STEP" in
     tar -czf "$WORK/logs/pd_traces.tar.gz" -C "$WORK/logs" trace_decode_fp4 trace_plain_fp4 2>/dev/null \
       && rm -rf "$WORK"/logs/trace_decode_fp4 "$WORK"/logs/trace_plain_fp4
     ;;
-  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|server|pd]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|profile|server|pd]" >&2; exit 2 ;;
 esac
 
 ENGINE=()

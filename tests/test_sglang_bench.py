@@ -114,3 +114,122 @@ def test_the_datasets_standin_lets_sglangs_serving_client_import(tmp_path):
     assert lines[0] == str(standins / "datasets" / "__init__.py")
     assert lines[1] == "sglang.benchmark.datasets"
     assert lines[2].startswith("refused: datasets is a stand-in here")
+
+
+def test_parse_shapes_reads_batch_and_input_and_names_bad_ones():
+    assert bench.parse_shapes(["1:131072", "8:65536"]) == [(1, 131072), (8, 65536)]
+    for bad in ("8x65536", "0:4096", "8:", "a:1", "1:2:3"):
+        with pytest.raises(ValueError, match="--shapes: expected BATCH:INPUT"):
+            bench.parse_shapes([bad])
+
+
+def test_profile_and_stream_bodies_are_sglangs_request_types():
+    """The two bodies the profile client posts build SGLang's own ``ProfileReq`` and ``GenerateReqInput`` with
+    every field they carry (an unknown field would raise)."""
+    from sglang.srt.managers.io_struct import GenerateReqInput, ProfileReq
+
+    body = bench.profile_body("/tmp/p", 5, "fp4_1x131072")
+    req = ProfileReq(**body)  # keyword-only: an unknown field raises
+    # The HTTP server's own parse of a JSON body (FastAPI through pydantic, SGLang's schema for its structs).
+    from pydantic import TypeAdapter
+
+    assert TypeAdapter(ProfileReq).validate_json(json.dumps(body)) == req
+    assert set(body) <= set(ProfileReq.__struct_fields__)
+    assert (req.num_steps, req.profile_by_stage, req.with_stack, req.profile_prefix) == (5, True, False, "fp4_1x131072")
+    gen = bench.stream_body([5, 6, 7], 4096)
+    g = GenerateReqInput(**gen)
+    assert g.input_ids == [5, 6, 7] and g.stream is True and g.sampling_params["ignore_eos"] is True
+
+
+def test_sglangs_profiler_records_exactly_num_steps_decode_batches(monkeypatch):
+    """SGLang's own scheduler profiler manager (profile_by_stage, as ``profile_body`` asks) starts at the next
+    decode batch and stops before the (N+1)-th: the trace holds N decode batches, what ``--steps`` says.
+    Only the torch profiler's start and stop are recorded instead of run (no GPU here)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.scheduler_components import profiler_manager as pm
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    monkeypatch.setattr(pm, "get_dp_tp_group", lambda: SimpleNamespace(cpu_group=None))
+    mgr = pm.SchedulerProfilerManager(get_forward_ct=lambda: 0)
+    events = []
+
+    def start(stage=None):
+        mgr.profile_in_progress = True
+        events.append(("start", stage))
+
+    def stop(stage=None):
+        mgr.profile_in_progress = False
+        events.append(("stop", stage))
+
+    monkeypatch.setattr(mgr, "_start_profile", start)
+    monkeypatch.setattr(mgr, "_stop_profile", stop)
+    body = bench.profile_body("/tmp/p", 3, "fp8_8x65536")
+    mgr._init_profile(body["output_dir"], None, body["num_steps"], body["activities"], body["with_stack"],
+                      body["record_shapes"], body["profile_by_stage"], "id", False, body["profile_prefix"])
+    profiled = 0
+    for _ in range(6):
+        mgr._profile_batch_predicate(SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=lambda: 8))
+        profiled += mgr.profile_in_progress  # this batch runs while the profiler records
+    assert profiled == 3
+    assert events == [("start", ForwardMode.DECODE), ("stop", ForwardMode.DECODE)]
+
+
+def test_profile_decode_posts_the_profile_only_once_every_request_decodes(tmp_path):
+    """``profile_decode`` against a small local HTTP server standing in for SGLang's three endpoints (the real
+    server needs a GPU): /generate streams one token at once for the first request and later for the second,
+    /start_profile writes the trace SGLang would, /abort_request ends the streams. The profile must not be
+    asked for before the slow request has decoded, and the trace's path comes back."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    state = {"started": 0, "profile_at": None, "aborted": threading.Event(), "bodies": []}
+    t0 = time.time()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/generate":
+                state["bodies"].append(body)
+                slow = state["started"] == 1
+                state["started"] += 1
+                self.send_response(200)
+                self.end_headers()
+                time.sleep(1.5 if slow else 0.0)
+                for k in range(200):
+                    if state["aborted"].is_set():
+                        break
+                    self.wfile.write(f"data: {{\"i\": {k}}}\n\n".encode())
+                    self.wfile.flush()
+                    time.sleep(0.02)
+                self.wfile.write(b"data: [DONE]\n\n")
+            elif self.path == "/start_profile":
+                state["profile_at"] = time.time() - t0
+                name = f"{body['profile_prefix']}-123-TP-0-DECODE.trace.json.gz"
+                with gzip.open(Path(body["output_dir"]) / name, "wt") as f:
+                    json.dump({"traceEvents": []}, f)
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b'{"success": true}')
+            elif self.path == "/abort_request":
+                state["aborted"].set()
+                self.send_response(200)
+                self.end_headers()
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "raw").mkdir()
+        path = bench.profile_decode(f"http://127.0.0.1:{srv.server_port}", 2, 16, out_dir=str(tmp_path / "raw"),
+                                    prefix="fp4_2x16", steps=3, output_len=64, timeout=30)
+    finally:
+        srv.shutdown()
+    assert path == str(tmp_path / "raw" / "fp4_2x16-123-TP-0-DECODE.trace.json.gz")
+    assert state["profile_at"] is not None and state["profile_at"] >= 1.5
+    assert state["aborted"].is_set() and len(state["bodies"]) == 2
+    assert all(len(b["input_ids"]) == 16 and b["stream"] for b in state["bodies"])
+    assert state["bodies"][0]["input_ids"] != state["bodies"][1]["input_ids"]
