@@ -247,12 +247,15 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
 
     The requests stream from threads; once every one of them has streamed a token past its first (its prefill
     done, so the batches that follow are decode batches of all of them), ``/start_profile`` (``profile_body``)
-    is posted, the DECODE trace awaited, and the requests aborted (``/abort_request``, all of them).
+    is posted and the DECODE trace awaited. Whatever happens, the requests are then aborted
+    (``/abort_request``, all of them), so none of them joins a later shape's batches.
 
     Raises:
-        RuntimeError: a request failed, or decoding or the trace did not come within ``timeout`` seconds.
+        RuntimeError: a request failed or ended early (an error chunk, a dropped stream), a POST failed, or
+            decoding or the trace did not come within ``timeout`` seconds.
     """
     import glob
+    import gzip
     import random
     import threading
     import time
@@ -270,37 +273,60 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 for line in r:
-                    if line.startswith(b"data:") and b"[DONE]" not in line:
-                        tokens[i] += 1
                     if stop.is_set():
                         return
-        except OSError as e:
+                    if not line.startswith(b"data:"):
+                        continue
+                    if b"[DONE]" in line:
+                        break
+                    chunk = json.loads(line[len(b"data:"):])
+                    if isinstance(chunk, dict) and "error" in chunk:  # SGLang's stream_results error chunk
+                        errors.append(f"request {i}: {json.dumps(chunk['error'])[:300]}")
+                        return
+                    tokens[i] += 1
             if not stop.is_set():
-                errors.append(f"request {i}: {e}")
+                errors.append(f"request {i}: the stream ended after {tokens[i]} chunks, before the profile")
+        except Exception as e:  # noqa: BLE001 -- any failure of a request thread is reported by the main thread
+            if not stop.is_set():
+                errors.append(f"request {i}: {type(e).__name__}: {e}")
+
+    def check(what: str, deadline: float) -> None:
+        if errors:
+            raise RuntimeError(f"{batch} x {input_len}: " + "; ".join(errors))
+        if time.time() > deadline:
+            raise RuntimeError(f"{batch} x {input_len}: {what} after {timeout:.0f} s")
 
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(batch)]
     for t in threads:
         t.start()
     deadline = time.time() + timeout
-    while min(tokens) < 2:
-        if errors:
-            raise RuntimeError("; ".join(errors))
-        if time.time() > deadline:
-            raise RuntimeError(f"{batch} x {input_len}: not all requests decoding after {timeout:.0f} s")
-        time.sleep(0.2)
-    before = set(glob.glob(os.path.join(out_dir, f"{prefix}-*DECODE.trace.json.gz")))
-    _post(base + "/start_profile", profile_body(out_dir, steps, prefix))
-    while not (new := set(glob.glob(os.path.join(out_dir, f"{prefix}-*DECODE.trace.json.gz"))) - before):
-        if time.time() > deadline:
-            raise RuntimeError(f"{batch} x {input_len}: no decode trace in {out_dir} after {timeout:.0f} s")
-        time.sleep(0.5)
-    stop.set()
-    _post(base + "/abort_request", {"abort_all": True})  # SGLang's AbortReq: no request outlives its shape
-    path, size = sorted(new)[0], -1
-    while size != os.path.getsize(path):  # torch writes the .gz after the profile stops: wait until it settles
-        size = os.path.getsize(path)
-        time.sleep(1.0)
-    return path
+    pattern = os.path.join(out_dir, f"{prefix}-*DECODE.trace.json.gz")
+    try:
+        while min(tokens) < 2:
+            check("not all requests decoding", deadline)
+            time.sleep(0.2)
+        before = set(glob.glob(pattern))
+        _post(base + "/start_profile", profile_body(out_dir, steps, prefix))
+        while not (new := set(glob.glob(pattern)) - before):
+            check(f"no decode trace in {out_dir}", deadline)
+            time.sleep(0.5)
+    except OSError as e:  # a POST that failed (urllib's HTTPError is an OSError)
+        raise RuntimeError(f"{batch} x {input_len}: {type(e).__name__}: {e}") from e
+    finally:
+        stop.set()
+        try:
+            _post(base + "/abort_request", {"abort_all": True})  # SGLang's AbortReq
+        except OSError:
+            pass
+    path = sorted(new)[0]
+    while True:  # torch gzips the trace after the profile stops: wait until the file reads whole
+        try:
+            with gzip.open(path, "rt") as f:
+                json.load(f)
+            return path
+        except (OSError, EOFError, ValueError):
+            check(f"{path} not readable", deadline)
+            time.sleep(1.0)
 
 
 def _serving_profile(argv: list[str]) -> int:
@@ -339,7 +365,7 @@ def _serving_profile(argv: list[str]) -> int:
             try:
                 path = profile_decode(base, b, il, out_dir=raw, prefix=name, steps=opts.steps,
                                       output_len=opts.output_len, timeout=opts.timeout)
-            except RuntimeError as e:
+            except (RuntimeError, OSError) as e:
                 print(f"{name}: {e}", file=sys.stderr)
                 rc = 1
                 continue

@@ -265,7 +265,10 @@ case "$STEP" in
     # step's model and flags, FP8 then FP4, and per PROFILE_SHAPES entry ("BATCH:INPUT ...") that many requests
     # decoding together while SGLang's profiler records PROFILE_STEPS decode batches; then the table by kernel
     # category per shape (profile-table), and the traces under $OUT where they are small enough to come back.
-    # SERVE_SPEC turns MTP on as in the serving step (one decode batch is then one verify cycle).
+    # SERVE_SPEC turns MTP on as in the serving step (one decode batch is then one verify cycle). On a fresh machine a
+    # server takes 4-5 minutes to be ready: run SERVE_FORMATS=fp8 and SERVE_FORMATS=fp4 in calls that follow each
+    # other (the table pairs the traces left in $WORK), with PROFILE_LIMIT (default 540 s) per format.
+    # The traces come back packed in $OUT/serving_profile_traces.tar.gz (left out above 15 MB).
     M2="$WORK/v32-layers"
     "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
     SPEC=()
@@ -275,26 +278,36 @@ case "$STEP" in
     fi
     SHAPES="${PROFILE_SHAPES:-1:131072 8:65536}"
     MAXBS=1; for shape in $SHAPES; do [ "${shape%%:*}" -gt $MAXBS ] && MAXBS=${shape%%:*}; done
+    LIMIT="${PROFILE_LIMIT:-540}"
     for fmt in ${SERVE_FORMATS:-fp8 fp4}; do
-      stage "profile_$fmt" "${PROFILE_LIMIT:-400}" "$PY" scripts/sglang_bench.py serving-profile --model "$M2" \
+      rm -f "$WORK/prof_serving/${fmt}_"*.trace.json.gz  # never a trace of an earlier run in this run's table
+      stage "profile_$fmt" "$LIMIT" "$PY" scripts/sglang_bench.py serving-profile --model "$M2" \
         --out-dir "$WORK/prof_serving" --shapes $SHAPES --steps "${PROFILE_STEPS:-5}" $([ $fmt = fp4 ] && echo --fp4) \
+        --ready-timeout $((LIMIT - 90)) --timeout 180 \
         --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton --mem-fraction-static 0.5 \
         --disable-radix-cache --random-seed 0 --disable-prefill-cuda-graph --cuda-graph-max-bs-decode "$MAXBS" \
         ${SPEC[@]+"${SPEC[@]}"}
-      cp "$WORK/prof_serving/server_$fmt.log" "$WORK/logs/profile_server_$fmt.log" 2>/dev/null
+      cp "$WORK/prof_serving/server_$fmt.log" "$WORK/logs/profile_server_$fmt.log" 2>/dev/null \
+        || echo "profile_$fmt: no server log"
+      grep -E "Error|Traceback" "$WORK/logs/profile_server_$fmt.log" 2>/dev/null | tail -n 4
     done
     for shape in $SHAPES; do
       b=${shape%%:*}; il=${shape##*:}
       TRACES=()
       for fmt in fp8 fp4; do
         t="$WORK/prof_serving/${fmt}_${b}x${il}.trace.json.gz"
-        [ -f "$t" ] || continue
-        TRACES+=("$t")
-        [ "$(stat -c %s "$t")" -le 15000000 ] && cp "$t" "$OUTDIR/"
+        [ -f "$t" ] && TRACES+=("$t")
       done
-      [ ${#TRACES[@]} -gt 0 ] && "$PY" scripts/sglang_bench.py profile-table --steps "${PROFILE_STEPS:-5}" "${TRACES[@]}" \
-        --json "$OUTDIR/serving_profile_${b}x${il}.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
+      if [ ${#TRACES[@]} -gt 0 ]; then
+        "$PY" scripts/sglang_bench.py profile-table --steps "${PROFILE_STEPS:-5}" "${TRACES[@]}" \
+          --json "$OUTDIR/serving_profile_${b}x${il}.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log" \
+          || echo "profile-table ${b}x${il} failed (logs/compare.log)"
+      else
+        echo "profile ${b}x${il}: no trace"
+      fi
     done
+    tar -czf "$OUTDIR/serving_profile_traces.tar.gz" -C "$WORK/prof_serving" $(cd "$WORK/prof_serving" 2>/dev/null && ls *.trace.json.gz 2>/dev/null) 2>/dev/null \
+      && [ "$(stat -c %s "$OUTDIR/serving_profile_traces.tar.gz")" -gt 15000000 ] && rm -f "$OUTDIR/serving_profile_traces.tar.gz"
     ;;
   server)
     # A fresh machine compiles SGLang's and DeepGEMM's JIT kernels while it captures the first decode graph

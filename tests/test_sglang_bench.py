@@ -175,16 +175,14 @@ def test_sglangs_profiler_records_exactly_num_steps_decode_batches(monkeypatch):
     assert events == [("start", ForwardMode.DECODE), ("stop", ForwardMode.DECODE)]
 
 
-def test_profile_decode_posts_the_profile_only_once_every_request_decodes(tmp_path):
-    """``profile_decode`` against a small local HTTP server standing in for SGLang's three endpoints (the real
-    server needs a GPU): /generate streams one token at once for the first request and later for the second,
-    /start_profile writes the trace SGLang would, /abort_request ends the streams. The profile must not be
-    asked for before the slow request has decoded, and the trace's path comes back."""
+def _standin_server(state, *, fail_second=False):
+    """A small local HTTP server standing in for SGLang's /generate (streamed as SGLang's ``stream_results``
+    writes it), /start_profile (writes the trace file SGLang would) and /abort_request; the real server needs a
+    GPU. The second request streams 1.5 s late, or, with ``fail_second``, sends SGLang's error chunk."""
     import threading
     import time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    state = {"started": 0, "profile_at": None, "aborted": threading.Event(), "bodies": []}
     t0 = time.time()
 
     class Handler(BaseHTTPRequestHandler):
@@ -195,15 +193,19 @@ def test_profile_decode_posts_the_profile_only_once_every_request_decodes(tmp_pa
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.path == "/generate":
                 state["bodies"].append(body)
-                slow = state["started"] == 1
+                second = state["started"] == 1
                 state["started"] += 1
                 self.send_response(200)
                 self.end_headers()
-                time.sleep(1.5 if slow else 0.0)
+                if second and fail_second:
+                    self.wfile.write(b'data: {"error":{"message":"input too long","code":400}}\n\n')
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    return
+                time.sleep(1.5 if second else 0.0)
                 for k in range(200):
                     if state["aborted"].is_set():
                         break
-                    self.wfile.write(f"data: {{\"i\": {k}}}\n\n".encode())
+                    self.wfile.write(f'data: {{"text":"","output_ids":[{k}]}}\n\n'.encode())
                     self.wfile.flush()
                     time.sleep(0.02)
                 self.wfile.write(b"data: [DONE]\n\n")
@@ -222,6 +224,16 @@ def test_profile_decode_posts_the_profile_only_once_every_request_decodes(tmp_pa
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_profile_decode_posts_the_profile_only_once_every_request_decodes(tmp_path):
+    """The profile is not asked for before the late request has decoded; the trace's path comes back and
+    every request is aborted afterwards."""
+    import threading
+
+    state = {"started": 0, "profile_at": None, "aborted": threading.Event(), "bodies": []}
+    srv = _standin_server(state)
     try:
         (tmp_path / "raw").mkdir()
         path = bench.profile_decode(f"http://127.0.0.1:{srv.server_port}", 2, 16, out_dir=str(tmp_path / "raw"),
@@ -233,3 +245,23 @@ def test_profile_decode_posts_the_profile_only_once_every_request_decodes(tmp_pa
     assert state["aborted"].is_set() and len(state["bodies"]) == 2
     assert all(len(b["input_ids"]) == 16 and b["stream"] for b in state["bodies"])
     assert state["bodies"][0]["input_ids"] != state["bodies"][1]["input_ids"]
+
+
+def test_profile_decode_reports_an_error_chunk_at_once_and_still_aborts(tmp_path):
+    """A request SGLang answers with its error chunk fails the shape within seconds (not at the timeout), names
+    the error, asks for no profile, and the other request is aborted."""
+    import threading
+    import time
+
+    state = {"started": 0, "profile_at": None, "aborted": threading.Event(), "bodies": []}
+    srv = _standin_server(state, fail_second=True)
+    t0 = time.time()
+    try:
+        (tmp_path / "raw").mkdir()
+        with pytest.raises(RuntimeError, match="2 x 16: request 1: .*input too long"):
+            bench.profile_decode(f"http://127.0.0.1:{srv.server_port}", 2, 16, out_dir=str(tmp_path / "raw"),
+                                 prefix="fp8_2x16", steps=3, output_len=64, timeout=30)
+    finally:
+        srv.shutdown()
+    assert time.time() - t0 < 10
+    assert state["profile_at"] is None and state["aborted"].is_set()
