@@ -561,3 +561,42 @@ def test_benchmarks_launch_host_steps_are_the_measured_run():
             f"(through `ctypes`, the other way to call the driver from Python, {us['launch_ctypes']}") in page
     assert (f"the launcher's whole call {us['launcher']} and the hook's call with its logits allocated "
             f"{us['hook_call']}") in page
+
+
+def _study_8k(name):
+    """The model study's 8K rows by top-k (``report.summarize``) of a raw result file."""
+    return report.summarize(_json(name))["loss"][8192]["topk"]
+
+
+EIGHT_K = ("model-accuracy-cpu-trained-indexer-1200-8k-top128.json", "model-accuracy-cpu-stand-in-8k-top128.json")
+
+
+@pytest.mark.parametrize("name", EIGHT_K)
+def test_accuracy_8k_tables_are_the_measured_runs(name):
+    """docs/accuracy.md's 8K section holds every table row of both runs as the study renders them."""
+    page = _page("docs/accuracy.md")
+    rows = [line for line in report.render_markdown(_json(name)).splitlines()
+            if line.startswith("| ") and not line.startswith("| ---") and not line.startswith("| context")]
+    assert len(rows) == 8 and [r for r in rows if r not in page] == []
+
+
+def test_accuracy_8k_prose_and_readme_are_the_measured_runs():
+    """The FP4 - FP8 figures, recalls and attention recalls the 8K prose and the README quote."""
+    page, readme = _flat(_page("docs/accuracy.md")), _flat(_page("README.md"))
+    trained, stand_in = (_study_8k(n) for n in EIGHT_K)
+    d = {(who, k): rows[k]["fp4_minus_fp8"] for who, rows in (("t", trained), ("s", stand_in)) for k in (2048, 128)}
+    assert (f"add {d['t', 128][0]:+.4f} ± {d['t', 128][1]:.4f} nats/token to the loss over FP8 with the trained "
+            f"indexer and {d['s', 128][0]:+.4f} ± {d['s', 128][1]:.4f} with the stand-in") in page
+    assert all(abs(m) > 3 * e for m, e in (d["t", 128], d["s", 128]))  # "more than three standard errors"
+    assert (f"the difference is {d['t', 2048][0]:+.4f} ± {d['t', 2048][1]:.4f} (trained) and "
+            f"{d['s', 2048][0]:+.4f} ± {d['s', 2048][1]:.4f} (stand-in)") in page
+    rec = [rows[k]["recall"]["fp4"][0] for rows in (trained, stand_in) for k in (2048, 128)]
+    assert f"{rec[0]:.3f} and {rec[1]:.3f} at top-2048 and top-128, against {rec[2]:.3f} and {rec[3]:.3f}" in page
+    att = [rows[k]["attention_recall"]["exact"][0] for rows in (trained, stand_in) for k in (2048, 128)]
+    assert f"recalls {att[0]:.2f} and {att[1]:.2f} of the layer's attention top-2048 and top-128 (stand-in: {att[2]:.2f} and {att[3]:.2f})" in page
+    cost = [rows[k]["delta"]["exact"][0] for rows in (trained, stand_in) for k in (2048, 128)]
+    assert f"costs {cost[0]:+.3f} and {cost[1]:+.3f} nats/token (stand-in: {cost[2]:+.3f} and {cost[3]:+.3f})" in page
+    assert (f"at 8K and top-128 (DSA's ratio of 1/64) FP4 adds {d['t', 128][0]:+.4f} ± {d['t', 128][1]:.4f} "
+            f"nats/token over FP8 with it (the stand-in: {d['s', 128][0]:+.4f} ± {d['s', 128][1]:.4f})") in readme
+    kl = _json(EIGHT_K[0])["indexer"]["trained"]["kl_after"]
+    assert "came out the same, " + " / ".join(f"{kl[la]:.2f}" for la in ("5", "11", "17")) in page
