@@ -6,7 +6,9 @@
 #
 #   bash scripts/gpu_model_study.sh        # again in the next call until it prints "study complete"
 # Environment: OUT (default ./out), WORK (default /tmp/model-study), LIMIT (seconds for this call, default
-# 540), PYTHON (default python3), TRAIN_STEPS (default 2000), MODEL_DIR (as model_files.sh).
+# 540), PYTHON (default python3), TRAIN_STEPS (default 2000), TRAIN_CONTEXT and TRAIN_SEQUENCES (tokens per
+# training sequence and how many, the CLI's defaults 4096 and 16 when unset; Python 3.11's training text holds at
+# most 13 sequences of 8192, 6 of 16384), MODEL_DIR (as model_files.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -24,7 +26,8 @@ left() { echo $((END - SECONDS)); }
 CLI=("$PY" -m sglang_fp4_indexer.cli model-accuracy --device cuda)
 if [ ! -f "$WORK/indexer.pt" ]; then
   timeout -k 10 "$(left)" "${CLI[@]}" --train-indexer "$WORK/indexer.pt" --train-seed 0 \
-    --train-steps "${TRAIN_STEPS:-2000}" --out-dir "$WORK/train" >"$WORK/train.log" 2>&1
+    --train-steps "${TRAIN_STEPS:-2000}" ${TRAIN_CONTEXT:+--train-context "$TRAIN_CONTEXT"} \
+    ${TRAIN_SEQUENCES:+--train-sequences "$TRAIN_SEQUENCES"} --out-dir "$WORK/train" >"$WORK/train.log" 2>&1
   echo "== training: rc=$? ($(tail -n 1 "$WORK/train.log"))"
 fi
 for KIND in stand-in trained; do
