@@ -32,11 +32,9 @@ import random
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sglang_one_batch import check_table, first_difference, launched_server, seeded_prompts  # noqa: E402
+from sglang_one_batch import check_table, first_difference, launched_server, post_json, seeded_prompts  # noqa: E402
 
 #: What the plugin appends to the KV cache dtype a server holding FP4 index keys publishes (its
 #: ``disaggregation.INDEX_KEYS_NOTE``, repeated here so that this script runs without importing the plugin).
@@ -109,19 +107,7 @@ def pd_body(body: dict, bootstrap_host: str, bootstrap_port: int, room: int) -> 
     return dict(body, bootstrap_host=bootstrap_host, bootstrap_port=bootstrap_port, bootstrap_room=room)
 
 
-def _post(url: str, body: dict, timeout: float) -> dict:
-    """POST ``body`` as JSON; the answer as a dict, or ``{"error": ...}`` when the request fails."""
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return {"error": f"HTTP {e.code}: {e.read()[:500].decode(errors='replace')}"}
-    except OSError as e:
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
-def send_pd(prefill_url: str, decode_url: str, body: dict, timeout: float = 120.0, post=_post) -> dict:
+def send_pd(prefill_url: str, decode_url: str, body: dict, timeout: float = 120.0, post=post_json) -> dict:
     """Send one PD request as SGLang's router does: ``body`` (with bootstrap fields) to both servers at once.
 
     Returns:
@@ -310,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # 2. plain FP4
         with contextlib.ExitStack() as stack:
             base = launch("plain_fp4", server_cmd(opts.model, plain_port, fp4=True), trace_dir("plain_fp4"))
-            plain_ans = [_post(base + "/generate", b, 120.0) for b in bodies]
+            plain_ans = [post_json(base + "/generate", b, 120.0) for b in bodies]
     except RuntimeError as e:
         res["plain_error"] = str(e)
     try:  # 4. FP8 prefill -> FP4 decode: expected to stop at the bootstrap

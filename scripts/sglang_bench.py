@@ -38,6 +38,10 @@ import os
 import re
 import sys
 
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, SCRIPTS)
+from sglang_one_batch import launched_server, post_json  # noqa: E402 (beside this script; imports no SGLang)
+
 #: Kernel categories of a DSA decode step, first match wins (regular expressions over kernel names).
 CATEGORIES = (
     ("indexer logits", r"fp4_paged_logits|paged_mqa_logits|mqa_logits|plan_paged_schedule|paged_logits"),
@@ -176,15 +180,11 @@ def _serving(argv: list[str]) -> int:
     opts, server_args = p.parse_known_args(argv)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", opts.model, "--host", "127.0.0.1",
            "--port", str(opts.port), *server_args] + (["--enable-fp4-indexer"] if opts.fp4 else [])
-    scripts = os.path.dirname(os.path.abspath(__file__))
-    sys.path.insert(0, scripts)
-    from sglang_one_batch import launched_server
-
     client_env = dict(os.environ)
     if importlib.util.find_spec("datasets") is None:
         # SGLang's benchmark client imports Hugging Face datasets, which random-ids prompts never call:
         # scripts/bench_standins/datasets stands in for it where it is not installed (the GPU machine).
-        standins = os.path.join(scripts, "bench_standins")
+        standins = os.path.join(SCRIPTS, "bench_standins")
         client_env["PYTHONPATH"] = os.pathsep.join(x for x in (os.environ.get("PYTHONPATH"), standins) if x)
     with launched_server(cmd, opts.port, opts.out + ".server.log", opts.ready_timeout):
         for il in opts.input_lens:
@@ -228,18 +228,6 @@ def profile_body(out_dir: str, steps: int, prefix: str) -> dict:
             "with_stack": False, "record_shapes": False, "profile_prefix": prefix}
 
 
-def _post(url: str, body: dict, timeout: float = 60.0) -> dict:
-    import urllib.request
-
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        text = r.read().decode()
-    try:
-        return json.loads(text)
-    except ValueError:
-        return {"text": text}
-
-
 def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefix: str, steps: int,
                    output_len: int, seed: int = 0, timeout: float = 600.0) -> str:
     """Profile ``steps`` decode batches of a running server while ``batch`` requests of ``input_len`` random
@@ -251,8 +239,8 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
     (``/abort_request``, all of them), so none of them joins a later shape's batches.
 
     Raises:
-        RuntimeError: a request failed or ended early (an error chunk, a dropped stream), a POST failed, or
-            decoding or the trace did not come within ``timeout`` seconds.
+        RuntimeError: a request failed or ended early (an error chunk, a dropped stream), ``/start_profile``
+            failed, or decoding or the trace did not come within ``timeout`` seconds.
     """
     import glob
     import gzip
@@ -306,18 +294,15 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
             check("not all requests decoding", deadline)
             time.sleep(0.2)
         before = set(glob.glob(pattern))
-        _post(base + "/start_profile", profile_body(out_dir, steps, prefix))
+        answer = post_json(base + "/start_profile", profile_body(out_dir, steps, prefix), 60.0)
+        if "error" in answer:
+            raise RuntimeError(f"{batch} x {input_len}: /start_profile: {answer['error']}")
         while not (new := set(glob.glob(pattern)) - before):
             check(f"no decode trace in {out_dir}", deadline)
             time.sleep(0.5)
-    except OSError as e:  # a POST that failed (urllib's HTTPError is an OSError)
-        raise RuntimeError(f"{batch} x {input_len}: {type(e).__name__}: {e}") from e
     finally:
         stop.set()
-        try:
-            _post(base + "/abort_request", {"abort_all": True})  # SGLang's AbortReq
-        except OSError:
-            pass
+        post_json(base + "/abort_request", {"abort_all": True}, 60.0)  # SGLang's AbortReq; never raises
     path = sorted(new)[0]
     while True:  # torch gzips the trace after the profile stops: wait until the file reads whole
         try:
@@ -355,9 +340,6 @@ def _serving_profile(argv: list[str]) -> int:
     raw = os.path.join(opts.out_dir, f"raw_{fmt}")
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", opts.model, "--host", "127.0.0.1",
            "--port", str(opts.port), *server_args] + (["--enable-fp4-indexer"] if opts.fp4 else [])
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from sglang_one_batch import launched_server
-
     rc = 0
     with launched_server(cmd, opts.port, os.path.join(opts.out_dir, f"server_{fmt}.log"), opts.ready_timeout) as base:
         for b, il in shapes:
@@ -365,7 +347,7 @@ def _serving_profile(argv: list[str]) -> int:
             try:
                 path = profile_decode(base, b, il, out_dir=raw, prefix=name, steps=opts.steps,
                                       output_len=opts.output_len, timeout=opts.timeout)
-            except (RuntimeError, OSError) as e:
+            except RuntimeError as e:
                 print(f"{name}: {e}", file=sys.stderr)
                 rc = 1
                 continue

@@ -135,6 +135,13 @@ stage_or_bisect() {  # name limit out command...
 }
 
 M="$WORK/tiny"
+# SERVE_SPEC="STEPS:DRAFT_TOKENS": SGLang's EAGLE on the model's next-n layer (top-1 drafts), for the serving and
+# profile steps.
+SPEC=()
+if [ -n "${SERVE_SPEC:-}" ]; then
+  SPEC=(--speculative-algorithm EAGLE --speculative-num-steps "${SERVE_SPEC%%:*}" --speculative-eagle-topk 1
+        --speculative-num-draft-tokens "${SERVE_SPEC##*:}")
+fi
 case "$STEP" in
   install)
     "$PY" -c "import sglang, sgl_kernel, torch; print('sglang', sglang.__version__, 'sgl_kernel', sgl_kernel.__version__, 'torch', torch.__version__)" 2>&1 | tail -n 3
@@ -234,11 +241,6 @@ case "$STEP" in
     "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
     PREFILL_GRAPHS=(--disable-prefill-cuda-graph)
     [ "${SERVE_PREFILL_GRAPHS:-0}" = 1 ] && PREFILL_GRAPHS=()
-    SPEC=()
-    if [ -n "${SERVE_SPEC:-}" ]; then
-      SPEC=(--speculative-algorithm EAGLE --speculative-num-steps "${SERVE_SPEC%%:*}" --speculative-eagle-topk 1
-            --speculative-num-draft-tokens "${SERVE_SPEC##*:}")
-    fi
     for fmt in ${SERVE_FORMATS:-fp8 fp4}; do
       POOL=()
       if [ -n "${SERVE_POOL_TOKENS:-}" ]; then
@@ -271,11 +273,6 @@ case "$STEP" in
     # The traces come back packed in $OUT/serving_profile_traces.tar.gz (left out above 15 MB).
     M2="$WORK/v32-layers"
     "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
-    SPEC=()
-    if [ -n "${SERVE_SPEC:-}" ]; then
-      SPEC=(--speculative-algorithm EAGLE --speculative-num-steps "${SERVE_SPEC%%:*}" --speculative-eagle-topk 1
-            --speculative-num-draft-tokens "${SERVE_SPEC##*:}")
-    fi
     SHAPES="${PROFILE_SHAPES:-1:131072 8:65536}"
     MAXBS=1; for shape in $SHAPES; do [ "${shape%%:*}" -gt $MAXBS ] && MAXBS=${shape%%:*}; done
     LIMIT="${PROFILE_LIMIT:-540}"
@@ -306,8 +303,10 @@ case "$STEP" in
         echo "profile ${b}x${il}: no trace"
       fi
     done
-    tar -czf "$OUTDIR/serving_profile_traces.tar.gz" -C "$WORK/prof_serving" $(cd "$WORK/prof_serving" 2>/dev/null && ls *.trace.json.gz 2>/dev/null) 2>/dev/null \
-      && [ "$(stat -c %s "$OUTDIR/serving_profile_traces.tar.gz")" -gt 15000000 ] && rm -f "$OUTDIR/serving_profile_traces.tar.gz"
+    (cd "$WORK/prof_serving" 2>/dev/null && tar -czf "$OUTDIR/serving_profile_traces.tar.gz" *.trace.json.gz 2>/dev/null) \
+      || rm -f "$OUTDIR/serving_profile_traces.tar.gz"
+    [ "$(stat -c %s "$OUTDIR/serving_profile_traces.tar.gz" 2>/dev/null || echo 0)" -le 15000000 ] \
+      || rm -f "$OUTDIR/serving_profile_traces.tar.gz"
     ;;
   server)
     # A fresh machine compiles SGLang's and DeepGEMM's JIT kernels while it captures the first decode graph

@@ -484,6 +484,26 @@ def engine(argv: list[str]) -> None:
     print(f"saved {opts.out}: {[(r['prompt_len'], r['completion_tokens'], r['spec_verify_ct']) for r in res['requests']]}")
 
 
+def post_json(url: str, body: dict, timeout: float) -> dict:
+    """POST ``body`` as JSON to a server started by ``launched_server``; the answer as a dict (``{"text": ...}``
+    when it is not JSON, e.g. an empty 200), or ``{"error": ...}`` when the request fails. Never raises."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+    except urllib.error.HTTPError as e:
+        return {"error": f"HTTP {e.code}: {e.read()[:500].decode(errors='replace')}"}
+    except OSError as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"text": raw.decode(errors="replace")}
+
+
 @contextlib.contextmanager
 def launched_server(cmd: list[str], port: int, log_path: str, ready_timeout: float):
     """Run ``cmd`` (a ``launch_server`` command line) with its output in ``log_path``; yield its base URL once
