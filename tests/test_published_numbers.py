@@ -397,9 +397,14 @@ def _serving_runs():
     return runs, pools
 
 
-def _study_4k(name):
-    """The model study's 4K rows by top-k (``report.summarize``) of a raw result file."""
-    return report.summarize(_json(name))["loss"][4096]["topk"]
+def _study(name, context):
+    """The model study's rows at ``context`` tokens by top-k (``report.summarize``) of a raw result file."""
+    return report.summarize(_json(name))["loss"][context]["topk"]
+
+
+def _ms(x):
+    """A number as the docs write thousands: rounded, a space between groups of three digits."""
+    return f"{round(x):,}".replace(",", " ")
 
 
 def test_benchmarks_mtp_serving_table_is_the_measured_runs():
@@ -410,11 +415,8 @@ def test_benchmarks_mtp_serving_table_is_the_measured_runs():
     assert (f"| median / mean TPOT | {f8['median_tpot_ms']:.2f} / {f8['mean_tpot_ms']:.2f} ms | "
             f"{f4['median_tpot_ms']:.2f} / {f4['mean_tpot_ms']:.2f} ms |") in page
     assert f"| {f8['median_itl_ms']:.2f} ms | {f4['median_itl_ms']:.2f} ms |" in page
-    ttft = [f"{round(r['median_ttft_ms']):,}".replace(",", " ") for r in (f8, f4)]
-    assert f"| median TTFT | {ttft[0]} ms | {ttft[1]} ms |" in page
-    gain = 100 * (p4 / p8 - 1)
-    fmt_pool = [f"{p:,}".replace(",", " ") for p in (p8, p4)]
-    assert f"| KV pool (tokens) | {fmt_pool[0]} | **{fmt_pool[1]} (+{gain:.1f} %)** |" in page
+    assert f"| median TTFT | {_ms(f8['median_ttft_ms'])} ms | {_ms(f4['median_ttft_ms'])} ms |" in page
+    assert f"| KV pool (tokens) | {_ms(p8)} | **{_ms(p4)} (+{100 * (p4 / p8 - 1):.1f} %)** |" in page
     table = _json("sglang_serving_v32_layers_mtp34_eager_prefill_h100_table_2026-12-05.json")[0]
     assert table["output_throughput"] == {"fp8": f8["output_throughput"], "fp4": f4["output_throughput"]}
 
@@ -434,10 +436,6 @@ def _pools(printed):
     fp4_at = printed.index("FP4 indexer active")
     fp4 = int(re.search(r"#tokens: (\d+)", printed[fp4_at:])[1])
     return next(t for t in tokens if t != fp4), fp4
-
-
-def _ms(x):
-    return f"{round(x):,}".replace(",", " ")
 
 
 def test_readme_serving_rows_are_the_measured_runs():
@@ -522,7 +520,7 @@ def test_accuracy_trained_indexer_tables_are_the_measured_runs(name):
 def test_accuracy_trained_indexer_prose_is_the_measured_runs():
     """The differences the trained-indexer section states are computed from the two runs."""
     page = _flat(_page("docs/accuracy.md"))
-    trained, stand_in = (_study_4k(n) for n in ("model-accuracy-cpu-trained-indexer-1200.json",
+    trained, stand_in = (_study(n, 4096) for n in ("model-accuracy-cpu-trained-indexer-1200.json",
                                                 "model-accuracy-cpu-stand-in-4k.json"))
     lost = [rows[k]["attention_recall"]["fp8"][0] - rows[k]["attention_recall"]["fp4"][0]
             for rows in (trained, stand_in) for k in (2048, 256)]
@@ -535,8 +533,8 @@ def test_accuracy_trained_indexer_prose_is_the_measured_runs():
 
 def test_readme_trained_indexer_sentence_is_the_measured_runs():
     page = _flat(_page("README.md"))
-    t = _study_4k("model-accuracy-cpu-trained-indexer-1200.json")[2048]
-    s = _study_4k("model-accuracy-cpu-stand-in-4k.json")[2048]
+    t = _study("model-accuracy-cpu-trained-indexer-1200.json", 4096)[2048]
+    s = _study("model-accuracy-cpu-stand-in-4k.json", 4096)[2048]
     d, e = t["fp4_minus_fp8"]
     assert (f"FP4 keeps {t['recall']['fp4'][0]:.3f} of the exact top-2048 at 4K (the 4-head stand-in: "
             f"{s['recall']['fp4'][0]:.3f}) and its loss differs from FP8's by {d:.4f} ± {e:.4f} nats/token") in page
@@ -545,7 +543,7 @@ def test_readme_trained_indexer_sentence_is_the_measured_runs():
 def test_accuracy_trained_indexer_400_steps_sentence_is_its_run():
     page = _flat(_page("docs/accuracy.md"))
     kl = _json("model-accuracy-cpu-trained-indexer-400.json")["indexer"]["trained"]["kl_after"]
-    rows = _study_4k("model-accuracy-cpu-trained-indexer-400.json")
+    rows = _study("model-accuracy-cpu-trained-indexer-400.json", 4096)
     att = [rows[k]["attention_recall"]["exact"][0] for k in (2048, 256)]
     cost = [rows[k]["delta"]["exact"][0] for k in (2048, 256)]
     assert (f"after 400 steps (KL {kl['5']:.2f} / {kl['11']:.2f} / {kl['17']:.2f}) it recalled {att[0]:.2f} and "
@@ -566,18 +564,13 @@ def test_benchmarks_launch_host_steps_are_the_measured_run():
             f"{us['hook_call']}") in page
 
 
-def _study_8k(name):
-    """The model study's 8K rows by top-k (``report.summarize``) of a raw result file."""
-    return report.summarize(_json(name))["loss"][8192]["topk"]
-
-
 EIGHT_K = ("model-accuracy-cpu-trained-indexer-1200-8k-top128.json", "model-accuracy-cpu-stand-in-8k-top128.json")
 
 
 def test_accuracy_8k_prose_and_readme_are_the_measured_runs():
     """The FP4 - FP8 figures, recalls and attention recalls the 8K prose and the README quote."""
     page, readme = _flat(_page("docs/accuracy.md")), _flat(_page("README.md"))
-    trained, stand_in = (_study_8k(n) for n in EIGHT_K)
+    trained, stand_in = (_study(n, 8192) for n in EIGHT_K)
     d = {(who, k): rows[k]["fp4_minus_fp8"] for who, rows in (("t", trained), ("s", stand_in)) for k in (2048, 128)}
     assert (f"add {d['t', 128][0]:+.4f} ± {d['t', 128][1]:.4f} nats/token to the loss over FP8 with the trained "
             f"indexer and {d['s', 128][0]:+.4f} ± {d['s', 128][1]:.4f} with the stand-in") in page
@@ -588,7 +581,7 @@ def test_accuracy_8k_prose_and_readme_are_the_measured_runs():
     assert f"{rec[0]:.3f} and {rec[1]:.3f} at top-2048 and top-128, against {rec[2]:.3f} and {rec[3]:.3f}" in page
     att = [rows[k]["attention_recall"]["exact"][0] for rows in (trained, stand_in) for k in (2048, 128)]
     assert f"recalls {att[0]:.2f} and {att[1]:.2f} of the layer's attention top-2048 and top-128 (stand-in: {att[2]:.2f} and {att[3]:.2f})" in page
-    att4 = [_study_4k(n)[2048]["attention_recall"]["exact"][0]
+    att4 = [_study(n, 4096)[2048]["attention_recall"]["exact"][0]
             for n in ("model-accuracy-cpu-trained-indexer-1200.json", "model-accuracy-cpu-stand-in-4k.json")]
     assert (f"falls from {att4[0]:.2f} to {att[0]:.2f}, the stand-in's from {att4[1]:.2f} to {att[2]:.2f}") in page
     cost = [rows[k]["delta"]["exact"][0] for rows in (trained, stand_in) for k in (2048, 128)]
