@@ -37,6 +37,7 @@ import json
 import os
 import re
 import sys
+import zlib
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPTS)
@@ -63,6 +64,64 @@ def categorize(name: str) -> str:
     return "rest"
 
 
+#: JSON escapes; a backslash before any other character is written by Kineto unescaped (a name as it came).
+_JSON_ESCAPES = '"\\/bfnrtu'
+
+
+def load_trace(path: str) -> tuple[dict, list[str]]:
+    """A torch-profiler Chrome trace (``.gz`` or not) as JSON, and the repairs its text needed.
+
+    Kineto writes event names as they come, without escaping them, and some numbers as C prints them
+    (pytorch/pytorch#33961, pytorch/kineto#336, pytorch/kineto#1459 describe such traces). When the file is
+    not JSON as written, these repairs are tried, in this order, and named in the returned list: bytes that
+    are not UTF-8 replaced (U+FFFD), control characters inside strings accepted (``json`` ``strict=False``),
+    a backslash that starts no JSON escape doubled, a bare ``nan`` / ``inf`` / ``-inf`` number read as
+    ``null``. A double quote left unescaped inside a name cannot be repaired.
+
+    Returns:
+        tuple: (the trace's JSON object, the repairs applied: ``[]`` when the file was JSON as written).
+
+    Raises:
+        OSError, EOFError, zlib.error: the file is missing, empty, or its gzip stream incomplete (still being
+            written).
+        ValueError: the repaired text still is not JSON; the message names the file, the error, its line and
+            column, and the text around it.
+    """
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if not raw:
+        raise EOFError(f"{path}: empty")
+    try:
+        return json.loads(raw), []
+    except ValueError:
+        pass
+    repairs = []
+    text = raw.decode("utf-8", errors="replace")
+    if "\ufffd" in text:
+        repairs.append("bytes that are not UTF-8 replaced")
+    fixed = re.sub(r"\\(.)", lambda m: m.group(0) if m.group(1) in _JSON_ESCAPES else "\\\\" + m.group(1),
+                   text, flags=re.S)
+    if fixed != text:
+        repairs.append("backslashes that start no JSON escape doubled")
+    text = fixed
+    fixed = re.sub(r"([:\[,]\s*)-?(?:nan|inf(?:inity)?)\b", r"\1null", text, flags=re.I)
+    if fixed != text:
+        repairs.append("bare nan / inf numbers read as null")
+    text = fixed
+    try:
+        obj = json.loads(text, strict=False)
+    except ValueError as e:
+        pos = getattr(e, "pos", 0)
+        raise ValueError(f"{path}: not JSON, also after the repairs {repairs or '(none applied)'}: {e}; "
+                         f"around it: {text[max(0, pos - 100):pos + 100]!r}") from None
+    try:
+        json.loads(text)
+    except ValueError:
+        repairs.append("control characters inside strings accepted")
+    return obj, repairs
+
+
 def profile_table(paths: list[str], steps: int) -> dict:
     """GPU kernel time by category in torch-profiler traces (Chrome trace JSON, ``.gz`` or not).
 
@@ -80,9 +139,8 @@ def profile_table(paths: list[str], steps: int) -> dict:
         raise ValueError(f"steps: expected >= 1, got {steps}")
     out = {}
     for path in paths:
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rt") as f:
-            events = json.load(f).get("traceEvents", [])
+        trace, repairs = load_trace(path)
+        events = trace.get("traceEvents", [])
         per_cat: dict[str, float] = {}
         per_kernel: dict[str, float] = {}
         for e in events:
@@ -96,7 +154,7 @@ def profile_table(paths: list[str], steps: int) -> dict:
             raise ValueError(f"{path}: no GPU kernel events (was the profile taken with GPU activities?)")
         total = sum(per_cat.values())
         out[path] = {"us_per_step": {k: v / steps for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])},
-                     "total_us_per_step": total / steps,
+                     "total_us_per_step": total / steps, "trace_repairs": repairs,
                      "top_kernels": sorted(((k, v / steps) for k, v in per_kernel.items()), key=lambda kv: -kv[1])[:10]}
     return out
 
@@ -228,6 +286,14 @@ def profile_body(out_dir: str, steps: int, prefix: str) -> dict:
             "with_stack": False, "record_shapes": False, "profile_prefix": prefix}
 
 
+class TraceNotJSON(RuntimeError):
+    """A decode trace that SGLang wrote whole but that is not JSON (``load_trace``); ``path`` is the file."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(message)
+        self.path = path
+
+
 def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefix: str, steps: int,
                    output_len: int, seed: int = 0, timeout: float = 600.0) -> str:
     """Profile ``steps`` decode batches of a running server while ``batch`` requests of ``input_len`` random
@@ -239,11 +305,11 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
     (``/abort_request``, all of them), so none of them joins a later shape's batches.
 
     Raises:
+        TraceNotJSON: the trace was written whole but is not JSON, even after ``load_trace``'s repairs.
         RuntimeError: a request failed or ended early (an error chunk, a dropped stream), ``/start_profile``
-            failed, or decoding or the trace did not come within ``timeout`` seconds.
+            failed, or decoding or the whole trace did not come within ``timeout`` seconds.
     """
     import glob
-    import gzip
     import random
     import threading
     import time
@@ -306,12 +372,13 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
     path = sorted(new)[0]
     while True:  # torch gzips the trace after the profile stops: wait until the file reads whole
         try:
-            with gzip.open(path, "rt") as f:
-                json.load(f)
+            load_trace(path)
             return path
-        except (OSError, EOFError, ValueError):
-            check(f"{path} not readable", deadline)
+        except (OSError, EOFError, zlib.error):
+            check(f"{path} not complete", deadline)
             time.sleep(1.0)
+        except ValueError as e:  # complete, yet not JSON even after load_trace's repairs: no use waiting
+            raise TraceNotJSON(path, f"{batch} x {input_len}: the decode trace is not JSON: {e}") from None
 
 
 def _serving_profile(argv: list[str]) -> int:
@@ -349,6 +416,8 @@ def _serving_profile(argv: list[str]) -> int:
                                       output_len=opts.output_len, timeout=opts.timeout)
             except RuntimeError as e:
                 print(f"{name}: {e}", file=sys.stderr)
+                if isinstance(e, TraceNotJSON):  # kept beside the good traces, so that it comes back to be read
+                    shutil.move(e.path, os.path.join(opts.out_dir, f"{name}.not-json.trace.json.gz"))
                 rc = 1
                 continue
             # Moved out before the next shape: a later prefill may make SGLang write another trace of this prefix.

@@ -19,6 +19,8 @@
 #                                              # FP8 then FP4 (SERVE_POOL_TOKENS: a KV-limited load)
 #   bash scripts/sglang_gpu_check.sh profile   # the same server, FP8 then FP4: SGLang's profiler over a few decode
 #                                              # steps per PROFILE_SHAPES entry, summed by kernel category
+#   bash scripts/sglang_gpu_check.sh hicache   # the radix cache's prefix reuse and HiCache's eviction and reload, FP4
+#                                              # then FP8, on the tiny model (scripts/hicache_radix_gpu.py)
 #   bash scripts/sglang_gpu_check.sh server    # one request to launch_server with --enable-fp4-indexer
 #   bash scripts/sglang_gpu_check.sh pd        # PD disaggregation on one GPU (scripts/pd_gpu.py): FP4 prefill ->
 #                                              # FP4 decode over Mooncake TCP against a plain FP4 server, then FP8
@@ -198,7 +200,8 @@ case "$STEP" in
     # and the pass fails with FP8 and FP4 alike, so the shapes stay at or below 57 344 tokens.
     M2="$WORK/v32-layers"
     "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
-    for shape in ${E2E_SHAPES:-1:57344 2:28672}; do
+    # E2E_SHAPES="" (set and empty) runs no profiled shape, only E2E_HOST.
+    for shape in ${E2E_SHAPES-1:57344 2:28672}; do
       b=${shape%%:*}; il=${shape##*:}
       for fmt in fp8 fp4; do
         stage "one_batch_${fmt}_${b}x${il}" "${E2E_LIMIT:-300}" "$PY" scripts/sglang_bench.py one-batch --model-path "$M2" \
@@ -308,6 +311,21 @@ case "$STEP" in
     [ "$(stat -c %s "$OUTDIR/serving_profile_traces.tar.gz" 2>/dev/null || echo 0)" -le 15000000 ] \
       || rm -f "$OUTDIR/serving_profile_traces.tar.gz"
     ;;
+  hicache)
+    # SGLang's radix cache (prefix reuse) and hierarchical cache (eviction to host memory and reload) with the
+    # FP4 index cache, on the tiny model through sglang.Engine (scripts/hicache_radix_gpu.py), FP4 then FP8 (FP8's
+    # agreement is the yardstick), then the checks as a table. HICACHE_LIMIT bounds each run.
+    for mode in radix hicache; do
+      for fmt in fp4 fp8; do
+        rm -f "$WORK/${mode}_$fmt.json"
+        stage "${mode}_$fmt" "${HICACHE_LIMIT:-240}" "$PY" scripts/hicache_radix_gpu.py "$mode" --model "$M" \
+          --out "$WORK/${mode}_$fmt.json" $([ $fmt = fp8 ] && echo --fp8)
+        cp "$WORK/${mode}_$fmt.json" "$OUTDIR/" 2>/dev/null
+      done
+    done
+    FILES=(); for f in radix_fp4 radix_fp8 hicache_fp4 hicache_fp8; do [ -f "$WORK/$f.json" ] && FILES+=("$WORK/$f.json"); done
+    [ ${#FILES[@]} -gt 0 ] && "$PY" scripts/hicache_radix_gpu.py compare "${FILES[@]}" >"$OUTDIR/hicache_table.txt" 2>&1
+    ;;
   server)
     # A fresh machine compiles SGLang's and DeepGEMM's JIT kernels while it captures the first decode graph
     # (about 150 s): SERVER_READY_S bounds the wait for /health.
@@ -326,7 +344,7 @@ case "$STEP" in
     tar -czf "$WORK/logs/pd_traces.tar.gz" -C "$WORK/logs" trace_decode_fp4 trace_plain_fp4 2>/dev/null \
       && rm -rf "$WORK"/logs/trace_decode_fp4 "$WORK"/logs/trace_plain_fp4
     ;;
-  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|profile|server|pd]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|profile|hicache|server|pd]" >&2; exit 2 ;;
 esac
 
 ENGINE=()
@@ -341,6 +359,7 @@ if [ ${#RUNS[@]} -gt 0 ] || [ ${#ENGINE[@]} -gt 0 ] || [ ${#SERVER[@]} -gt 0 ]; 
 fi
 # After compare (which rewrites table.txt): the pd step's lines.
 [ "$STEP" = pd ] && cat "$OUTDIR/pd_table.txt" >>"$OUTDIR/table.txt" 2>/dev/null
+[ "$STEP" = hicache ] && cat "$OUTDIR/hicache_table.txt" >>"$OUTDIR/table.txt" 2>/dev/null
 cp "$WORK"/server.json.log "$WORK/logs/server_launch.log" 2>/dev/null
 tar -czf "$OUTDIR/logs.tar.gz" -C "$WORK" logs stages.txt 2>/dev/null
 if [ "${JIT_CACHE_OUT:-0}" = 1 ]; then

@@ -591,3 +591,53 @@ def test_accuracy_8k_prose_and_readme_are_the_measured_runs():
             f"{d['s', 128][0]:+.4f} ± {d['s', 128][1]:.4f})") in readme
     kl = _json(EIGHT_K[0])["indexer"]["trained"]["kl_after"]
     assert "the same KL after training, " + " / ".join(f"{kl[la]:.2f}" for la in ("5", "11", "17")) in page
+
+
+def test_benchmarks_serving_profile_table_is_the_measured_traces():
+    """The FP8 serving profile's table, per-layer scorer times and shares as docs/benchmarks.md quotes them."""
+    page = _flat(_page("docs/benchmarks.md"))
+    runs = [next(iter(_json(f"sglang_serving_profile_v32_layers_h100_{shape}_2026-12-05.json").values()))
+            for shape in ("1x131072", "8x65536")]
+    rows = (("indexer logits (DeepGEMM `fp8_paged_mqa_logits` and its schedule)", ("indexer logits",)),
+            ("indexer top-k (SGLang's)", ("indexer top-k",)), ("sparse MLA (FlashMLA)", ("sparse MLA",)),
+            ("GEMMs", ("GEMMs",)), ("MoE", ("MoE",)),
+            ("norm, RoPE, activation, quantization (index-key store included)", ("norm, RoPE, activation, quant",)),
+            ("rest and copies", ("rest", "copies")))
+    for label, cats in rows:
+        cells = []
+        for run in runs:
+            us = sum(run["us_per_step"][c] for c in cats)
+            cells.append(f"{us:.1f} ({100 * us / run['total_us_per_step']:.1f} %)")
+        assert f"| {label} | {cells[0]} | {cells[1]} |" in page
+    assert f"| **total** | **{runs[0]['total_us_per_step']:.1f}** | **{runs[1]['total_us_per_step']:.1f}** |" in page
+    kernel = [dict(run["top_kernels"]) for run in runs]
+    dg = [next(v for k, v in kk.items() if "fp8_paged_mqa_logits" in k) for kk in kernel]
+    assert f"takes {dg[0] / 3:.1f} µs at 1 × 131 072 and {dg[1] / 3:.1f} µs at 8 × 65 536" in page
+    assert f"(its kernel's own time, {dg[0]:.1f} and {dg[1]:.1f} µs, over 3 layers)" in page
+    assert (f"({kernel[0]['_w8a8_block_fp8_matmul']:.0f} and {kernel[1]['_w8a8_block_fp8_matmul']:.0f} µs)") in page
+    nvjet = [next(v for k, v in kk.items() if k.startswith("nvjet")) for kk in kernel]
+    assert f"`nvjet`, {nvjet[0]:.0f} and {nvjet[1]:.0f} µs" in page
+    share = [100 * (r["us_per_step"]["indexer logits"] + r["us_per_step"]["indexer top-k"]) / r["total_us_per_step"]
+             for r in runs]
+    assert f"({share[0]:.1f} % and {share[1]:.1f} % with top-k)" in page
+
+
+def test_user_guide_mtp_h100_table_is_the_trace_check():
+    """The H100 EAGLE table of docs/user-guide.md: rows checked, failures and overlap as trace-check printed them."""
+    page = _flat(_page("docs/user-guide.md"))
+    table = page.split("| EAGLE (H100) |")[1]
+    for steps, draft, modes in ((1, 2, ("target verify", "draft extend")),
+                                (3, 4, ("target verify", "draft extend", "draft decode"))):
+        printed = (RESULTS / f"sglang_mtp{steps}_h100_2026-12-05.txt").read_text()
+        for mode in modes:
+            rows = {}
+            for fmt in ("FP8", "FP4"):
+                m = re.search(rf"{fmt}: every {mode} top-k row valid +PASS (\d+) rows in (\d+) calls.*?(\d+) failures", printed)
+                rows[fmt] = m.groups()
+            assert rows["FP8"] == rows["FP4"] and rows["FP8"][2] == "0"
+            o = re.search(rf"FP4 vs FP8 {mode} top-k overlap \(reported\) PASS mean ([\d.]+), lowest row ([\d.]+)", printed)
+            label = f"| {steps} step{'s' if steps > 1 else ''}, {draft} draft tokens | {mode}"
+            cells = table[table.index(label):].split("|")[3:6]
+            assert cells[0].strip().startswith(f"{rows['FP8'][0]} / {rows['FP4'][0]}"), (label, cells)
+            assert cells[1].strip() == "0 / 0"
+            assert cells[2].strip() == f"{float(o.group(1)):.3f} ({float(o.group(2)):.3f})", (label, cells)

@@ -59,6 +59,55 @@ def test_profile_table_refuses_a_trace_without_kernels_and_bad_steps(tmp_path):
         bench.profile_table([str(path)], steps=0)
 
 
+def _kineto_like_text(name: str, occupancy: str) -> str:
+    """A trace's text as Kineto writes it: the name and the number as they come, unescaped and unquoted."""
+    return ('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "' + name + '", "dur": 4.0, '
+            '"args": {"est. achieved occupancy %": ' + occupancy + '}}, '
+            '{"ph": "X", "cat": "kernel", "name": "fused_moe_kernel", "dur": 6.0}]}')
+
+
+@pytest.mark.parametrize("name, occupancy, repairs", [
+    ("fp4_paged_logits_sm90", "12", []),
+    ("fp4_paged_logits_sm90", "nan", ["bare nan / inf numbers read as null"]),
+    ("fp4_paged_logits_sm90", "-inf", ["bare nan / inf numbers read as null"]),
+    ("ns\\sm90\\paged_logits", "0", ["backslashes that start no JSON escape doubled"]),
+    ("fp4_paged_logits_sm90\x01", "0", ["control characters inside strings accepted"]),
+])
+def test_load_trace_repairs_what_kineto_writes_unescaped(tmp_path, name, occupancy, repairs):
+    """Each repair reads back the events as written (the name's characters kept), and is named."""
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(_kineto_like_text(name, occupancy))
+    trace, got = bench.load_trace(str(path))
+    assert got == repairs
+    assert [e["name"] for e in trace["traceEvents"]] == [name, "fused_moe_kernel"]
+    assert trace["traceEvents"][0]["args"]["est. achieved occupancy %"] == (
+        None if occupancy in ("nan", "-inf") else float(occupancy))
+    assert bench.profile_table([str(path)], steps=1)[str(path)]["us_per_step"]["indexer logits"] == 4.0
+
+
+def test_load_trace_keeps_an_escaped_backslash_and_reads_bytes_that_are_not_utf8(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_bytes(b'{"traceEvents": [{"name": "a\\\\b\xff", "dur": 1}]}')
+    trace, repairs = bench.load_trace(str(path))
+    assert trace["traceEvents"][0]["name"] == "a\\b\ufffd" and repairs == ["bytes that are not UTF-8 replaced"]
+
+
+def test_load_trace_names_the_error_of_an_unrepairable_trace_and_waits_on_an_incomplete_one(tmp_path):
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(_kineto_like_text('fp4 "quoted" name', "1"))
+    with pytest.raises(ValueError, match=r"t.trace.json.gz: not JSON.*line 1 column .*around it: .*quoted"):
+        bench.load_trace(str(path))
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])  # a gzip stream cut short: still being written
+    with pytest.raises(EOFError):
+        bench.load_trace(str(path))
+    path.write_bytes(b"")
+    with pytest.raises(EOFError, match="empty"):
+        bench.load_trace(str(path))
+
+
 def test_host_time_summary_percentiles():
     got = bench.host_time_summary([i * 1e-6 for i in range(1, 101)])  # 1 .. 100 µs
     assert got["calls"] == 100
@@ -175,10 +224,11 @@ def test_sglangs_profiler_records_exactly_num_steps_decode_batches(monkeypatch):
     assert events == [("start", ForwardMode.DECODE), ("stop", ForwardMode.DECODE)]
 
 
-def _standin_server(state, *, fail_second=False):
+def _standin_server(state, *, fail_second=False, trace_text=None):
     """A small local HTTP server standing in for SGLang's /generate (streamed as SGLang's ``stream_results``
     writes it), /start_profile (writes the trace file SGLang would) and /abort_request; the real server needs a
-    GPU. The second request streams 1.5 s late, or, with ``fail_second``, sends SGLang's error chunk."""
+    GPU. The second request streams 1.5 s late, or, with ``fail_second``, sends SGLang's error chunk;
+    ``trace_text``: the trace file's text (default: an empty trace, valid JSON)."""
     import threading
     import time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -213,7 +263,7 @@ def _standin_server(state, *, fail_second=False):
                 state["profile_at"] = time.time() - t0
                 name = f"{body['profile_prefix']}-123-TP-0-DECODE.trace.json.gz"
                 with gzip.open(Path(body["output_dir"]) / name, "wt") as f:
-                    json.dump({"traceEvents": []}, f)
+                    f.write(trace_text if trace_text is not None else json.dumps({"traceEvents": []}))
                 self.send_response(200)
                 self.end_headers()
                 self.wfile.write(b'{"success": true}')
@@ -245,6 +295,27 @@ def test_profile_decode_posts_the_profile_only_once_every_request_decodes(tmp_pa
     assert state["aborted"].is_set() and len(state["bodies"]) == 2
     assert all(len(b["input_ids"]) == 16 and b["stream"] for b in state["bodies"])
     assert state["bodies"][0]["input_ids"] != state["bodies"][1]["input_ids"]
+
+
+def test_profile_decode_reports_a_whole_trace_that_is_not_json_at_once(tmp_path):
+    """A trace written whole but not JSON fails the shape within seconds, naming the file, instead of waiting
+    for it to become readable until the timeout; the requests are aborted."""
+    import threading
+    import time
+
+    state = {"started": 0, "profile_at": None, "aborted": threading.Event(), "bodies": []}
+    srv = _standin_server(state, trace_text=_kineto_like_text('a "quoted" name', "1"))
+    t0 = time.time()
+    try:
+        (tmp_path / "raw").mkdir()
+        with pytest.raises(bench.TraceNotJSON, match="2 x 16: the decode trace is not JSON") as err:
+            bench.profile_decode(f"http://127.0.0.1:{srv.server_port}", 2, 16, out_dir=str(tmp_path / "raw"),
+                                 prefix="fp4_2x16", steps=3, output_len=64, timeout=60)
+    finally:
+        srv.shutdown()
+    assert time.time() - t0 < 15
+    assert err.value.path == str(tmp_path / "raw" / "fp4_2x16-123-TP-0-DECODE.trace.json.gz")
+    assert state["aborted"].is_set()
 
 
 def test_profile_decode_reports_an_error_chunk_at_once_and_still_aborts(tmp_path):
