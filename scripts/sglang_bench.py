@@ -278,11 +278,12 @@ def stream_body(input_ids: list[int], output_len: int) -> dict:
             "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}}
 
 
-def profile_body(out_dir: str, steps: int, prefix: str) -> dict:
+def profile_body(out_dir: str, steps: int, prefix: str, activities: tuple[str, ...] = ("CPU", "GPU")) -> dict:
     """The ``/start_profile`` body that records the next ``steps`` decode batches (SGLang's ``ProfileReq``:
-    ``profile_by_stage`` counts decode batches and stops by itself), CPU and GPU activity, without Python stacks,
-    into ``out_dir`` as ``PREFIX-<profile id>-TP-0-DECODE.trace.json.gz``."""
-    return {"output_dir": out_dir, "num_steps": steps, "activities": ["CPU", "GPU"], "profile_by_stage": True,
+    ``profile_by_stage`` counts decode batches and stops by itself), the given activities (SGLang's names: CPU
+    and GPU by default; the table reads only GPU kernels), without Python stacks, into ``out_dir`` as
+    ``PREFIX-<profile id>-TP-0-DECODE.trace.json.gz``."""
+    return {"output_dir": out_dir, "num_steps": steps, "activities": list(activities), "profile_by_stage": True,
             "with_stack": False, "record_shapes": False, "profile_prefix": prefix}
 
 
@@ -295,7 +296,8 @@ class TraceNotJSON(RuntimeError):
 
 
 def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefix: str, steps: int,
-                   output_len: int, seed: int = 0, timeout: float = 600.0) -> str:
+                   output_len: int, seed: int = 0, timeout: float = 600.0,
+                   activities: tuple[str, ...] = ("CPU", "GPU")) -> str:
     """Profile ``steps`` decode batches of a running server while ``batch`` requests of ``input_len`` random
     token ids decode together; returns the trace's path.
 
@@ -360,7 +362,7 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
             check("not all requests decoding", deadline)
             time.sleep(0.2)
         before = set(glob.glob(pattern))
-        answer = post_json(base + "/start_profile", profile_body(out_dir, steps, prefix), 60.0)
+        answer = post_json(base + "/start_profile", profile_body(out_dir, steps, prefix, activities), 60.0)
         if "error" in answer:
             raise RuntimeError(f"{batch} x {input_len}: /start_profile: {answer['error']}")
         while not (new := set(glob.glob(pattern)) - before):
@@ -379,6 +381,32 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
             time.sleep(1.0)
         except ValueError as e:  # complete, yet not JSON even after load_trace's repairs: no use waiting
             raise TraceNotJSON(path, f"{batch} x {input_len}: the decode trace is not JSON: {e}") from None
+
+
+def profile_shape(base: str, batch: int, input_len: int, *, name: str, raw: str, out_dir: str, **kwargs) -> str:
+    """``profile_decode`` for one shape into ``out_dir/NAME.trace.json.gz``; returns that path.
+
+    A trace that is whole but not JSON (``TraceNotJSON``) is kept as ``NAME.not-json.trace.json.gz`` and the
+    shape is profiled once more with GPU activity only (the table reads GPU kernels only, and the host-side
+    events are the larger part of a trace); that trace is then the shape's, and a line on stderr says so.
+
+    Raises:
+        RuntimeError: as ``profile_decode``, or the GPU-only trace is not JSON either.
+    """
+    import shutil
+
+    try:
+        path = profile_decode(base, batch, input_len, out_dir=raw, prefix=name, **kwargs)
+    except TraceNotJSON as e:
+        shutil.move(e.path, os.path.join(out_dir, f"{name}.not-json.trace.json.gz"))
+        print(f"{name}: {e}; kept as {name}.not-json.trace.json.gz, profiled again with GPU activity only",
+              file=sys.stderr)
+        path = profile_decode(base, batch, input_len, out_dir=raw, prefix=name,
+                              **dict(kwargs, activities=("GPU",)))
+    final = os.path.join(out_dir, f"{name}.trace.json.gz")
+    # Moved out before the next shape: a later prefill may make SGLang write another trace of this prefix.
+    shutil.move(path, final)
+    return final
 
 
 def _serving_profile(argv: list[str]) -> int:
@@ -412,16 +440,14 @@ def _serving_profile(argv: list[str]) -> int:
         for b, il in shapes:
             name = f"{fmt}_{b}x{il}"
             try:
-                path = profile_decode(base, b, il, out_dir=raw, prefix=name, steps=opts.steps,
-                                      output_len=opts.output_len, timeout=opts.timeout)
+                profile_shape(base, b, il, name=name, raw=raw, out_dir=opts.out_dir, steps=opts.steps,
+                              output_len=opts.output_len, timeout=opts.timeout)
             except RuntimeError as e:
                 print(f"{name}: {e}", file=sys.stderr)
                 if isinstance(e, TraceNotJSON):  # kept beside the good traces, so that it comes back to be read
-                    shutil.move(e.path, os.path.join(opts.out_dir, f"{name}.not-json.trace.json.gz"))
+                    shutil.move(e.path, os.path.join(opts.out_dir, f"{name}.gpu-only.not-json.trace.json.gz"))
                 rc = 1
                 continue
-            # Moved out before the next shape: a later prefill may make SGLang write another trace of this prefix.
-            shutil.move(path, os.path.join(opts.out_dir, f"{name}.trace.json.gz"))
             print(f"{name}: {opts.steps} decode batches profiled")
     shutil.rmtree(raw, ignore_errors=True)
     return rc

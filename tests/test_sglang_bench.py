@@ -228,7 +228,8 @@ def _standin_server(state, *, fail_second=False, trace_text=None):
     """A small local HTTP server standing in for SGLang's /generate (streamed as SGLang's ``stream_results``
     writes it), /start_profile (writes the trace file SGLang would) and /abort_request; the real server needs a
     GPU. The second request streams 1.5 s late, or, with ``fail_second``, sends SGLang's error chunk;
-    ``trace_text``: the trace file's text (default: an empty trace, valid JSON)."""
+    ``trace_text``: the trace file's text, or a function of the ``/start_profile`` body giving it (default: an
+    empty trace, valid JSON)."""
     import threading
     import time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -243,6 +244,7 @@ def _standin_server(state, *, fail_second=False, trace_text=None):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.path == "/generate":
                 state["bodies"].append(body)
+                aborts = state.setdefault("aborts", 0)  # SGLang's abort_all ends the requests running then only
                 second = state["started"] == 1
                 state["started"] += 1
                 self.send_response(200)
@@ -253,7 +255,7 @@ def _standin_server(state, *, fail_second=False, trace_text=None):
                     return
                 time.sleep(1.5 if second else 0.0)
                 for k in range(200):
-                    if state["aborted"].is_set():
+                    if state["aborts"] != aborts:
                         break
                     self.wfile.write(f'data: {{"text":"","output_ids":[{k}]}}\n\n'.encode())
                     self.wfile.flush()
@@ -263,11 +265,14 @@ def _standin_server(state, *, fail_second=False, trace_text=None):
                 state["profile_at"] = time.time() - t0
                 name = f"{body['profile_prefix']}-123-TP-0-DECODE.trace.json.gz"
                 with gzip.open(Path(body["output_dir"]) / name, "wt") as f:
-                    f.write(trace_text if trace_text is not None else json.dumps({"traceEvents": []}))
+                    text = trace_text(body) if callable(trace_text) else trace_text
+                    f.write(text if text is not None else json.dumps({"traceEvents": []}))
+                state.setdefault("activities", []).append(body["activities"])
                 self.send_response(200)
                 self.end_headers()
                 self.wfile.write(b'{"success": true}')
             elif self.path == "/abort_request":
+                state["aborts"] = state.get("aborts", 0) + 1
                 state["aborted"].set()
                 self.send_response(200)
                 self.end_headers()
@@ -316,6 +321,29 @@ def test_profile_decode_reports_a_whole_trace_that_is_not_json_at_once(tmp_path)
     assert time.time() - t0 < 15
     assert err.value.path == str(tmp_path / "raw" / "fp4_2x16-123-TP-0-DECODE.trace.json.gz")
     assert state["aborted"].is_set()
+
+
+def test_profile_shape_keeps_a_trace_that_is_not_json_and_profiles_the_gpu_alone(tmp_path, capsys):
+    """When the CPU and GPU trace is not JSON, it is kept under its own name and the shape is profiled again
+    with GPU activity only, whose trace becomes the shape's."""
+    import threading
+
+    state = {"started": 0, "profile_at": None, "aborted": threading.Event(), "bodies": []}
+    gpu_only = json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "fp4_paged_logits_sm90", "dur": 3.0}]})
+    srv = _standin_server(state, trace_text=lambda body: _kineto_like_text('cpu "op"', "1")
+                          if "CPU" in body["activities"] else gpu_only)
+    try:
+        (tmp_path / "raw").mkdir()
+        path = bench.profile_shape(f"http://127.0.0.1:{srv.server_port}", 1, 16, name="fp4_1x16",
+                                   raw=str(tmp_path / "raw"), out_dir=str(tmp_path), steps=3, output_len=64,
+                                   timeout=30)
+    finally:
+        srv.shutdown()
+    assert path == str(tmp_path / "fp4_1x16.trace.json.gz")
+    assert state["activities"] == [["CPU", "GPU"], ["GPU"]]
+    assert (tmp_path / "fp4_1x16.not-json.trace.json.gz").exists()
+    assert bench.profile_table([path], steps=1)[path]["us_per_step"] == {"indexer logits": 3.0}
+    assert "profiled again with GPU activity only" in capsys.readouterr().err
 
 
 def test_profile_decode_reports_an_error_chunk_at_once_and_still_aborts(tmp_path):
