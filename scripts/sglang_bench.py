@@ -46,7 +46,7 @@ from sglang_one_batch import launched_server, post_json  # noqa: E402 (beside th
 #: Kernel categories of a DSA decode step, first match wins (regular expressions over kernel names).
 CATEGORIES = (
     ("indexer logits", r"fp4_paged_logits|paged_mqa_logits|mqa_logits|plan_paged_schedule|paged_logits"),
-    ("index-key store", r"store_index_k|index_k_cache|indexer_k|set_index_k"),
+    ("index-key store", r"store_index_k|store_indexer_cache|index_k_cache|indexer_k|set_index_k"),
     ("MoE", r"moe|expert|topk_softmax|grouped_topk|biased_grouped"),
     ("indexer top-k", r"topk|top_k|radix_select"),
     ("sparse MLA", r"flash_mla|flashmla|sparse_attn|mla"),
@@ -73,10 +73,10 @@ def load_trace(path: str) -> tuple[dict, list[str]]:
 
     Kineto writes event names as they come, without escaping them, and some numbers as C prints them
     (pytorch/pytorch#33961, pytorch/kineto#336, pytorch/kineto#1459 describe such traces). When the file is
-    not JSON as written, these repairs are tried, in this order, and named in the returned list: bytes that
-    are not UTF-8 replaced (U+FFFD), control characters inside strings accepted (``json`` ``strict=False``),
-    a backslash that starts no JSON escape doubled, a bare ``nan`` / ``inf`` / ``-inf`` number read as
-    ``null``. A double quote left unescaped inside a name cannot be repaired.
+    not JSON as written, these repairs are applied, in this order, and named in the returned list: bytes that
+    are not UTF-8 replaced (U+FFFD), a backslash that starts no JSON escape doubled, a bare ``nan`` / ``inf`` /
+    ``-inf`` number (after ``:``, ``[`` or ``,``) read as ``null``, control characters inside strings accepted
+    (``json`` ``strict=False``). A double quote left unescaped inside a name cannot be repaired.
 
     Returns:
         tuple: (the trace's JSON object, the repairs applied: ``[]`` when the file was JSON as written).
@@ -287,8 +287,13 @@ def profile_body(out_dir: str, steps: int, prefix: str, activities: tuple[str, .
             "with_stack": False, "record_shapes": False, "profile_prefix": prefix}
 
 
-class TraceNotJSON(RuntimeError):
-    """A decode trace that SGLang wrote whole but that is not JSON (``load_trace``); ``path`` is the file."""
+#: Seconds a trace file must keep its size while it still cannot be read before it counts as whole but unreadable.
+TRACE_SETTLE_S = 10.0
+
+
+class TraceUnreadable(RuntimeError):
+    """A decode trace that SGLang wrote whole but that cannot be read: not JSON after ``load_trace``'s repairs, or
+    a gzip stream that stays broken while the file keeps its size for ``TRACE_SETTLE_S``; ``path`` is the file."""
 
     def __init__(self, path: str, message: str):
         super().__init__(message)
@@ -307,7 +312,7 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
     (``/abort_request``, all of them), so none of them joins a later shape's batches.
 
     Raises:
-        TraceNotJSON: the trace was written whole but is not JSON, even after ``load_trace``'s repairs.
+        TraceUnreadable: the trace was written whole but cannot be read (``TraceUnreadable``).
         RuntimeError: a request failed or ended early (an error chunk, a dropped stream), ``/start_profile``
             failed, or decoding or the whole trace did not come within ``timeout`` seconds.
     """
@@ -372,34 +377,42 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
         stop.set()
         post_json(base + "/abort_request", {"abort_all": True}, 60.0)  # SGLang's AbortReq; never raises
     path = sorted(new)[0]
-    while True:  # torch gzips the trace after the profile stops: wait until the file reads whole
+    size, since = -1, time.time()
+    while True:  # torch gzips the trace after the profile stops: wait while the file is still being written
         try:
             load_trace(path)
             return path
-        except (OSError, EOFError, zlib.error):
+        except (OSError, EOFError, zlib.error) as e:
+            now_size = os.path.getsize(path) if os.path.exists(path) else -1
+            if now_size != size:
+                size, since = now_size, time.time()
+            elif size > 0 and time.time() - since >= TRACE_SETTLE_S:  # written, yet its gzip stream stays broken
+                raise TraceUnreadable(path, f"{batch} x {input_len}: the decode trace ({size} bytes, unchanged for "
+                                            f"{TRACE_SETTLE_S:.0f} s) is not a whole gzip stream: "
+                                            f"{type(e).__name__}: {e}") from None
             check(f"{path} not complete", deadline)
             time.sleep(1.0)
         except ValueError as e:  # complete, yet not JSON even after load_trace's repairs: no use waiting
-            raise TraceNotJSON(path, f"{batch} x {input_len}: the decode trace is not JSON: {e}") from None
+            raise TraceUnreadable(path, f"{batch} x {input_len}: the decode trace is not JSON: {e}") from None
 
 
 def profile_shape(base: str, batch: int, input_len: int, *, name: str, raw: str, out_dir: str, **kwargs) -> str:
     """``profile_decode`` for one shape into ``out_dir/NAME.trace.json.gz``; returns that path.
 
-    A trace that is whole but not JSON (``TraceNotJSON``) is kept as ``NAME.not-json.trace.json.gz`` and the
-    shape is profiled once more with GPU activity only (the table reads GPU kernels only, and the host-side
+    A trace that is whole but unreadable (``TraceUnreadable``) is kept as ``NAME.unreadable.trace.json.gz`` and
+    the shape is profiled once more with GPU activity only (the table reads GPU kernels only, and the host-side
     events are the larger part of a trace); that trace is then the shape's, and a line on stderr says so.
 
     Raises:
-        RuntimeError: as ``profile_decode``, or the GPU-only trace is not JSON either.
+        RuntimeError: as ``profile_decode``; ``TraceUnreadable`` when the GPU-only trace is unreadable too.
     """
     import shutil
 
     try:
         path = profile_decode(base, batch, input_len, out_dir=raw, prefix=name, **kwargs)
-    except TraceNotJSON as e:
-        shutil.move(e.path, os.path.join(out_dir, f"{name}.not-json.trace.json.gz"))
-        print(f"{name}: {e}; kept as {name}.not-json.trace.json.gz, profiled again with GPU activity only",
+    except TraceUnreadable as e:
+        shutil.move(e.path, os.path.join(out_dir, f"{name}.unreadable.trace.json.gz"))
+        print(f"{name}: {e}; kept as {name}.unreadable.trace.json.gz, profiled again with GPU activity only",
               file=sys.stderr)
         path = profile_decode(base, batch, input_len, out_dir=raw, prefix=name,
                               **dict(kwargs, activities=("GPU",)))
@@ -444,8 +457,8 @@ def _serving_profile(argv: list[str]) -> int:
                               output_len=opts.output_len, timeout=opts.timeout)
             except RuntimeError as e:
                 print(f"{name}: {e}", file=sys.stderr)
-                if isinstance(e, TraceNotJSON):  # kept beside the good traces, so that it comes back to be read
-                    shutil.move(e.path, os.path.join(opts.out_dir, f"{name}.gpu-only.not-json.trace.json.gz"))
+                if isinstance(e, TraceUnreadable):  # kept beside the good traces, so that it comes back to be read
+                    shutil.move(e.path, os.path.join(opts.out_dir, f"{name}.gpu-only.unreadable.trace.json.gz"))
                 rc = 1
                 continue
             print(f"{name}: {opts.steps} decode batches profiled")

@@ -601,7 +601,8 @@ def test_benchmarks_serving_profile_table_is_the_measured_traces():
     rows = (("indexer logits (DeepGEMM `fp8_paged_mqa_logits` and its schedule)", ("indexer logits",)),
             ("indexer top-k (SGLang's)", ("indexer top-k",)), ("sparse MLA (FlashMLA)", ("sparse MLA",)),
             ("GEMMs", ("GEMMs",)), ("MoE", ("MoE",)),
-            ("norm, RoPE, activation, quantization (index-key store included)", ("norm, RoPE, activation, quant",)),
+            ("index-key store (SGLang's `fused_store_indexer_cache`)", ("index-key store",)),
+            ("norm, RoPE, activation, quantization", ("norm, RoPE, activation, quant",)),
             ("rest and copies", ("rest", "copies")))
     for label, cats in rows:
         cells = []

@@ -23,6 +23,7 @@ _spec.loader.exec_module(bench)
     ("void deep_gemm::sm90_fp8_paged_mqa_logits<1u, 64u>(unsigned int)", "indexer logits"),
     ("plan_paged_schedule", "indexer logits"),
     ("store_index_k", "index-key store"),
+    ("void sglang::fused_store_indexer_cache<__nv_bfloat16, 128, 64>(sglang::StoreParams)", "index-key store"),
     ("void sglang::topk_small_batch_cluster_kernel<true>(sglang::TopKPagedParams)", "indexer top-k"),
     ("fused_moe_kernel", "MoE"),
     ("void legacy::sm90::decode::sparse::flash_fwd_splitkv_mla_fp8_sparse_kernel<>", "sparse MLA"),
@@ -313,7 +314,7 @@ def test_profile_decode_reports_a_whole_trace_that_is_not_json_at_once(tmp_path)
     t0 = time.time()
     try:
         (tmp_path / "raw").mkdir()
-        with pytest.raises(bench.TraceNotJSON, match="2 x 16: the decode trace is not JSON") as err:
+        with pytest.raises(bench.TraceUnreadable, match="2 x 16: the decode trace is not JSON") as err:
             bench.profile_decode(f"http://127.0.0.1:{srv.server_port}", 2, 16, out_dir=str(tmp_path / "raw"),
                                  prefix="fp4_2x16", steps=3, output_len=64, timeout=60)
     finally:
@@ -321,6 +322,37 @@ def test_profile_decode_reports_a_whole_trace_that_is_not_json_at_once(tmp_path)
     assert time.time() - t0 < 15
     assert err.value.path == str(tmp_path / "raw" / "fp4_2x16-123-TP-0-DECODE.trace.json.gz")
     assert state["aborted"].is_set()
+
+
+def test_profile_decode_gives_up_on_a_gzip_stream_that_stays_broken(tmp_path, monkeypatch):
+    """A trace file that keeps its size but whose gzip stream stays broken (here: cut short) is whole but
+    unreadable after ``TRACE_SETTLE_S``, not waited on until the timeout."""
+    import threading
+    import time
+
+    whole = gzip.compress(json.dumps({"traceEvents": []}).encode())
+    monkeypatch.setattr(bench, "TRACE_SETTLE_S", 2.0)
+    state = {"started": 0, "profile_at": None, "aborted": threading.Event(), "bodies": []}
+    srv = _standin_server(state)
+    t0 = time.time()
+    real_post = bench.post_json
+
+    def post_then_break(url, body, timeout):  # the stand-in writes a good trace; cut it short as a broken one
+        answer = real_post(url, body, timeout)
+        if url.endswith("/start_profile"):
+            for f in (tmp_path / "raw").iterdir():
+                f.write_bytes(whole[: len(whole) - 6])
+        return answer
+
+    monkeypatch.setattr(bench, "post_json", post_then_break)
+    try:
+        (tmp_path / "raw").mkdir()
+        with pytest.raises(bench.TraceUnreadable, match=r"unchanged for 2 s\) is not a whole gzip stream: EOFError"):
+            bench.profile_decode(f"http://127.0.0.1:{srv.server_port}", 1, 16, out_dir=str(tmp_path / "raw"),
+                                 prefix="fp4_1x16", steps=3, output_len=64, timeout=60)
+    finally:
+        srv.shutdown()
+    assert time.time() - t0 < 20 and state["aborted"].is_set()
 
 
 def test_profile_shape_keeps_a_trace_that_is_not_json_and_profiles_the_gpu_alone(tmp_path, capsys):
@@ -341,7 +373,7 @@ def test_profile_shape_keeps_a_trace_that_is_not_json_and_profiles_the_gpu_alone
         srv.shutdown()
     assert path == str(tmp_path / "fp4_1x16.trace.json.gz")
     assert state["activities"] == [["CPU", "GPU"], ["GPU"]]
-    assert (tmp_path / "fp4_1x16.not-json.trace.json.gz").exists()
+    assert (tmp_path / "fp4_1x16.unreadable.trace.json.gz").exists()
     assert bench.profile_table([path], steps=1)[path]["us_per_step"] == {"indexer logits": 3.0}
     assert "profiled again with GPU activity only" in capsys.readouterr().err
 
