@@ -268,7 +268,8 @@ def decide(model: ModelFacts, server: ServerFacts, device: DeviceFacts) -> Decis
                                    "line and the --config file",
                             "unset SGLANG_ENABLE_FP4_INDEXER (or set it to 1) to use the FP4 indexer", ("off",))
         if server.off_by == "flag":
-            return Decision(False, "--no-enable-fp4-indexer given (it wins over the --config file)",
+            return Decision(False, "--no-enable-fp4-indexer given (it wins over enable-fp4-indexer in a --config "
+                                   "file too)",
                             "drop --no-enable-fp4-indexer to use the FP4 indexer", ("off",))
         return Decision(False, "--enable-fp4-indexer not given", "", ("off",))
 

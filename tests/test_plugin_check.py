@@ -581,7 +581,7 @@ def test_wording_names_what_the_model_is(tmp_path, capsys, monkeypatch):
         ("--tp-size 8 --dcp-size 2", "FP4 replicated *",
          "* the mode the server would use: replicated (the default; --fp4-indexer-dcp-shard would shard the index)"),
         ("--tp-size 8 --dcp-size 2 --fp4-indexer-dcp-shard", "FP4 sharded *",
-         "* the mode the server would use: sharded (--fp4-indexer-dcp-shard)"),
+         "* the mode the server would use: sharded (--fp4-indexer-dcp-shard, or SGLANG_FP4_INDEXER_DCP_SHARD set)"),
     ):
         code, out = _run(capsys, "deepseek-v3.2", f"--sglang-args={flags}")
         assert code == 0 and star in out and footnote in out
@@ -750,7 +750,10 @@ def test_next_n_comes_from_the_speculative_flags(tmp_path, capsys):
     (["--sglang-args=--disaggregation-mode decode"], "reason: PD decode server not measured"),
     (["--sglang-args=--enable-hierarchical-cache"], "reason: hierarchical cache not measured"),
     (["--sglang-args=--tp-size 8 --dcp-size 4"], "only DCP width 2 was measured, not DCP 4"),
-], ids=["sm100", "sm89", "dcp-sharded", "h100", "h20", "pd-prefill", "pd-decode", "hicache", "dcp4-replicated"])
+    (["--sglang-args=--disable-cuda-graph"], "reason: decode without CUDA graphs"),
+    (["--sglang-args=--cuda-graph-backend-decode disabled"], "reason: decode without CUDA graphs"),
+], ids=["sm100", "sm89", "dcp-sharded", "h100", "h20", "pd-prefill", "pd-decode", "hicache", "dcp4-replicated",
+        "eager", "eager-backend"])
 def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, capsys, argv, why):
     code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8", *argv)
     assert code in (0, 3) and "indexer scorer time: not measured for this configuration (" in out and why in out
@@ -873,3 +876,69 @@ def test_check_says_what_turned_fp4_off(tmp_path, capsys, monkeypatch):
     assert "fix: drop --no-enable-fp4-indexer to use the FP4 indexer" in out
     code, out = _run(capsys, cfg, "--capability", "9.0", f"--sglang-args=--config {yaml}")
     assert code == 0 and "FP4 indexer: ENABLED" in out
+
+
+@pytest.mark.parametrize("device", ["npu", "cpu", "xpu"])
+def test_a_server_device_other_than_cuda_is_refused_as_the_server_refuses_it(tmp_path, capsys, device):
+    """SGLang's --device in --sglang-args is the server's device: FP4 is refused there, and no H200 time or
+    speed-up is quoted, whatever GPU this machine has."""
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8",
+                     f"--sglang-args=--tp-size 8 --device {device}")
+    assert code == 1
+    assert f"device: {device} (--device in --sglang-args)" in out
+    assert f"FP4 indexer: DISABLED (SGLang keeps its FP8 indexer) - device '{device}'" in out
+    assert "faster indexer" not in out and " us " not in out and "ENABLED" not in out
+
+
+def test_dp_attention_fits_and_times_the_batch_per_rank(tmp_path, capsys):
+    """Each DP-attention rank has its own pool and decodes its share of the batch: 8 requests over 8 ranks are
+    one per rank, which fits, and the time quoted is at batch 1, not 8."""
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8", "--memory-gib", "30",
+                     "--sglang-args=--tp-size 8 --dp-size 8 --enable-dp-attention")
+    assert code == 3, out  # 3 requests per rank either way: FP4 buys only its indexer time
+    assert "per DP-attention rank (8 ranks, each with its own KV pool; the batch of 8 is 1 per rank)" in out
+    assert "FP8 3, FP4 3 per rank (24 and 24 over the 8 ranks); 1 request needs 131072 KV tokens" in out
+    assert "neither format fits" not in out and "batch 1 x 128K" in out and "batch 8 x 128K" not in out
+    code2, out2 = _run(capsys, _write_dir(tmp_path, "nodp", DSV32), "--context", "131072", "--batch", "8",
+                       "--memory-gib", "30", "--sglang-args=--tp-size 8")
+    assert code2 == 4 and "neither format fits the batch: 8 x 128K" in out2
+
+
+def test_the_models_own_top_k_is_the_one_the_cost_is_quoted_for(tmp_path, capsys):
+    """index_topk 512: the recall and loss tables (top-2048) are not quoted as its cost, and a 2K context is not
+    'no cost' (512 of 2048 keys are selected)."""
+    path = _write(tmp_path, {**DSV32, "index_topk": 512})
+    code, out = _run(capsys, path, "--context", "2048")
+    assert "top-512 recall and the real-model cost: not measured (measured at top-2048, not at this model's " \
+           "index_topk 512)" in out
+    assert "no cost" not in out and "its cost is not measured" in out and "points less top-2048 recall" not in out
+    code, out = _run(capsys, _write_dir(tmp_path, "k512", {**DSV32, "index_topk": 512}), "--context", "512")
+    assert "top-512 recall: 1 for FP4 and FP8" in out
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("max_position_embeddings", "lots", "max_position_embeddings must be an integer (SGLang uses it as one), got 'lots'"),
+    ("hidden_size", "7168", "hidden_size must be an integer (SGLang uses it as one), got '7168'"),
+    ("n_routed_experts", "many", "n_routed_experts must be an integer"),
+    ("index_topk", -5, "index_topk must be >= 1, got -5"),
+    ("quantization_config", "fp8", "quantization_config must be a JSON object, got 'fp8'"),
+    ("architectures", "DeepseekV32ForCausalLM", "architectures must be a list of class names"),
+    ("rms_norm_eps", "tiny", "SGLang cannot read this config.json (StrictDataclassFieldValidationError: "
+                             "Validation error for field 'rms_norm_eps'"),
+])
+def test_a_config_field_of_the_wrong_type_is_a_usage_error_naming_it(tmp_path, capsys, key, value, message):
+    path = _write(tmp_path, {**DSV32, key: value}, as_dir=False)
+    err = _one_line_error(capsys, [path, "--context", "8192", "--sglang-args=--tp-size 8"])
+    assert message in err
+
+
+@pytest.mark.parametrize("capability", ["-1.0", "0.0", "99.99", "9.10"])
+def test_a_capability_no_cuda_gpu_has_is_a_usage_error(tmp_path, capsys, capability):
+    err = _one_line_error(capsys, [_write(tmp_path, DSV32), f"--capability={capability}"])
+    assert f"--capability: expected a CUDA compute capability MAJOR.MINOR (major 1 to 20, minor 0 to 9) such as " \
+           f"9.0, got '{capability}'" in err
+
+
+def test_a_pool_too_small_for_one_token_says_so_instead_of_an_infinite_share(tmp_path, capsys):
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--memory-gib", "0.000001")
+    assert "extra KV tokens with FP4: 0 (FP8 holds no token in this pool)" in out and "inf" not in out

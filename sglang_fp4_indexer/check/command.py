@@ -79,9 +79,19 @@ def _fmt(x: Fraction) -> str:
 def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, context: int) -> None:
     row, heads = w["timing"], w["heads"]
     layers = res["index_layers"]
-    console.print(f"at {_k(context)} tokens per request: requests that fit: FP8 {w['requests_fp8']}, FP4 "
-                  f"{w['requests_fp4']} (a batch of {batch} needs {w['tokens_needed']} KV tokens; "
-                  f"FP8 holds {w['tokens_fp8']}, FP4 {w['tokens_fp4']})")
+    dp = w.get("attn_dp", 1)
+    if dp > 1:  # each DP-attention rank: its own pool, its share of the batch; times are per rank
+        console.print(f"at {_k(context)} tokens per request, per DP-attention rank ({dp} ranks, each with its own KV "
+                      f"pool; the batch of {batch} is {w['rank_batch']} per rank): requests that fit: FP8 "
+                      f"{w['requests_fp8']}, FP4 {w['requests_fp4']} per rank ({w['requests_fp8'] * dp} and "
+                      f"{w['requests_fp4'] * dp} over the {dp} ranks); {w['rank_batch']} "
+                      f"{'request needs' if w['rank_batch'] == 1 else 'requests need'} "
+                      f"{w['tokens_needed']} KV tokens, FP8 holds {w['tokens_fp8']}, FP4 {w['tokens_fp4']} per rank")
+        batch = w["rank_batch"]
+    else:
+        console.print(f"at {_k(context)} tokens per request: requests that fit: FP8 {w['requests_fp8']}, FP4 "
+                      f"{w['requests_fp4']} (a batch of {batch} needs {w['tokens_needed']} KV tokens; "
+                      f"FP8 holds {w['tokens_fp8']}, FP4 {w['tokens_fp4']})")
     if w.get("timing_unmeasured"):
         console.print(f"indexer scorer time: not measured for this configuration ({w['timing_unmeasured']}); "
                       "measure it on your GPU: sglang-fp4-indexer bench --device cuda --quick")
@@ -118,9 +128,12 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
     ctx = w["recall"][0]["context"]
     where = f"at {_k(ctx)}" + ("" if w["recall_exact"] else f" (the nearest measured context to {_k(context)})")
     parts = ", ".join(f"{r['workload']} {r['fp4']:.3f} vs {r['fp8']:.3f}" for r in w["recall"])
-    if context <= w["topk"]:
-        console.print(f"top-{w['topk']} recall: 1 for FP4 and FP8 (a {_k(context)} context has at most "
-                      f"{w['topk']} keys, all of them selected)")
+    mk = w.get("model_topk", w["topk"])
+    if context <= mk:
+        console.print(f"top-{mk} recall: 1 for FP4 and FP8 (a {_k(context)} context has at most "
+                      f"{mk} keys, all of them selected)")
+    elif w.get("topk_unmeasured"):
+        console.print(f"top-{mk} recall and the real-model cost: not measured ({w['topk_unmeasured']})")
     else:
         console.print(f"top-{w['topk']} recall against exact scoring, FP4 vs FP8, {where}, H {w['recall'][0]['heads']} "
                       f"(accuracy study on {w['recall_device']}): {parts}")
@@ -204,7 +217,7 @@ def _memory_table(res: dict, d: Decision, memory_gib: float):
     where = "per GPU" if w == 1 else f"per rank, DCP {w} (MLA KV sharded over the {w} ranks)"
     notes = []
     if w > 1:
-        mode = ("sharded (--fp4-indexer-dcp-shard)" if res["fp4_mode"] == SHARDED
+        mode = ("sharded (--fp4-indexer-dcp-shard, or SGLANG_FP4_INDEXER_DCP_SHARD set)" if res["fp4_mode"] == SHARDED
                 else "replicated (the default; --fp4-indexer-dcp-shard would shard the index)")
         notes.append("* the mode " + ("the server would use" if d.enabled else "these flags give") + f": {mode}")
     if not d.enabled:
@@ -286,15 +299,16 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
         console.print(f"KV pool per GPU: {args.memory_gib:g} GiB (--memory-gib)", markup=False)
     gain = cap.gain_sharded if res["fp4_mode"] == SHARDED else cap.gain_replicated
     tokens = cap.tokens_fp4_sharded if res["fp4_mode"] == SHARDED else cap.tokens_fp4_replicated
+    share = f"+{gain * 100:.1f} %" if cap.tokens_fp8 else "FP8 holds no token in this pool"
     mode = "" if res["dcp_size"] == 1 else f" ({res['fp4_mode']})"
     console.print(
         f"layers: {res['layers']} ({res['index_layers']} with an index cache); MLA KV {res['kv_bytes']} B per "
         f"token and layer in {res['kv_dtype']} ({res['kv_dtype_why']})", markup=False)
     if d.enabled:
-        console.print(f"extra KV tokens with FP4{mode}: {tokens - cap.tokens_fp8} (+{gain * 100:.1f} %)")
+        console.print(f"extra KV tokens with FP4{mode}: {tokens - cap.tokens_fp8} ({share})")
     else:
         console.print(f"FP4 is not used; if the refusal were lifted, FP4{mode} would add "
-                      f"{tokens - cap.tokens_fp8} KV tokens (+{gain * 100:.1f} %)")
+                      f"{tokens - cap.tokens_fp8} KV tokens ({share})")
     if context is None:
         console.print("add --context N (and --batch, --next-n) for the time and recall FP4 costs or saves at that length")
     elif d.enabled:

@@ -44,6 +44,9 @@ def _device(capability: str | None, gpu: str | None = None) -> tuple[DeviceFacts
             major, minor = (int(x) for x in capability.split("."))
         except ValueError:
             raise ValueError(f"--capability: expected MAJOR.MINOR such as 9.0, got {capability!r}") from None
+        if not (1 <= major <= 20 and 0 <= minor <= 9):  # CUDA's: 1.0 to 12.x so far, one-digit minor
+            raise ValueError(f"--capability: expected a CUDA compute capability MAJOR.MINOR (major 1 to 20, minor 0 "
+                             f"to 9) such as 9.0, got {capability!r}")
         if gpu is not None:  # --gpu: its name, so that claims measured on another GPU are not quoted for it
             return DeviceFacts("cuda", (major, minor), f"NVIDIA {gpu}"), f"{gpu}, CUDA {major}.{minor} (given)"
         local = budget.local_gpu()
@@ -59,8 +62,12 @@ def _device(capability: str | None, gpu: str | None = None) -> tuple[DeviceFacts
     return DeviceFacts("cuda", (9, 0), ASSUMED_GPU), "CUDA 9.0 (assumed: no local GPU; --capability to change)"
 
 
-def _server_unmeasured(server: ServerFacts) -> str | None:
-    """Why the measured times (a server that decodes, no hierarchical cache) do not hold for ``server``, or None."""
+def _server_unmeasured(server: ServerFacts, memory: dict | None = None) -> str | None:
+    """Why the measured times (a server that decodes under CUDA graphs, no hierarchical cache) do not hold for
+    ``server`` (and the adapter's ``memory`` facts, when read), or None."""
+    if memory and memory.get("eager_decode"):
+        return ("decode without CUDA graphs: the times were measured under CUDA graphs, and an eager call's host "
+                "time per layer is not in these tables")
     if server.disaggregation_mode == "prefill":
         return "PD disaggregation prefill server: it runs no decode steps"
     if server.disaggregation_mode == "decode":
@@ -163,6 +170,9 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
     if capability is None and gpu_found is not None and gpu_found[1] is not None:
         capability = "%d.%d" % gpu_found[1]
     device, device_text = _device(capability, gpu_key(gpu) if gpu is not None else None)
+    asked = str((memory or {}).get("device") or "cuda")
+    if asked.split(":")[0] != "cuda":  # --device in the server flags: the server's device, whatever this machine has
+        device, device_text = DeviceFacts(asked.split(":")[0]), f"{asked} (--device in --sglang-args)"
     decision: Decision = decide(model_facts, server, device)
     arch = model_facts.architecture or f"no architectures in config, model_type {cfg.get('model_type')!r}"
     positions = context_length or cfg.get("max_position_embeddings")
@@ -173,7 +183,9 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
            "positions_from": ("--context-length in --sglang-args" if context_length
                               else "max_position_embeddings in its config.json"),
            "model_refusal": bool(MODEL_REFUSALS.intersection(decision.codes)),
-           "verify_next_n": verify[0], "verify_how": verify[1], "server_unmeasured": _server_unmeasured(server),
+           "verify_next_n": verify[0], "verify_how": verify[1],
+           "server_unmeasured": _server_unmeasured(server, memory),
+           "attn_dp": memory["attn_dp"] if memory else 1, "index_topk": cfg.get("index_topk"),
            # Without SGLang no flags are read: the server's would be SGLang's defaults.
            "fp8_gemm_backend": memory["fp8_gemm_backend"] if memory else "auto",
            "tp_size": memory["tp"] if memory else 1}

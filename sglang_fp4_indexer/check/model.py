@@ -34,7 +34,13 @@ DSA_KV_DTYPE_ARCHS = frozenset({
 _SGLANG_KV_DTYPES = {"fp8_e4m3": "fp8", "bf16": "bf16", "bfloat16": "bf16"}
 #: Config keys that must be integers when present (SGLang uses them as such, without coercion).
 _INT_KEYS = ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim", "index_topk", "index_head_dim",
-             "index_n_heads", "index_kpool", "index_topk_freq")
+             "index_n_heads", "index_kpool", "index_topk_freq", "max_position_embeddings", "hidden_size",
+             "intermediate_size", "moe_intermediate_size", "num_attention_heads", "num_key_value_heads",
+             "vocab_size", "q_lora_rank", "qk_nope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts",
+             "num_experts_per_tok", "first_k_dense_replace", "num_nextn_predict_layers")
+#: Of ``_INT_KEYS``, those that must also be >= 1 when present.
+_POSITIVE_KEYS = ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim", "index_n_heads", "index_head_dim",
+                  "index_topk", "max_position_embeddings", "hidden_size", "num_attention_heads", "vocab_size")
 #: Config keys a DSA model needs for the memory rows (MLA KV size, layer count).
 _DSA_SIZE_KEYS = ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim")
 #: Architectures that are DeepSeek Sparse Attention by name: SGLang classes them as DSA only when the config
@@ -111,7 +117,8 @@ def load_hf_config(path: str | Path) -> tuple[dict, Path]:
             UTF-8 JSON text (a binary file), is not a JSON object, or one of the
             integer keys (``index_n_heads``, ``kv_lora_rank``, ...) holds
             something else (SGLang does not coerce them) or a size key
-            (``num_hidden_layers``, ``kv_lora_rank``, ...) is below 1.
+            (``num_hidden_layers``, ``kv_lora_rank``, ``index_topk``, ...) is below 1, ``architectures`` is not
+            a list of names, or ``quantization_config`` is not an object.
     """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
@@ -133,8 +140,15 @@ def load_hf_config(path: str | Path) -> tuple[dict, Path]:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise ValueError(f"model: {file}: {key} must be an integer (SGLang uses it as one), "
                              f"got {value!r} ({type(value).__name__})")
-        if value is not None and value < 1 and key in _DSA_SIZE_KEYS + ("index_n_heads", "index_head_dim"):
+        if value is not None and value < 1 and key in _POSITIVE_KEYS:
             raise ValueError(f"model: {file}: {key} must be >= 1, got {value}")
+    arch = cfg.get("architectures")
+    if arch is not None and not (isinstance(arch, list) and all(isinstance(a, str) for a in arch)):
+        raise ValueError(f"model: {file}: architectures must be a list of class names such as "
+                         f"[\"DeepseekV32ForCausalLM\"], got {arch!r}")
+    quant = cfg.get("quantization_config")
+    if quant is not None and not isinstance(quant, dict):
+        raise ValueError(f"model: {file}: quantization_config must be a JSON object, got {quant!r}")
     return cfg, file
 
 

@@ -55,7 +55,11 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
     H200), single-GPU; that is what a replicated DCP rank runs too. Anything else was not measured there, and a
     device given by its compute capability alone (``budget.UNNAMED_GPU``) may be another GPU.
     """
+    if dev.kind != "cuda":
+        return f"the times were measured on an NVIDIA {gpu.replace('NVIDIA ', '')}, not on a {dev.kind} device"
     cap = tuple(dev.capability or ())
+    if not cap:
+        return "reason: compute capability unknown"
     if cap != (9, 0):
         kernels = ("this plugin scores with its Triton kernel there and SGLang calls DeepGEMM with its native next_n"
                    if cap >= (10, 0) else "this plugin scores with its Triton kernel there")
@@ -150,10 +154,15 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     numbers at the nearest measured context (``tables.nearest_model_cost``,
     at the tables' top-k, 2048, DSA's ``index_topk``).
 
+    With DP attention (``found["attn_dp"]`` > 1) every DP rank holds its own KV pool, the per-GPU budget, and
+    decodes its share of the batch: the requests that fit, the verdict and the time are per rank, for
+    ``ceil(batch / attn_dp)`` requests. The cost is not quoted where the model's ``index_topk``
+    (``found["index_topk"]``) is not the tables' top-k (``topk_unmeasured``).
+
     Args:
         found: ``run_check``'s result for a DSA model (with ``capacity``).
         context: tokens per request.
-        batch: requests decoded together.
+        batch: requests decoded together (over all DP-attention ranks).
         next_n: query tokens per request and step (1: decode; SGLang's draft tokens, the verified one counted, in
             speculative verify).
         tables: measured tables (default: the packaged ones, ``tables.load_tables``).
@@ -170,8 +179,9 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         None), ``sglang_decode`` (the decode step measured inside SGLang at
         exactly this batch and context, MTP off, with this index-head count,
         MLA KV format and no DCP: ``tables.measured_decode``; else None, with
-        ``sglang_decode_why``), ``sglang_decode_run``, ``topk``, ``decision``, ``exit_code`` and
-        ``verdict`` (one line).
+        ``sglang_decode_why``), ``sglang_decode_run``, ``topk``, ``model_topk``, ``topk_unmeasured``,
+        ``attn_dp``, ``rank_batch`` (requests per DP-attention rank; ``tokens_needed`` is theirs), ``decision``,
+        ``exit_code`` and ``verdict`` (one line).
 
     Raises:
         ValueError: ``found`` has no memory rows (not a DSA model), a
@@ -186,6 +196,9 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         raise ValueError(f"--context: {context} tokens cannot hold --next-n {next_n} query tokens")
     tables = load_tables() if tables is None else tables
     heads = found["model"].index_n_heads or 64
+    # DP attention: every DP rank holds its own KV pool (the budget per GPU) and decodes its share of the batch.
+    dp = int(found.get("attn_dp", 1) or 1)
+    rank_batch = -(-batch // dp)
     sharded = found["fp4_mode"] == SHARDED
     tokens_fp4 = cap.tokens_fp4_sharded if sharded else cap.tokens_fp4_replicated
     gain = cap.gain_sharded if sharded else cap.gain_replicated
@@ -195,24 +208,29 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     unmeasured = _unmeasured_configuration(dev, gpu, sharded, found["dcp_size"], found.get("fused_rotation", False),
                                           found.get("server_unmeasured"))
     same_n = [r for r in tables["timing"]["rows"] if r["next_n"] == next_n]
-    row = (nearest_timing({"timing": {"rows": same_n}}, heads, batch, context, next_n)
+    row = (nearest_timing({"timing": {"rows": same_n}}, heads, rank_batch, context, next_n)
            if same_n and unmeasured is None else None)
     far = None
-    if row is not None and not timing_is_near(row, heads, batch, context):
+    if row is not None and not timing_is_near(row, heads, rank_batch, context):
         far, row = row, None
     recall = nearest_recall(tables, heads, context)
     topk = int(tables["recall"]["topk"])
+    model_topk = found.get("index_topk") or topk
+    # The recall and loss tables are at top-``topk``: another top-k selects another share of the keys.
+    topk_unmeasured = (f"measured at top-{topk}, not at this model's index_topk {model_topk}"
+                       if model_topk != topk else None)
     model_cost = nearest_model_cost(tables, context, topk)
     out = {
         "requests_fp8": cap.tokens_fp8 // context, "requests_fp4": tokens_fp4 // context,
-        "tokens_needed": batch * context, "tokens_fp8": cap.tokens_fp8, "tokens_fp4": tokens_fp4, "gain": gain,
+        "tokens_needed": rank_batch * context, "tokens_fp8": cap.tokens_fp8, "tokens_fp4": tokens_fp4, "gain": gain,
+        "attn_dp": dp, "rank_batch": rank_batch, "model_topk": model_topk, "topk_unmeasured": topk_unmeasured,
         "timing": row, "timing_next_n": measured_n, "timing_gpu": gpu,
         "timing_unmeasured": unmeasured, "timing_far": far,
         "timing_heads_shapes": [f"{r['batch']} x {_k(r['context'])}" for r in same_n if r["heads"] == heads],
         "timing_exact": row is not None and (row["heads"], row["batch"], row["context"]) == (heads, batch, context),
         "recall": recall, "recall_exact": recall[0]["context"] == context, "recall_device": tables["recall"]["device"],
         "model_cost": model_cost, "topk": topk, "heads": heads,
-        **_sglang_decode(tables, found, unmeasured, heads=heads, batch=batch, context=context, next_n=next_n),
+        **_sglang_decode(tables, found, unmeasured, heads=heads, batch=rank_batch, context=context, next_n=next_n),
     }
     if unmeasured is not None:
         speed = f"an indexer speed that is not measured for this configuration ({unmeasured})"
@@ -230,27 +248,36 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     else:
         speed = "an indexer time vs FP8 not measured"
     text = next((r for r in recall if r["workload"] == "text"), recall[0])
-    if context <= topk:
-        cost = f"no cost (top-{topk} keeps all {_k(context)} keys, so the selection cannot change)"
+    if context <= model_topk:
+        cost = f"no cost (top-{model_topk} keeps all {_k(context)} keys, so the selection cannot change)"
+    elif topk_unmeasured is not None:
+        cost = None
     else:
         cost = (f"{(text['fp8'] - text['fp4']) * 100:.1f} points less top-{topk} recall at "
                 f"{_k(text['context'])} ({text['workload']} workload); {_model_cost_text(model_cost, context, topk)}")
     rf8, rf4 = out["requests_fp8"], out["requests_fp4"]
+    per_rank = (f" per DP-attention rank ({dp} ranks, each with its own KV pool: the batch of {batch} is "
+                f"{rank_batch} per rank)" if dp > 1 else "")
     if out["tokens_needed"] > tokens_fp4:
         out["decision"], out["exit_code"] = "neither", EXIT_FITS_NEITHER
-        out["verdict"] = (f"neither format fits the batch: {batch} x {_k(context)} needs {out['tokens_needed']} KV "
-                          f"tokens, FP8 holds {cap.tokens_fp8} ({rf8} such requests), FP4 {tokens_fp4} ({rf4}); "
-                          f"lower --batch or add memory")
+        out["verdict"] = (f"neither format fits the batch{per_rank}: {rank_batch} x {_k(context)} needs "
+                          f"{out['tokens_needed']} KV tokens, FP8 holds {cap.tokens_fp8} ({rf8} such requests), FP4 "
+                          f"{tokens_fp4} ({rf4}); lower --batch or add memory")
     elif rf4 > rf8:
         only = "; your batch fits only with FP4" if out["tokens_needed"] > cap.tokens_fp8 else ""
         out["decision"], out["exit_code"] = "more", EXIT_FP4_FITS_MORE
         out["verdict"] = (f"turn FP4 on where KV memory limits you: it fits {rf4 - rf8} more {_k(context)}-token "
-                          f"request{'s' if rf4 - rf8 > 1 else ''} ({rf8} -> {rf4}, +{gain * 100:.1f} % KV tokens)"
+                          f"request{'s' if rf4 - rf8 > 1 else ''}{per_rank} ({rf8} -> {rf4}, +{gain * 100:.1f} % KV "
+                          "tokens)"
                           f"{only}, with {speed}; "
-                          f"measured cost: {cost}")
+                          + (f"measured cost: {cost}" if cost is not None
+                             else f"its cost is not measured ({topk_unmeasured})"))
     else:
         out["decision"], out["exit_code"] = "same", EXIT_SAME_REQUESTS
-        out["verdict"] = (f"FP4 fits no more {_k(context)}-token requests ({rf8} either way; +{gain * 100:.1f} % KV "
-                          f"tokens), so it buys only {speed}, at a measured cost of {cost}: turn it on if that "
+        out["verdict"] = (f"FP4 fits no more {_k(context)}-token requests{per_rank} ({rf8} either way; "
+                          f"+{gain * 100:.1f} % KV "
+                          f"tokens), so it buys only {speed}, "
+                          + (f"at a measured cost of {cost}" if cost is not None
+                             else f"at a cost that is not measured ({topk_unmeasured})") + ": turn it on if that "
                           f"cost is acceptable")
     return out

@@ -35,7 +35,8 @@ def read_sglang_facts(cfg: dict, model_path: str, flags: list[str]):
         machine without a GPU) are suppressed.
 
     Raises:
-        ValueError: SGLang's parser rejects the flags or cannot read their ``--config`` file, they carry
+        ValueError: SGLang cannot read the config (a field of the wrong type), its parser rejects the flags or
+            cannot read their ``--config`` file, they carry
             ``--model-path``, or their parallel sizes are ones SGLang refuses (``--tp-size`` or ``--dcp-size``
             below 1, a ``--dcp-size`` that does not divide ``--tp-size``).
     """
@@ -58,9 +59,20 @@ def read_sglang_facts(cfg: dict, model_path: str, flags: list[str]):
     layers = int(cfg.get("num_hidden_layers", 0) or 0)
     context_length = server_field(record, "context_length", None)
     arch = (cfg.get("architectures") or [""])[0]
-    return (model_facts(cfg), server_facts(record), index_layer_count(cfg, layers),
+    try:
+        model, index_layers = model_facts(cfg), index_layer_count(cfg, layers)
+    except Exception as exc:  # noqa: BLE001 -- SGLang (or transformers, huggingface_hub) reading a bad field
+        raise _config_error(exc) from None
+    return (model, server_facts(record), index_layers,
             str(server_field(record, "kv_cache_dtype", "auto")), context_length,
             speculative_next_n(record, arch), memory_facts(record)), ""
+
+
+def _config_error(exc: Exception) -> ValueError:
+    """The usage error for a config.json field SGLang (through transformers) cannot read: its own words, which
+    name the field, on one line."""
+    text = " ".join(str(exc).split())
+    return ValueError(f"model: SGLang cannot read this config.json ({type(exc).__name__}: {text[:300]})")
 
 
 def memory_facts(record) -> dict:
@@ -69,7 +81,10 @@ def memory_facts(record) -> dict:
 
     Returns:
         dict: ``tp``, ``fp8_gemm_backend`` (``--fp8-gemm-backend``, SGLang's ``auto`` when not given), ``attn_dp``
-        (the DP-attention size, 1 without ``--enable-dp-attention``), ``dp_lm_head``,
+        (the DP-attention size: ``--attn-dp-size``, or ``--dp-size`` with ``--enable-dp-attention``; 1 without),
+        ``device`` (``--device``, None when SGLang picks it), ``eager_decode`` (decode without CUDA graphs:
+        ``--disable-cuda-graph``, ``--disable-decode-cuda-graph`` or ``--cuda-graph-backend-decode disabled``),
+        ``dp_lm_head``,
         ``a2a_moe`` (``--moe-a2a-backend`` not ``none``), ``mtp`` (``--speculative-algorithm`` EAGLE or NEXTN,
         which loads the MTP layer as the draft model), ``mem_fraction_static`` (the flag's value, or None) and
         ``fraction_for``: ``fraction_for(gpu_mib) -> (fraction, how)``, SGLang 0.5.23's own default for a GPU
@@ -82,7 +97,10 @@ def memory_facts(record) -> dict:
     from unittest import mock
 
     dp_attention = bool(server_field(record, "enable_dp_attention", False))
-    attn_dp = int(server_field(record, "dp_size", 1)) if dp_attention else 1
+    # --attn-dp-size N, or the older --dp-size N with --enable-dp-attention (SGLang resolves both to one size).
+    attn_dp = max(int(server_field(record, "attn_dp_size", 1) or 1),
+                  int(server_field(record, "dp_size", 1)) if dp_attention else 1)
+    dp_attention = dp_attention or attn_dp > 1
     given = server_field(record, "mem_fraction_static", None)
     algorithm = str(server_field(record, "speculative_algorithm", "") or "").upper()
 
@@ -96,12 +114,21 @@ def memory_facts(record) -> dict:
         from sglang.srt.arg_groups.cuda_graph_hook import handle_cuda_graph_config
 
         probe = copy.deepcopy(record)
-        with mock.patch.object(memory_hook, "get_device_memory_capacity", return_value=gpu_mib):
-            handle_cuda_graph_config(probe)
-            memory_hook.handle_gpu_memory_settings(probe)
+        try:
+            with mock.patch.object(memory_hook, "get_device_memory_capacity", return_value=gpu_mib):
+                handle_cuda_graph_config(probe)
+                memory_hook.handle_gpu_memory_settings(probe)
+        except ValueError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- SGLang reads the model's config here too (a bad field)
+            raise _config_error(exc) from None
         return float(server_field(probe, "mem_fraction_static", 0.0)), "SGLang's default for this GPU and flags"
 
+    eager = bool(server_field(record, "disable_cuda_graph", False)
+                 or server_field(record, "disable_decode_cuda_graph", False)
+                 or str(server_field(record, "cuda_graph_backend_decode", "") or "") == "disabled")
     return {"tp": int(server_field(record, "tp_size", 1)), "attn_dp": attn_dp,
+            "device": server_field(record, "device", None), "eager_decode": eager,
             "fp8_gemm_backend": str(server_field(record, "fp8_gemm_runner_backend", "auto")),
             "dp_lm_head": bool(server_field(record, "enable_dp_lm_head", False)),
             "a2a_moe": str(server_field(record, "moe_a2a_backend", "none")) != "none",
