@@ -117,7 +117,8 @@ def _timing(bench: dict, source: str) -> dict:
         out.append(entry)
     if not out:
         raise ValueError(f"{source}: no shape where this package's scorer ({ours}) passed its check")
-    return {"gpu": meta.get("device", "?"), "date": str(meta.get("date", ""))[:10], "fp4_column": ours,
+    stack = ", ".join(f"{lib} {meta[lib]}" for lib in ("torch", "triton") if meta.get(lib))
+    return {"gpu": meta.get("device", "?"), "date": str(meta.get("date", ""))[:10], "stack": stack, "fp4_column": ours,
             "fp8_measured": any(r["fp8_us"] is not None for r in out), "rows": out}
 
 

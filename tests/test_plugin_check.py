@@ -355,6 +355,12 @@ def _sources():
     return json.loads((_REPO / bench_src).read_text()), json.loads((_REPO / acc_src).read_text())
 
 
+def _measured_on() -> str:
+    """How check names the timing run: its GPU and the torch and triton it ran, from the bench report's meta."""
+    meta = _sources()[0]["meta"]
+    return f"measured on {meta['device']} (torch {meta['torch']}, triton {meta['triton']})"
+
+
 def _model_cost(context):
     from sglang_fp4_indexer.tables import load_tables, nearest_model_cost
 
@@ -391,7 +397,7 @@ def test_context_adds_what_fp4_gains_and_costs(tmp_path, capsys, cfg, layers, he
     # Time: the benchmark's own number at this exact shape, labelled as measured on H200.
     fp4_us, fp8_floor = _bench_us(bench, heads, 8, 131072, 1, ours)
     fp8_us, _ = _bench_us(bench, heads, 8, 131072, 1, "deepgemm-fp8")
-    assert f"measured on NVIDIA H200 at this shape: FP4 {fp4_us:.1f} us (x {layers} index layers = " \
+    assert f"{_measured_on()} at this shape: FP4 {fp4_us:.1f} us (x {layers} index layers = " \
            f"{fp4_us * layers / 1000:.2f} ms per step)" in out
     if fp8_us is None:
         assert f"FP8 time not measured (its memory-bandwidth floor there: {fp8_floor:.1f} us)" in out
@@ -466,7 +472,7 @@ def test_context_names_the_nearest_measured_shape(tmp_path, capsys):
     code, out = _run(capsys, _write(tmp_path, DSV32), "--gpu", "H200", "--context", "100000", "--batch", "6",
                      "--next-n", "4")
     assert code in (0, 3)
-    assert "measured on NVIDIA H200 at the nearest measured shape, H 64, batch 8 x 128K, next_n 4" in out
+    assert f"{_measured_on()} at the nearest measured shape, H 64, batch 8 x 128K, next_n 4" in out
     assert "at 128K (the nearest measured context to 100000)" in out
     code, out = _run(capsys, _write_dir(tmp_path, "short", DSV32), "--capability", "9.0", "--context", "2048")
     assert "top-2048 recall: 1 for FP4 and FP8 (a 2K context has at most 2048 keys" in out
@@ -526,7 +532,7 @@ def test_context_quotes_both_deepgemm_columns_where_they_differ(tmp_path, capsys
     shape = [str(row[k]) for k in ("context", "batch", "next_n")]
     code, out = _run(capsys, _write(tmp_path, DSV32), "--gpu", "H200", "--context", shape[0], "--batch",
                      shape[1], "--next-n", shape[2])
-    assert code == 0 and "measured on NVIDIA H200 at this shape" in out
+    assert code == 0 and f"{_measured_on()} at this shape" in out
     fp4 = row["results"][ours]["seconds"] * 1e6
     fp8, native = (row["results"].get(n, {}) for n in ("deepgemm-fp8", "deepgemm-fp8-native"))
     assert f"FP4 {fp4:.1f} us" in out
@@ -856,7 +862,7 @@ def test_context_claims_no_speed_for_the_rotation_inside_sglangs_fused_indexer(t
     monkeypatch.setenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", "1")  # SGLang's unfused indexer: the measured path
     code, out = _run(capsys, _write_dir(tmp_path, "unfused", GLM52), "--gpu", "H200", "--context", "131072",
                      "--batch", "8")
-    assert "measured on NVIDIA H200 at this shape" in out
+    assert f"{_measured_on()} at this shape" in out
 
 
 def test_check_says_what_turned_fp4_off(tmp_path, capsys, monkeypatch):

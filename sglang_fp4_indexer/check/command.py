@@ -121,7 +121,8 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
         native = row.get("fp8_native_us")
         if native is not None and row["fp8_us"] is not None and abs(native - row["fp8_us"]) > 0.05 * row["fp8_us"]:
             fp8 += f"; DeepGEMM with its native next_n, which SGLang 0.5.23 does not use on Hopper: {native:.1f} us"
-        console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']} {where}: "
+        stack = f" ({w['timing_stack']})" if w.get("timing_stack") else ""
+        console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']}{stack} {where}: "
                       f"FP4 {row['fp4_us']:.1f} us (x {layers} index layers = {row['fp4_us'] * layers / 1000:.2f} ms "
                       f"per step); {fp8}")
     _print_sglang_decode(console, w, batch, context)

@@ -173,7 +173,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         nearest measured row with this next_n, or None), ``timing_far`` (that row where it is too far to
         quote), ``timing_heads_shapes`` (the batch x context measured with this next_n and the model's index
         heads, as text), ``timing_next_n``
-        (the measured next_n values), ``timing_exact``, ``timing_gpu``,
+        (the measured next_n values), ``timing_exact``, ``timing_gpu``, ``timing_stack`` (torch and triton of that run),
         ``recall`` (rows at the nearest measured context), ``recall_exact``,
         ``recall_device``, ``model_cost`` (``tables.nearest_model_cost`` or
         None), ``sglang_decode`` (the decode step measured inside SGLang at
@@ -225,6 +225,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         "tokens_needed": rank_batch * context, "tokens_fp8": cap.tokens_fp8, "tokens_fp4": tokens_fp4, "gain": gain,
         "attn_dp": dp, "rank_batch": rank_batch, "model_topk": model_topk, "topk_unmeasured": topk_unmeasured,
         "timing": row, "timing_next_n": measured_n, "timing_gpu": gpu,
+        "timing_stack": tables["timing"].get("stack", ""),
         "timing_unmeasured": unmeasured, "timing_far": far,
         "timing_heads_shapes": [f"{r['batch']} x {_k(r['context'])}" for r in same_n if r["heads"] == heads],
         "timing_exact": row is not None and (row["heads"], row["batch"], row["context"]) == (heads, batch, context),
