@@ -121,7 +121,9 @@ def test_wheel_installs_next_to_sglang_and_sglang_loads_it(tmp_path):
                 cwd=tmp_path, env=env)
     out = " ".join(check.stdout.split())
     assert check.returncode == 0 and "Traceback" not in check.stderr, check.stdout + check.stderr
-    assert "ENABLED" in out and "measured on NVIDIA H200 at this shape" in out and "verdict: turn FP4 on where KV memory limits you: it fits 1 more 128K-token request (10 -> 11, +5.2 % KV tokens)" in out
+    tables = json.loads((REPO / "sglang_fp4_indexer" / "data" / "h200_tables.json").read_text())
+    measured_on = f"measured on {tables['timing']['gpu']} ({tables['timing']['stack']}) at this shape"
+    assert "ENABLED" in out and measured_on in out and "verdict: turn FP4 on where KV memory limits you: it fits 1 more 128K-token request (10 -> 11, +5.2 % KV tokens)" in out
 
     # The packaged config, without a download; the installed docs, named by --help and listed by docs.
     packaged = run(str(script), "check", "deepseek-v3.2", "--context", "131072", "--memory-gib", "100",
