@@ -355,6 +355,15 @@ def _sources():
     return json.loads((_REPO / bench_src).read_text()), json.loads((_REPO / acc_src).read_text())
 
 
+def _row_us(batch: int, context: int) -> float:
+    """Ours (FP4) at 64 heads, next_n 1, from the bench report the tables are built from."""
+    from sglang_fp4_indexer.tables import load_tables
+
+    row = next(r for r in load_tables()["timing"]["rows"]
+               if (r["heads"], r["batch"], r["context"], r["next_n"]) == (64, batch, context, 1))
+    return row["fp4_us"]
+
+
 def _measured_on() -> str:
     """How check names the timing run: its GPU and the torch and triton it ran, from the bench report's meta."""
     meta = _sources()[0]["meta"]
@@ -758,8 +767,12 @@ def test_next_n_comes_from_the_speculative_flags(tmp_path, capsys):
     (["--sglang-args=--tp-size 8 --dcp-size 4"], "only DCP width 2 was measured, not DCP 4"),
     (["--sglang-args=--disable-cuda-graph"], "reason: decode without CUDA graphs"),
     (["--sglang-args=--cuda-graph-backend-decode disabled"], "reason: decode without CUDA graphs"),
+    (["--sglang-args=--disable-decode-cuda-graph"], "reason: decode without CUDA graphs"),
+    (['--sglang-args=--cuda-graph-config \'{"decode": {"backend": "disabled"}}\''],
+     "reason: decode without CUDA graphs"),
+    (["--sglang-args=--cuda-graph-max-bs-decode 4"], "reason: a batch of 8 is above the largest decode CUDA graph (4"),
 ], ids=["sm100", "sm89", "dcp-sharded", "h100", "h20", "pd-prefill", "pd-decode", "hicache", "dcp4-replicated",
-        "eager", "eager-backend"])
+        "eager", "eager-backend", "eager-decode", "eager-json", "above-max-bs"])
 def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, capsys, argv, why):
     code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8", *argv)
     assert code in (0, 3) and "indexer scorer time: not measured for this configuration (" in out and why in out
@@ -767,6 +780,10 @@ def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, 
     # The replicated DCP rank runs the single-GPU kernel: its measured time holds and is quoted.
     code, out = _run(capsys, _write_dir(tmp_path, "rep", DSV32), "--context", "131072", "--batch", "8",
                      "--sglang-args=--tp-size 8 --dcp-size 2")
+    assert "faster indexer" in out and "not measured for this configuration" not in out
+    # SGLang's precedence: a decode backend given after --disable-cuda-graph keeps decode graphs on.
+    code, out = _run(capsys, _write_dir(tmp_path, "graphs", DSV32), "--context", "131072", "--batch", "8",
+                     "--sglang-args=--disable-cuda-graph --cuda-graph-backend-decode full --cuda-graph-max-bs-decode 8")
     assert "faster indexer" in out and "not measured for this configuration" not in out
     # --gpu H200 is the measured GPU: its time is quoted.
     code, out = _run(capsys, _write_dir(tmp_path, "h200", DSV32), "--context", "131072", "--batch", "8",
@@ -896,18 +913,53 @@ def test_a_server_device_other_than_cuda_is_refused_as_the_server_refuses_it(tmp
     assert "faster indexer" not in out and " us " not in out and "ENABLED" not in out
 
 
-def test_dp_attention_fits_and_times_the_batch_per_rank(tmp_path, capsys):
+@pytest.mark.parametrize("flags", ["--tp-size 8 --attn-dp-size 8", "--tp-size 8 --dp-size 8 --enable-dp-attention"],
+                         ids=["attn-dp-size", "dp-size"])
+def test_dp_attention_fits_and_times_the_batch_per_rank(tmp_path, capsys, flags):
     """Each DP-attention rank has its own pool and decodes its share of the batch: 8 requests over 8 ranks are
     one per rank, which fits, and the time quoted is at batch 1, not 8."""
     code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8", "--memory-gib", "30",
-                     "--sglang-args=--tp-size 8 --dp-size 8 --enable-dp-attention")
+                     f"--sglang-args={flags}")
     assert code == 3, out  # 3 requests per rank either way: FP4 buys only its indexer time
     assert "per DP-attention rank (8 ranks, each with its own KV pool; the batch of 8 is 1 per rank)" in out
     assert "FP8 3, FP4 3 per rank (24 and 24 over the 8 ranks); 1 request needs 131072 KV tokens" in out
-    assert "neither format fits" not in out and "batch 1 x 128K" in out and "batch 8 x 128K" not in out
+    assert "neither format fits" not in out and "at this shape: FP4" in out and "batch 8 x 128K" not in out
+    assert f"{_row_us(1, 131072):.1f} us" in out
     code2, out2 = _run(capsys, _write_dir(tmp_path, "nodp", DSV32), "--context", "131072", "--batch", "8",
                        "--memory-gib", "30", "--sglang-args=--tp-size 8")
     assert code2 == 4 and "neither format fits the batch: 8 x 128K" in out2
+
+
+def test_dp_attention_of_two_ranks_quotes_the_nearest_row_not_this_shape(tmp_path, capsys):
+    """8 requests over 2 ranks are 4 per rank: 4 x 128K was not measured, so the 8 x 128K row is named as the
+    nearest measured shape, never as this one."""
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8", "--memory-gib", "40",
+                     "--sglang-args=--tp-size 8 --attn-dp-size 2")
+    assert "the batch of 8 is 4 per rank" in out and "at this shape" not in out
+    assert "at the nearest measured shape, H 64, batch 8 x 128K, next_n 1" in out
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("--tp-size 8 --attn-dp-size 3", "--attn-dp-size 3 (DP attention) must divide --tp-size 8"),
+    ("--tp-size 8 --attn-dp-size 16", "--attn-dp-size 16 (DP attention) must divide --tp-size 8"),
+    ("--tp-size 8 --dp-size 3 --enable-dp-attention", "--dp-size 3 (DP attention) must divide --tp-size 8"),
+    ("--tp-size 8 --dp-size 2 --enable-dp-attention --attn-dp-size 4", "--dp-size 2 with --enable-dp-attention and "
+                                                                       "--attn-dp-size 4 disagree"),
+    ("--tp-size 8 --attn-dp-size 0", "--attn-dp-size 0: expected an integer >= 1"),
+    ("--tp-size 8 --device CUDA", "--device 'CUDA': expected one of cpu, cuda, hpu, mlu, mps, musa, npu, xpu"),
+    ("--tp-size 8 --device foo", "--device 'foo': expected one of"),
+    ("--tp-size 8 --device cuda:x", "--device 'cuda:x': expected one of"),
+])
+def test_a_layout_or_device_sglang_refuses_is_a_usage_error(tmp_path, capsys, flags, message):
+    err = _one_line_error(capsys, [_write(tmp_path, DSV32), "--context", "131072", "--memory-gib", "40",
+                                   f"--sglang-args={flags}"])
+    assert message in err
+
+
+def test_a_cuda_device_with_an_ordinal_is_the_measured_kind(tmp_path, capsys):
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8",
+                     "--sglang-args=--tp-size 8 --device cuda:0")
+    assert code == 0 and "ENABLED" in out and "faster indexer" in out and "--device in --sglang-args" not in out
 
 
 def test_the_models_own_top_k_is_the_one_the_cost_is_quoted_for(tmp_path, capsys):
@@ -915,11 +967,17 @@ def test_the_models_own_top_k_is_the_one_the_cost_is_quoted_for(tmp_path, capsys
     'no cost' (512 of 2048 keys are selected)."""
     path = _write(tmp_path, {**DSV32, "index_topk": 512})
     code, out = _run(capsys, path, "--context", "2048")
+    assert code == 0
     assert "top-512 recall and the real-model cost: not measured (measured at top-2048, not at this model's " \
            "index_topk 512)" in out
     assert "no cost" not in out and "its cost is not measured" in out and "points less top-2048 recall" not in out
     code, out = _run(capsys, _write_dir(tmp_path, "k512", {**DSV32, "index_topk": 512}), "--context", "512")
     assert "top-512 recall: 1 for FP4 and FP8" in out
+    # Nor is the decode step measured inside SGLang (a top-2048 model) quoted for it.
+    code, out = _run(capsys, _write_dir(tmp_path, "k512b", {**DSV32, "index_topk": 512}), "--context", "57344",
+                     "--gpu", "H200", "--memory-gib", "30",
+                     "--sglang-args=--kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton")
+    assert "decode step inside SGLang at 1 x 56K: not measured (measured with top-2048 selection, not top-512)" in out
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -929,13 +987,12 @@ def test_the_models_own_top_k_is_the_one_the_cost_is_quoted_for(tmp_path, capsys
     ("index_topk", -5, "index_topk must be >= 1, got -5"),
     ("quantization_config", "fp8", "quantization_config must be a JSON object, got 'fp8'"),
     ("architectures", "DeepseekV32ForCausalLM", "architectures must be a list of class names"),
-    ("rms_norm_eps", "tiny", "SGLang cannot read this config.json (StrictDataclassFieldValidationError: "
-                             "Validation error for field 'rms_norm_eps'"),
+    ("rms_norm_eps", "tiny", "SGLang cannot read this config.json ("),
 ])
 def test_a_config_field_of_the_wrong_type_is_a_usage_error_naming_it(tmp_path, capsys, key, value, message):
     path = _write(tmp_path, {**DSV32, key: value}, as_dir=False)
     err = _one_line_error(capsys, [path, "--context", "8192", "--sglang-args=--tp-size 8"])
-    assert message in err
+    assert message in err and key in err
 
 
 @pytest.mark.parametrize("capability", ["-1.0", "0.0", "99.99", "9.10"])

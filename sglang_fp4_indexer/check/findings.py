@@ -38,6 +38,10 @@ MODEL_REFUSALS = frozenset({"not_dsa", "deepseek_v4", "index_head_dim", "index_h
 #: The line ``check`` prints on stderr before SGLang's import (docs/user-guide.md: 10-30 s,
 #: 13-27 s measured on 2-core machines).
 LOADING_SGLANG = "loading SGLang to classify the model and parse its flags (its import takes 10-30 s)..."
+#: Device kinds SGLang's ``--device`` names (torch's device types that SGLang 0.5.23 runs on).
+_DEVICE_KINDS = frozenset({"cuda", "cpu", "npu", "xpu", "hpu", "mps", "musa", "mlu"})
+
+
 def _device(capability: str | None, gpu: str | None = None) -> tuple[DeviceFacts, str]:
     if capability is not None:
         try:
@@ -170,9 +174,14 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
     if capability is None and gpu_found is not None and gpu_found[1] is not None:
         capability = "%d.%d" % gpu_found[1]
     device, device_text = _device(capability, gpu_key(gpu) if gpu is not None else None)
-    asked = str((memory or {}).get("device") or "cuda")
-    if asked.split(":")[0] != "cuda":  # --device in the server flags: the server's device, whatever this machine has
-        device, device_text = DeviceFacts(asked.split(":")[0]), f"{asked} (--device in --sglang-args)"
+    asked = (memory or {}).get("device")
+    if asked:  # --device in the server flags: the server's device, whatever this machine has
+        kind, _, ordinal = str(asked).partition(":")
+        if kind not in _DEVICE_KINDS or (ordinal and not ordinal.isdigit()):
+            raise ValueError(f"--sglang-args: --device {asked!r}: expected one of {', '.join(sorted(_DEVICE_KINDS))}"
+                             ", optionally with :INDEX (such as cuda:0)")
+        if kind != "cuda":
+            device, device_text = DeviceFacts(kind), f"{asked} (--device in --sglang-args)"
     decision: Decision = decide(model_facts, server, device)
     arch = model_facts.architecture or f"no architectures in config, model_type {cfg.get('model_type')!r}"
     positions = context_length or cfg.get("max_position_embeddings")
@@ -186,6 +195,7 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
            "verify_next_n": verify[0], "verify_how": verify[1],
            "server_unmeasured": _server_unmeasured(server, memory),
            "attn_dp": memory["attn_dp"] if memory else 1, "index_topk": cfg.get("index_topk"),
+           "decode_graph_max_bs": memory.get("decode_graph_max_bs") if memory else None,
            # Without SGLang no flags are read: the server's would be SGLang's defaults.
            "fp8_gemm_backend": memory["fp8_gemm_backend"] if memory else "auto",
            "tp_size": memory["tp"] if memory else 1}

@@ -110,8 +110,10 @@ def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: 
     elif next_n != 1:
         why = f"measured with MTP off, not at next_n {next_n}"
     else:
+        topk = found.get("index_topk") or 2048
         differs = [text for cond, text in (
             (heads != sec["index_heads"], f"{sec['index_heads']} index heads, not {heads}"),
+            (topk != sec.get("index_topk", 2048), f"top-{sec.get('index_topk', 2048)} selection, not top-{topk}"),
             (found.get("kv_dtype") != sec["kv_cache_dtype"],
              f"an {sec['kv_cache_dtype'].upper()} MLA KV cache, not {str(found.get('kv_dtype')).upper()}"),
             (found["dcp_size"] != 1, f"no DCP, not DCP {found['dcp_size']}"),
@@ -207,6 +209,10 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     gpu = tables["timing"]["gpu"]
     unmeasured = _unmeasured_configuration(dev, gpu, sharded, found["dcp_size"], found.get("fused_rotation", False),
                                           found.get("server_unmeasured"))
+    graph_max = found.get("decode_graph_max_bs")
+    if unmeasured is None and graph_max is not None and rank_batch > graph_max:
+        unmeasured = (f"reason: a batch of {rank_batch} is above the largest decode CUDA graph ({graph_max}, set by "
+                      "the CUDA-graph flags), so it decodes without graphs; not measured")
     same_n = [r for r in tables["timing"]["rows"] if r["next_n"] == next_n]
     row = (nearest_timing({"timing": {"rows": same_n}}, heads, rank_batch, context, next_n)
            if same_n and unmeasured is None else None)
@@ -228,7 +234,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         "timing_stack": tables["timing"].get("stack", ""),
         "timing_unmeasured": unmeasured, "timing_far": far,
         "timing_heads_shapes": [f"{r['batch']} x {_k(r['context'])}" for r in same_n if r["heads"] == heads],
-        "timing_exact": row is not None and (row["heads"], row["batch"], row["context"]) == (heads, batch, context),
+        "timing_exact": row is not None and (row["heads"], row["batch"], row["context"]) == (heads, rank_batch, context),
         "recall": recall, "recall_exact": recall[0]["context"] == context, "recall_device": tables["recall"]["device"],
         "model_cost": model_cost, "topk": topk, "heads": heads,
         **_sglang_decode(tables, found, unmeasured, heads=heads, batch=rank_batch, context=context, next_n=next_n),

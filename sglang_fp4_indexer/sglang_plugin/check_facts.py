@@ -82,8 +82,8 @@ def memory_facts(record) -> dict:
     Returns:
         dict: ``tp``, ``fp8_gemm_backend`` (``--fp8-gemm-backend``, SGLang's ``auto`` when not given), ``attn_dp``
         (the DP-attention size: ``--attn-dp-size``, or ``--dp-size`` with ``--enable-dp-attention``; 1 without),
-        ``device`` (``--device``, None when SGLang picks it), ``eager_decode`` (decode without CUDA graphs:
-        ``--disable-cuda-graph``, ``--disable-decode-cuda-graph`` or ``--cuda-graph-backend-decode disabled``),
+        ``device`` (``--device``, None when SGLang picks it), ``eager_decode`` and ``decode_graph_max_bs``
+        (``_decode_graphs``: decode without CUDA graphs, and the largest captured decode batch the flags set),
         ``dp_lm_head``,
         ``a2a_moe`` (``--moe-a2a-backend`` not ``none``), ``mtp`` (``--speculative-algorithm`` EAGLE or NEXTN,
         which loads the MTP layer as the draft model), ``mem_fraction_static`` (the flag's value, or None) and
@@ -92,14 +92,28 @@ def memory_facts(record) -> dict:
         copy of the record, the device's capacity given as ``gpu_mib``), or the flag's value. It raises
         ValueError where the raw record cannot resolve SGLang's default (DP attention: its extra reserve
         depends on the DP layout SGLang resolves only at launch).
+
+    Raises:
+        ValueError: a DP-attention layout SGLang refuses (a size below 1, one that does not divide
+            ``--tp-size``, ``--dp-size`` and ``--attn-dp-size`` that disagree).
     """
     import copy
     from unittest import mock
 
     dp_attention = bool(server_field(record, "enable_dp_attention", False))
     # --attn-dp-size N, or the older --dp-size N with --enable-dp-attention (SGLang resolves both to one size).
-    attn_dp = max(int(server_field(record, "attn_dp_size", 1) or 1),
-                  int(server_field(record, "dp_size", 1)) if dp_attention else 1)
+    tp, dp = int(server_field(record, "tp_size", 1)), int(server_field(record, "dp_size", 1) or 1)
+    raw = server_field(record, "attn_dp_size", None)
+    attn_dp_size = 1 if raw is None else int(raw)
+    if attn_dp_size < 1:
+        raise ValueError(f"--sglang-args: --attn-dp-size {attn_dp_size}: expected an integer >= 1")
+    if dp_attention and dp > 1 and attn_dp_size > 1 and dp != attn_dp_size:
+        raise ValueError(f"--sglang-args: --dp-size {dp} with --enable-dp-attention and --attn-dp-size "
+                         f"{attn_dp_size} disagree (SGLang refuses it at launch); give one of them")
+    attn_dp, flag = ((dp, "--dp-size") if dp_attention and dp > 1 else (attn_dp_size, "--attn-dp-size"))
+    if tp % attn_dp:
+        raise ValueError(f"--sglang-args: {flag} {attn_dp} (DP attention) must divide --tp-size {tp} (SGLang "
+                         "refuses it at launch)")
     dp_attention = dp_attention or attn_dp > 1
     given = server_field(record, "mem_fraction_static", None)
     algorithm = str(server_field(record, "speculative_algorithm", "") or "").upper()
@@ -124,15 +138,30 @@ def memory_facts(record) -> dict:
             raise _config_error(exc) from None
         return float(server_field(probe, "mem_fraction_static", 0.0)), "SGLang's default for this GPU and flags"
 
-    eager = bool(server_field(record, "disable_cuda_graph", False)
-                 or server_field(record, "disable_decode_cuda_graph", False)
-                 or str(server_field(record, "cuda_graph_backend_decode", "") or "") == "disabled")
-    return {"tp": int(server_field(record, "tp_size", 1)), "attn_dp": attn_dp,
-            "device": server_field(record, "device", None), "eager_decode": eager,
+    eager, graph_max_bs = _decode_graphs(record)
+    return {"tp": tp, "attn_dp": attn_dp, "device": server_field(record, "device", None),
+            "eager_decode": eager, "decode_graph_max_bs": graph_max_bs,
             "fp8_gemm_backend": str(server_field(record, "fp8_gemm_runner_backend", "auto")),
             "dp_lm_head": bool(server_field(record, "enable_dp_lm_head", False)),
             "a2a_moe": str(server_field(record, "moe_a2a_backend", "none")) != "none",
             "mtp": algorithm in ("EAGLE", "NEXTN"), "mem_fraction_static": given, "fraction_for": fraction_for}
+
+
+def _decode_graphs(record) -> tuple[bool, int | None]:
+    """``(decode runs without CUDA graphs, the largest decode batch captured when the flags set it, else None)``,
+    as SGLang 0.5.23 resolves its CUDA-graph flags (``cuda_graph_hook.parse_cuda_graph_config``, on a copy of the
+    record: ``--disable-cuda-graph``, ``--disable-decode-cuda-graph``, ``--cuda-graph-backend-decode``,
+    ``--cuda-graph-max-bs-decode``, ``--cuda-graph-config``, in SGLang's precedence)."""
+    import copy
+
+    from sglang.srt.arg_groups.cuda_graph_hook import parse_cuda_graph_config
+
+    probe = copy.deepcopy(record)
+    parse_cuda_graph_config(probe)
+    decode = server_field(probe, "cuda_graph_config", None).decode
+    locked = server_field(probe, "_cuda_graph_config_locked", set()) or set()
+    max_bs = decode.max_bs if ("decode", "max_bs") in locked and decode.max_bs is not None else None
+    return str(decode.backend) == "disabled", (int(max_bs) if max_bs is not None else None)
 
 
 def speculative_next_n(record, architecture: str) -> tuple[int | None, str]:
