@@ -930,6 +930,16 @@ def test_dp_attention_fits_and_times_the_batch_per_rank(tmp_path, capsys, flags)
     assert code2 == 4 and "neither format fits the batch: 8 x 128K" in out2
 
 
+def test_data_parallel_replicas_each_take_their_share_of_the_batch(tmp_path, capsys):
+    """--dp-size 2 without DP attention: two replicas, each a whole server with its own pool, 4 requests each."""
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8", "--memory-gib", "30",
+                     "--sglang-args=--tp-size 8 --dp-size 2")
+    assert code == 4, out
+    assert ("per data-parallel replica (2 replicas, each with its own KV pool; the batch of 8 is 4 per replica): "
+            "requests that fit: FP8 3, FP4 3 per replica (6 and 6 over the 2 replicas); 4 requests need 524288") in out
+    assert "neither format fits the batch per data-parallel replica" in out and "at this shape" not in out
+
+
 def test_dp_attention_of_two_ranks_quotes_the_nearest_row_not_this_shape(tmp_path, capsys):
     """8 requests over 2 ranks are 4 per rank: 4 x 128K was not measured, so the 8 x 128K row is named as the
     nearest measured shape, never as this one."""

@@ -79,14 +79,15 @@ def _fmt(x: Fraction) -> str:
 def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, context: int) -> None:
     row, heads = w["timing"], w["heads"]
     layers = res["index_layers"]
-    dp = w.get("attn_dp", 1)
-    if dp > 1:  # each DP-attention rank: its own pool, its share of the batch; times are per rank
-        console.print(f"at {_k(context)} tokens per request, per DP-attention rank ({dp} ranks, each with its own KV "
-                      f"pool; the batch of {batch} is {w['rank_batch']} per rank): requests that fit: FP8 "
-                      f"{w['requests_fp8']}, FP4 {w['requests_fp4']} per rank ({w['requests_fp8'] * dp} and "
-                      f"{w['requests_fp4'] * dp} over the {dp} ranks); {w['rank_batch']} "
+    dp, unit = w.get("attn_dp", 1), w.get("split_unit", "DP-attention rank")
+    if dp > 1:  # each DP-attention rank (or DP replica): its own pool, its share of the batch; times are per rank
+        per = unit.split()[-1]
+        console.print(f"at {_k(context)} tokens per request, per {unit} ({dp} {per}s, each with its own KV "
+                      f"pool; the batch of {batch} is {w['rank_batch']} per {per}): requests that fit: FP8 "
+                      f"{w['requests_fp8']}, FP4 {w['requests_fp4']} per {per} ({w['requests_fp8'] * dp} and "
+                      f"{w['requests_fp4'] * dp} over the {dp} {per}s); {w['rank_batch']} "
                       f"{'request needs' if w['rank_batch'] == 1 else 'requests need'} "
-                      f"{w['tokens_needed']} KV tokens, FP8 holds {w['tokens_fp8']}, FP4 {w['tokens_fp4']} per rank")
+                      f"{w['tokens_needed']} KV tokens, FP8 holds {w['tokens_fp8']}, FP4 {w['tokens_fp4']} per {per}")
         batch = w["rank_batch"]
     else:
         console.print(f"at {_k(context)} tokens per request: requests that fit: FP8 {w['requests_fp8']}, FP4 "

@@ -194,7 +194,8 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
            "model_refusal": bool(MODEL_REFUSALS.intersection(decision.codes)),
            "verify_next_n": verify[0], "verify_how": verify[1],
            "server_unmeasured": _server_unmeasured(server, memory),
-           "attn_dp": memory["attn_dp"] if memory else 1, "index_topk": cfg.get("index_topk"),
+           "attn_dp": memory["attn_dp"] if memory else 1, "dp_replicas": memory["dp_replicas"] if memory else 1,
+           "index_topk": cfg.get("index_topk"),
            "decode_graph_max_bs": memory.get("decode_graph_max_bs") if memory else None,
            # Without SGLang no flags are read: the server's would be SGLang's defaults.
            "fp8_gemm_backend": memory["fp8_gemm_backend"] if memory else "auto",

@@ -158,7 +158,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
 
     With DP attention (``found["attn_dp"]`` > 1) every DP rank holds its own KV pool, the per-GPU budget, and
     decodes its share of the batch: the requests that fit, the verdict and the time are per rank, for
-    ``ceil(batch / attn_dp)`` requests. The cost is not quoted where the model's ``index_topk``
+    ``ceil(batch / attn_dp)`` requests; the same per data-parallel replica (``found["dp_replicas"]``, ``--dp-size``
+    without DP attention). The cost is not quoted where the model's ``index_topk``
     (``found["index_topk"]``) is not the tables' top-k (``topk_unmeasured``).
 
     Args:
@@ -182,7 +183,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         exactly this batch and context, MTP off, with this index-head count,
         MLA KV format and no DCP: ``tables.measured_decode``; else None, with
         ``sglang_decode_why``), ``sglang_decode_run``, ``topk``, ``model_topk``, ``topk_unmeasured``,
-        ``attn_dp``, ``rank_batch`` (requests per DP-attention rank; ``tokens_needed`` is theirs), ``decision``,
+        ``attn_dp`` (the ranks or replicas the batch is split over), ``split_unit`` (which of the two),
+        ``rank_batch`` (requests per rank or replica; ``tokens_needed`` is theirs), ``decision``,
         ``exit_code`` and ``verdict`` (one line).
 
     Raises:
@@ -198,8 +200,11 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         raise ValueError(f"--context: {context} tokens cannot hold --next-n {next_n} query tokens")
     tables = load_tables() if tables is None else tables
     heads = found["model"].index_n_heads or 64
-    # DP attention: every DP rank holds its own KV pool (the budget per GPU) and decodes its share of the batch.
-    dp = int(found.get("attn_dp", 1) or 1)
+    # DP attention: every DP rank holds its own KV pool (the budget per GPU) and decodes its share of the batch;
+    # so does every data-parallel replica (--dp-size without DP attention), a whole server of its own.
+    dp, unit = int(found.get("attn_dp", 1) or 1), "DP-attention rank"
+    if dp == 1 and int(found.get("dp_replicas", 1) or 1) > 1:
+        dp, unit = int(found["dp_replicas"]), "data-parallel replica"
     rank_batch = -(-batch // dp)
     sharded = found["fp4_mode"] == SHARDED
     tokens_fp4 = cap.tokens_fp4_sharded if sharded else cap.tokens_fp4_replicated
@@ -229,7 +234,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     out = {
         "requests_fp8": cap.tokens_fp8 // context, "requests_fp4": tokens_fp4 // context,
         "tokens_needed": rank_batch * context, "tokens_fp8": cap.tokens_fp8, "tokens_fp4": tokens_fp4, "gain": gain,
-        "attn_dp": dp, "rank_batch": rank_batch, "model_topk": model_topk, "topk_unmeasured": topk_unmeasured,
+        "attn_dp": dp, "split_unit": unit, "rank_batch": rank_batch, "model_topk": model_topk, "topk_unmeasured": topk_unmeasured,
         "timing": row, "timing_next_n": measured_n, "timing_gpu": gpu,
         "timing_stack": tables["timing"].get("stack", ""),
         "timing_unmeasured": unmeasured, "timing_far": far,
@@ -263,8 +268,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         cost = (f"{(text['fp8'] - text['fp4']) * 100:.1f} points less top-{topk} recall at "
                 f"{_k(text['context'])} ({text['workload']} workload); {_model_cost_text(model_cost, context, topk)}")
     rf8, rf4 = out["requests_fp8"], out["requests_fp4"]
-    per_rank = (f" per DP-attention rank ({dp} ranks, each with its own KV pool: the batch of {batch} is "
-                f"{rank_batch} per rank)" if dp > 1 else "")
+    per_rank = (f" per {unit} ({dp} {unit}s, each with its own KV pool: the batch of {batch} is "
+                f"{rank_batch} per {unit.split()[-1]})" if dp > 1 else "")
     if out["tokens_needed"] > tokens_fp4:
         out["decision"], out["exit_code"] = "neither", EXIT_FITS_NEITHER
         out["verdict"] = (f"neither format fits the batch{per_rank}: {rank_batch} x {_k(context)} needs "

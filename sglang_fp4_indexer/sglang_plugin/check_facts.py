@@ -82,6 +82,7 @@ def memory_facts(record) -> dict:
     Returns:
         dict: ``tp``, ``fp8_gemm_backend`` (``--fp8-gemm-backend``, SGLang's ``auto`` when not given), ``attn_dp``
         (the DP-attention size: ``--attn-dp-size``, or ``--dp-size`` with ``--enable-dp-attention``; 1 without),
+        ``dp_replicas`` (``--dp-size`` without DP attention: data-parallel replicas, each a whole server),
         ``device`` (``--device``, None when SGLang picks it), ``eager_decode`` and ``decode_graph_max_bs``
         (``_decode_graphs``: decode without CUDA graphs, and the largest captured decode batch the flags set),
         ``dp_lm_head``,
@@ -139,7 +140,8 @@ def memory_facts(record) -> dict:
         return float(server_field(probe, "mem_fraction_static", 0.0)), "SGLang's default for this GPU and flags"
 
     eager, graph_max_bs = _decode_graphs(record)
-    return {"tp": tp, "attn_dp": attn_dp, "device": server_field(record, "device", None),
+    return {"tp": tp, "attn_dp": attn_dp, "dp_replicas": 1 if dp_attention else dp,
+            "device": server_field(record, "device", None),
             "eager_decode": eager, "decode_graph_max_bs": graph_max_bs,
             "fp8_gemm_backend": str(server_field(record, "fp8_gemm_runner_backend", "auto")),
             "dp_lm_head": bool(server_field(record, "enable_dp_lm_head", False)),
