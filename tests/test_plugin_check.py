@@ -940,6 +940,18 @@ def test_data_parallel_replicas_each_take_their_share_of_the_batch(tmp_path, cap
     assert "neither format fits the batch per data-parallel replica" in out and "at this shape" not in out
 
 
+def test_dwdp_is_dp_attention_without_cuda_graphs(tmp_path, capsys):
+    """--dwdp-size 8 at TP 8: SGLang runs 8 DP-attention ranks and no CUDA graphs, so the fit is per rank and no
+    time is quoted; a DWDP size other than the TP size is refused as SGLang refuses it."""
+    code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8", "--memory-gib", "30",
+                     "--sglang-args=--tp-size 8 --dwdp-size 8")
+    assert "per DP-attention rank (8 ranks, each with its own KV pool; the batch of 8 is 1 per rank)" in out
+    assert "reason: decode without CUDA graphs" in out and "faster indexer" not in out
+    err = _one_line_error(capsys, [_write_dir(tmp_path, "dwdp4", DSV32), "--memory-gib", "30",
+                                   "--sglang-args=--tp-size 8 --dwdp-size 4"])
+    assert "--dwdp-size 4 must equal --tp-size 8" in err
+
+
 def test_dp_attention_of_two_ranks_quotes_the_nearest_row_not_this_shape(tmp_path, capsys):
     """8 requests over 2 ranks are 4 per rank: 4 x 128K was not measured, so the 8 x 128K row is named as the
     nearest measured shape, never as this one."""

@@ -81,7 +81,8 @@ def memory_facts(record) -> dict:
 
     Returns:
         dict: ``tp``, ``fp8_gemm_backend`` (``--fp8-gemm-backend``, SGLang's ``auto`` when not given), ``attn_dp``
-        (the DP-attention size: ``--attn-dp-size``, or ``--dp-size`` with ``--enable-dp-attention``; 1 without),
+        (the DP-attention size: ``--attn-dp-size``, or ``--dp-size`` with ``--enable-dp-attention``, or
+        ``--dwdp-size``, which also turns CUDA graphs off; 1 without),
         ``dp_replicas`` (``--dp-size`` without DP attention: data-parallel replicas, each a whole server),
         ``device`` (``--device``, None when SGLang picks it), ``eager_decode`` and ``decode_graph_max_bs``
         (``_decode_graphs``: decode without CUDA graphs, and the largest captured decode batch the flags set),
@@ -112,6 +113,13 @@ def memory_facts(record) -> dict:
         raise ValueError(f"--sglang-args: --dp-size {dp} with --enable-dp-attention and --attn-dp-size "
                          f"{attn_dp_size} disagree (SGLang refuses it at launch); give one of them")
     attn_dp, flag = ((dp, "--dp-size") if dp_attention and dp > 1 else (attn_dp_size, "--attn-dp-size"))
+    # DWDP (--dwdp-size N): SGLang requires N == --tp-size, then sets --attn-dp-size N and turns CUDA graphs off.
+    dwdp = int(server_field(record, "dwdp_size", 1) or 1)
+    if dwdp > 1:
+        if dwdp != tp:
+            raise ValueError(f"--sglang-args: --dwdp-size {dwdp} must equal --tp-size {tp} (SGLang refuses it at "
+                             "launch)")
+        attn_dp, flag, dp_attention = dwdp, "--dwdp-size", True
     if tp % attn_dp:
         raise ValueError(f"--sglang-args: {flag} {attn_dp} (DP attention) must divide --tp-size {tp} (SGLang "
                          "refuses it at launch)")
@@ -140,6 +148,7 @@ def memory_facts(record) -> dict:
         return float(server_field(probe, "mem_fraction_static", 0.0)), "SGLang's default for this GPU and flags"
 
     eager, graph_max_bs = _decode_graphs(record)
+    eager = eager or dwdp > 1
     return {"tp": tp, "attn_dp": attn_dp, "dp_replicas": 1 if dp_attention else dp,
             "device": server_field(record, "device", None),
             "eager_decode": eager, "decode_graph_max_bs": graph_max_bs,
