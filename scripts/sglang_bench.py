@@ -109,17 +109,18 @@ def load_trace(path: str) -> tuple[dict, list[str]]:
     if fixed != text:
         repairs.append("bare nan / inf numbers read as null")
     text = fixed
-    try:
-        obj = json.loads(text, strict=False)
-    except ValueError as e:
-        pos = getattr(e, "pos", 0)
-        raise ValueError(f"{path}: not JSON, also after the repairs {repairs or '(none applied)'}: {e}; "
-                         f"around it: {text[max(0, pos - 100):pos + 100]!r}") from None
-    try:
-        json.loads(text)
-    except ValueError:
-        repairs.append("control characters inside strings accepted")
-    return obj, repairs
+    for strict in (True, False):
+        try:
+            obj = json.loads(text, strict=strict)
+        except ValueError as e:
+            if strict:
+                continue
+            pos = getattr(e, "pos", 0)
+            raise ValueError(f"{path}: not JSON, also after the repairs {repairs or '(none applied)'}: {e}; "
+                             f"around it: {text[max(0, pos - 100):pos + 100]!r}") from None
+        if not strict:
+            repairs.append("control characters inside strings accepted")
+        return obj, repairs
 
 
 def profile_table(paths: list[str], steps: int) -> dict:
@@ -401,7 +402,8 @@ def profile_shape(base: str, batch: int, input_len: int, *, name: str, raw: str,
 
     A trace that is whole but unreadable (``TraceUnreadable``) is kept as ``NAME.unreadable.trace.json.gz`` and
     the shape is profiled once more with GPU activity only (the table reads GPU kernels only, and the host-side
-    events are the larger part of a trace); that trace is then the shape's, and a line on stderr says so.
+    events are the larger part of a trace); that trace is then the shape's, and a line on stderr says so. Should
+    it be unreadable too, it is kept as ``NAME.gpu-only.unreadable.trace.json.gz``.
 
     Raises:
         RuntimeError: as ``profile_decode``; ``TraceUnreadable`` when the GPU-only trace is unreadable too.
@@ -414,8 +416,12 @@ def profile_shape(base: str, batch: int, input_len: int, *, name: str, raw: str,
         shutil.move(e.path, os.path.join(out_dir, f"{name}.unreadable.trace.json.gz"))
         print(f"{name}: {e}; kept as {name}.unreadable.trace.json.gz, profiled again with GPU activity only",
               file=sys.stderr)
-        path = profile_decode(base, batch, input_len, out_dir=raw, prefix=name,
-                              **dict(kwargs, activities=("GPU",)))
+        try:
+            path = profile_decode(base, batch, input_len, out_dir=raw, prefix=name,
+                                  **dict(kwargs, activities=("GPU",)))
+        except TraceUnreadable as again:  # kept too, beside the good traces, so that it comes back to be read
+            shutil.move(again.path, os.path.join(out_dir, f"{name}.gpu-only.unreadable.trace.json.gz"))
+            raise
     final = os.path.join(out_dir, f"{name}.trace.json.gz")
     # Moved out before the next shape: a later prefill may make SGLang write another trace of this prefix.
     shutil.move(path, final)
@@ -457,8 +463,6 @@ def _serving_profile(argv: list[str]) -> int:
                               output_len=opts.output_len, timeout=opts.timeout)
             except RuntimeError as e:
                 print(f"{name}: {e}", file=sys.stderr)
-                if isinstance(e, TraceUnreadable):  # kept beside the good traces, so that it comes back to be read
-                    shutil.move(e.path, os.path.join(opts.out_dir, f"{name}.gpu-only.unreadable.trace.json.gz"))
                 rc = 1
                 continue
             print(f"{name}: {opts.steps} decode batches profiled")

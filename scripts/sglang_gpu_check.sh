@@ -199,15 +199,16 @@ case "$STEP" in
     # block-FP8 GEMM overflows its 32-bit output offset in the dense layer's gate-up projection (36 864 outputs)
     # and the pass fails with FP8 and FP4 alike, so the shapes stay at or below 57 344 tokens.
     M2="$WORK/v32-layers"
+    # E2E_SHAPES="" (set and empty) runs no profiled shape, only E2E_HOST.
+    SHAPES="${E2E_SHAPES-1:57344 2:28672}"
     # Every shape is prefilled in one pass: refuse those past the Triton GEMM's 32-bit offset before any server starts
     # (an earlier call asked for 64 x 4096 = 262 144 tokens in the host-time step and got nothing back).
-    for shape in ${E2E_SHAPES-1:57344 2:28672} ${E2E_HOST:-}; do
+    for shape in $SHAPES ${E2E_HOST:-}; do
       tokens=$(( ${shape%%:*} * ${shape##*:} ))
       [ "$tokens" -le 57344 ] || { echo "e2e: $shape is $tokens tokens in one prefill pass; at most 57344 (58 255 overflow SGLang's Triton block-FP8 GEMM in this model's dense layer)"; exit 2; }
     done
     "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
-    # E2E_SHAPES="" (set and empty) runs no profiled shape, only E2E_HOST.
-    for shape in ${E2E_SHAPES-1:57344 2:28672}; do
+    for shape in $SHAPES; do
       b=${shape%%:*}; il=${shape##*:}
       for fmt in fp8 fp4; do
         stage "one_batch_${fmt}_${b}x${il}" "${E2E_LIMIT:-300}" "$PY" scripts/sglang_bench.py one-batch --model-path "$M2" \
@@ -276,8 +277,8 @@ case "$STEP" in
     # step's model and flags, FP8 then FP4, and per PROFILE_SHAPES entry ("BATCH:INPUT ...") that many requests
     # decoding together while SGLang's profiler records PROFILE_STEPS decode batches; then the table by kernel
     # category per shape (profile-table), and the traces under $OUT where they are small enough to come back.
-    # SERVE_SPEC turns MTP on as in the serving step (one decode batch is then one verify cycle). On a fresh machine a
-    # server takes 4-5 minutes to be ready: run SERVE_FORMATS=fp8 and SERVE_FORMATS=fp4 in calls that follow each
+    # SERVE_SPEC turns MTP on as in the serving step (one decode batch is then one verify cycle). On a fresh machine the
+    # first server takes 3-5 minutes to be ready: run SERVE_FORMATS=fp8 and SERVE_FORMATS=fp4 in calls that follow each
     # other (the table pairs the traces left in $WORK), with PROFILE_LIMIT (default 540 s) per format.
     # The traces come back packed in $OUT/serving_profile_traces.tar.gz (left out above 15 MB).
     M2="$WORK/v32-layers"
