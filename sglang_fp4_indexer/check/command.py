@@ -79,7 +79,7 @@ def _fmt(x: Fraction) -> str:
 def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, context: int) -> None:
     row, heads = w["timing"], w["heads"]
     layers = res["index_layers"]
-    dp, unit = w.get("attn_dp", 1), w.get("split_unit", "DP-attention rank")
+    dp, unit = w["batch_split"]
     if dp > 1:  # each DP-attention rank (or DP replica): its own pool, its share of the batch; times are per rank
         per = unit.split()[-1]
         console.print(f"at {_k(context)} tokens per request, per {unit} ({dp} {per}s, each with its own KV "

@@ -81,6 +81,16 @@ def _server_unmeasured(server: ServerFacts, memory: dict | None = None) -> str |
     return None
 
 
+def _batch_split(memory: dict | None) -> tuple[int, str]:
+    """Over how many KV pools SGLang spreads a batch, and what each is: DP-attention ranks, else data-parallel
+    replicas (``--dp-size`` without DP attention), each with its own pool; ``(1, "")`` for one server."""
+    if memory and memory["attn_dp"] > 1:
+        return memory["attn_dp"], "DP-attention rank"
+    if memory and memory["dp_replicas"] > 1:
+        return memory["dp_replicas"], "data-parallel replica"
+    return 1, ""
+
+
 def _derived_budget(cfg: dict, memory: dict | None, gpu: tuple[int, tuple[int, int] | None, str]) -> KvBudget:
     """The KV budget per GPU as SGLang sizes it (``budget.kv_budget``) from the adapter's ``memory`` facts.
 
@@ -194,7 +204,7 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
            "model_refusal": bool(MODEL_REFUSALS.intersection(decision.codes)),
            "verify_next_n": verify[0], "verify_how": verify[1],
            "server_unmeasured": _server_unmeasured(server, memory),
-           "attn_dp": memory["attn_dp"] if memory else 1, "dp_replicas": memory["dp_replicas"] if memory else 1,
+           "batch_split": _batch_split(memory),
            "index_topk": cfg.get("index_topk"),
            "decode_graph_max_bs": memory.get("decode_graph_max_bs") if memory else None,
            # Without SGLang no flags are read: the server's would be SGLang's defaults.

@@ -58,8 +58,6 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
     if dev.kind != "cuda":
         return f"the times were measured on an NVIDIA {gpu.replace('NVIDIA ', '')}, not on a {dev.kind} device"
     cap = tuple(dev.capability or ())
-    if not cap:
-        return "reason: compute capability unknown"
     if cap != (9, 0):
         kernels = ("this plugin scores with its Triton kernel there and SGLang calls DeepGEMM with its native next_n"
                    if cap >= (10, 0) else "this plugin scores with its Triton kernel there")
@@ -91,7 +89,7 @@ def _gemm_and_gpus(sec: dict, found: dict) -> str:
 
 
 def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: int, batch: int, context: int,
-                   next_n: int) -> dict:
+                   next_n: int, topk: int) -> dict:
     """``sglang_decode`` (the SGLang-measured decode row of exactly this shape, for server flags with the runs'
     ``--fp8-gemm-backend`` and ``--tp-size``, or None) and, when None, ``sglang_decode_why`` (why none is quoted;
     None where the tables have no SGLang rows at all)."""
@@ -110,10 +108,11 @@ def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: 
     elif next_n != 1:
         why = f"measured with MTP off, not at next_n {next_n}"
     else:
-        topk = found.get("index_topk") or 2048
+        # The SGLang runs' model selects DSA's top-2048, the tables' top-k (make-model's v32-layers config).
+        run_topk = int(tables["recall"]["topk"])
         differs = [text for cond, text in (
             (heads != sec["index_heads"], f"{sec['index_heads']} index heads, not {heads}"),
-            (topk != sec.get("index_topk", 2048), f"top-{sec.get('index_topk', 2048)} selection, not top-{topk}"),
+            (topk != run_topk, f"top-{run_topk} selection, not top-{topk}"),
             (found.get("kv_dtype") != sec["kv_cache_dtype"],
              f"an {sec['kv_cache_dtype'].upper()} MLA KV cache, not {str(found.get('kv_dtype')).upper()}"),
             (found["dcp_size"] != 1, f"no DCP, not DCP {found['dcp_size']}"),
@@ -156,10 +155,9 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     numbers at the nearest measured context (``tables.nearest_model_cost``,
     at the tables' top-k, 2048, DSA's ``index_topk``).
 
-    With DP attention (``found["attn_dp"]`` > 1) every DP rank holds its own KV pool, the per-GPU budget, and
-    decodes its share of the batch: the requests that fit, the verdict and the time are per rank, for
-    ``ceil(batch / attn_dp)`` requests; the same per data-parallel replica (``found["dp_replicas"]``, ``--dp-size``
-    without DP attention). The cost is not quoted where the model's ``index_topk``
+    With DP attention or data-parallel replicas (``found["batch_split"]``: ``(N, what)``, N > 1) every rank or
+    replica holds its own KV pool, the per-GPU budget, and decodes its share of the batch: the requests that fit,
+    the verdict and the time are per rank, for ``ceil(batch / N)`` requests. The cost is not quoted where the model's ``index_topk``
     (``found["index_topk"]``) is not the tables' top-k (``topk_unmeasured``).
 
     Args:
@@ -183,8 +181,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         exactly this batch and context, MTP off, with this index-head count,
         MLA KV format and no DCP: ``tables.measured_decode``; else None, with
         ``sglang_decode_why``), ``sglang_decode_run``, ``topk``, ``model_topk``, ``topk_unmeasured``,
-        ``attn_dp`` (the ranks or replicas the batch is split over), ``split_unit`` (which of the two),
-        ``rank_batch`` (requests per rank or replica; ``tokens_needed`` is theirs), ``decision``,
+        ``batch_split`` (as ``found``'s), ``rank_batch`` (requests per rank or replica; ``tokens_needed`` is theirs), ``decision``,
         ``exit_code`` and ``verdict`` (one line).
 
     Raises:
@@ -200,11 +197,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         raise ValueError(f"--context: {context} tokens cannot hold --next-n {next_n} query tokens")
     tables = load_tables() if tables is None else tables
     heads = found["model"].index_n_heads or 64
-    # DP attention: every DP rank holds its own KV pool (the budget per GPU) and decodes its share of the batch;
-    # so does every data-parallel replica (--dp-size without DP attention), a whole server of its own.
-    dp, unit = int(found.get("attn_dp", 1) or 1), "DP-attention rank"
-    if dp == 1 and int(found.get("dp_replicas", 1) or 1) > 1:
-        dp, unit = int(found["dp_replicas"]), "data-parallel replica"
+    # Every DP-attention rank or data-parallel replica holds its own KV pool and decodes its share of the batch.
+    dp, unit = found.get("batch_split", (1, ""))
     rank_batch = -(-batch // dp)
     sharded = found["fp4_mode"] == SHARDED
     tokens_fp4 = cap.tokens_fp4_sharded if sharded else cap.tokens_fp4_replicated
@@ -234,7 +228,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     out = {
         "requests_fp8": cap.tokens_fp8 // context, "requests_fp4": tokens_fp4 // context,
         "tokens_needed": rank_batch * context, "tokens_fp8": cap.tokens_fp8, "tokens_fp4": tokens_fp4, "gain": gain,
-        "attn_dp": dp, "split_unit": unit, "rank_batch": rank_batch, "model_topk": model_topk, "topk_unmeasured": topk_unmeasured,
+        "batch_split": (dp, unit), "rank_batch": rank_batch, "model_topk": model_topk, "topk_unmeasured": topk_unmeasured,
         "timing": row, "timing_next_n": measured_n, "timing_gpu": gpu,
         "timing_stack": tables["timing"].get("stack", ""),
         "timing_unmeasured": unmeasured, "timing_far": far,
@@ -242,7 +236,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         "timing_exact": row is not None and (row["heads"], row["batch"], row["context"]) == (heads, rank_batch, context),
         "recall": recall, "recall_exact": recall[0]["context"] == context, "recall_device": tables["recall"]["device"],
         "model_cost": model_cost, "topk": topk, "heads": heads,
-        **_sglang_decode(tables, found, unmeasured, heads=heads, batch=rank_batch, context=context, next_n=next_n),
+        **_sglang_decode(tables, found, unmeasured, heads=heads, batch=rank_batch, context=context, next_n=next_n,
+                         topk=model_topk),
     }
     if unmeasured is not None:
         speed = f"an indexer speed that is not measured for this configuration ({unmeasured})"
