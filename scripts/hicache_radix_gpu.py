@@ -4,8 +4,8 @@ Runs ``sglang.Engine`` on the tiny DeepSeek-V3.2 of ``scripts/sglang_one_batch.p
 weights, no network) with the radix cache on (every other GPU check runs with ``--disable-radix-cache``):
 
 * ``radix --model DIR --out FILE.json [--fp8]``: two requests sharing a prefix; the second's
-  ``cached_tokens`` shows the prefix's pages were reused, and its top-k (SGLang's
-  ``return_indexer_topk``) is compared with the same request after ``flush_cache()`` (no reuse).
+  ``cached_tokens`` shows the prefix's pages were reused, and its top-k is compared with the same
+  request after ``flush_cache()`` (no reuse).
 * ``hicache --model DIR --out FILE.json [--fp8]``: ``--enable-hierarchical-cache`` with a device pool of
   ``--max-total-tokens`` tokens; turn 1 of a conversation, filler conversations that evict it from the
   device to host memory, then turn 2, whose prefix is loaded back from the host
@@ -15,10 +15,15 @@ weights, no network) with the radix cache on (every other GPU check runs with ``
   top-k is compared with turn 2 of a run that never evicted (``flush_cache()``, turn 1, turn 2 at once).
 * ``compare FILE.json ...``: the checks of each file as a table; exit code 0 when every check passed.
 
-Top-k rows are compared over the tokens both runs computed (the last rows: the new prompt tokens and the
-decoded ones), as the share of rows with the same set and the mean overlap. Run the same subcommand with
-``--fp8`` for SGLang's own FP8 indexer on the same requests: FP8's agreement is the yardstick for FP4's
-(both compute the prefix's index keys in a different batch when it is reused).
+Top-k rows are read by the test-only trace plugin (``scripts/topk_trace``, installed by
+``scripts/sglang_gpu_check.sh``; ``FP4_INDEXER_TOPK_TRACE_DIR`` is set to ``FILE.json.trace`` for the
+Engine's processes) as token positions: SGLang's own ``return_indexer_topk`` returns KV-cache slots, which
+differ between two runs of one request whenever its pages sit elsewhere (a reused or reloaded prefix),
+so slot sets cannot be compared. Each decode row is keyed by its query position; the two runs of a
+request are told apart by order (the second run repeats the first's positions). Compared over the rows
+both runs computed, as the share of rows with the same set and the mean overlap. Run the same
+subcommand with ``--fp8`` for SGLang's own FP8 indexer on the same requests: FP8's agreement is the
+yardstick for FP4's (both compute the prefix's index keys in a different batch when it is reused).
 
 SGLang's Rust radix-tree core failed under torch 2.11 on the GPU machine used so far (with or without
 the plugin); ``--radix-core python`` (the default) sets SGLang's ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND``
@@ -42,7 +47,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sglang_one_batch import TOPK, VOCAB  # noqa: E402 (the tiny model's constants)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "topk_trace"))  # its reader
+from sglang_one_batch import VOCAB  # noqa: E402 (the tiny model's vocabulary)
 
 #: Environment variable naming the JSON-lines file the scheduler-side page probe appends to.
 PROBE_ENV = "FP4_INDEXER_HICACHE_PROBE"
@@ -119,7 +125,7 @@ def _prompts(seed: int, lens) -> list[list[int]]:
 
 def engine_kwargs(opts, **extra) -> dict:
     """``sglang.Engine`` keyword arguments of a run: the tiny model, dummy weights, FP8 MLA KV, the radix
-    cache on (SGLang's default), the top-k capturer, FP4 unless ``opts.fp8``; ``extra`` added last.
+    cache on (SGLang's default), FP4 unless ``opts.fp8``; ``extra`` added last.
 
     Raises:
         ValueError: ``extra`` turns the radix cache off (what these checks are about).
@@ -128,7 +134,7 @@ def engine_kwargs(opts, **extra) -> dict:
         raise ValueError("extra: disable_radix_cache must stay off for the radix and HiCache checks")
     kwargs = dict(model_path=opts.model, load_format="dummy", kv_cache_dtype="fp8_e4m3",
                   mem_fraction_static=opts.mem_fraction_static, disable_prefill_cuda_graph=True,
-                  enable_return_indexer_topk=True, random_seed=0, max_running_requests=4,
+                  random_seed=0, max_running_requests=4,
                   cuda_graph_max_bs_decode=4, log_level="info")
     if not opts.fp8:
         kwargs["enable_fp4_indexer"] = True
@@ -137,42 +143,94 @@ def engine_kwargs(opts, **extra) -> dict:
 
 
 def _generate(eng, input_ids: list[int], new_tokens: int) -> dict:
-    """One greedy request through the Engine's tokenizer manager with ``return_indexer_topk`` (as
-    ``sglang_one_batch.py engine`` sends it): output ids, cached tokens (and their breakdown), top-k rows."""
+    """One greedy request through the Engine's tokenizer manager (as ``sglang_one_batch.py engine`` sends it):
+    output ids, cached tokens (and their breakdown)."""
     from sglang.srt.managers.io_struct import GenerateReqInput
-    from sglang.srt.state_capturer.indexer_topk import extract_indexer_topk_from_meta_info
 
     obj = GenerateReqInput(input_ids=input_ids, sampling_params={"temperature": 0, "max_new_tokens": new_tokens,
-                                                                 "ignore_eos": True}, return_indexer_topk=True)
+                                                                 "ignore_eos": True})
     out = eng.loop.run_until_complete(eng.tokenizer_manager.generate_request(obj, None).__anext__())
     meta = out.get("meta_info", {})
-    topk = extract_indexer_topk_from_meta_info(out)
     return {"output_ids": out.get("output_ids"), "cached_tokens": meta.get("cached_tokens"),
-            "cached_tokens_details": meta.get("cached_tokens_details"),
-            "topk": None if topk is None else topk.reshape(-1, TOPK).tolist()}
+            "cached_tokens_details": meta.get("cached_tokens_details")}
 
 
-def topk_agreement(a, b) -> dict:
-    """How two runs' top-k rows agree over the rows both computed (the last ``min`` rows of each).
+def trace_dir(out: str) -> str:
+    """Point the trace plugin of the Engine's processes (started after this call) at an empty ``OUT.trace``."""
+    import shutil
+
+    path = os.path.abspath(out + ".trace")
+    shutil.rmtree(path, ignore_errors=True)
+    os.environ["FP4_INDEXER_TOPK_TRACE_DIR"] = path
+    return path
+
+
+def decode_runs(records: list[dict], prompt_len: int) -> list[dict[tuple[int, int], list[int]]]:
+    """The decode top-k rows of every run of the requests with ``prompt_len`` prompt tokens, in order.
 
     Args:
-        a, b: lists of top-k rows (each ``TOPK`` int positions, ``-1`` empty).
+        records: ``fp4_indexer_topk_trace.read_trace`` of the Engine (requests sent one after another, so every
+            decode record holds one request); rows as ``fp4_indexer_topk_trace.decode_rows`` gives them (token
+            positions).
+        prompt_len: the request's prompt length.
+
+    Returns:
+        One dict per run, ``{(layer, query position): sorted positions}``: a row whose key the current run
+        already holds starts the next run (a later run of the request repeats the positions).
+    """
+    from fp4_indexer_topk_trace import decode_rows
+
+    runs: list[dict[tuple[int, int], list[int]]] = []
+    for plen, layer, pos, positions in decode_rows(records):
+        if plen != prompt_len:
+            continue
+        if not runs or (layer, pos) in runs[-1]:
+            runs.append({})
+        runs[-1][(layer, pos)] = positions
+    return runs
+
+
+def read_runs(path: str, prompt_len: int, want: int) -> list[dict]:
+    """``decode_runs`` of the trace under ``path``.
+
+    Raises:
+        RuntimeError: no trace there (the trace plugin is not installed in the Engine's environment), or fewer
+            than ``want`` runs.
+    """
+    from fp4_indexer_topk_trace import read_trace
+
+    try:
+        runs = decode_runs(read_trace(path), prompt_len)
+    except FileNotFoundError as e:
+        raise RuntimeError(f"{path}: no top-k trace ({e}); install scripts/topk_trace as "
+                           "scripts/sglang_gpu_check.sh does") from e
+    if len(runs) < want:
+        raise RuntimeError(f"{path}: {len(runs)} decode runs of the {prompt_len}-token prompt, expected {want}")
+    return runs
+
+
+def topk_agreement(a: dict, b: dict) -> dict:
+    """How two runs' top-k rows agree over the rows both computed.
+
+    Args:
+        a, b: ``{(layer, query position): sorted positions}`` (``decode_runs``).
 
     Returns:
         ``{"rows", "equal_rows", "mean_overlap", "min_overlap"}`` (overlap: ``|A ∩ B| / |B|`` per row).
 
     Raises:
-        ValueError: either run returned no top-k rows.
+        ValueError: the runs have no row in common.
     """
-    if not a or not b:
-        raise ValueError("a, b: both runs must return top-k rows (SGLang's --enable-return-indexer-topk)")
-    n = min(len(a), len(b))
+    both = sorted(set(a) & set(b))
+    if not both:
+        raise ValueError("a, b: the runs have no (layer, position) top-k row in common")
     equal, overlaps = 0, []
-    for ra, rb in zip(a[-n:], b[-n:]):
-        x, y = {v for v in ra if v >= 0}, {v for v in rb if v >= 0}
+    for k in both:
+        x, y = set(a[k]), set(b[k])
         equal += x == y
         overlaps.append(len(x & y) / max(len(y), 1))
-    return {"rows": n, "equal_rows": equal, "mean_overlap": sum(overlaps) / n, "min_overlap": min(overlaps)}
+    return {"rows": len(both), "equal_rows": equal, "mean_overlap": sum(overlaps) / len(both),
+            "min_overlap": min(overlaps)}
 
 
 def _versions() -> dict:
@@ -200,6 +258,7 @@ def radix(opts) -> None:
 
     t0 = time.time()
     shared, a, b = _prompts(11, (opts.prefix, 700, 900))
+    trace = trace_dir(opts.out)
     eng = sglang.Engine(**engine_kwargs(opts))
     try:
         first = _generate(eng, shared + a, opts.new_tokens)
@@ -208,7 +267,7 @@ def radix(opts) -> None:
         fresh = _generate(eng, shared + b, opts.new_tokens)
     finally:
         eng.shutdown()
-    agree = topk_agreement(reused["topk"], fresh["topk"])
+    agree = topk_agreement(*read_runs(trace, len(shared + b), 2)[:2])
     checks = {
         "prefix reused (cached_tokens of B >= prefix pages)": reused["cached_tokens"] >= opts.prefix // 64 * 64,
         "no reuse after flush_cache": fresh["cached_tokens"] == 0,
@@ -234,6 +293,7 @@ def hicache(opts) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (probe_dir, os.environ.get("PYTHONPATH")) if p)
     os.environ[PROBE_ENV] = probe_out
     turn1, user2, *fillers = _prompts(23, (opts.turn_tokens, 600) + (opts.turn_tokens,) * opts.fillers)
+    trace = trace_dir(opts.out)
     extra = dict(enable_hierarchical_cache=True, hicache_ratio=opts.hicache_ratio,
                  hicache_mem_layout=opts.layout, hicache_io_backend=opts.io_backend,
                  max_total_tokens=opts.max_total_tokens)
@@ -254,7 +314,7 @@ def hicache(opts) -> None:
     backups = [r for r in probe if r["op"] == "backup"]
     loaded = sum(r["pages"] - r["not_backed_up"] for r in loads)
     identical = sum(r["identical"] for r in loads)
-    agree = topk_agreement(reloaded["topk"], kept["topk"])
+    agree = topk_agreement(*read_runs(trace, len(second_input), 2)[:2])
     page_bytes = 64 * 68 if not opts.fp8 else 64 * 132
     checks = {
         "turn 2 found turn 1's prefix (cached_tokens > 0)": (reloaded["cached_tokens"] or 0) > 0,
@@ -296,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--model", required=True, help="the folder of sglang_one_batch.py make-model")
         p.add_argument("--out", required=True)
         p.add_argument("--fp8", action="store_true", help="SGLang's own FP8 indexer (no --enable-fp4-indexer)")
-        p.add_argument("--new-tokens", type=int, default=8)
+        p.add_argument("--new-tokens", type=int, default=16)
         p.add_argument("--mem-fraction-static", type=float, default=0.006)
         p.add_argument("--min-overlap", type=float, default=1.0,
                        help="mean top-k overlap the comparison must reach (1.0: the same sets)")

@@ -1,8 +1,7 @@
 """PD disaggregation with the FP4 index-key cache on one GPU: a prefill and a decode ``launch_server`` over Mooncake.
 
-Not yet run on a GPU: the command lines are parsed by SGLang's own argument parser and the request pairing, the
-trace reading and the table are tested on the CPU (tests/test_pd_gpu.py); Mooncake's TCP transport was seen moving
-host memory between two engines on one CPU machine, not GPU memory between two SGLang servers.
+Run on one H100 (docs/user-guide.md, "PD disaggregation"); the command lines are parsed by SGLang's own argument
+parser and the request pairing, the trace reading and the table are tested on the CPU (tests/test_pd_gpu.py).
 
 ``python scripts/pd_gpu.py --model DIR --out-dir OUT --log-dir LOGS`` (``scripts/sglang_gpu_check.sh pd``) runs,
 on the tiny model of ``scripts/sglang_one_batch.py make-model``:
@@ -12,14 +11,19 @@ on the tiny model of ``scripts/sglang_one_batch.py make-model``:
    PD router sends them: the same body to both servers with ``bootstrap_host``, ``bootstrap_port`` (the prefill's
    ``--disaggregation-bootstrap-port``) and a random ``bootstrap_room``; the decode server's answer is the result.
 2. One FP4 server without PD, the same requests.
-3. Checks: PD generated; its output ids equal the plain server's; the first decode step's top-k of every indexer
-   layer (read by the test-only trace plugin, ``scripts/topk_trace``, as token positions) equal.
+3. Checks: PD generated; its output ids equal the plain server's; every decode row's top-k of every indexer layer
+   (read by the test-only trace plugin, ``scripts/topk_trace``, as token positions, rows paired by query position)
+   equal.
 4. FP8 prefill (no ``--enable-fp4-indexer``) -> FP4 decode: the decode server must refuse the prefill at the
    bootstrap with SGLang's one-line dtype mismatch naming both formats (the plugin's ``INDEX_KEYS_NOTE`` on the
    decode side), and generate nothing.
 
 Output: ``OUT/pd.json`` (checks and per-request results) and ``OUT/pd_table.txt`` (one line per check); the
 servers' logs and traces under ``--log-dir``.
+
+``python scripts/pd_gpu.py topk --pd-json OUT/pd.json --decode-trace DIR --plain-trace DIR --out-dir NEW`` computes
+the top-k check again from kept traces (``trace_decode_fp4``, ``trace_plain_fp4``), on any machine with torch, and
+writes ``NEW/pd.json`` and ``NEW/pd_table.txt`` with that row replaced (``topk_recomputed`` names the traces).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "topk_trace"))
+from fp4_indexer_topk_trace import read_trace  # noqa: E402 (the test-only trace plugin's reader)
 from sglang_one_batch import check_table, first_difference, launched_server, post_json, seeded_prompts  # noqa: E402
 
 #: What the plugin appends to the KV cache dtype a server holding FP4 index keys publishes (its
@@ -126,35 +132,51 @@ def send_pd(prefill_url: str, decode_url: str, body: dict, timeout: float = 120.
     return answers
 
 
-def first_decode_topk(records: list[dict]) -> dict[int, dict[int, list[int]]]:
-    """The first decode step's top-k of each request, per indexer layer, as sorted token positions.
+def decode_topk(records: list[dict], prompt_lens) -> dict[tuple[int, int, int], list[int]]:
+    """Every decode row's top-k of the requests sent, keyed by (prompt length, layer, query position), as sorted
+    token positions (``fp4_indexer_topk_trace.decode_rows``).
+
+    Rows are keyed by the query position the trace plugin records with each row (``pos``), not by the order of
+    decode steps or by the request's length when the batch ran: a PD decode server runs its first decode step's
+    batch with one more output token counted than a plain server does, and may run one step more.
 
     Args:
         records: ``fp4_indexer_topk_trace.read_trace`` of one server (one request per batch: the requests are sent
-            one after another). A DECODE record whose request holds ``prompt_len + 1`` tokens is the first decode
-            step (the first output token comes from prefill). Top-k entries are KV slots (SGLang's page-table
-            transform), mapped back to positions through the record's ``req_slots``.
+            one after another).
+        prompt_lens: the prompt lengths of the requests sent (others, such as the server's warm-up request, are
+            left out).
 
     Returns:
-        ``{prompt_len: {layer: sorted positions}}``, the first record of each prompt length.
+        ``{(prompt_len, layer, position): sorted positions}``; the first row of a key wins.
     """
-    out: dict[int, dict[int, list[int]]] = {}
-    for rec in records:
-        if rec.get("forward_mode") != "DECODE" or rec.get("batch_size") != 1:
-            continue
-        plen, rlen = rec["prompt_lens"][0], rec["req_lens"][0]
-        if rlen != plen + 1 or plen in out:
-            continue
-        slots = rec["req_slots"][0]
-        where = {int(s): p for p, s in enumerate(slots.tolist())} if slots is not None else {}
-        layers = {}
-        for call in rec["calls"]:
-            if call["mode"] != "DECODE" or call["layer"] in layers:
-                continue
-            row = [int(v) for v in call["topk"][0].tolist() if v >= 0]
-            layers[call["layer"]] = sorted(where.get(v, v) for v in row)
-        out[plen] = layers
+    from fp4_indexer_topk_trace import decode_rows
+
+    wanted = set(prompt_lens)
+    out: dict[tuple[int, int, int], list[int]] = {}
+    for plen, layer, pos, positions in decode_rows(records):
+        if plen in wanted:
+            out.setdefault((plen, layer, pos), positions)
     return out
+
+
+def topk_check(topk_pd: dict, topk_plain: dict, prompt_lens) -> dict:
+    """The check row comparing two servers' ``decode_topk``: every (prompt, layer, position) both computed must hold
+    the same positions, and every prompt must have such rows."""
+    both = sorted(set(topk_pd) & set(topk_plain))
+    eq = sum(topk_pd[k] == topk_plain[k] for k in both)
+    bad = [f"prompt {k[0]} layer {k[1]} position {k[2]}: overlap "
+           f"{len(set(topk_pd[k]) & set(topk_plain[k])) / max(len(topk_plain[k]), 1):.4f}"
+           for k in both if topk_pd[k] != topk_plain[k]]
+    missing = sorted(set(prompt_lens) - {k[0] for k in both})
+    spans = []
+    for plen in sorted({k[0] for k in both}):
+        pos = [k[2] for k in both if k[0] == plen]
+        spans.append(f"prompt {plen}: positions {min(pos)}-{max(pos)}")
+    detail = (f"{eq}/{len(both)} (prompt, layer, position) rows identical ({'; '.join(spans) or 'none in common'})"
+              + (f"; no common row for prompt {', '.join(map(str, missing))}" if missing else "")
+              + ("; " + "; ".join(bad[:4]) if bad else ""))
+    return {"check": "PD decode top-k = plain FP4 server's (same query positions)",
+            "ok": bool(both) and eq == len(both) and not missing, "detail": detail}
 
 
 def mismatch_lines(log_text: str) -> list[str]:
@@ -169,7 +191,7 @@ def checks(pd: list[dict], plain: list[dict], topk_pd: dict | None, topk_plain: 
     Args:
         pd, plain: per request, ``prompt_len`` and ``output_ids`` (or ``error``) of the PD pair and the plain
             server, in the same order.
-        topk_pd, topk_plain: ``first_decode_topk`` of each run's trace, or ``None`` when not traced.
+        topk_pd, topk_plain: ``decode_topk`` of each run's trace, or ``None`` when not traced.
         mismatch: the FP8-prefill / FP4-decode run: ``lines`` (``mismatch_lines`` of both logs), ``answer`` (the
             decode server's answer), or ``None`` when it did not run.
 
@@ -195,19 +217,7 @@ def checks(pd: list[dict], plain: list[dict], topk_pd: dict | None, topk_plain: 
     rows.append({"check": "PD greedy output ids = plain FP4 server's", "ok": bool(pd) and same == len(pd),
                  "detail": f"{same}/{len(pd)} requests identical" + ("; " + "; ".join(diffs) if diffs else "")})
     if topk_pd is not None and topk_plain is not None:
-        eq = tot = 0
-        bad = []
-        for plen in sorted(topk_plain):
-            for layer, pos in sorted(topk_plain[plen].items()):
-                tot += 1
-                got = topk_pd.get(plen, {}).get(layer)
-                if got == pos:
-                    eq += 1
-                else:
-                    ov = len(set(got or []) & set(pos)) / max(len(pos), 1)
-                    bad.append(f"prompt {plen} layer {layer}: overlap {ov:.4f}")
-        rows.append({"check": "PD first decode step's top-k = plain FP4 server's", "ok": tot > 0 and eq == tot,
-                     "detail": f"{eq}/{tot} (prompt, layer) rows identical" + ("; " + "; ".join(bad[:4]) if bad else "")})
+        rows.append(topk_check(topk_pd, topk_plain, [r["prompt_len"] for r in pd]))
     if mismatch is not None:
         lines = mismatch.get("lines") or []
         named = [ln for ln in lines if "fp8_e4m3" in ln and INDEX_KEYS_NOTE.strip() in ln]
@@ -246,8 +256,44 @@ def _results(answers: list[dict], prompts: list[list[int]]) -> list[dict]:
             for a, p in zip(answers, prompts)]
 
 
+def recheck_topk(argv: list[str]) -> int:
+    """``topk``: the top-k check computed again from kept traces (see the module docstring); 0 when every check
+    passes."""
+    p = argparse.ArgumentParser(prog="pd_gpu.py topk")
+    p.add_argument("--pd-json", required=True, help="the run's pd.json")
+    p.add_argument("--decode-trace", required=True, help="the PD decode server's trace folder")
+    p.add_argument("--plain-trace", required=True, help="the plain server's trace folder")
+    p.add_argument("--out-dir", required=True)
+    opts = p.parse_args(argv)
+    with open(opts.pd_json) as f:
+        res = json.load(f)
+    lens = [r["prompt_len"] for r in res["pd"]]
+    row = topk_check(decode_topk(read_trace(opts.decode_trace), lens), decode_topk(read_trace(opts.plain_trace), lens),
+                     lens)
+    rows = [r for r in res["checks"] if not r["check"].startswith("PD first decode step's top-k")
+            and r["check"] != row["check"]]
+    rows.insert(min(2, len(rows)), row)
+    res.update(checks=rows, topk_recomputed={"decode": opts.decode_trace, "plain": opts.plain_trace})
+    os.makedirs(opts.out_dir, exist_ok=True)
+    return _write(opts.out_dir, res, rows)
+
+
+def _write(out_dir: str, res: dict, rows: list[dict]) -> int:
+    """Write ``pd.json`` and ``pd_table.txt``, print the table; 0 when every check passed."""
+    with open(os.path.join(out_dir, "pd.json"), "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    with open(os.path.join(out_dir, "pd_table.txt"), "w") as f:
+        f.write(table(rows) + "\n")
+    print(table(rows))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the PD checks on a GPU machine (see the module docstring); 0 when every check passes."""
+    """Run the PD checks on a GPU machine (see the module docstring), or ``topk`` on kept traces; 0 when every
+    check passes."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["topk"]:
+        return recheck_topk(argv[1:])
     p = argparse.ArgumentParser(prog="pd_gpu.py")
     p.add_argument("--model", required=True, help="the tiny model (sglang_one_batch.py make-model)")
     p.add_argument("--out-dir", required=True)
@@ -316,22 +362,16 @@ def main(argv: list[str] | None = None) -> int:
     plain_res = _results(plain_ans or [{"error": res.get("plain_error")}] * len(prompts), prompts)
     topk_pd = topk_plain = None
     if not opts.no_trace:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "topk_trace"))
-        from fp4_indexer_topk_trace import read_trace
         try:
-            topk_pd = first_decode_topk(read_trace(trace_dir("decode_fp4")))
-            topk_plain = first_decode_topk(read_trace(trace_dir("plain_fp4")))
+            lens = [len(x) for x in prompts]
+            topk_pd = decode_topk(read_trace(trace_dir("decode_fp4")), lens)
+            topk_plain = decode_topk(read_trace(trace_dir("plain_fp4")), lens)
         except (FileNotFoundError, OSError) as e:
             res["trace_error"] = str(e)
             topk_pd, topk_plain = {}, {}
     rows = checks(pd_res, plain_res, topk_pd, topk_plain, mismatch)
     res.update(checks=rows, pd=pd_res, plain=plain_res, mismatch=mismatch)
-    with open(os.path.join(opts.out_dir, "pd.json"), "w") as f:
-        json.dump(res, f, indent=1, default=str)
-    with open(os.path.join(opts.out_dir, "pd_table.txt"), "w") as f:
-        f.write(table(rows) + "\n")
-    print(table(rows))
-    return 0 if all(r["ok"] for r in rows) else 1
+    return _write(opts.out_dir, res, rows)
 
 
 if __name__ == "__main__":

@@ -73,8 +73,9 @@ def load_trace(path: str) -> tuple[dict, list[str]]:
 
     Kineto writes event names as they come, without escaping them, and some numbers as C prints them
     (pytorch/pytorch#33961, pytorch/kineto#336, pytorch/kineto#1459 describe such traces). When the file is
-    not JSON as written, these repairs are applied, in this order, and named in the returned list: bytes that
-    are not UTF-8 replaced (U+FFFD), a backslash that starts no JSON escape doubled, a bare ``nan`` / ``inf`` /
+    not JSON as written, these repairs are applied, in this order, and named in the returned list: a NUL byte
+    that begins a line read as the space Kineto indents every line with (an FP4 server's traces held such bytes,
+    each at a file offset of 4 KiB - 1; why is not known), bytes that are not UTF-8 replaced (U+FFFD), a backslash that starts no JSON escape doubled, a bare ``nan`` / ``inf`` /
     ``-inf`` number (after ``:``, ``[`` or ``,``) read as ``null``, control characters inside strings accepted
     (``json`` ``strict=False``). A double quote left unescaped inside a name cannot be repaired.
 
@@ -97,6 +98,11 @@ def load_trace(path: str) -> tuple[dict, list[str]]:
     except ValueError:
         pass
     repairs = []
+    if b"\n\x00" in raw:
+        # Kineto indents every line after the first with spaces; a NUL byte as a line's first byte (seen in an FP4
+        # server's traces, each one at a file offset 4 KiB - 1) stands where an indentation space was written.
+        raw = raw.replace(b"\n\x00", b"\n ")
+        repairs.append("NUL bytes that began lines read as the indentation space")
     text = raw.decode("utf-8", errors="replace")
     if "\ufffd" in text:
         repairs.append("bytes that are not UTF-8 replaced")

@@ -1,6 +1,7 @@
 """The GPU check of the radix cache and HiCache (scripts/hicache_radix_gpu.py), on the CPU.
 
-Its runs need a GPU; here: the top-k agreement it reports (against hand-computed values), the Engine
+Its runs need a GPU; here: the top-k rows it reads from the trace plugin and their agreement (against
+hand-computed values), the Engine
 arguments it builds, and its scheduler-side page probe run on SGLang's real HiCache host pool (CPU
 tensors, as in test_plugin_hicache.py): it finds every reloaded page identical, and finds a page
 corrupted in host memory.
@@ -25,24 +26,56 @@ tool = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tool)
 
 
-def _row(values):
-    return list(values) + [-1] * (tool.TOPK - len(values))
-
-
 def test_topk_agreement_over_the_rows_both_computed():
-    longer = [_row([9, 9]), _row([1, 2, 3, 4]), _row([5, 6])]  # its first row has no counterpart
-    shorter = [_row([4, 3, 2, 1]), _row([5, 7])]
+    longer = {(0, 9): [9], (0, 10): [1, 2, 3, 4], (0, 11): [5, 6]}  # its first row has no counterpart
+    shorter = {(0, 10): [1, 2, 3, 4], (0, 11): [5, 7]}
     got = tool.topk_agreement(longer, shorter)
     assert got == {"rows": 2, "equal_rows": 1, "mean_overlap": 0.75, "min_overlap": 0.5}
     with pytest.raises(ValueError, match="a, b"):
-        tool.topk_agreement([], shorter)
+        tool.topk_agreement({(1, 10): [1]}, shorter)
+
+
+def _record(plen, slots, calls, mode="DECODE", bs=1):
+    return {"forward_mode": mode, "batch_size": bs, "prompt_lens": [plen], "req_lens": [plen + 1],
+            "req_slots": [torch.tensor(slots)], "calls": calls}
+
+
+def _call(layer, values, pos, mode="DECODE"):
+    return {"layer": layer, "mode": mode, "topk": torch.tensor([values + [-1]], dtype=torch.int32),
+            "pos": torch.tensor([pos])}
+
+
+def test_decode_runs_map_slots_to_positions_and_split_the_runs_of_one_prompt():
+    """Two runs of a 3-token prompt whose pages sit in other slots (a reused or reloaded prefix): the same
+    positions, so the runs agree, though no slot is shared; another prompt's rows and prefill rows are left out."""
+    first, second = [10, 11, 12, 13, 14], [70, 71, 72, 13, 20]
+    recs = [_record(3, first, [_call(0, [12, 10], 3), _call(1, [11], 3)]),
+            _record(3, first, [_call(0, [13, 10], 4), _call(1, [13], 4)]),
+            _record(5, first, [_call(0, [10], 5)]),  # another prompt
+            _record(3, second, [_call(0, [70], 2, mode="EXTEND")], mode="EXTEND"),
+            _record(3, second, [_call(0, [72, 70], 3), _call(1, [71], 3)]),
+            _record(3, second, [_call(0, [13, 70], 4), _call(1, [13, 99], 4)])]  # slot 99 is not the request's
+    runs = tool.decode_runs(recs, 3)
+    assert runs == [{(0, 3): [0, 2], (1, 3): [1], (0, 4): [0, 3], (1, 4): [3]},
+                    {(0, 3): [0, 2], (1, 3): [1], (0, 4): [0, 3], (1, 4): [-100, 3]}]
+    got = tool.topk_agreement(*runs)
+    assert got == {"rows": 4, "equal_rows": 3, "mean_overlap": 0.875, "min_overlap": 0.5}
+
+
+def test_read_runs_names_a_missing_trace_and_too_few_runs(tmp_path):
+    with pytest.raises(RuntimeError, match="no top-k trace"):
+        tool.read_runs(str(tmp_path / "none"), 3, 2)
+    (tmp_path / "t").mkdir()
+    torch.save(_record(3, [1, 2, 3, 4], [_call(0, [1], 3)]), tmp_path / "t" / "1_00000.pt")
+    with pytest.raises(RuntimeError, match="1 decode runs of the 3-token prompt, expected 2"):
+        tool.read_runs(str(tmp_path / "t"), 3, 2)
 
 
 def test_engine_arguments_keep_the_radix_cache():
     opts = types.SimpleNamespace(model="/tmp/tiny", fp8=False, mem_fraction_static=0.006)
     kw = tool.engine_kwargs(opts, enable_hierarchical_cache=True)
     assert kw["enable_fp4_indexer"] is True and kw["enable_hierarchical_cache"] is True
-    assert "disable_radix_cache" not in kw and kw["enable_return_indexer_topk"] is True
+    assert "disable_radix_cache" not in kw and "enable_return_indexer_topk" not in kw
     assert "enable_fp4_indexer" not in tool.engine_kwargs(types.SimpleNamespace(**{**vars(opts), "fp8": True}))
     with pytest.raises(ValueError, match="disable_radix_cache"):
         tool.engine_kwargs(opts, disable_radix_cache=True)

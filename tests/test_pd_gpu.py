@@ -107,17 +107,52 @@ def _record(mode, plen, rlen, slots, calls, bs=1):
             "req_slots": [torch.tensor(slots)], "calls": calls}
 
 
-def _call(layer, values, mode="DECODE"):
-    return {"layer": layer, "mode": mode, "topk": torch.tensor([values + [-1, -1]], dtype=torch.int32)}
+def _call(layer, values, pos, mode="DECODE"):
+    return {"layer": layer, "mode": mode, "topk": torch.tensor([values + [-1, -1]], dtype=torch.int32),
+            "pos": torch.tensor([pos])}
 
 
-def test_first_decode_topk_maps_slots_to_positions_and_takes_the_first_step():
+def test_decode_topk_maps_slots_to_positions_and_keys_rows_by_query_position():
     slots = [40, 41, 42, 43, 90]  # positions 0..4 in slots; a plain server would hold other slots
-    recs = [_record("EXTEND", 4, 4, slots, [_call(0, [40])]),
-            _record("DECODE", 4, 5, slots, [_call(0, [43, 40, 90]), _call(1, [41]), _call(0, [42])]),
-            _record("DECODE", 4, 6, slots + [91], [_call(0, [91])]),
-            _record("DECODE", 7, 8, slots, [_call(0, [40])], bs=2)]
-    assert pd.first_decode_topk(recs) == {4: {0: [0, 3, 4], 1: [1]}}
+    recs = [_record("EXTEND", 4, 4, slots, [_call(0, [40], 3, mode="EXTEND")]),
+            _record("DECODE", 4, 5, slots, [_call(0, [43, 40, 90], 4), _call(1, [41], 4)]),
+            _record("DECODE", 4, 5, slots, [_call(0, [42], 4)]),  # the same query again: the first record wins
+            _record("DECODE", 4, 6, slots + [91], [_call(0, [91, 7], 5)]),  # slot 7 is not the request's
+            _record("DECODE", 9, 10, slots, [_call(0, [40], 9)]),  # a prompt not sent (a warm-up request)
+            _record("DECODE", 4, 8, slots, [_call(0, [40], 6)], bs=2)]
+    assert pd.decode_topk(recs, [4]) == {(4, 0, 4): [0, 3, 4], (4, 1, 4): [1], (4, 0, 5): [-8, 5]}
+
+
+def test_topk_check_pairs_rows_by_position_and_needs_every_prompt():
+    a = {(100, 0, 100): [1, 2], (100, 0, 101): [1, 3], (101, 0, 101): [4]}
+    b = {(100, 0, 100): [1, 2], (101, 0, 101): [4], (101, 0, 102): [5]}  # one step more or less on either side
+    row = pd.topk_check(a, b, [100, 101])
+    assert row["ok"] and row["detail"].startswith("2/2 (prompt, layer, position) rows identical"), row
+    assert not pd.topk_check({**a, (101, 0, 101): [5]}, b, [100, 101])["ok"]
+    row = pd.topk_check(a, b, [100, 101, 102])
+    assert not row["ok"] and "no common row for prompt 102" in row["detail"]
+    assert not pd.topk_check({}, {}, [100])["ok"]
+
+
+def test_recheck_topk_replaces_the_row_from_kept_traces(tmp_path):
+    slots = [40, 41, 42, 43, 90]
+    for name, sl in (("decode", slots), ("plain", [s + 7 for s in slots])):
+        d = tmp_path / name
+        d.mkdir()
+        rec = _record("DECODE", 4, 5, sl, [_call(0, [sl[3], sl[0]], 4)])
+        torch.save(rec, d / "1_00000.pt")
+    old = {"pd": [{"prompt_len": 4, "output_ids": [1]}],
+           "checks": [{"check": "a", "ok": True, "detail": ""}, {"check": "b", "ok": True, "detail": ""},
+                      {"check": "PD first decode step's top-k = plain FP4 server's", "ok": False, "detail": "x"},
+                      {"check": "c", "ok": True, "detail": ""}]}
+    (tmp_path / "pd.json").write_text(json.dumps(old))
+    rc = pd.main(["topk", "--pd-json", str(tmp_path / "pd.json"), "--decode-trace", str(tmp_path / "decode"),
+                  "--plain-trace", str(tmp_path / "plain"), "--out-dir", str(tmp_path / "new")])
+    new = json.loads((tmp_path / "new" / "pd.json").read_text())
+    assert rc == 0 and [r["check"] for r in new["checks"]] == [
+        "a", "b", "PD decode top-k = plain FP4 server's (same query positions)", "c"]
+    assert new["checks"][2]["detail"].startswith("1/1 (prompt, layer, position) rows identical")
+    assert "PASS" in (tmp_path / "new" / "pd_table.txt").read_text().splitlines()[2]
 
 
 def _res(*outs):
@@ -132,8 +167,8 @@ MISMATCH = {"lines": ["KV cache dtype mismatch: prefill server has kv_cache_dtyp
 def test_checks_pass_when_pd_equals_plain_and_the_mismatch_is_refused():
     log = "[2026] ERROR " + MISMATCH["lines"][0] + "\nother line\n"
     assert pd.mismatch_lines(log) == MISMATCH["lines"]
-    topk = {100: {0: [1, 2], 1: [3]}}
-    rows = pd.checks(_res([5, 6], [7, 8]), _res([5, 6], [7, 8]), topk, {100: {0: [1, 2], 1: [3]}}, MISMATCH)
+    topk = {(100, 0, 100): [1, 2], (100, 1, 100): [3], (101, 0, 101): [4]}
+    rows = pd.checks(_res([5, 6], [7, 8]), _res([5, 6], [7, 8]), topk, dict(topk), MISMATCH)
     assert [r["ok"] for r in rows] == [True] * 4, rows
     assert "fp8_e4m3, but decode" in rows[3]["detail"]
     assert pd.table(rows).splitlines()[1].split()[-4:] == ["PASS", "2/2", "requests", "identical"]
@@ -142,7 +177,7 @@ def test_checks_pass_when_pd_equals_plain_and_the_mismatch_is_refused():
 @pytest.mark.parametrize("fault", ["output", "missing", "topk", "no-line", "decode-generated", "fp8-both"])
 def test_each_fault_fails_its_check(fault):
     pd_res, plain = _res([5, 6], [7, 8]), _res([5, 6], [7, 8])
-    t_pd, t_plain = {100: {0: [1, 2]}}, {100: {0: [1, 2]}}
+    t_pd, t_plain = {(100, 0, 100): [1, 2], (101, 0, 101): [3]}, {(100, 0, 100): [1, 2], (101, 0, 101): [3]}
     mm = json.loads(json.dumps(MISMATCH))
     expect = {"output": 1, "missing": 0, "topk": 2, "no-line": 3, "decode-generated": 3, "fp8-both": 3}[fault]
     if fault == "output":
@@ -150,7 +185,7 @@ def test_each_fault_fails_its_check(fault):
     elif fault == "missing":
         pd_res[0] = {"prompt_len": 100, "output_ids": None, "error": "timeout"}
     elif fault == "topk":
-        t_pd = {100: {0: [1, 3]}}
+        t_pd = {(100, 0, 100): [1, 3], (101, 0, 101): [3]}
     elif fault == "no-line":
         mm["lines"] = []
     elif fault == "decode-generated":

@@ -94,6 +94,28 @@ def test_load_trace_keeps_an_escaped_backslash_and_reads_bytes_that_are_not_utf8
     assert trace["traceEvents"][0]["name"] == "a\\b\ufffd" and repairs == ["bytes that are not UTF-8 replaced"]
 
 
+def test_load_trace_reads_a_nul_that_begins_a_line_as_the_indentation_space(tmp_path):
+    """Kineto's pretty-printed layout (every line after the first indented with spaces), a line's first byte a NUL
+    as in the FP4 server's traces: read back as the text written; a NUL inside a string is not turned into a space."""
+    events = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "dur": float(i)} for i in range(40)]
+    text = json.dumps({"traceEvents": events}, indent=2).encode()
+    starts = [i + 1 for i, c in enumerate(text) if c == 10 and text[i + 1:i + 2] == b" "]
+    corrupt = bytearray(text)
+    for i in starts[5::7]:
+        corrupt[i] = 0
+    path = tmp_path / "t.trace.json.gz"
+    path.write_bytes(gzip.compress(bytes(corrupt)))
+    trace, repairs = bench.load_trace(str(path))
+    assert trace == json.loads(text)
+    assert repairs == ["NUL bytes that began lines read as the indentation space"]
+    inside = bytearray(text)
+    inside[text.index(b'"k3"') + 2] = 0  # inside a name: not a line's first byte, kept as the byte it is
+    path.write_bytes(gzip.compress(bytes(inside)))
+    trace, repairs = bench.load_trace(str(path))
+    assert trace["traceEvents"][3]["name"] == "k\x00"
+    assert repairs == ["control characters inside strings accepted"]
+
+
 def test_load_trace_names_the_error_of_an_unrepairable_trace_and_waits_on_an_incomplete_one(tmp_path):
     path = tmp_path / "t.trace.json.gz"
     with gzip.open(path, "wt") as f:

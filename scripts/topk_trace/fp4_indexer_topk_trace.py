@@ -24,8 +24,8 @@ SGLang's ``HookRegistry``:
   with ``-2``, a value top-k never holds), and saves them with the batch's
   ``req_to_token`` rows (``DIR/<pid>_<n>.pt``), then poisons the slots again.
 
-``read_trace(DIR)`` loads the records; ``scripts/sglang_one_batch.py trace-check``
-checks them.
+``read_trace(DIR)`` loads the records, ``decode_rows`` gives a one-request trace's decode rows as token
+positions; ``scripts/sglang_one_batch.py trace-check`` checks them.
 """
 
 from __future__ import annotations
@@ -156,3 +156,26 @@ def read_trace(directory: str) -> list[dict]:
         raise FileNotFoundError(f"no top-k trace records in {directory}")
     names.sort(key=lambda f: (int(f.split("_")[0]), int(f.split("_")[1][:-3])))
     return [torch.load(os.path.join(directory, f), weights_only=False) for f in names]
+
+
+def decode_rows(records: list[dict]):
+    """Each decode row of the records of one request per batch, as token positions.
+
+    Top-k entries are KV slots (SGLang's page-table transform), mapped back to the request's token positions
+    through the record's ``req_slots``; a slot that is not the request's is kept as ``-1 - slot``. Records of
+    other forward modes or of batches of several requests are left out.
+
+    Yields:
+        ``(prompt_len, layer, query position, sorted positions)``, in the order the records hold them.
+    """
+    for rec in records:
+        if rec.get("forward_mode") != "DECODE" or rec.get("batch_size") != 1:
+            continue
+        slots = rec["req_slots"][0]
+        where = {int(s): p for p, s in enumerate(slots.tolist())} if slots is not None else {}
+        for call in rec["calls"]:
+            if call["mode"] != "DECODE":
+                continue
+            for i, row in enumerate(call["topk"].tolist()):
+                yield (rec["prompt_lens"][0], int(call["layer"]), int(call["pos"][i]),
+                       sorted(where.get(v, -1 - v) for v in row if v >= 0))
