@@ -340,7 +340,7 @@ case "$STEP" in
     WITHOUT_PLUGIN_ARGS=--fp8 stage_or_bisect server $((READY + 60)) "$WORK/server.json" "$PY" scripts/sglang_one_batch.py server --model "$M" --out "$WORK/server.json" --ready-timeout "$READY"
     ;;
   pd)
-    # Not yet run on a GPU. Three servers one after another on one GPU (prefill + decode, plain, FP8 prefill + FP4
+    # Run on an H100 (docs/user-guide.md). Three servers one after another on one GPU (prefill + decode, plain, FP8 prefill + FP4
     # decode), each started as `server` starts its one: PD_READY_S bounds each wait for /health, PD_LIMIT the step.
     # The decode and plain servers' top-k are read by the trace plugin (FP4_INDEXER_TOPK_TRACE_DIR, set per server).
     [ -f /tmp/site/mooncake/engine.so ] || { echo "pd: no Mooncake in /tmp/site (carry .peers/pd-runtime)"; exit 1; }

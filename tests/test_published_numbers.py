@@ -230,7 +230,8 @@ def test_readme_quotes_the_measured_tables():
 
 
 def test_readme_times_are_all_measured_ones():
-    """No stale figure anywhere on the README: every time in µs is one of the measured report's."""
+    """No stale figure anywhere on the README: every time in µs is one of the measured report's (or the eager host
+    time inside SGLang, from its own run)."""
     measured = set()
     for r in DECODE["rows"]:
         for res in r["results"].values():
@@ -238,6 +239,8 @@ def test_readme_times_are_all_measured_ones():
                 measured |= {f"{res['seconds'] * 1e6:.1f}", f"{res['seconds'] * 1e6:.2f}"}
     for op in (DECODE["store"], DECODE["planner"]):
         measured |= {f"{op['seconds'] * 1e6:.2f}", f"{op['floor_s'] * 1e6:.2f}" if "floor_s" in op else ""}
+    for fmt in ("fp8", "fp4"):  # the eager host time per indexer call inside SGLang (H100)
+        measured.add(f"{_json(f'sglang_eager_host_v32_layers_64x896_h100_{fmt}_2026-12-05.json')['median_us']:.1f}")
     quoted = re.findall(r"([\d.]+) µs", _page("README.md"))
     assert quoted and [q for q in quoted if q not in measured] == []
 
@@ -594,33 +597,61 @@ def test_accuracy_8k_prose_and_readme_are_the_measured_runs():
 
 
 def test_benchmarks_serving_profile_table_is_the_measured_traces():
-    """The FP8 serving profile's table, per-layer scorer times and shares as docs/benchmarks.md quotes them."""
+    """The serving profile's FP8 / FP4 table, per-layer scorer times, shares and the GPU-only cross-check as
+    docs/benchmarks.md quotes them, from the table JSON profile-table wrote; and the earlier FP8-only run."""
     page = _flat(_page("docs/benchmarks.md"))
-    runs = [next(iter(_json(f"sglang_serving_profile_v32_layers_h100_{shape}_2026-12-05.json").values()))
-            for shape in ("1x131072", "8x65536")]
-    rows = (("indexer logits (DeepGEMM `fp8_paged_mqa_logits` and its schedule)", ("indexer logits",)),
-            ("indexer top-k (SGLang's)", ("indexer top-k",)), ("sparse MLA (FlashMLA)", ("sparse MLA",)),
-            ("GEMMs", ("GEMMs",)), ("MoE", ("MoE",)),
-            ("index-key store (SGLang's `fused_store_indexer_cache`)", ("index-key store",)),
+    shapes = ("1x131072", "8x65536")
+    runs = {}
+    for shape in shapes:
+        per_trace = _json(f"sglang_serving_profile_v32_layers_fp8_fp4_h100_{shape}_2026-12-05.json")
+        for key, run in per_trace.items():
+            name = key.rsplit("/", 1)[-1]
+            runs[("gpu-only" if "gpu-only" in name else name[:3]), shape] = run
+            assert ("NUL bytes that began lines read as the indentation space" in run["trace_repairs"]) == (
+                name.startswith("fp4"))
+    cols = [runs[f, s] for s in shapes for f in ("fp8", "fp4")]
+    rows = (("indexer logits (scorer and its schedule)", ("indexer logits",)),
+            ("indexer top-k (SGLang's)", ("indexer top-k",)), ("index-key store", ("index-key store",)),
+            ("sparse MLA (FlashMLA)", ("sparse MLA",)), ("GEMMs", ("GEMMs",)), ("MoE", ("MoE",)),
             ("norm, RoPE, activation, quantization", ("norm, RoPE, activation, quant",)),
             ("rest and copies", ("rest", "copies")))
     for label, cats in rows:
         cells = []
-        for run in runs:
+        for k, run in enumerate(cols):
             us = sum(run["us_per_step"][c] for c in cats)
-            cells.append(f"{us:.1f} ({100 * us / run['total_us_per_step']:.1f} %)")
-        assert f"| {label} | {cells[0]} | {cells[1]} |" in page
-    assert f"| **total** | **{runs[0]['total_us_per_step']:.1f}** | **{runs[1]['total_us_per_step']:.1f}** |" in page
-    kernel = [dict(run["top_kernels"]) for run in runs]
-    dg = [next(v for k, v in kk.items() if "fp8_paged_mqa_logits" in k) for kk in kernel]
-    assert f"takes {dg[0] / 3:.1f} µs at 1 × 131 072 and {dg[1] / 3:.1f} µs at 8 × 65 536" in page
-    assert f"(its kernel's own time, {dg[0]:.1f} and {dg[1]:.1f} µs, over 3 layers)" in page
-    assert (f"({kernel[0]['_w8a8_block_fp8_matmul']:.0f} and {kernel[1]['_w8a8_block_fp8_matmul']:.0f} µs)") in page
-    nvjet = [next(v for k, v in kk.items() if k.startswith("nvjet")) for kk in kernel]
-    assert f"`nvjet`, {nvjet[0]:.0f} and {nvjet[1]:.0f} µs" in page
-    share = [100 * (r["us_per_step"]["indexer logits"] + r["us_per_step"]["indexer top-k"]) / r["total_us_per_step"]
-             for r in runs]
-    assert f"({share[0]:.1f} % and {share[1]:.1f} % with top-k)" in page
+            cell = f"{us:.1f} ({100 * us / run['total_us_per_step']:.1f} %)"
+            cells.append(f"**{cell}**" if label.startswith("indexer logits") and k % 2 else cell)
+        assert f"| {label} | {' | '.join(cells)} |" in page, label
+    assert "| **total** | " + " | ".join(f"**{r['total_us_per_step']:.1f}**" for r in cols) + " |" in page
+    kernel = {k: dict(r["top_kernels"]) for k, r in runs.items()}
+    fp4 = [kernel["fp4", s]["fp4_paged_logits_sm90"] for s in shapes]
+    dg = [next(v for k, v in kernel["fp8", s].items() if "fp8_paged_mqa_logits" in k) for s in shapes]
+    assert (f"takes {fp4[0] / 3:.1f} µs (FP4, `fp4_paged_logits_sm90`) against {dg[0] / 3:.1f} µs (FP8, DeepGEMM's "
+            f"`sm90_fp8_paged_mqa_logits`) at 1 × 131 072, and {fp4[1] / 3:.1f} against {dg[1] / 3:.1f} µs at 8 × 65 536 "
+            f"({fp4[0]:.1f} / {dg[0]:.1f} and {fp4[1]:.1f} / {dg[1]:.1f} µs over 3 layers): "
+            f"{dg[0] / fp4[0]:.2f}x and {dg[1] / fp4[1]:.2f}x") in page
+    share = {k: 100 * (r["us_per_step"]["indexer logits"] + r["us_per_step"]["indexer top-k"]) / r["total_us_per_step"]
+             for k, r in runs.items()}
+    assert (f"falls from {share['fp8', shapes[0]]:.1f} % to {share['fp4', shapes[0]]:.1f} % at 1 × 131 072 and from "
+            f"{share['fp8', shapes[1]]:.1f} % to {share['fp4', shapes[1]]:.1f} % at 8 × 65 536") in page
+    drop = [100 * (1 - runs["fp4", s]["total_us_per_step"] / runs["fp8", s]["total_us_per_step"]) for s in shapes]
+    assert f"the step's total falls by {drop[0]:.1f} % and {drop[1]:.1f} %" in page
+    g = [runs["gpu-only", s] for s in shapes]
+    assert (f"indexer logits {g[0]['us_per_step']['indexer logits']:.1f} and {g[1]['us_per_step']['indexer logits']:.1f} "
+            f"µs, totals {g[0]['total_us_per_step']:.1f} and {g[1]['total_us_per_step']:.1f} µs") in page
+    assert f"has {g[1]['us_per_step']['indexer top-k']:.1f} µs" in page
+    readme = _flat(_page("README.md"))
+    ms = {f: [runs[f, s]["us_per_step"]["indexer logits"] / 1e3 for s in shapes] for f in ("fp8", "fp4")}
+    assert (f"all 3 layers, 1 × 128K / 8 × 64K | {ms['fp8'][0]:.3f} / {ms['fp8'][1]:.3f} ms | "
+            f"**{ms['fp4'][0]:.3f} / {ms['fp4'][1]:.3f} ms** |") in readme
+    tot = {f: [runs[f, s]["total_us_per_step"] / 1e3 for s in shapes] for f in ("fp8", "fp4")}
+    assert (f"| {tot['fp8'][0]:.2f} / {tot['fp8'][1]:.2f} ms | {tot['fp4'][0]:.2f} / {tot['fp4'][1]:.2f} ms |") in readme
+    cut = [100 * (1 - ms["fp4"][k] / ms["fp8"][k]) for k in range(2)]
+    assert f"FP4's indexer logits {min(cut):.0f}-{max(cut):.0f} % shorter" in readme
+    earlier = [next(iter(_json(f"sglang_serving_profile_v32_layers_h100_{s}_2026-12-05.json").values())) for s in shapes]
+    assert (f"gave {earlier[0]['us_per_step']['indexer logits']:.1f} / {earlier[1]['us_per_step']['indexer logits']:.1f} "
+            f"µs of indexer logits and {earlier[0]['total_us_per_step']:.1f} / {earlier[1]['total_us_per_step']:.1f} µs "
+            "in total") in page
 
 
 def test_user_guide_mtp_h100_table_is_the_trace_check():
@@ -642,3 +673,27 @@ def test_user_guide_mtp_h100_table_is_the_trace_check():
             assert cells[0].strip().startswith(f"{rows['FP8'][0]} / {rows['FP4'][0]}"), (label, cells)
             assert cells[1].strip() == "0 / 0"
             assert cells[2].strip() == f"{float(o.group(1)):.3f} ({float(o.group(2)):.3f})", (label, cells)
+
+
+def test_benchmarks_eager_host_time_inside_sglang_is_the_measured_run():
+    """The eager-decode host time per indexer call and bench_one_batch's figures as docs/benchmarks.md quotes them."""
+    page = _flat(_page("docs/benchmarks.md"))
+    host = {f: _json(f"sglang_eager_host_v32_layers_64x896_h100_{f}_2026-12-05.json") for f in ("fp8", "fp4")}
+    cells = [f"{h['median_us']:.1f} ({h['p10_us']:.1f}-{h['p90_us']:.1f})" for h in host.values()]
+    assert f"| host µs per indexer call, median (10th-90th percentile) | {cells[0]} | **{cells[1]}** |" in page
+    assert all(h["calls"] == 90 for h in host.values()) and "90 calls per format" in page
+    lines = [json.loads(x) for x in (RESULTS / "sglang_eager_host_v32_layers_64x896_h100_one_batch_2026-12-05.jsonl")
+             .read_text().splitlines()]
+    run = {x["run_name"]: x for x in lines}
+    fp8, fp4 = run["fp8_eager"], run["fp4_eager"]
+    assert (f"| decode step, median (`bench_one_batch`) | {fp8['median_decode_latency'] * 1e3:.2f} ms | "
+            f"{fp4['median_decode_latency'] * 1e3:.2f} ms |") in page
+    assert f"| prefill of the batch | {fp8['prefill_latency']:.3f} s | {fp4['prefill_latency']:.3f} s |" in page
+    less = host["fp8"]["median_us"] - host["fp4"]["median_us"]
+    assert f"costs the host {less:.1f} µs less than SGLang's FP8 call, {100 * less / host['fp8']['median_us']:.0f} %" in page
+    longer = 100 * (fp4["median_decode_latency"] / fp8["median_decode_latency"] - 1)
+    assert f"The eager decode step was {longer:.1f} % longer with FP4" in page
+    assert f"the indexer calls are {3 * less:.0f} µs of host time per step shorter" in page
+    readme = _flat(_page("README.md"))
+    assert (f"host time per indexer call, median | {host['fp8']['median_us']:.1f} µs (SGLang's FP8 call) | "
+            f"**{host['fp4']['median_us']:.1f} µs** |") in readme
