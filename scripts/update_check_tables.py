@@ -1,7 +1,8 @@
 """Rebuild the measured tables that ``sglang-fp4-indexer check --context`` quotes.
 
     PYTHONPATH=. python3 scripts/update_check_tables.py BENCH_JSON ACCURACY_JSON [--model-accuracy JSON]
-        [--sglang-one-batch JSONL --sglang-profile JSON [JSON ...] --sglang-gpu NAME --sglang-date DATE] [--out PATH]
+        [--sglang-one-batch JSONL --sglang-profile JSON [JSON ...] --sglang-gpu NAME --sglang-date DATE]
+        [--serving-profile JSON [JSON ...] --serving-gpu NAME --serving-date DATE --serving-stack TEXT] [--out PATH]
 
 BENCH_JSON: a ``sglang-fp4-indexer bench --device cuda --json`` report measured
 on an H200 (the FP8 times come from its ``deepgemm-fp8`` column when it has
@@ -12,7 +13,10 @@ reaches 128K contexts). ``--model-accuracy``: a ``model-accuracy.json`` of
 passkey numbers are what check's verdict quotes as the measured cost).
 ``--sglang-one-batch`` / ``--sglang-profile``: SGLang's ``bench_one_batch`` result lines and the decode kernel
 tables (``scripts/sglang_bench.py profile-table --json``) of FP8 and FP4 runs of DeepSeek-V3.2's layer sizes
-(``scripts/sglang_gpu_check.sh e2e``): check quotes their decode step at exactly those shapes. Writes ``sglang_fp4_indexer/data/h200_tables.json``
+(``scripts/sglang_gpu_check.sh e2e``): check quotes their decode step at exactly those shapes.
+``--serving-profile``: ``profile-table --json`` results of FP8 and FP4 servers profiled on another GPU
+(``scripts/sglang_gpu_check.sh profile``): their scorer kernels per layer and decode step become the timing
+rows check quotes for that GPU. Writes ``sglang_fp4_indexer/data/h200_tables.json``
 (shipped inside the wheel) unless ``--out`` says otherwise, and prints what it took.
 """
 
@@ -23,7 +27,7 @@ import json
 import sys
 from pathlib import Path
 
-from sglang_fp4_indexer.tables import TABLES_RESOURCE, build_tables, sglang_decode_section
+from sglang_fp4_indexer.tables import TABLES_RESOURCE, build_tables, serving_timing_section, sglang_decode_section
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "sglang_fp4_indexer" / TABLES_RESOURCE
@@ -55,10 +59,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="profile-table --json results of the same runs' decode steps")
     parser.add_argument("--sglang-gpu", default=None, help="the GPU those runs used, as nvidia-smi names it")
     parser.add_argument("--sglang-date", default=None, help="the date of those runs (YYYY-MM-DD)")
+    parser.add_argument("--serving-profile", nargs="+", default=[], metavar="JSON",
+                        help="profile-table --json results of FP8 and FP4 servers (serving-profile traces)")
+    parser.add_argument("--serving-gpu", default=None, help="the GPU those servers ran on, as nvidia-smi names it")
+    parser.add_argument("--serving-date", default=None, help="the date of those runs (YYYY-MM-DD)")
+    parser.add_argument("--serving-stack", default=None, help="their torch and triton, e.g. 'torch 2.11.0, triton 3.6.0'")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     if args.sglang_one_batch and not (args.sglang_gpu and args.sglang_date):
         parser.error("--sglang-one-batch needs --sglang-gpu and --sglang-date (what was measured where)")
+    if args.serving_profile and not (args.serving_gpu and args.serving_date and args.serving_stack):
+        parser.error("--serving-profile needs --serving-gpu, --serving-date and --serving-stack (what was measured where)")
     try:
         model = _read(args.model_accuracy) if args.model_accuracy else None
         sglang = None
@@ -74,11 +85,19 @@ def main(argv: list[str] | None = None) -> int:
                 model="DeepSeek-V3.2's layer sizes, 3 of its 61 layers, dummy weights",
                 index_heads=64, kv_cache_dtype="fp8", fp8_gemm_backend="triton", tp_size=1,  # sglang_gpu_check.sh e2e
                 sources=[_source(args.sglang_one_batch), *map(_source, args.sglang_profile)])
+        serving = None
+        if args.serving_profile:
+            serving = serving_timing_section(
+                {k: v for p in args.serving_profile for k, v in _read(p).items()}, gpu=args.serving_gpu,
+                date=args.serving_date, stack=args.serving_stack, layers=3, index_heads=64,  # sglang_gpu_check.sh profile
+                method="inside SGLang's server, its profiler over 5 decode steps of DeepSeek-V3.2's layer sizes "
+                       "(3 layers), CUDA graphs, MTP off",
+                sources=list(map(_source, args.serving_profile)))
         tables = build_tables(_read(args.bench_json), _read(args.accuracy_json),
                               bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json),
                               model_accuracy=model,
                               model_source=_source(args.model_accuracy) if args.model_accuracy else "",
-                              sglang=sglang)
+                              sglang=sglang, timing_serving=serving)
     except ValueError as exc:
         parser.exit(2, f"update_check_tables: {exc}\n")
     out = Path(args.out)
@@ -89,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{timing['fp4_column']}, FP8 {'measured' if timing['fp8_measured'] else 'not measured'}), "
           f"{len(tables['recall']['rows'])} recall rows ({tables['recall']['device']})"
           + (f", {len(tables['model']['rows'])} model rows" if "model" in tables else "")
-          + (f", {len(tables['sglang']['rows'])} SGLang decode rows" if "sglang" in tables else ""))
+          + (f", {len(tables['sglang']['rows'])} SGLang decode rows" if "sglang" in tables else "")
+          + (f", {len(tables['timing_serving']['rows'])} serving timing rows ({tables['timing_serving']['gpu']})"
+             if "timing_serving" in tables else ""))
     return 0
 
 

@@ -38,6 +38,12 @@ profile-table --json``): per (batch, input length), each format's median
 decode step (ms, wall), GPU kernel time per step and the indexer-logits
 kernels' share of it (µs); ``measured_decode`` finds the row of exactly the
 shape asked about.
+
+Serving timing rows (optional, ``timing_serving``): the same timing-row fields, measured on another GPU
+inside SGLang's own server (``scripts/sglang_bench.py serving-profile``: SGLang's profiler over a few
+decode steps of DeepSeek-V3.2's layer sizes, FP8 and FP4 servers on one machine): each format's scorer
+kernel time per decode step over the model's indexer layers (``serving_timing_section``); no floors,
+no native next_n. ``check`` quotes them for that GPU, as it quotes ``timing`` for its own.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ __all__ = [
     "nearest_recall",
     "nearest_model_cost",
     "sglang_decode_section",
+    "serving_timing_section",
     "measured_decode",
 ]
 
@@ -216,6 +223,53 @@ def sglang_decode_section(one_batch: list[dict], profiles: dict, *, gpu: str, da
             "fp8_gemm_backend": fp8_gemm_backend, "tp_size": tp_size, "sources": sources, "rows": rows}
 
 
+#: The scorer kernels of each format in a torch-profiler kernel table (``profile-table --json`` ``top_kernels``).
+_SCORER_KERNELS = {"fp4": "fp4_paged_logits", "fp8": "fp8_paged_mqa_logits"}
+
+
+def serving_timing_section(profiles: dict, *, gpu: str, date: str, stack: str, layers: int, index_heads: int,
+                           method: str, sources: list[str]) -> dict:
+    """The ``timing_serving`` section: the scorer per layer and decode step, FP4 against FP8, inside SGLang's server.
+
+    Args:
+        profiles: ``profile-table --json`` results merged: trace path -> ``{"top_kernels": [[name, µs per
+            step], ...], ...}``; a path's file name ``<fp8|fp4>_<B>x<L>.trace.json.gz`` names its run (as
+            ``serving-profile`` writes them); other files (e.g. a GPU-only cross-check) are left out.
+        gpu, date, stack, method: what was measured where and how (recorded, and quoted with the numbers).
+        layers: the indexer layers each decode step ran (the kernel's time per step is divided by it).
+        index_heads: the model's index heads.
+        sources: the files read, recorded.
+
+    Returns:
+        A ``timing``-shaped section (``gpu``, ``date``, ``stack``, ``method``, ``fp4_column`` ``"ours"``,
+        ``fp8_measured``, ``sources``, ``rows`` of ``heads``, ``batch``, ``context``, ``next_n`` 1, ``fp4_us``,
+        ``fp8_us``, and ``None`` floors and native next_n).
+
+    Raises:
+        ValueError: ``layers`` below 1, a run whose kernel table lacks its scorer kernel, or no shape with both
+            formats.
+    """
+    if layers < 1:
+        raise ValueError(f"layers: expected >= 1, got {layers}")
+    per: dict = {}
+    for path, prof in profiles.items():
+        m = re.fullmatch(r"(fp8|fp4)_(\d+)x(\d+)\.trace\.json(?:\.gz)?", Path(path).name)
+        if not m:
+            continue
+        fmt, pattern = m[1], _SCORER_KERNELS[m[1]]
+        us = sum(v for name, v in prof["top_kernels"] if pattern in name)
+        if not us:
+            raise ValueError(f"{path}: no {pattern} kernel among its longest kernels")
+        per[(int(m[2]), int(m[3]), fmt)] = us / layers
+    rows = [{"heads": index_heads, "batch": b, "context": c, "next_n": 1, "fp4_us": per[(b, c, "fp4")],
+             "fp8_us": per[(b, c, "fp8")], "fp8_native_us": None, "fp4_floor_us": None, "fp8_floor_us": None}
+            for b, c in sorted({(b, c) for b, c, _ in per}) if (b, c, "fp4") in per and (b, c, "fp8") in per]
+    if not rows:
+        raise ValueError("serving profiles: no shape profiled with both FP8 and FP4 (fp8_BxL / fp4_BxL traces)")
+    return {"gpu": gpu, "date": date, "stack": stack, "method": method, "fp4_column": "ours", "fp8_measured": True,
+            "sources": sources, "rows": rows}
+
+
 def measured_decode(tables: dict, batch: int, context: int) -> dict | None:
     """The ``sglang`` section's row measured at exactly ``batch`` requests of ``context`` tokens, or None.
 
@@ -234,7 +288,8 @@ def measured_decode(tables: dict, batch: int, context: int) -> dict | None:
 
 def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench report",
                  accuracy_source: str = "accuracy.json", model_accuracy: dict | None = None,
-                 model_source: str = "model-accuracy.json", sglang: dict | None = None) -> dict:
+                 model_source: str = "model-accuracy.json", sglang: dict | None = None,
+                 timing_serving: dict | None = None) -> dict:
     """The tables file's content from a GPU benchmark report and an accuracy result.
 
     Args:
@@ -245,6 +300,7 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
         bench_source, accuracy_source, model_source: names for messages and the record.
         model_accuracy: a ``model-accuracy.json`` (the real-model study), or None (no ``model`` section).
         sglang: a ``sglang_decode_section`` result, or None (no ``sglang`` section).
+        timing_serving: a ``serving_timing_section`` result, or None (no ``timing_serving`` section).
 
     Returns:
         ``{"format", "timing": {...}, "recall": {...}, "sources": [...]}`` (module docstring).
@@ -260,6 +316,9 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
     if sglang is not None:
         out["sglang"] = sglang
         out["sources"].extend(sglang["sources"])
+    if timing_serving is not None:
+        out["timing_serving"] = timing_serving
+        out["sources"].extend(timing_serving["sources"])
     return out
 
 

@@ -759,8 +759,7 @@ def test_next_n_comes_from_the_speculative_flags(tmp_path, capsys):
     (["--capability", "10.0", "--next-n", "2"], "on compute capability 10.0 this plugin scores with its Triton kernel"),
     (["--capability", "8.9"], "on compute capability 8.9 this plugin scores with its Triton kernel"),
     (["--sglang-args=--tp-size 8 --dcp-size 2 --fp4-indexer-dcp-shard"], "the sharded index under DCP adds"),
-    (["--gpu", "H100"], "measured on NVIDIA H200, not H100"),
-    (["--gpu", "H20"], "measured on NVIDIA H200, not H20"),
+    (["--gpu", "H20"], "measured on NVIDIA H200 and NVIDIA H100 80GB HBM3, not H20"),
     (["--sglang-args=--disaggregation-mode prefill"], "reason: PD disaggregation prefill server"),
     (["--sglang-args=--disaggregation-mode decode"], "reason: PD decode server not measured"),
     (["--sglang-args=--enable-hierarchical-cache"], "reason: hierarchical cache not measured"),
@@ -771,7 +770,7 @@ def test_next_n_comes_from_the_speculative_flags(tmp_path, capsys):
     (['--sglang-args=--cuda-graph-config \'{"decode": {"backend": "disabled"}}\''],
      "reason: decode without CUDA graphs"),
     (["--sglang-args=--cuda-graph-max-bs-decode 4"], "reason: a batch of 8 is above the largest decode CUDA graph (4"),
-], ids=["sm100", "sm89", "dcp-sharded", "h100", "h20", "pd-prefill", "pd-decode", "hicache", "dcp4-replicated",
+], ids=["sm100", "sm89", "dcp-sharded", "h20", "pd-prefill", "pd-decode", "hicache", "dcp4-replicated",
         "eager", "eager-backend", "eager-decode", "eager-json", "above-max-bs"])
 def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, capsys, argv, why):
     code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8", *argv)
@@ -815,7 +814,41 @@ def test_a_capability_without_a_gpu_name_claims_no_time_measured_on_one_gpu(tmp_
     monkeypatch.setattr(budget, "local_gpu", lambda: ((9, 0), "NVIDIA H100 80GB HBM3"))
     code, out = _run(capsys, cfg, "--capability", "9.0", *argv)
     assert "device: NVIDIA H100 80GB HBM3, CUDA 9.0 (given; the local GPU)" in out
-    assert "not measured for this configuration (measured on NVIDIA H200, not H100 80GB HBM3)" in out
+    # Its times are the H100 serving rows (1 x 128K, 8 x 64K), too far from 1 x 56K; the decode step is H200's.
+    assert "indexer scorer time at 1 x 56K, next_n 1: not measured at this shape" in out
+    assert "decode step inside SGLang at 1 x 56K: not measured (measured on NVIDIA H200, not H100 80GB HBM3)" in out
+
+
+def test_an_h100_gets_the_scorer_times_measured_inside_sglangs_server_on_an_h100(tmp_path, capsys, monkeypatch):
+    """--gpu H100 (the 80 GB H100) or a local H100 80GB HBM3: the timing_serving rows, with how they were measured;
+    another H100 variant gets none; an H200 keeps the H200 rows."""
+    from sglang_fp4_indexer.check import budget
+    from sglang_fp4_indexer.tables import load_tables
+
+    rows = {(r["batch"], r["context"]): r for r in load_tables()["timing_serving"]["rows"]}
+    for batch, context in ((1, 131072), (8, 65536)):
+        row = rows[batch, context]
+        code, out = _run(capsys, _write_dir(tmp_path, f"h100_{batch}", DSV32), "--context", str(context),
+                         "--batch", str(batch), "--gpu", "H100")
+        assert ("indexer scorer per layer and step, measured on NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130; inside "
+                "SGLang's server, its profiler over 5 decode steps") in out
+        assert (f"at this shape: FP4 {row['fp4_us']:.1f} us" in out
+                and f"FP8 (DeepGEMM, as SGLang calls it) {row['fp8_us']:.1f} us" in out)
+        assert f"a {row['fp8_us'] / row['fp4_us']:.2f}x faster indexer" in out
+    # The nearest rule holds as for the H200 rows: 8 x 128K is within 2x of 8 x 64K's keys.
+    code, out = _run(capsys, _write_dir(tmp_path, "h100_near", DSV32), "--context", "131072", "--batch", "8",
+                     "--gpu", "H100")
+    assert f"at the nearest measured shape, H 64, batch 8 x 64K, next_n 1: FP4 {rows[8, 65536]['fp4_us']:.1f} us" in out
+    # No H100 row at next_n 2: nothing quoted for MTP.
+    code, out = _run(capsys, _write_dir(tmp_path, "h100_n2", DSV32), "--context", "131072", "--gpu", "H100",
+                     "--next-n", "2")
+    assert "indexer scorer time at next_n 2: not measured (the NVIDIA H100 80GB HBM3 tables have next_n 1" in out
+    monkeypatch.setattr(budget, "local_gpu", lambda: ((9, 0), "NVIDIA H100 PCIe"))
+    code, out = _run(capsys, _write_dir(tmp_path, "pcie", DSV32), "--context", "131072")
+    assert ("not measured for this configuration (measured on NVIDIA H200 and NVIDIA H100 80GB HBM3, not H100 PCIe)"
+            in out and "faster indexer" not in out)
+    code, out = _run(capsys, _write_dir(tmp_path, "h200", DSV32), "--context", "131072", "--gpu", "H200")
+    assert "measured on NVIDIA H200 (torch 2.11.0+cu130, triton 3.6.0) at this shape" in out
 
 
 def test_check_announces_the_sglang_import_time_of_the_user_guide():

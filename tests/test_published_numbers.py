@@ -74,8 +74,13 @@ def _shown(text: str, value: float) -> bool:
 def test_check_tables_are_built_from_the_published_reports():
     assert TABLES["sources"][:3] == [f"benchmarks/results/{DECODE_REPORT}", "benchmarks/results/accuracy-gpu.json",
                                      "benchmarks/results/model-accuracy-cpu.json"]
-    assert TABLES["sources"][3:] == TABLES["sglang"]["sources"]
+    assert TABLES["sources"][3:] == TABLES["sglang"]["sources"] + TABLES["timing_serving"]["sources"]
     assert all(s.startswith("benchmarks/results/") and "2026-12-04" in s for s in TABLES["sglang"]["sources"])
+    # The H100 rows are the per-layer scorer kernels of the serving profile docs/benchmarks.md quotes.
+    page = _flat(_page("docs/benchmarks.md"))
+    for t in TABLES["timing_serving"]["rows"]:
+        assert "_h100_" in " ".join(TABLES["timing_serving"]["sources"])
+        assert f"{t['fp4_us']:.1f}" in page and f"{t['fp8_us']:.1f}" in page
     for t in TABLES["timing"]["rows"]:
         row = _row(t["heads"], t["batch"], t["context"], t["next_n"])
         assert _shown(f"{t['fp4_us']:.3f}", _us(row, "ours")) and _shown(f"{t['fp8_us']:.3f}", _us(row, "deepgemm-fp8"))

@@ -411,7 +411,8 @@ def test_profile_decode_reports_an_error_chunk_at_once_and_still_aborts(tmp_path
     t0 = time.time()
     try:
         (tmp_path / "raw").mkdir()
-        with pytest.raises(RuntimeError, match="2 x 16: request 1: .*input too long"):
+        # the stand-in fails the second request to arrive, which either of the two can be
+        with pytest.raises(RuntimeError, match="2 x 16: request [01]: .*input too long"):
             bench.profile_decode(f"http://127.0.0.1:{srv.server_port}", 2, 16, out_dir=str(tmp_path / "raw"),
                                  prefix="fp8_2x16", steps=3, output_len=64, timeout=30)
     finally:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sglang_fp4_indexer.tables import (build_tables, load_tables, measured_decode, nearest_model_cost, nearest_recall,
-                                      nearest_timing, sglang_decode_section)
+                                      nearest_timing, serving_timing_section, sglang_decode_section)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,11 +97,17 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
     sglang = sglang_decode_section(lines, profiles, gpu=sec["gpu"], date=sec["date"], model=sec["model"],
                                    index_heads=64, kv_cache_dtype="fp8", fp8_gemm_backend="triton", tp_size=1,
                                    sources=sec["sources"])
+    srv = tables["timing_serving"]
+    serving = serving_timing_section({k: v for p in srv["sources"] for k, v in json.loads((REPO / p).read_text()).items()},
+                                     gpu=srv["gpu"], date=srv["date"], stack=srv["stack"], layers=3, index_heads=64,
+                                     method=srv["method"], sources=srv["sources"])
     # Up to date: re-running scripts/update_check_tables.py on the recorded sources changes nothing.
     assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src, model_accuracy=model,
-                                  model_source=model_src, sglang=sglang)
+                                  model_source=model_src, sglang=sglang, timing_serving=serving)
     assert tables["timing"]["gpu"] == "NVIDIA H200" and tables["recall"]["topk"] == 2048
-    assert tables["sources"][3:] == sec["sources"]
+    assert tables["sources"][3:] == sec["sources"] + srv["sources"]
+    assert srv["gpu"] == "NVIDIA H100 80GB HBM3" and [(r["batch"], r["context"]) for r in srv["rows"]] == [
+        (1, 131072), (8, 65536)]
     # The recorded flags are those the runs were made with (scripts/sglang_gpu_check.sh e2e): Triton FP8 GEMMs, no
     # --tp-size (SGLang's 1).
     e2e = (REPO / "scripts" / "sglang_gpu_check.sh").read_text().split("\n  e2e)")[1].split(";;")[0]
@@ -140,6 +146,30 @@ def test_sglang_decode_rows_pair_the_formats_and_their_kernel_tables():
                               kv_cache_dtype="fp8", fp8_gemm_backend="triton", tp_size=1, sources=[])
     with pytest.raises(ValueError, match="context"):
         measured_decode(tables, 1, 0)
+
+
+def test_serving_timing_rows_are_each_formats_scorer_kernel_per_layer():
+    """The scorer kernels' time per step over the layers, paired by shape; other kernels, traces of other names and
+    a shape with one format are left out; a run without its scorer kernel is an error."""
+    profiles = {"/x/fp8_1x4096.trace.json.gz": {"top_kernels": [["nvjet", 600.0], ["void deep_gemm::sm90_fp8_paged_"
+                                                                                  "mqa_logits<1u>(...)", 90.0]]},
+                "/x/fp4_1x4096.trace.json.gz": {"top_kernels": [["fp4_paged_logits_sm90", 30.0], ["nvjet", 610.0]]},
+                "/x/fp4_1x4096.gpu-only.trace.json.gz": {"top_kernels": [["fp4_paged_logits_sm90", 99.0]]},
+                "/x/fp4_8x2048.trace.json.gz": {"top_kernels": [["fp4_paged_logits_sm90", 60.0]]}}
+    sec = serving_timing_section(profiles, gpu="G", date="D", stack="S", layers=3, index_heads=64, method="M",
+                                 sources=["a.json"])
+    assert sec["rows"] == [{"heads": 64, "batch": 1, "context": 4096, "next_n": 1, "fp4_us": 10.0, "fp8_us": 30.0,
+                            "fp8_native_us": None, "fp4_floor_us": None, "fp8_floor_us": None}]
+    assert (sec["gpu"], sec["method"], sec["fp8_measured"]) == ("G", "M", True)
+    with pytest.raises(ValueError, match="no fp8_paged_mqa_logits kernel"):
+        serving_timing_section({"/x/fp8_1x4096.trace.json.gz": {"top_kernels": [["nvjet", 1.0]]}}, gpu="G",
+                               date="D", stack="S", layers=3, index_heads=64, method="M", sources=[])
+    with pytest.raises(ValueError, match="both FP8 and FP4"):
+        serving_timing_section({k: v for k, v in profiles.items() if "8x2048" in k}, gpu="G", date="D", stack="S",
+                               layers=3, index_heads=64, method="M", sources=[])
+    with pytest.raises(ValueError, match="layers"):
+        serving_timing_section(profiles, gpu="G", date="D", stack="S", layers=0, index_heads=64, method="M",
+                               sources=[])
 
 
 def test_update_script_writes_the_tables(tmp_path):

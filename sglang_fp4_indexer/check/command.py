@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens per request (e.g. 131072), at most the model's positions "
                              "(max_position_embeddings, or --context-length in --sglang-args): adds what FP4 gains "
                              "and costs at that length -- requests that fit, the indexer's time FP4 vs FP8 (measured "
-                             "on H200), the top-k recall FP4 vs FP8 (measured accuracy study) and the loss cost on a "
+                             "on H200; on an H100 inside SGLang's server), the top-k recall FP4 vs FP8 (measured accuracy study) and the loss cost on a "
                              "real model -- and a verdict, also as the exit code: 0 FP4 fits more requests of that "
                              "length, 3 the same number either way (FP4 buys only indexer time, at the measured "
                              "cost), 4 the batch fits neither; 1 FP4 refused")
@@ -122,7 +122,8 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
         native = row.get("fp8_native_us")
         if native is not None and row["fp8_us"] is not None and abs(native - row["fp8_us"]) > 0.05 * row["fp8_us"]:
             fp8 += f"; DeepGEMM with its native next_n, which SGLang 0.5.23 does not use on Hopper: {native:.1f} us"
-        stack = f" ({w['timing_stack']})" if w.get("timing_stack") else ""
+        how = "; ".join(x for x in (w.get("timing_stack"), w.get("timing_method")) if x)
+        stack = f" ({how})" if how else ""
         console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']}{stack} {where}: "
                       f"FP4 {row['fp4_us']:.1f} us (x {layers} index layers = {row['fp4_us'] * layers / 1000:.2f} ms "
                       f"per step); {fp8}")

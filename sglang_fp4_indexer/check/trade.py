@@ -47,13 +47,43 @@ def _model_cost_text(row: dict | None, context: int, topk: int) -> str:
     return text + f" on Gemma 3 270M at {_k(row['context'])}, top-{row['topk']} (real-model study, stand-in indexer)"
 
 
+def measured_on(gpu: str, name: str | None) -> bool:
+    """Whether a time measured on ``gpu`` (as nvidia-smi names it) holds for the device named ``name``.
+
+    A bare model name (``"NVIDIA H200"``) holds for any device of that model; one with a variant
+    (``"NVIDIA H100 80GB HBM3"``) holds for that variant and for ``--gpu``'s bare name of the model (``GPUS``
+    knows one H100, the 80 GB one), not for another variant (``"NVIDIA H100 PCIe"``, ``"NVIDIA H100 NVL"``).
+    """
+    def key(text: str) -> str:
+        return text.upper().removeprefix("NVIDIA").strip()
+
+    measured, here = key(gpu), key(name or "")
+    model = measured.split()[0] if measured else ""
+    if measured == model:
+        return model in here
+    return here in (model, measured)
+
+
+def _timing_section(tables: dict, dev: DeviceFacts) -> dict:
+    """The timing section measured on this device's GPU: ``timing_serving`` where its GPU is this one, else
+    ``timing`` (whose GPU ``_unmeasured_configuration`` then compares)."""
+    serving = tables.get("timing_serving")
+    if serving and dev.kind == "cuda" and dev.name not in (ASSUMED_GPU, UNNAMED_GPU, None) \
+            and measured_on(serving["gpu"], dev.name) and not measured_on(tables["timing"]["gpu"], dev.name):
+        return serving
+    return tables["timing"]
+
+
 def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_size: int,
-                              fused_rotation: bool = False, server: str | None = None) -> str | None:
+                              fused_rotation: bool = False, server: str | None = None,
+                              measured_gpus: str | None = None) -> str | None:
     """Why the measured times (one GPU, ``gpu``, the Hopper kernel, no DCP exchange) do not hold here, or None.
 
     The tables hold the Hopper CUDA kernel against DeepGEMM as SGLang 0.5.23 calls it on Hopper, on ``gpu`` (an
     H200), single-GPU; that is what a replicated DCP rank runs too. Anything else was not measured there, and a
     device given by its compute capability alone (``budget.UNNAMED_GPU``) may be another GPU.
+    ``measured_gpus``: every GPU the tables hold times for, named where the device is none of them (default
+    ``gpu``).
     """
     if dev.kind != "cuda":
         return f"the times were measured on an NVIDIA {gpu.replace('NVIDIA ', '')}, not on a {dev.kind} device"
@@ -65,8 +95,8 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
                 f"kernel); on compute capability {cap[0]}.{cap[1]} {kernels}")
     if dev.name == UNNAMED_GPU:
         return "reason: GPU not named; pass --gpu"
-    if dev.name != ASSUMED_GPU and "H200" not in (dev.name or ""):
-        return f"measured on {gpu}, not {dev.name.replace('NVIDIA ', '')}"
+    if dev.name != ASSUMED_GPU and not measured_on(gpu, dev.name):
+        return f"measured on {measured_gpus or gpu}, not {dev.name.replace('NVIDIA ', '')}"
     if server is not None:
         return f"reason: {server}"
     if sharded and dcp_size > 1:
@@ -101,8 +131,11 @@ def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: 
     shapes = ", ".join(f"{r['batch']} x {_k(r['context'])}" for r in sec["rows"])
     # The first reason is the shape: where it was never measured, no flag or device would make the row hold.
     row, why = measured_decode(tables, batch, context), None
+    dev: DeviceFacts = found["device_facts"]
     if row is None:
         why = f"measured at {shapes} only"
+    elif dev.kind == "cuda" and dev.name not in (ASSUMED_GPU, UNNAMED_GPU) and not measured_on(sec["gpu"], dev.name):
+        why = f"measured on {sec['gpu']}, not {dev.name.replace('NVIDIA ', '')}"
     elif unmeasured is not None:
         why = unmeasured
     elif next_n != 1:
@@ -203,16 +236,18 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     sharded = found["fp4_mode"] == SHARDED
     tokens_fp4 = cap.tokens_fp4_sharded if sharded else cap.tokens_fp4_replicated
     gain = cap.gain_sharded if sharded else cap.gain_replicated
-    measured_n = sorted({r["next_n"] for r in tables["timing"]["rows"]})
     dev: DeviceFacts = found["device_facts"]
-    gpu = tables["timing"]["gpu"]
+    timing = _timing_section(tables, dev)
+    measured_n = sorted({r["next_n"] for r in timing["rows"]})
+    gpu = timing["gpu"]
+    all_gpus = " and ".join(sec["gpu"] for sec in (tables["timing"], tables.get("timing_serving")) if sec)
     unmeasured = _unmeasured_configuration(dev, gpu, sharded, found["dcp_size"], found.get("fused_rotation", False),
-                                          found.get("server_unmeasured"))
+                                          found.get("server_unmeasured"), all_gpus)
     graph_max = found.get("decode_graph_max_bs")
     if unmeasured is None and graph_max is not None and rank_batch > graph_max:
         unmeasured = (f"reason: a batch of {rank_batch} is above the largest decode CUDA graph ({graph_max}, set by "
                       "the CUDA-graph flags), so it decodes without graphs; not measured")
-    same_n = [r for r in tables["timing"]["rows"] if r["next_n"] == next_n]
+    same_n = [r for r in timing["rows"] if r["next_n"] == next_n]
     row = (nearest_timing({"timing": {"rows": same_n}}, heads, rank_batch, context, next_n)
            if same_n and unmeasured is None else None)
     far = None
@@ -230,7 +265,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         "tokens_needed": rank_batch * context, "tokens_fp8": cap.tokens_fp8, "tokens_fp4": tokens_fp4, "gain": gain,
         "batch_split": (dp, unit), "rank_batch": rank_batch, "model_topk": model_topk, "topk_unmeasured": topk_unmeasured,
         "timing": row, "timing_next_n": measured_n, "timing_gpu": gpu,
-        "timing_stack": tables["timing"].get("stack", ""),
+        "timing_stack": timing.get("stack", ""), "timing_method": timing.get("method"),
         "timing_unmeasured": unmeasured, "timing_far": far,
         "timing_heads_shapes": [f"{r['batch']} x {_k(r['context'])}" for r in same_n if r["heads"] == heads],
         "timing_exact": row is not None and (row["heads"], row["batch"], row["context"]) == (heads, rank_batch, context),
