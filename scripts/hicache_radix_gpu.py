@@ -20,8 +20,9 @@ Top-k rows are read by the test-only trace plugin (``scripts/topk_trace``, insta
 Engine's processes) as token positions: SGLang's own ``return_indexer_topk`` returns KV-cache slots, which
 differ between two runs of one request whenever its pages sit elsewhere (a reused or reloaded prefix),
 so slot sets cannot be compared. Each decode row is keyed by its query position; the two runs of a
-request are told apart by order (the second run repeats the first's positions). Compared over the rows
-both runs computed, as the share of rows with the same set and the mean overlap. Run the same
+request are told apart by order (the second run repeats the first's positions; a retracted and
+retried request would look like one more run, which the checks then report as unpaired rows). Both
+runs must hold the same rows; compared as the share of rows with the same set and the mean overlap. Run the same
 subcommand with ``--fp8`` for SGLang's own FP8 indexer on the same requests: FP8's agreement is the
 yardstick for FP4's (both compute the prefix's index keys in a different batch when it is reused).
 
@@ -216,7 +217,8 @@ def topk_agreement(a: dict, b: dict) -> dict:
         a, b: ``{(layer, query position): sorted positions}`` (``decode_runs``).
 
     Returns:
-        ``{"rows", "equal_rows", "mean_overlap", "min_overlap"}`` (overlap: ``|A ∩ B| / |B|`` per row).
+        ``{"rows", "equal_rows", "mean_overlap", "min_overlap", "unpaired_rows"}`` (overlap: ``|A ∩ B| / |B|`` per
+        row; ``unpaired_rows``: rows only one run holds, which the checks require to be none).
 
     Raises:
         ValueError: the runs have no row in common.
@@ -230,7 +232,7 @@ def topk_agreement(a: dict, b: dict) -> dict:
         equal += x == y
         overlaps.append(len(x & y) / max(len(y), 1))
     return {"rows": len(both), "equal_rows": equal, "mean_overlap": sum(overlaps) / len(both),
-            "min_overlap": min(overlaps)}
+            "min_overlap": min(overlaps), "unpaired_rows": len(set(a) ^ set(b))}
 
 
 def _versions() -> dict:
@@ -272,7 +274,8 @@ def radix(opts) -> None:
         "prefix reused (cached_tokens of B >= prefix pages)": reused["cached_tokens"] >= opts.prefix // 64 * 64,
         "no reuse after flush_cache": fresh["cached_tokens"] == 0,
         "same output ids with and without reuse": reused["output_ids"] == fresh["output_ids"],
-        f"top-k with reuse vs without: mean overlap >= {opts.min_overlap}": agree["mean_overlap"] >= opts.min_overlap,
+        f"top-k with reuse vs without: every row paired, mean overlap >= {opts.min_overlap}":
+            agree["unpaired_rows"] == 0 and agree["mean_overlap"] >= opts.min_overlap,
     }
     _finish(opts, {"check": "radix", "prefix": opts.prefix, "cached_tokens": [first["cached_tokens"],
                    reused["cached_tokens"], fresh["cached_tokens"]], "topk_agreement": agree,
@@ -323,8 +326,8 @@ def hicache(opts) -> None:
         f"host index page is {page_bytes} bytes per layer": bool(backups) and all(
             r["page_bytes"] == page_bytes for r in backups),
         "same output ids as the run that never evicted": reloaded["output_ids"] == kept["output_ids"],
-        f"top-k after reload vs never evicted: mean overlap >= {opts.min_overlap}":
-            agree["mean_overlap"] >= opts.min_overlap,
+        f"top-k after reload vs never evicted: every row paired, mean overlap >= {opts.min_overlap}":
+            agree["unpaired_rows"] == 0 and agree["mean_overlap"] >= opts.min_overlap,
     }
     _finish(opts, {"check": "hicache", "layout": opts.layout, "io_backend": opts.io_backend,
                    "max_total_tokens": opts.max_total_tokens, "cached_tokens": reloaded["cached_tokens"],

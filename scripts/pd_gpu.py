@@ -160,23 +160,26 @@ def decode_topk(records: list[dict], prompt_lens) -> dict[tuple[int, int, int], 
 
 
 def topk_check(topk_pd: dict, topk_plain: dict, prompt_lens) -> dict:
-    """The check row comparing two servers' ``decode_topk``: every (prompt, layer, position) both computed must hold
-    the same positions, and every prompt must have such rows."""
+    """The check row comparing two servers' ``decode_topk``: every row the plain server computed must be among the PD
+    decode server's with the same positions (the PD server may run one step more), and every prompt must have rows."""
     both = sorted(set(topk_pd) & set(topk_plain))
     eq = sum(topk_pd[k] == topk_plain[k] for k in both)
     bad = [f"prompt {k[0]} layer {k[1]} position {k[2]}: overlap "
            f"{len(set(topk_pd[k]) & set(topk_plain[k])) / max(len(topk_plain[k]), 1):.4f}"
            for k in both if topk_pd[k] != topk_plain[k]]
+    absent = sorted(set(topk_plain) - set(topk_pd))
     missing = sorted(set(prompt_lens) - {k[0] for k in both})
     spans = []
     for plen in sorted({k[0] for k in both}):
         pos = [k[2] for k in both if k[0] == plen]
         spans.append(f"prompt {plen}: positions {min(pos)}-{max(pos)}")
     detail = (f"{eq}/{len(both)} (prompt, layer, position) rows identical ({'; '.join(spans) or 'none in common'})"
+              + (f"; {len(absent)} rows of the plain server not in the PD decode server's, first "
+                 f"{absent[0]}" if absent else "")
               + (f"; no common row for prompt {', '.join(map(str, missing))}" if missing else "")
               + ("; " + "; ".join(bad[:4]) if bad else ""))
     return {"check": "PD decode top-k = plain FP4 server's (same query positions)",
-            "ok": bool(both) and eq == len(both) and not missing, "detail": detail}
+            "ok": bool(both) and eq == len(both) and not missing and not absent, "detail": detail}
 
 
 def mismatch_lines(log_text: str) -> list[str]:

@@ -30,7 +30,7 @@ def test_topk_agreement_over_the_rows_both_computed():
     longer = {(0, 9): [9], (0, 10): [1, 2, 3, 4], (0, 11): [5, 6]}  # its first row has no counterpart
     shorter = {(0, 10): [1, 2, 3, 4], (0, 11): [5, 7]}
     got = tool.topk_agreement(longer, shorter)
-    assert got == {"rows": 2, "equal_rows": 1, "mean_overlap": 0.75, "min_overlap": 0.5}
+    assert got == {"rows": 2, "equal_rows": 1, "mean_overlap": 0.75, "min_overlap": 0.5, "unpaired_rows": 1}
     with pytest.raises(ValueError, match="a, b"):
         tool.topk_agreement({(1, 10): [1]}, shorter)
 
@@ -59,7 +59,7 @@ def test_decode_runs_map_slots_to_positions_and_split_the_runs_of_one_prompt():
     assert runs == [{(0, 3): [0, 2], (1, 3): [1], (0, 4): [0, 3], (1, 4): [3]},
                     {(0, 3): [0, 2], (1, 3): [1], (0, 4): [0, 3], (1, 4): [-100, 3]}]
     got = tool.topk_agreement(*runs)
-    assert got == {"rows": 4, "equal_rows": 3, "mean_overlap": 0.875, "min_overlap": 0.5}
+    assert got == {"rows": 4, "equal_rows": 3, "mean_overlap": 0.875, "min_overlap": 0.5, "unpaired_rows": 0}
 
 
 def test_read_runs_names_a_missing_trace_and_too_few_runs(tmp_path):

@@ -119,16 +119,19 @@ def test_decode_topk_maps_slots_to_positions_and_keys_rows_by_query_position():
             _record("DECODE", 4, 5, slots, [_call(0, [42], 4)]),  # the same query again: the first record wins
             _record("DECODE", 4, 6, slots + [91], [_call(0, [91, 7], 5)]),  # slot 7 is not the request's
             _record("DECODE", 9, 10, slots, [_call(0, [40], 9)]),  # a prompt not sent (a warm-up request)
-            _record("DECODE", 4, 8, slots, [_call(0, [40], 6)], bs=2)]
-    assert pd.decode_topk(recs, [4]) == {(4, 0, 4): [0, 3, 4], (4, 1, 4): [1], (4, 0, 5): [-8, 5]}
+            _record("DECODE", 4, 8, slots, [_call(0, [40], 6)], bs=2),
+            _record("DECODE", 4, 7, slots + [92, 40], [_call(0, [92, 40], 6)])]  # a stale slot 40 past the request
+    assert pd.decode_topk(recs, [4]) == {(4, 0, 4): [0, 3, 4], (4, 1, 4): [1], (4, 0, 5): [-8, 5], (4, 0, 6): [0, 5]}
 
 
 def test_topk_check_pairs_rows_by_position_and_needs_every_prompt():
-    a = {(100, 0, 100): [1, 2], (100, 0, 101): [1, 3], (101, 0, 101): [4]}
-    b = {(100, 0, 100): [1, 2], (101, 0, 101): [4], (101, 0, 102): [5]}  # one step more or less on either side
+    a = {(100, 0, 100): [1, 2], (100, 0, 101): [1, 3], (101, 0, 101): [4]}  # PD: one step more on prompt 100
+    b = {(100, 0, 100): [1, 2], (101, 0, 101): [4]}
     row = pd.topk_check(a, b, [100, 101])
     assert row["ok"] and row["detail"].startswith("2/2 (prompt, layer, position) rows identical"), row
     assert not pd.topk_check({**a, (101, 0, 101): [5]}, b, [100, 101])["ok"]
+    row = pd.topk_check(a, {**b, (101, 1, 101): [4]}, [100, 101])  # a layer the PD server's trace lacks
+    assert not row["ok"] and "1 rows of the plain server not in the PD decode server's" in row["detail"]
     row = pd.topk_check(a, b, [100, 101, 102])
     assert not row["ok"] and "no common row for prompt 102" in row["detail"]
     assert not pd.topk_check({}, {}, [100])["ok"]

@@ -162,7 +162,8 @@ def decode_rows(records: list[dict]):
     """Each decode row of the records of one request per batch, as token positions.
 
     Top-k entries are KV slots (SGLang's page-table transform), mapped back to the request's token positions
-    through the record's ``req_slots``; a slot that is not the request's is kept as ``-1 - slot``. Records of
+    through the record's ``req_slots`` (its first position holding the slot: the row's entries past the request's
+    tokens may hold a stale slot again); a slot that is not the request's is kept as ``-1 - slot``. Records of
     other forward modes or of batches of several requests are left out.
 
     Yields:
@@ -172,7 +173,9 @@ def decode_rows(records: list[dict]):
         if rec.get("forward_mode") != "DECODE" or rec.get("batch_size") != 1:
             continue
         slots = rec["req_slots"][0]
-        where = {int(s): p for p, s in enumerate(slots.tolist())} if slots is not None else {}
+        where: dict[int, int] = {}
+        for p, s in enumerate(slots.tolist() if slots is not None else []):
+            where.setdefault(int(s), p)  # the row's tail past the request may repeat a slot: the first one is its
         for call in rec["calls"]:
             if call["mode"] != "DECODE":
                 continue
