@@ -321,9 +321,10 @@ case "$STEP" in
   hicache)
     # SGLang's radix cache (prefix reuse) and hierarchical cache (eviction to host memory and reload) with the
     # FP4 index cache, on the tiny model through sglang.Engine (scripts/hicache_radix_gpu.py), FP4 then FP8 (FP8's
-    # agreement is the yardstick), then the checks as a table. HICACHE_LIMIT bounds each run.
-    for mode in radix hicache; do
-      for fmt in fp4 fp8; do
+    # agreement is the yardstick), then the checks as a table. HICACHE_LIMIT bounds each run; HICACHE_MODES
+    # ("radix hicache") and HICACHE_FORMATS ("fp4 fp8") choose which run.
+    for mode in ${HICACHE_MODES:-radix hicache}; do
+      for fmt in ${HICACHE_FORMATS:-fp4 fp8}; do
         rm -f "$WORK/${mode}_$fmt.json"
         stage "${mode}_$fmt" "${HICACHE_LIMIT:-240}" "$PY" scripts/hicache_radix_gpu.py "$mode" --model "$M" \
           --out "$WORK/${mode}_$fmt.json" $([ $fmt = fp8 ] && echo --fp8)
