@@ -406,8 +406,8 @@ def test_context_adds_what_fp4_gains_and_costs(tmp_path, capsys, cfg, layers, he
     # Time: the benchmark's own number at this exact shape, labelled as measured on H200.
     fp4_us, fp8_floor = _bench_us(bench, heads, 8, 131072, 1, ours)
     fp8_us, _ = _bench_us(bench, heads, 8, 131072, 1, "deepgemm-fp8")
-    assert f"{_measured_on()} at this shape: FP4 {fp4_us:.1f} us (x {layers} index layers = " \
-           f"{fp4_us * layers / 1000:.2f} ms per step)" in out
+    assert f"{_measured_on()} at this shape: FP4 {fp4_us:.1f} us (times {layers} index layers: " \
+           f"{fp4_us * layers / 1000:.2f} ms per step, multiplied out)" in out
     if fp8_us is None:
         assert f"FP8 time not measured (its memory-bandwidth floor there: {fp8_floor:.1f} us)" in out
     else:
@@ -763,7 +763,14 @@ def test_next_n_comes_from_the_speculative_flags(tmp_path, capsys):
     (["--sglang-args=--disaggregation-mode prefill"], "reason: PD disaggregation prefill server"),
     (["--sglang-args=--disaggregation-mode decode"], "reason: PD decode server not measured"),
     (["--sglang-args=--enable-hierarchical-cache"], "reason: hierarchical cache not measured"),
-    (["--sglang-args=--tp-size 8 --dcp-size 4"], "only DCP width 2 was measured, not DCP 4"),
+    (["--sglang-args=--tp-size 8 --dcp-size 4"], "only DCP width 2 was measured (on two H200), not DCP 4"),
+    (["--sglang-args=--cuda-graph-bs-decode 1 2 4"], "reason: a batch of 8 is above the largest decode CUDA graph (4"),
+    (['--sglang-args=--cuda-graph-config \'{"decode": {"bs": [1, 2, 4]}}\''],
+     "reason: a batch of 8 is above the largest decode CUDA graph (4"),
+    (["--sglang-args=--enable-two-batch-overlap"], "reason: two-batch overlap runs each decode batch as two"),
+    (["--sglang-args=--max-running-requests 4"], "reason: a batch of 8 is above --max-running-requests (4)"),
+    (["--sglang-args=--tp-size 8 --attn-dp-size 2 --max-running-requests 4 --mem-fraction-static 0.8"],
+     "reason: a batch of 4 is above --max-running-requests (2 per rank)"),
     (["--sglang-args=--disable-cuda-graph"], "reason: decode without CUDA graphs"),
     (["--sglang-args=--cuda-graph-backend-decode disabled"], "reason: decode without CUDA graphs"),
     (["--sglang-args=--disable-decode-cuda-graph"], "reason: decode without CUDA graphs"),
@@ -771,7 +778,8 @@ def test_next_n_comes_from_the_speculative_flags(tmp_path, capsys):
      "reason: decode without CUDA graphs"),
     (["--sglang-args=--cuda-graph-max-bs-decode 4"], "reason: a batch of 8 is above the largest decode CUDA graph (4"),
 ], ids=["sm100", "sm89", "dcp-sharded", "h20", "pd-prefill", "pd-decode", "hicache", "dcp4-replicated",
-        "eager", "eager-backend", "eager-decode", "eager-json", "above-max-bs"])
+        "eager", "eager-backend", "eager-decode", "eager-json", "above-max-bs", "bs-list", "bs-list-json", "tbo",
+        "max-running", "max-running-dp"])
 def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, capsys, argv, why):
     code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8", *argv)
     assert code in (0, 3) and "indexer scorer time: not measured for this configuration (" in out and why in out
@@ -843,10 +851,15 @@ def test_an_h100_gets_the_scorer_times_measured_inside_sglangs_server_on_an_h100
     code, out = _run(capsys, _write_dir(tmp_path, "h100_n2", DSV32), "--context", "131072", "--gpu", "H100",
                      "--next-n", "2")
     assert "indexer scorer time at next_n 2: not measured (the NVIDIA H100 80GB HBM3 tables have next_n 1" in out
-    monkeypatch.setattr(budget, "local_gpu", lambda: ((9, 0), "NVIDIA H100 PCIe"))
-    code, out = _run(capsys, _write_dir(tmp_path, "pcie", DSV32), "--context", "131072")
-    assert ("not measured for this configuration (measured on NVIDIA H200 and NVIDIA H100 80GB HBM3, not H100 PCIe)"
-            in out and "faster indexer" not in out)
+    for local in ("NVIDIA H100 PCIe", "NVIDIA H100", "NVIDIA H200 NVL", "NVIDIA GH200 480GB"):
+        monkeypatch.setattr(budget, "local_gpu", lambda: ((9, 0), local))
+        code, out = _run(capsys, _write_dir(tmp_path, local.replace(" ", "_"), DSV32), "--context", "131072")
+        assert (f"not measured for this configuration (measured on NVIDIA H200 and NVIDIA H100 80GB HBM3, not "
+                f"{local.removeprefix('NVIDIA ')})" in out and "faster indexer" not in out), local
+    # The H100 rows were measured in one server without DCP: no time at DCP 2 (the H200 rows hold for it).
+    code, out = _run(capsys, _write_dir(tmp_path, "h100_dcp", DSV32), "--context", "131072", "--gpu", "H100",
+                     "--sglang-args=--tp-size 8 --dcp-size 2")
+    assert "(the H100 80GB HBM3 times were measured without DCP, not at DCP 2)" in out and "faster indexer" not in out
     code, out = _run(capsys, _write_dir(tmp_path, "h200", DSV32), "--context", "131072", "--gpu", "H200")
     assert "measured on NVIDIA H200 (torch 2.11.0+cu130, triton 3.6.0) at this shape" in out
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .weights import Parallel, WeightBytes, weight_bytes_per_gpu
 
-__all__ = ["GPUS", "gpu_memory", "KvBudget", "kv_budget"]
+__all__ = ["GPUS", "GPU_NAMES", "gpu_memory", "KvBudget", "kv_budget"]
 
 #: GPUs ``--gpu`` names: total memory in MiB as the CUDA driver reports it (SGLang's
 #: ``get_device_memory_capacity``; ``nvidia-smi`` shows the same figure) and the compute capability.
@@ -22,6 +22,11 @@ GPUS = {
     "H200": (143771, (9, 0)),
     "B200": (183359, (10, 0)),
 }
+
+
+#: What nvidia-smi calls each GPU of ``GPUS`` (the name a time measured on it is recorded under): ``H100`` is the
+#: H100 80GB HBM3 (SXM); an H100 PCIe or NVL reports another name.
+GPU_NAMES = {"H100": "NVIDIA H100 80GB HBM3", "H20": "NVIDIA H20", "H200": "NVIDIA H200", "B200": "NVIDIA B200"}
 
 
 def gpu_key(name: str) -> str:

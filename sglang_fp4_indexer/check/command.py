@@ -43,12 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "says how)")
     parser.add_argument("--gpu", default=None, metavar="NAME",
                         help="GPU whose memory (and compute capability, unless --capability) the KV budget is "
-                             f"derived for: {', '.join(GPUS)} (default: the local GPU, else H200)")
+                             f"derived for, and whose measured indexer times --context quotes: {', '.join(GPUS)} "
+                             "(H100: the H100 80GB HBM3, SXM; default: the local GPU, else H200)")
     parser.add_argument("--context", type=integer(1, MAX_CONTEXT), default=None, metavar="N",
                         help="tokens per request (e.g. 131072), at most the model's positions "
                              "(max_position_embeddings, or --context-length in --sglang-args): adds what FP4 gains "
                              "and costs at that length -- requests that fit, the indexer's time FP4 vs FP8 (measured "
-                             "on H200; on an H100 inside SGLang's server), the top-k recall FP4 vs FP8 (measured accuracy study) and the loss cost on a "
+                             "on H200; on an H100 80GB HBM3 inside SGLang's server, at 1 x 128K and 8 x 64K, next_n "
+                             "1 only), the top-k recall FP4 vs FP8 (measured accuracy study) and the loss cost on a "
                              "real model -- and a verdict, also as the exit code: 0 FP4 fits more requests of that "
                              "length, 3 the same number either way (FP4 buys only indexer time, at the measured "
                              "cost), 4 the batch fits neither; 1 FP4 refused")
@@ -125,8 +127,8 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
         how = "; ".join(x for x in (w.get("timing_stack"), w.get("timing_method")) if x)
         stack = f" ({how})" if how else ""
         console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']}{stack} {where}: "
-                      f"FP4 {row['fp4_us']:.1f} us (x {layers} index layers = {row['fp4_us'] * layers / 1000:.2f} ms "
-                      f"per step); {fp8}")
+                      f"FP4 {row['fp4_us']:.1f} us (times {layers} index layers: {row['fp4_us'] * layers / 1000:.2f} "
+                      f"ms per step, multiplied out); {fp8}")
     _print_sglang_decode(console, w, batch, context)
     ctx = w["recall"][0]["context"]
     where = f"at {_k(ctx)}" + ("" if w["recall_exact"] else f" (the nearest measured context to {_k(context)})")

@@ -48,20 +48,14 @@ def _model_cost_text(row: dict | None, context: int, topk: int) -> str:
 
 
 def measured_on(gpu: str, name: str | None) -> bool:
-    """Whether a time measured on ``gpu`` (as nvidia-smi names it) holds for the device named ``name``.
-
-    A bare model name (``"NVIDIA H200"``) holds for any device of that model; one with a variant
-    (``"NVIDIA H100 80GB HBM3"``) holds for that variant and for ``--gpu``'s bare name of the model (``GPUS``
-    knows one H100, the 80 GB one), not for another variant (``"NVIDIA H100 PCIe"``, ``"NVIDIA H100 NVL"``).
-    """
+    """Whether a time measured on ``gpu`` (as nvidia-smi names it) holds for the device named ``name``: the same
+    name, case and an ``NVIDIA`` prefix aside (``check --gpu`` names each GPU it knows as nvidia-smi does,
+    ``budget.GPU_NAMES``). Another variant or a name that only contains it (``"NVIDIA H100 PCIe"``,
+    ``"NVIDIA H200 NVL"``, ``"NVIDIA GH200 480GB"``) is another GPU."""
     def key(text: str) -> str:
-        return text.upper().removeprefix("NVIDIA").strip()
+        return " ".join(text.upper().removeprefix("NVIDIA").split())
 
-    measured, here = key(gpu), key(name or "")
-    model = measured.split()[0] if measured else ""
-    if measured == model:
-        return model in here
-    return here in (model, measured)
+    return bool(name) and key(gpu) == key(name)
 
 
 def _timing_section(tables: dict, dev: DeviceFacts) -> dict:
@@ -76,14 +70,14 @@ def _timing_section(tables: dict, dev: DeviceFacts) -> dict:
 
 def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_size: int,
                               fused_rotation: bool = False, server: str | None = None,
-                              measured_gpus: str | None = None) -> str | None:
+                              measured_gpus: str | None = None, in_server: bool = False) -> str | None:
     """Why the measured times (one GPU, ``gpu``, the Hopper kernel, no DCP exchange) do not hold here, or None.
 
     The tables hold the Hopper CUDA kernel against DeepGEMM as SGLang 0.5.23 calls it on Hopper, on ``gpu`` (an
     H200), single-GPU; that is what a replicated DCP rank runs too. Anything else was not measured there, and a
     device given by its compute capability alone (``budget.UNNAMED_GPU``) may be another GPU.
     ``measured_gpus``: every GPU the tables hold times for, named where the device is none of them (default
-    ``gpu``).
+    ``gpu``). ``in_server``: the times were measured inside one SGLang server (``timing_serving``), without DCP.
     """
     if dev.kind != "cuda":
         return f"the times were measured on an NVIDIA {gpu.replace('NVIDIA ', '')}, not on a {dev.kind} device"
@@ -102,8 +96,10 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
     if sharded and dcp_size > 1:
         return ("the sharded index under DCP adds a candidate exchange per step; at DCP 2 on two H200 it was slower "
                 "than the replicated index at every measured shape (user guide, \"Decode context parallelism\")")
+    if in_server and dcp_size > 1:
+        return f"the {gpu.replace('NVIDIA ', '')} times were measured without DCP, not at DCP {dcp_size}"
     if dcp_size > 2:
-        return f"only DCP width 2 was measured, not DCP {dcp_size}"
+        return f"only DCP width 2 was measured (on two H200), not DCP {dcp_size}"
     if fused_rotation:
         return ("with interleaved indexer RoPE the plugin rotates index queries and keys inside SGLang's fused "
                 "indexer, running SGLang's unfused query path there; that path's time on a GPU is not measured")
@@ -242,11 +238,19 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     gpu = timing["gpu"]
     all_gpus = " and ".join(sec["gpu"] for sec in (tables["timing"], tables.get("timing_serving")) if sec)
     unmeasured = _unmeasured_configuration(dev, gpu, sharded, found["dcp_size"], found.get("fused_rotation", False),
-                                          found.get("server_unmeasured"), all_gpus)
+                                          found.get("server_unmeasured"), all_gpus,
+                                          in_server=timing is tables.get("timing_serving"))
     graph_max = found.get("decode_graph_max_bs")
     if unmeasured is None and graph_max is not None and rank_batch > graph_max:
         unmeasured = (f"reason: a batch of {rank_batch} is above the largest decode CUDA graph ({graph_max}, set by "
                       "the CUDA-graph flags), so it decodes without graphs; not measured")
+    running = found.get("max_running_requests")
+    if unmeasured is None and running is not None and dp > 1 and unit.startswith("DP-attention"):
+        running = max(1, int(running) // dp)  # SGLang's share per DP-attention rank
+    if unmeasured is None and running is not None and rank_batch > int(running):
+        unmeasured = (f"reason: a batch of {rank_batch} is above --max-running-requests ({running}"
+                      f"{' per rank' if dp > 1 and unit.startswith('DP-attention') else ''}), so the server never "
+                      f"decodes it at once; not measured")
     same_n = [r for r in timing["rows"] if r["next_n"] == next_n]
     row = (nearest_timing({"timing": {"rows": same_n}}, heads, rank_batch, context, next_n)
            if same_n and unmeasured is None else None)

@@ -86,6 +86,8 @@ def memory_facts(record) -> dict:
         ``dp_replicas`` (``--dp-size`` without DP attention: data-parallel replicas, each a whole server),
         ``device`` (``--device``, None when SGLang picks it), ``eager_decode`` and ``decode_graph_max_bs``
         (``_decode_graphs``: decode without CUDA graphs, and the largest captured decode batch the flags set),
+        ``two_batch_overlap`` (``--enable-two-batch-overlap``: each decode batch runs as two micro-batches),
+        ``max_running_requests`` (the flag's value, or None; SGLang splits it over DP-attention ranks),
         ``dp_lm_head``,
         ``a2a_moe`` (``--moe-a2a-backend`` not ``none``), ``mtp`` (``--speculative-algorithm`` EAGLE or NEXTN,
         which loads the MTP layer as the draft model), ``mem_fraction_static`` (the flag's value, or None) and
@@ -152,6 +154,8 @@ def memory_facts(record) -> dict:
     return {"tp": tp, "attn_dp": attn_dp, "dp_replicas": 1 if dp_attention else dp,
             "device": server_field(record, "device", None),
             "eager_decode": eager, "decode_graph_max_bs": graph_max_bs,
+            "two_batch_overlap": bool(server_field(record, "enable_two_batch_overlap", False)),
+            "max_running_requests": server_field(record, "max_running_requests", None),
             "fp8_gemm_backend": str(server_field(record, "fp8_gemm_runner_backend", "auto")),
             "dp_lm_head": bool(server_field(record, "enable_dp_lm_head", False)),
             "a2a_moe": str(server_field(record, "moe_a2a_backend", "none")) != "none",
@@ -162,7 +166,8 @@ def _decode_graphs(record) -> tuple[bool, int | None]:
     """``(decode runs without CUDA graphs, the largest decode batch captured when the flags set it, else None)``,
     as SGLang 0.5.23 resolves its CUDA-graph flags (``cuda_graph_hook.parse_cuda_graph_config``, on a copy of the
     record: ``--disable-cuda-graph``, ``--disable-decode-cuda-graph``, ``--cuda-graph-backend-decode``,
-    ``--cuda-graph-max-bs-decode``, ``--cuda-graph-config``, in SGLang's precedence)."""
+    ``--cuda-graph-max-bs-decode``, ``--cuda-graph-bs-decode`` (a list: its largest size), ``--cuda-graph-config``,
+    in SGLang's precedence)."""
     import copy
 
     from sglang.srt.arg_groups.cuda_graph_hook import parse_cuda_graph_config
@@ -171,8 +176,12 @@ def _decode_graphs(record) -> tuple[bool, int | None]:
     parse_cuda_graph_config(probe)
     decode = server_field(probe, "cuda_graph_config", None).decode
     locked = server_field(probe, "_cuda_graph_config_locked", set()) or set()
-    max_bs = decode.max_bs if ("decode", "max_bs") in locked and decode.max_bs is not None else None
-    return str(decode.backend) == "disabled", (int(max_bs) if max_bs is not None else None)
+    sizes = []
+    if ("decode", "max_bs") in locked and decode.max_bs is not None:
+        sizes.append(int(decode.max_bs))
+    if ("decode", "bs") in locked and decode.bs:  # a list of sizes: SGLang captures none above its largest
+        sizes.append(max(int(b) for b in decode.bs))
+    return str(decode.backend) == "disabled", (min(sizes) if sizes else None)
 
 
 def speculative_next_n(record, architecture: str) -> tuple[int | None, str]:
