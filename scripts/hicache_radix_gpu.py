@@ -21,7 +21,7 @@ Engine's processes) as token positions: SGLang's own ``return_indexer_topk`` ret
 differ between two runs of one request whenever its pages sit elsewhere (a reused or reloaded prefix),
 so slot sets cannot be compared. Each decode row is keyed by its query position; the two runs of a
 request are told apart by order (the second run repeats the first's positions; a retracted and
-retried request would look like one more run, which the checks then report as unpaired rows). Both
+retried request would look like one more run, which stops the check with that count). Both
 runs must hold the same rows; compared as the share of rows with the same set and the mean overlap. Run the same
 subcommand with ``--fp8`` for SGLang's own FP8 indexer on the same requests: FP8's agreement is the
 yardstick for FP4's (both compute the prefix's index keys in a different batch when it is reused).
@@ -195,8 +195,8 @@ def read_runs(path: str, prompt_len: int, want: int) -> list[dict]:
     """``decode_runs`` of the trace under ``path``.
 
     Raises:
-        RuntimeError: no trace there (the trace plugin is not installed in the Engine's environment), or fewer
-            than ``want`` runs.
+        RuntimeError: no trace there (the trace plugin is not installed in the Engine's environment), or not
+            exactly ``want`` runs.
     """
     from fp4_indexer_topk_trace import read_trace
 
@@ -205,7 +205,7 @@ def read_runs(path: str, prompt_len: int, want: int) -> list[dict]:
     except FileNotFoundError as e:
         raise RuntimeError(f"{path}: no top-k trace ({e}); install scripts/topk_trace as "
                            "scripts/sglang_gpu_check.sh does") from e
-    if len(runs) < want:
+    if len(runs) != want:  # more: a request retried (retracted), which these checks do not pair
         raise RuntimeError(f"{path}: {len(runs)} decode runs of the {prompt_len}-token prompt, expected {want}")
     return runs
 
@@ -269,7 +269,7 @@ def radix(opts) -> None:
         fresh = _generate(eng, shared + b, opts.new_tokens)
     finally:
         eng.shutdown()
-    agree = topk_agreement(*read_runs(trace, len(shared + b), 2)[:2])
+    agree = topk_agreement(*read_runs(trace, len(shared + b), 2))
     checks = {
         "prefix reused (cached_tokens of B >= prefix pages)": reused["cached_tokens"] >= opts.prefix // 64 * 64,
         "no reuse after flush_cache": fresh["cached_tokens"] == 0,
@@ -317,7 +317,7 @@ def hicache(opts) -> None:
     backups = [r for r in probe if r["op"] == "backup"]
     loaded = sum(r["pages"] - r["not_backed_up"] for r in loads)
     identical = sum(r["identical"] for r in loads)
-    agree = topk_agreement(*read_runs(trace, len(second_input), 2)[:2])
+    agree = topk_agreement(*read_runs(trace, len(second_input), 2))
     page_bytes = 64 * 68 if not opts.fp8 else 64 * 132
     checks = {
         "turn 2 found turn 1's prefix (cached_tokens > 0)": (reloaded["cached_tokens"] or 0) > 0,

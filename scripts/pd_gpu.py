@@ -39,7 +39,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "topk_trace"))
-from fp4_indexer_topk_trace import read_trace  # noqa: E402 (the test-only trace plugin's reader)
+from fp4_indexer_topk_trace import decode_rows, read_trace  # noqa: E402 (the test-only trace plugin's reader)
 from sglang_one_batch import check_table, first_difference, launched_server, post_json, seeded_prompts  # noqa: E402
 
 #: What the plugin appends to the KV cache dtype a server holding FP4 index keys publishes (its
@@ -149,8 +149,6 @@ def decode_topk(records: list[dict], prompt_lens) -> dict[tuple[int, int, int], 
     Returns:
         ``{(prompt_len, layer, position): sorted positions}``; the first row of a key wins.
     """
-    from fp4_indexer_topk_trace import decode_rows
-
     wanted = set(prompt_lens)
     out: dict[tuple[int, int, int], list[int]] = {}
     for plen, layer, pos, positions in decode_rows(records):

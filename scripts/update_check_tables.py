@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python3 scripts/update_check_tables.py BENCH_JSON ACCURACY_JSON [--model-accuracy JSON]
         [--sglang-one-batch JSONL --sglang-profile JSON [JSON ...] --sglang-gpu NAME --sglang-date DATE]
-        [--serving-profile JSON [JSON ...] --serving-gpu NAME --serving-date DATE --serving-stack TEXT] [--out PATH]
+        [--serving-profile JSON [JSON ...] --serving-gpu NAME --serving-date DATE --serving-stack TEXT
+         --serving-layers N] [--out PATH]
 
 BENCH_JSON: a ``sglang-fp4-indexer bench --device cuda --json`` report measured
 on an H200 (the FP8 times come from its ``deepgemm-fp8`` column when it has
@@ -15,8 +16,9 @@ passkey numbers are what check's verdict quotes as the measured cost).
 tables (``scripts/sglang_bench.py profile-table --json``) of FP8 and FP4 runs of DeepSeek-V3.2's layer sizes
 (``scripts/sglang_gpu_check.sh e2e``): check quotes their decode step at exactly those shapes.
 ``--serving-profile``: ``profile-table --json`` results of FP8 and FP4 servers profiled on another GPU
-(``scripts/sglang_gpu_check.sh profile``): their scorer kernels per layer and decode step become the timing
-rows check quotes for that GPU. Writes ``sglang_fp4_indexer/data/h200_tables.json``
+(``scripts/sglang_gpu_check.sh profile`` with MTP off, no ``SERVE_SPEC``: the rows are recorded as next_n 1):
+their scorer kernels per layer (``--serving-layers``: the model's indexer layers) and decode step become the
+timing rows check quotes for that GPU. Writes ``sglang_fp4_indexer/data/h200_tables.json``
 (shipped inside the wheel) unless ``--out`` says otherwise, and prints what it took.
 """
 
@@ -64,12 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serving-gpu", default=None, help="the GPU those servers ran on, as nvidia-smi names it")
     parser.add_argument("--serving-date", default=None, help="the date of those runs (YYYY-MM-DD)")
     parser.add_argument("--serving-stack", default=None, help="their torch and triton, e.g. 'torch 2.11.0, triton 3.6.0'")
+    parser.add_argument("--serving-layers", type=int, default=None,
+                        help="indexer layers each profiled decode step ran (make-model's v32-layers: 3)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     if args.sglang_one_batch and not (args.sglang_gpu and args.sglang_date):
         parser.error("--sglang-one-batch needs --sglang-gpu and --sglang-date (what was measured where)")
-    if args.serving_profile and not (args.serving_gpu and args.serving_date and args.serving_stack):
-        parser.error("--serving-profile needs --serving-gpu, --serving-date and --serving-stack (what was measured where)")
+    if args.serving_profile and not (args.serving_gpu and args.serving_date and args.serving_stack
+                                     and args.serving_layers):
+        parser.error("--serving-profile needs --serving-gpu, --serving-date, --serving-stack and --serving-layers "
+                     "(what was measured where)")
     try:
         model = _read(args.model_accuracy) if args.model_accuracy else None
         sglang = None
@@ -89,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.serving_profile:
             serving = serving_timing_section(
                 {k: v for p in args.serving_profile for k, v in _read(p).items()}, gpu=args.serving_gpu,
-                date=args.serving_date, stack=args.serving_stack, layers=3, index_heads=64,  # sglang_gpu_check.sh profile
+                date=args.serving_date, stack=args.serving_stack, layers=args.serving_layers, index_heads=64,
                 method="inside SGLang's server, its profiler over 5 decode steps of DeepSeek-V3.2's layer sizes "
-                       "(3 layers), CUDA graphs, MTP off",
+                       f"({args.serving_layers} layers), CUDA graphs, MTP off",
                 sources=list(map(_source, args.serving_profile)))
         tables = build_tables(_read(args.bench_json), _read(args.accuracy_json),
                               bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json),

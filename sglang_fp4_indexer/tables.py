@@ -241,13 +241,13 @@ def serving_timing_section(profiles: dict, *, gpu: str, date: str, stack: str, l
         sources: the files read, recorded.
 
     Returns:
-        A ``timing``-shaped section (``gpu``, ``date``, ``stack``, ``method``, ``fp4_column`` ``"ours"``,
+        A ``timing``-shaped section (``gpu``, ``date``, ``stack``, ``method``, ``layers``, ``fp4_column`` ``"ours"``,
         ``fp8_measured``, ``sources``, ``rows`` of ``heads``, ``batch``, ``context``, ``next_n`` 1, ``fp4_us``,
         ``fp8_us``, and ``None`` floors and native next_n).
 
     Raises:
-        ValueError: ``layers`` below 1, a run whose kernel table lacks its scorer kernel, or no shape with both
-            formats.
+        ValueError: ``layers`` below 1, a run whose kernel table lacks its scorer kernel, two traces of one run, or
+            no shape with both formats.
     """
     if layers < 1:
         raise ValueError(f"layers: expected >= 1, got {layers}")
@@ -257,6 +257,8 @@ def serving_timing_section(profiles: dict, *, gpu: str, date: str, stack: str, l
         if not m:
             continue
         fmt, pattern = m[1], _SCORER_KERNELS[m[1]]
+        if (int(m[2]), int(m[3]), fmt) in per:
+            raise ValueError(f"{path}: a second {Path(path).name} among the profiles (one trace per run)")
         us = sum(v for name, v in prof["top_kernels"] if pattern in name)
         if not us:
             raise ValueError(f"{path}: no {pattern} kernel among its longest kernels")
@@ -266,8 +268,8 @@ def serving_timing_section(profiles: dict, *, gpu: str, date: str, stack: str, l
             for b, c in sorted({(b, c) for b, c, _ in per}) if (b, c, "fp4") in per and (b, c, "fp8") in per]
     if not rows:
         raise ValueError("serving profiles: no shape profiled with both FP8 and FP4 (fp8_BxL / fp4_BxL traces)")
-    return {"gpu": gpu, "date": date, "stack": stack, "method": method, "fp4_column": "ours", "fp8_measured": True,
-            "sources": sources, "rows": rows}
+    return {"gpu": gpu, "date": date, "stack": stack, "method": method, "layers": layers, "fp4_column": "ours",
+            "fp8_measured": True, "sources": sources, "rows": rows}
 
 
 def measured_decode(tables: dict, batch: int, context: int) -> dict | None:

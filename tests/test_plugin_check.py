@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -765,6 +766,8 @@ def test_next_n_comes_from_the_speculative_flags(tmp_path, capsys):
     (["--sglang-args=--enable-hierarchical-cache"], "reason: hierarchical cache not measured"),
     (["--sglang-args=--tp-size 8 --dcp-size 4"], "only DCP width 2 was measured (on two H200), not DCP 4"),
     (["--sglang-args=--cuda-graph-bs-decode 1 2 4"], "reason: a batch of 8 is above the largest decode CUDA graph (4"),
+    (["--sglang-args=--cuda-graph-max-bs-decode 16 --cuda-graph-bs-decode 1 2 4"],
+     "reason: a batch of 8 is above the largest decode CUDA graph (4"),
     (['--sglang-args=--cuda-graph-config \'{"decode": {"bs": [1, 2, 4]}}\''],
      "reason: a batch of 8 is above the largest decode CUDA graph (4"),
     (["--sglang-args=--enable-two-batch-overlap"], "reason: two-batch overlap runs each decode batch as two"),
@@ -778,7 +781,7 @@ def test_next_n_comes_from_the_speculative_flags(tmp_path, capsys):
      "reason: decode without CUDA graphs"),
     (["--sglang-args=--cuda-graph-max-bs-decode 4"], "reason: a batch of 8 is above the largest decode CUDA graph (4"),
 ], ids=["sm100", "sm89", "dcp-sharded", "h20", "pd-prefill", "pd-decode", "hicache", "dcp4-replicated",
-        "eager", "eager-backend", "eager-decode", "eager-json", "above-max-bs", "bs-list", "bs-list-json", "tbo",
+        "eager", "eager-backend", "eager-decode", "eager-json", "above-max-bs", "bs-list", "bs-list-over-max-bs", "bs-list-json", "tbo",
         "max-running", "max-running-dp"])
 def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, capsys, argv, why):
     code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "131072", "--batch", "8", *argv)
@@ -791,6 +794,10 @@ def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, 
     # SGLang's precedence: a decode backend given after --disable-cuda-graph keeps decode graphs on.
     code, out = _run(capsys, _write_dir(tmp_path, "graphs", DSV32), "--context", "131072", "--batch", "8",
                      "--sglang-args=--disable-cuda-graph --cuda-graph-backend-decode full --cuda-graph-max-bs-decode 8")
+    assert "faster indexer" in out and "not measured for this configuration" not in out
+    # A bs list wins over --cuda-graph-max-bs-decode (SGLang's memory_hook sets max_bs to the list's largest).
+    code, out = _run(capsys, _write_dir(tmp_path, "bslist", DSV32), "--context", "131072", "--batch", "8",
+                     "--sglang-args=--cuda-graph-max-bs-decode 4 --cuda-graph-bs-decode 1 2 4 8 16")
     assert "faster indexer" in out and "not measured for this configuration" not in out
     # --gpu H200 is the measured GPU: its time is quoted.
     code, out = _run(capsys, _write_dir(tmp_path, "h200", DSV32), "--context", "131072", "--batch", "8",
@@ -825,6 +832,22 @@ def test_a_capability_without_a_gpu_name_claims_no_time_measured_on_one_gpu(tmp_
     # Its times are the H100 serving rows (1 x 128K, 8 x 64K), too far from 1 x 56K; the decode step is H200's.
     assert "indexer scorer time at 1 x 56K, next_n 1: not measured at this shape" in out
     assert "decode step inside SGLang at 1 x 56K: not measured (measured on NVIDIA H200, not H100 80GB HBM3)" in out
+
+
+def test_every_gpu_check_names_has_its_nvidia_smi_name_and_the_help_names_the_h100_rows():
+    from sglang_fp4_indexer.check.budget import GPU_NAMES, GPUS
+    from sglang_fp4_indexer.tables import load_tables
+
+    assert set(GPU_NAMES) == set(GPUS)
+    srv = load_tables()["timing_serving"]
+    shapes = " and ".join(f"{r['batch']} x {r['context'] // 1024}K" for r in srv["rows"])
+    assert {r["next_n"] for r in srv["rows"]} == {1} and GPU_NAMES["H100"] == srv["gpu"]
+    from sglang_fp4_indexer.check.command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert f"on an H100 80GB HBM3 inside SGLang's server, at {shapes}, next_n 1 only" in text
 
 
 def test_an_h100_gets_the_scorer_times_measured_inside_sglangs_server_on_an_h100(tmp_path, capsys, monkeypatch):

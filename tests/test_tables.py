@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -98,9 +99,15 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
                                    index_heads=64, kv_cache_dtype="fp8", fp8_gemm_backend="triton", tp_size=1,
                                    sources=sec["sources"])
     srv = tables["timing_serving"]
+    # The profiled model's indexer layers: make-model's v32-layers config (every layer holds an indexer).
+    spec = importlib.util.spec_from_file_location("sglang_one_batch", REPO / "scripts" / "sglang_one_batch.py")
+    one_batch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(one_batch)
+    layers = one_batch.MODEL_SIZES["v32-layers"]["num_hidden_layers"]
+    assert srv["layers"] == layers
     serving = serving_timing_section({k: v for p in srv["sources"] for k, v in json.loads((REPO / p).read_text()).items()},
-                                     gpu=srv["gpu"], date=srv["date"], stack=srv["stack"], layers=3, index_heads=64,
-                                     method=srv["method"], sources=srv["sources"])
+                                     gpu=srv["gpu"], date=srv["date"], stack=srv["stack"], layers=layers,
+                                     index_heads=64, method=srv["method"], sources=srv["sources"])
     # Up to date: re-running scripts/update_check_tables.py on the recorded sources changes nothing.
     assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src, model_accuracy=model,
                                   model_source=model_src, sglang=sglang, timing_serving=serving)
@@ -170,6 +177,9 @@ def test_serving_timing_rows_are_each_formats_scorer_kernel_per_layer():
     with pytest.raises(ValueError, match="layers"):
         serving_timing_section(profiles, gpu="G", date="D", stack="S", layers=0, index_heads=64, method="M",
                                sources=[])
+    with pytest.raises(ValueError, match="a second fp4_1x4096.trace.json.gz"):
+        serving_timing_section({**profiles, "/y/fp4_1x4096.trace.json.gz": profiles["/x/fp4_1x4096.trace.json.gz"]},
+                               gpu="G", date="D", stack="S", layers=3, index_heads=64, method="M", sources=[])
 
 
 def test_update_script_writes_the_tables(tmp_path):

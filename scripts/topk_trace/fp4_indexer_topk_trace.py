@@ -162,8 +162,8 @@ def decode_rows(records: list[dict]):
     """Each decode row of the records of one request per batch, as token positions.
 
     Top-k entries are KV slots (SGLang's page-table transform), mapped back to the request's token positions
-    through the record's ``req_slots`` (its first position holding the slot: the row's entries past the request's
-    tokens may hold a stale slot again); a slot that is not the request's is kept as ``-1 - slot``. Records of
+    through the record's ``req_slots`` up to the record's last query position (the row's entries past it are stale);
+    a slot that is not among them is kept as ``-1 - slot``. Records of
     other forward modes or of batches of several requests are left out.
 
     Yields:
@@ -173,9 +173,12 @@ def decode_rows(records: list[dict]):
         if rec.get("forward_mode") != "DECODE" or rec.get("batch_size") != 1:
             continue
         slots = rec["req_slots"][0]
+        # Only the positions a row may attend (up to its query's): the req_to_token row's tail past the request
+        # holds stale slots, which may repeat the request's own.
+        last = max((int(p) for call in rec["calls"] for p in call["pos"].tolist()), default=-1)
         where: dict[int, int] = {}
-        for p, s in enumerate(slots.tolist() if slots is not None else []):
-            where.setdefault(int(s), p)  # the row's tail past the request may repeat a slot: the first one is its
+        for p, s in enumerate(slots.tolist()[:last + 1] if slots is not None else []):
+            where.setdefault(int(s), p)
         for call in rec["calls"]:
             if call["mode"] != "DECODE":
                 continue

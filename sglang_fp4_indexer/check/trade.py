@@ -58,12 +58,16 @@ def measured_on(gpu: str, name: str | None) -> bool:
     return bool(name) and key(gpu) == key(name)
 
 
+def _named_gpu(dev: DeviceFacts) -> str | None:
+    """The CUDA GPU's name where one is known (local, or ``--gpu``), else None (assumed, unnamed, not CUDA)."""
+    return dev.name if dev.kind == "cuda" and dev.name not in (ASSUMED_GPU, UNNAMED_GPU, None) else None
+
+
 def _timing_section(tables: dict, dev: DeviceFacts) -> dict:
     """The timing section measured on this device's GPU: ``timing_serving`` where its GPU is this one, else
     ``timing`` (whose GPU ``_unmeasured_configuration`` then compares)."""
-    serving = tables.get("timing_serving")
-    if serving and dev.kind == "cuda" and dev.name not in (ASSUMED_GPU, UNNAMED_GPU, None) \
-            and measured_on(serving["gpu"], dev.name) and not measured_on(tables["timing"]["gpu"], dev.name):
+    serving, name = tables.get("timing_serving"), _named_gpu(dev)
+    if serving and name and measured_on(serving["gpu"], name) and not measured_on(tables["timing"]["gpu"], name):
         return serving
     return tables["timing"]
 
@@ -73,8 +77,9 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
                               measured_gpus: str | None = None, in_server: bool = False) -> str | None:
     """Why the measured times (one GPU, ``gpu``, the Hopper kernel, no DCP exchange) do not hold here, or None.
 
-    The tables hold the Hopper CUDA kernel against DeepGEMM as SGLang 0.5.23 calls it on Hopper, on ``gpu`` (an
-    H200), single-GPU; that is what a replicated DCP rank runs too. Anything else was not measured there, and a
+    The tables hold the Hopper CUDA kernel against DeepGEMM as SGLang 0.5.23 calls it on Hopper, on ``gpu`` (the
+    section's: an H200, or the H100 measured inside a server), single-GPU; that is what a replicated DCP rank runs
+    too. Anything else was not measured there, and a
     device given by its compute capability alone (``budget.UNNAMED_GPU``) may be another GPU.
     ``measured_gpus``: every GPU the tables hold times for, named where the device is none of them (default
     ``gpu``). ``in_server``: the times were measured inside one SGLang server (``timing_serving``), without DCP.
@@ -89,8 +94,9 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
                 f"kernel); on compute capability {cap[0]}.{cap[1]} {kernels}")
     if dev.name == UNNAMED_GPU:
         return "reason: GPU not named; pass --gpu"
-    if dev.name != ASSUMED_GPU and not measured_on(gpu, dev.name):
-        return f"measured on {measured_gpus or gpu}, not {dev.name.replace('NVIDIA ', '')}"
+    name = _named_gpu(dev)
+    if name and not measured_on(gpu, name):
+        return f"measured on {measured_gpus or gpu}, not {name.replace('NVIDIA ', '')}"
     if server is not None:
         return f"reason: {server}"
     if sharded and dcp_size > 1:
@@ -130,7 +136,7 @@ def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: 
     dev: DeviceFacts = found["device_facts"]
     if row is None:
         why = f"measured at {shapes} only"
-    elif dev.kind == "cuda" and dev.name not in (ASSUMED_GPU, UNNAMED_GPU) and not measured_on(sec["gpu"], dev.name):
+    elif _named_gpu(dev) and not measured_on(sec["gpu"], dev.name):
         why = f"measured on {sec['gpu']}, not {dev.name.replace('NVIDIA ', '')}"
     elif unmeasured is not None:
         why = unmeasured
@@ -174,10 +180,13 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     ``timing_far`` holds it and no speed is claimed, the reason being the head count where its heads differ from
     the model's); without such a row none is quoted,
     and none where the measured configuration (an H200 at compute capability
-    9.0 running the Hopper kernel, single-GPU or a replicated DCP rank) is not
-    the one asked about: another GPU (H100, H20 too) or capability, a GPU not named (``--capability``
-    without ``--gpu`` and no local GPU of that capability), the sharded DCP index, a replicated DCP width
-    other than 2, a PD prefill or decode server, the hierarchical cache, or
+    9.0 running the Hopper kernel, single-GPU or a replicated DCP rank; for an H100 80GB HBM3, the rows
+    measured inside one SGLang server, ``timing_serving``, without DCP) is not
+    the one asked about: another GPU (by its whole name: H20, H100 PCIe, H200 NVL) or capability, a GPU not
+    named (``--capability`` without ``--gpu`` and no local GPU of that capability), the sharded DCP index, a
+    replicated DCP width other than 2 (any DCP for the in-server rows), a PD prefill or decode server, the
+    hierarchical cache, two-batch overlap, a batch above the largest decode CUDA graph or above
+    ``--max-running-requests`` (per DP-attention rank: its share), or
     the plugin's rotation inside SGLang's fused indexer (``timing_unmeasured`` says why).
     The cost is the top-k recall at the nearest measured context
     (``tables.nearest_recall``) and the real-model study's loss and passkey
@@ -204,6 +213,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         quote), ``timing_heads_shapes`` (the batch x context measured with this next_n and the model's index
         heads, as text), ``timing_next_n``
         (the measured next_n values), ``timing_exact``, ``timing_gpu``, ``timing_stack`` (torch and triton of that run),
+        ``timing_method`` (how the in-server rows were measured, or None),
         ``recall`` (rows at the nearest measured context), ``recall_exact``,
         ``recall_device``, ``model_cost`` (``tables.nearest_model_cost`` or
         None), ``sglang_decode`` (the decode step measured inside SGLang at
@@ -245,12 +255,12 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         unmeasured = (f"reason: a batch of {rank_batch} is above the largest decode CUDA graph ({graph_max}, set by "
                       "the CUDA-graph flags), so it decodes without graphs; not measured")
     running = found.get("max_running_requests")
-    if unmeasured is None and running is not None and dp > 1 and unit.startswith("DP-attention"):
-        running = max(1, int(running) // dp)  # SGLang's share per DP-attention rank
+    per_rank = dp > 1 and unit == "DP-attention rank"  # SGLang splits the limit over DP-attention ranks
+    if running is not None and per_rank:
+        running = max(1, int(running) // dp)
     if unmeasured is None and running is not None and rank_batch > int(running):
         unmeasured = (f"reason: a batch of {rank_batch} is above --max-running-requests ({running}"
-                      f"{' per rank' if dp > 1 and unit.startswith('DP-attention') else ''}), so the server never "
-                      f"decodes it at once; not measured")
+                      f"{' per rank' if per_rank else ''}), so the server never decodes it at once; not measured")
     same_n = [r for r in timing["rows"] if r["next_n"] == next_n]
     row = (nearest_timing({"timing": {"rows": same_n}}, heads, rank_batch, context, next_n)
            if same_n and unmeasured is None else None)

@@ -166,8 +166,9 @@ def _decode_graphs(record) -> tuple[bool, int | None]:
     """``(decode runs without CUDA graphs, the largest decode batch captured when the flags set it, else None)``,
     as SGLang 0.5.23 resolves its CUDA-graph flags (``cuda_graph_hook.parse_cuda_graph_config``, on a copy of the
     record: ``--disable-cuda-graph``, ``--disable-decode-cuda-graph``, ``--cuda-graph-backend-decode``,
-    ``--cuda-graph-max-bs-decode``, ``--cuda-graph-bs-decode`` (a list: its largest size), ``--cuda-graph-config``,
-    in SGLang's precedence)."""
+    ``--cuda-graph-max-bs-decode``, ``--cuda-graph-bs-decode`` (a list: its largest size, which SGLang's
+    ``memory_hook`` makes the maximum whatever ``--cuda-graph-max-bs-decode`` says), ``--cuda-graph-config``, in
+    SGLang's precedence)."""
     import copy
 
     from sglang.srt.arg_groups.cuda_graph_hook import parse_cuda_graph_config
@@ -176,12 +177,13 @@ def _decode_graphs(record) -> tuple[bool, int | None]:
     parse_cuda_graph_config(probe)
     decode = server_field(probe, "cuda_graph_config", None).decode
     locked = server_field(probe, "_cuda_graph_config_locked", set()) or set()
-    sizes = []
-    if ("decode", "max_bs") in locked and decode.max_bs is not None:
-        sizes.append(int(decode.max_bs))
-    if ("decode", "bs") in locked and decode.bs:  # a list of sizes: SGLang captures none above its largest
-        sizes.append(max(int(b) for b in decode.bs))
-    return str(decode.backend) == "disabled", (min(sizes) if sizes else None)
+    if ("decode", "bs") in locked and decode.bs:  # a list of sizes: SGLang sets max_bs to its largest
+        max_bs = max(int(b) for b in decode.bs)
+    elif ("decode", "max_bs") in locked and decode.max_bs is not None:
+        max_bs = int(decode.max_bs)
+    else:
+        max_bs = None
+    return str(decode.backend) == "disabled", max_bs
 
 
 def speculative_next_n(record, architecture: str) -> tuple[int | None, str]:
