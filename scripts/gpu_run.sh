@@ -6,6 +6,8 @@
 #   bash scripts/gpu_run.sh [quick ARGS...] # pytest -m gpu (time-limited), bench --quick ARGS, bench --prefill
 #   bash scripts/gpu_run.sh full            # bench over the full grid (48 shapes); no pytest
 #   bash scripts/gpu_run.sh bench ARGS...   # bench with your own arguments (e.g. --shapes 64x8x128Kx1); no pytest
+#   bash scripts/gpu_run.sh tests [PYTEST ARGS...]  # pytest -m gpu only (TEST_LIMIT default 560 s); the files or
+#                                           # -k/--deselect given split the GPU tests over calls that each fit
 # With .peers/ in the checkout the peers run: scripts/fetch_peer_wheels.sh fills .peers/whl (SGLang's
 # Triton FP4 scorer), scripts/pack_deepgemm.sh writes .peers/deepgemm.tar.gz (DeepGEMM's FP8
 # scorers, built here by scripts/build_deepgemm.sh while the GPU tests run).
@@ -26,7 +28,8 @@ case "$MODE" in
   full)  BENCH_ARGS=(); RUN_TESTS=0; : "${BENCH_LIMIT:=540}" ;;
   bench) BENCH_ARGS=("$@"); RUN_TESTS=0; : "${BENCH_LIMIT:=540}" ;;
   prefill) BENCH_ARGS=(--prefill "$@"); RUN_TESTS=0; PLOT=0; : "${BENCH_LIMIT:=240}" ;;
-  *) echo "usage: bash scripts/gpu_run.sh [quick|full|bench|prefill ARGS...]" >&2; exit 2 ;;
+  tests) TEST_ARGS=("$@"); RUN_TESTS=1; RUN_BENCH=0; : "${TEST_LIMIT:=560}" ;;
+  *) echo "usage: bash scripts/gpu_run.sh [quick|full|bench|prefill|tests ARGS...]" >&2; exit 2 ;;
 esac
 PLOT_ARGS=(--plot "$OUTDIR/bench.png")
 [ "${PLOT:-1}" = 0 ] && PLOT_ARGS=()
@@ -58,7 +61,8 @@ fi
 TESTS="skipped ($MODE mode)"
 if [ "$RUN_TESTS" = 1 ]; then
   T0=$SECONDS
-  timeout -k 10 "$TEST_LIMIT" "$PY" -m pytest -m gpu -q -p no:cacheprovider -rfE --continue-on-collection-errors >"$OUTDIR/pytest_gpu.log" 2>&1
+  timeout -k 10 "$TEST_LIMIT" "$PY" -m pytest -m gpu -q -p no:cacheprovider -rfE --continue-on-collection-errors \
+    ${TEST_ARGS[@]+"${TEST_ARGS[@]}"} >"$OUTDIR/pytest_gpu.log" 2>&1
   rc=$?
   if [ $rc = 124 ] || [ $rc = 137 ]; then TESTS="TIMED OUT after ${TEST_LIMIT}s"; else TESTS="rc=$rc: $(tail -n 1 "$OUTDIR/pytest_gpu.log") ($((SECONDS - T0)) s)"; fi
 fi
@@ -76,11 +80,14 @@ fi
 
 # 3. The benchmark (its JSON is rewritten after every shape, so a time-out still leaves numbers).
 rm -f "$OUTDIR/bench.json" "$OUTDIR/prefill.json"
-T0=$SECONDS
-timeout -k 10 "$BENCH_LIMIT" "$PY" -m sglang_fp4_indexer.cli bench --device cuda "${BENCH_ARGS[@]}" \
-  --json "$OUTDIR/bench.json" ${PLOT_ARGS[@]+"${PLOT_ARGS[@]}"} >"$OUTDIR/bench.log" 2>&1
-BENCH_RC=$?
-BENCH_S=$((SECONDS - T0))
+BENCH_RC=0
+if [ "${RUN_BENCH:-1}" = 1 ]; then
+  T0=$SECONDS
+  timeout -k 10 "$BENCH_LIMIT" "$PY" -m sglang_fp4_indexer.cli bench --device cuda "${BENCH_ARGS[@]}" \
+    --json "$OUTDIR/bench.json" ${PLOT_ARGS[@]+"${PLOT_ARGS[@]}"} >"$OUTDIR/bench.log" 2>&1
+  BENCH_RC=$?
+  BENCH_S=$((SECONDS - T0))
+fi
 
 # 3b. Quick mode: the prefill rows too (their own JSON and log).
 PREFILL_RC=
@@ -106,7 +113,7 @@ bench_status() {  # name rc limit log seconds
     *) echo "== $1: rc=$2; last lines of $4:"; tail -n 15 "$OUTDIR/$4" ;;
   esac
 }
-bench_status bench "$BENCH_RC" "$BENCH_LIMIT" bench.log "$BENCH_S"
+[ "${RUN_BENCH:-1}" = 1 ] && bench_status bench "$BENCH_RC" "$BENCH_LIMIT" bench.log "$BENCH_S"
 [ -n "$PREFILL_RC" ] && bench_status "bench --prefill" "$PREFILL_RC" "$PREFILL_LIMIT" prefill.log "$PREFILL_S"
 echo "== logs: $OUTDIR (pytest_gpu.log, bench.log, bench.json, bench.png, prefill.log, prefill.json, pip.log)"
 if [ -s "$OUTDIR/bench.json" ]; then
@@ -116,4 +123,5 @@ if [ -s "$OUTDIR/prefill.json" ]; then
   "$PY" -m sglang_fp4_indexer.bench.report "$OUTDIR/prefill.json"
 fi
 [ -s "$OUTDIR/bench.json" ] && { cp benchmarks/results/headline.csv "$OUTDIR/headline.csv" && "$PY" -m sglang_fp4_indexer.bench.history append "$OUTDIR/headline.csv" "$OUTDIR/bench.json" --commit "$(git describe --always --dirty 2>/dev/null)" || echo "== headline.csv: not appended (see above); the run's result is unaffected"; }  # a copy of the headline table with this run's rows
+if [ "$MODE" = tests ]; then grep -qE "^[0-9]+ passed" <(tail -n 1 "$OUTDIR/pytest_gpu.log") && ! grep -qE "failed|error" <(tail -n 1 "$OUTDIR/pytest_gpu.log"); exit $?; fi
 [ "$BENCH_RC" = 0 ] && [ "${PREFILL_RC:-0}" = 0 ]
