@@ -49,6 +49,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "topk_trace"))  # its reader
+from fp4_indexer_topk_trace import decode_rows, read_trace  # noqa: E402 (the test-only trace plugin's reader)
 from sglang_one_batch import VOCAB  # noqa: E402 (the tiny model's vocabulary)
 
 #: Environment variable naming the JSON-lines file the scheduler-side page probe appends to.
@@ -179,8 +180,6 @@ def decode_runs(records: list[dict], prompt_len: int) -> list[dict[tuple[int, in
         One dict per run, ``{(layer, query position): sorted positions}``: a row whose key the current run
         already holds starts the next run (a later run of the request repeats the positions).
     """
-    from fp4_indexer_topk_trace import decode_rows
-
     runs: list[dict[tuple[int, int], list[int]]] = []
     for plen, layer, pos, positions in decode_rows(records):
         if plen != prompt_len:
@@ -198,8 +197,6 @@ def read_runs(path: str, prompt_len: int, want: int) -> list[dict]:
         RuntimeError: no trace there (the trace plugin is not installed in the Engine's environment), or not
             exactly ``want`` runs.
     """
-    from fp4_indexer_topk_trace import read_trace
-
     try:
         runs = decode_runs(read_trace(path), prompt_len)
     except FileNotFoundError as e:

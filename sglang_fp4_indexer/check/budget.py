@@ -12,21 +12,18 @@ from dataclasses import dataclass
 
 from .weights import Parallel, WeightBytes, weight_bytes_per_gpu
 
-__all__ = ["GPUS", "GPU_NAMES", "gpu_memory", "KvBudget", "kv_budget"]
+__all__ = ["GPUS", "gpu_memory", "KvBudget", "kv_budget"]
 
 #: GPUs ``--gpu`` names: total memory in MiB as the CUDA driver reports it (SGLang's
-#: ``get_device_memory_capacity``; ``nvidia-smi`` shows the same figure) and the compute capability.
+#: ``get_device_memory_capacity``; ``nvidia-smi`` shows the same figure), the compute capability, and the name
+#: nvidia-smi gives it (the name a time measured on it is recorded under): ``H100`` is the H100 80GB HBM3 (SXM);
+#: an H100 PCIe or NVL reports another name.
 GPUS = {
-    "H100": (81559, (9, 0)),
-    "H20": (97871, (9, 0)),
-    "H200": (143771, (9, 0)),
-    "B200": (183359, (10, 0)),
+    "H100": (81559, (9, 0), "NVIDIA H100 80GB HBM3"),
+    "H20": (97871, (9, 0), "NVIDIA H20"),
+    "H200": (143771, (9, 0), "NVIDIA H200"),
+    "B200": (183359, (10, 0), "NVIDIA B200"),
 }
-
-
-#: What nvidia-smi calls each GPU of ``GPUS`` (the name a time measured on it is recorded under): ``H100`` is the
-#: H100 80GB HBM3 (SXM); an H100 PCIe or NVL reports another name.
-GPU_NAMES = {"H100": "NVIDIA H100 80GB HBM3", "H20": "NVIDIA H20", "H200": "NVIDIA H200", "B200": "NVIDIA B200"}
 
 
 def gpu_key(name: str) -> str:
@@ -68,7 +65,7 @@ def gpu_memory(name: str | None) -> tuple[int, tuple[int, int] | None, str]:
     """
     if name is not None:
         key = gpu_key(name)
-        mib, cap = GPUS[key]
+        mib, cap, _ = GPUS[key]
         return mib, cap, f"{key}, {mib} MiB, given as --gpu"
     local = local_gpu()
     if local is not None:

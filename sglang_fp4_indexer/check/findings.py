@@ -13,7 +13,7 @@ from ..argtypes import MAX_MEMORY_GIB
 from ..dcp import DcpCapacity, REPLICATED, SHARDED, bytes_per_token, dcp_capacity
 from ..gate import Decision, DeviceFacts, ServerFacts, dcp_mode_for, decide, index_key_rotation
 from . import budget
-from .budget import ASSUMED_GPU, GPU_NAMES, UNNAMED_GPU, KvBudget, gpu_key, gpu_memory, kv_budget
+from .budget import ASSUMED_GPU, GPUS, UNNAMED_GPU, KvBudget, gpu_key, gpu_memory, kv_budget
 from .weights import Parallel
 from .model import (
     _SGLANG_KV_DTYPES,
@@ -52,7 +52,7 @@ def _device(capability: str | None, gpu: str | None = None) -> tuple[DeviceFacts
             raise ValueError(f"--capability: expected a CUDA compute capability MAJOR.MINOR (major 1 to 20, minor 0 "
                              f"to 9) such as 9.0, got {capability!r}")
         if gpu is not None:  # --gpu: its name, so that claims measured on another GPU are not quoted for it
-            return DeviceFacts("cuda", (major, minor), GPU_NAMES[gpu]), f"{gpu}, CUDA {major}.{minor} (given)"
+            return DeviceFacts("cuda", (major, minor), GPUS[gpu][2]), f"{gpu}, CUDA {major}.{minor} (given)"
         local = budget.local_gpu()
         if local is not None and local[0] == (major, minor):
             return DeviceFacts("cuda", local[0], local[1]), f"{local[1]}, CUDA {major}.{minor} (given; the local GPU)"

@@ -50,7 +50,7 @@ def _model_cost_text(row: dict | None, context: int, topk: int) -> str:
 def measured_on(gpu: str, name: str | None) -> bool:
     """Whether a time measured on ``gpu`` (as nvidia-smi names it) holds for the device named ``name``: the same
     name, case and an ``NVIDIA`` prefix aside (``check --gpu`` names each GPU it knows as nvidia-smi does,
-    ``budget.GPU_NAMES``). Another variant or a name that only contains it (``"NVIDIA H100 PCIe"``,
+    ``budget.GPUS``). Another variant or a name that only contains it (``"NVIDIA H100 PCIe"``,
     ``"NVIDIA H200 NVL"``, ``"NVIDIA GH200 480GB"``) is another GPU."""
     def key(text: str) -> str:
         return " ".join(text.upper().removeprefix("NVIDIA").split())
@@ -255,12 +255,12 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         unmeasured = (f"reason: a batch of {rank_batch} is above the largest decode CUDA graph ({graph_max}, set by "
                       "the CUDA-graph flags), so it decodes without graphs; not measured")
     running = found.get("max_running_requests")
-    per_rank = dp > 1 and unit == "DP-attention rank"  # SGLang splits the limit over DP-attention ranks
-    if running is not None and per_rank:
+    limit_split = dp > 1 and unit == "DP-attention rank"  # SGLang splits the limit over DP-attention ranks
+    if running is not None and limit_split:
         running = max(1, int(running) // dp)
     if unmeasured is None and running is not None and rank_batch > int(running):
         unmeasured = (f"reason: a batch of {rank_batch} is above --max-running-requests ({running}"
-                      f"{' per rank' if per_rank else ''}), so the server never decodes it at once; not measured")
+                      f"{' per rank' if limit_split else ''}), so the server never decodes it at once; not measured")
     same_n = [r for r in timing["rows"] if r["next_n"] == next_n]
     row = (nearest_timing({"timing": {"rows": same_n}}, heads, rank_batch, context, next_n)
            if same_n and unmeasured is None else None)
