@@ -51,6 +51,9 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "topk_trace"))
+from fp4_indexer_topk_trace import read_trace, slot_positions  # noqa: E402 (the test-only trace plugin's reader)
+
 #: Prompt lengths (tokens) of the seeded batch; batch size ``b`` takes the first ``b``.
 PROMPT_LENS = (5121, 3077, 6899, 4165)
 BATCH_SIZES = (1, 2, 4)
@@ -647,7 +650,7 @@ def check_trace(records: list[dict], draft_tokens: int) -> dict:
                     st[kind] += got[kind]
                 if got["count"] + got["duplicate"] + got["out_of_range"]:
                     continue  # only valid rows are compared between formats
-                inv = {int(v): j for j, v in enumerate(slots.tolist())}
+                inv = slot_positions(slots, int(pos.max()))
                 for r in range(hi - lo):
                     row = topk[r][topk[r] >= 0].tolist()
                     key = (mode, call["layer"], rec["prompt_lens"][i], int(pos[r]))
@@ -724,9 +727,6 @@ def trace_check(argv: list[str]) -> int:
     p.add_argument("--fp4-log", help="the FP4 run's log, for the plugin's start-up line")
     p.add_argument("--json")
     opts = p.parse_args(argv)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "topk_trace"))
-    from fp4_indexer_topk_trace import read_trace
-
     e4 = json.load(open(opts.fp4))
     e8 = json.load(open(opts.fp8)) if opts.fp8 else None
     for name, e in (("--fp8", e8), ("--fp4", e4)):

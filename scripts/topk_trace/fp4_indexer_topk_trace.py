@@ -158,12 +158,26 @@ def read_trace(directory: str) -> list[dict]:
     return [torch.load(os.path.join(directory, f), weights_only=False) for f in names]
 
 
+def slot_positions(slots, last: int) -> dict[int, int]:
+    """A request's KV slot -> token position, over positions ``0..last`` (its last query position): the
+    ``req_to_token`` row's entries past it are stale and may repeat one of the request's own slots.
+
+    Args:
+        slots: the record's ``req_slots`` entry (int64 ``[n]``) or None (then no slot maps).
+        last: the last position a row of the record may attend.
+    """
+    where: dict[int, int] = {}
+    for p, s in enumerate(slots.tolist()[:last + 1] if slots is not None else []):
+        where.setdefault(int(s), p)
+    return where
+
+
 def decode_rows(records: list[dict]):
     """Each decode row of the records of one request per batch, as token positions.
 
     Top-k entries are KV slots (SGLang's page-table transform), mapped back to the request's token positions
-    through the record's ``req_slots`` up to the record's last query position (the row's entries past it are stale);
-    a slot that is not among them is kept as ``-1 - slot``. Records of
+    by ``slot_positions`` up to the record's last query position; a slot that is not among them is kept as
+    ``-1 - slot``. Records of
     other forward modes or of batches of several requests are left out.
 
     Yields:
@@ -172,13 +186,8 @@ def decode_rows(records: list[dict]):
     for rec in records:
         if rec.get("forward_mode") != "DECODE" or rec.get("batch_size") != 1:
             continue
-        slots = rec["req_slots"][0]
-        # Only the positions a row may attend (up to its query's): the req_to_token row's tail past the request
-        # holds stale slots, which may repeat the request's own.
         last = max((int(p) for call in rec["calls"] for p in call["pos"].tolist()), default=-1)
-        where: dict[int, int] = {}
-        for p, s in enumerate(slots.tolist()[:last + 1] if slots is not None else []):
-            where.setdefault(int(s), p)
+        where = slot_positions(rec["req_slots"][0], last)
         for call in rec["calls"]:
             if call["mode"] != "DECODE":
                 continue
