@@ -278,7 +278,7 @@ case "$STEP" in
     # decoding together while SGLang's profiler records PROFILE_STEPS decode batches; then the table by kernel
     # category per shape (profile-table), and the traces under $OUT where they are small enough to come back.
     # SERVE_SPEC turns MTP on as in the serving step (one decode batch is then one verify cycle). On a fresh machine the
-    # first server takes 3-5 minutes to be ready: run SERVE_FORMATS=fp8 and SERVE_FORMATS=fp4 in calls that follow each
+    # first server takes minutes to be ready (151 s with the JIT caches carried, 326 s without): run SERVE_FORMATS=fp8 and SERVE_FORMATS=fp4 in calls that follow each
     # other (the table pairs the traces left in $WORK), with PROFILE_LIMIT (default 540 s) per format.
     # The traces come back packed in $OUT/serving_profile_traces.tar.gz (left out above 15 MB).
     M2="$WORK/v32-layers"

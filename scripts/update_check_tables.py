@@ -48,6 +48,11 @@ def _read(path: str) -> dict:
         raise SystemExit(f"update_check_tables: {path}: cannot be read as JSON ({exc})") from None
 
 
+def _merged(paths: list[str]) -> dict:
+    """The ``profile-table --json`` results of ``paths`` as one dict (trace path -> its table)."""
+    return {k: v for p in paths for k, v in _read(p).items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build the tables from the two reports and write them; exit code 0, or 2 on a bad input."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, ValueError) as exc:
                 raise SystemExit(f"update_check_tables: {args.sglang_one_batch}: cannot be read as JSON lines "
                                  f"({exc})") from None
-            profiles = {k: v for p in args.sglang_profile for k, v in _read(p).items()}
+            profiles = _merged(args.sglang_profile)
             sglang = sglang_decode_section(
                 lines, profiles, gpu=args.sglang_gpu, date=args.sglang_date,
                 model="DeepSeek-V3.2's layer sizes, 3 of its 61 layers, dummy weights",
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         serving = None
         if args.serving_profile:
             serving = serving_timing_section(
-                {k: v for p in args.serving_profile for k, v in _read(p).items()}, gpu=args.serving_gpu,
+                _merged(args.serving_profile), gpu=args.serving_gpu,
                 date=args.serving_date, stack=args.serving_stack, layers=args.serving_layers, index_heads=64,
                 method="inside SGLang's server, its profiler over 5 decode steps of DeepSeek-V3.2's layer sizes "
                        f"({args.serving_layers} layers), CUDA graphs, MTP off",
