@@ -196,13 +196,16 @@ def _compile(text: str, name: str, key: BuildKey) -> tuple[bytes, str]:
         opts = [f"-arch={key.arch}".encode(), *(o.encode() for o in key.options)]
         err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        log = b" " * size
+        # NVRTC writes into the buffers it is given: a new bytearray each, never a bytes object. (``b" " * 1``,
+        # the size of an empty log, is CPython's shared one-byte ``b" "``: writing its NUL there turned every
+        # later one-byte encode of a space in the process into a NUL byte, e.g. in the profiler's trace files.)
+        log = bytearray(size)
         nvrtc.nvrtcGetProgramLog(prog, log)
         log_text = log.decode(errors="replace").rstrip("\x00 \n")
         if int(err) != 0:
             raise RuntimeError(f"NVRTC could not compile {name} for {key.arch} ({err!r}):\n{log_text}")
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * size
+        cubin = bytearray(size)
         err = nvrtc.nvrtcGetCUBIN(prog, cubin)[0]
         if int(err) != 0:
             raise RuntimeError(f"nvrtcGetCUBIN failed: {err!r}")
