@@ -99,8 +99,9 @@ def load_trace(path: str) -> tuple[dict, list[str]]:
         pass
     repairs = []
     if b"\n\x00" in raw:
-        # Kineto indents every line after the first with spaces; a NUL byte as a line's first byte (seen in an FP4
-        # server's traces, each one at a file offset 4 KiB - 1) stands where an indentation space was written.
+        # Kineto indents every line after the first with spaces; a NUL byte as a line's first byte (each one at a file
+        # offset 4 KiB - 1) stands where an indentation space was written: in processes where the plugin's NVRTC
+        # build, before it was fixed, overwrote CPython's shared one-byte b" " (docs/benchmarks.md).
         raw = raw.replace(b"\n\x00", b"\n ")
         repairs.append("NUL bytes that began lines read as the indentation space")
     text = raw.decode("utf-8", errors="replace")

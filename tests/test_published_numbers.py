@@ -664,6 +664,41 @@ def test_benchmarks_serving_profile_table_is_the_measured_traces():
             f"µs of indexer logits and {earlier[0]['total_us_per_step']:.1f} / {earlier[1]['total_us_per_step']:.1f} µs "
             "in total") in page
 
+    first = next(iter(_json("sglang_serving_profile_v32_layers_fp4_first_h100_8x65536_2026-12-06.json").values()))
+    cat = first["us_per_step"]
+    assert "NUL bytes that began lines read as the indentation space" in first["trace_repairs"]
+    assert (f"its indexer logits were {cat['indexer logits']:.1f} µs and its total {first['total_us_per_step']:.1f} µs "
+            f"per step at 8 × 65 536 (index-key store {cat['index-key store']:.1f}, top-k {cat['indexer top-k']:.1f})"
+            ) in page
+    probe = (RESULTS / "trace_nul_probe_h100_2026-12-06.txt").read_text()
+    assert "'line_starts_at_4k_minus_1': 149, 'nul': 149, 'nul_at_those_line_starts': 149" in probe
+    assert "plain 2.11.0+cu130 NVIDIA H100 80GB HBM3 {'bytes': 957268, 'line_starts_at_4k_minus_1': 5, 'nul': 0," in probe
+    assert "wrote 149 NUL bytes, one at each line start at 4 KiB - 1" in page and "`plain` mode wrote none" in page
+
+
+def test_user_guide_radix_hicache_table_is_the_run():
+    """The radix-cache and HiCache rows of docs/user-guide.md's H100 table, from the four runs' JSON: every check
+    passed, the prefix reused, pages reloaded byte for byte, the host page size, the top-k rows paired and equal."""
+    page = _flat(_page("docs/user-guide.md"))
+    runs = {(m, f): _json(f"sglang_{m}_tiny_h100_{f}_2026-12-06.json") for m in ("radix", "hicache") for f in ("fp4", "fp8")}
+    assert all(r["passed"] and all(r["checks"].values()) for r in runs.values())
+    radix = [runs["radix", f]["cached_tokens"][1] for f in ("fp4", "fp8")]
+    assert f"reuses the 4 096-token prefix (`cached_tokens`) | {radix[0]:,} | {radix[1]:,} |".replace(",", " ") in page
+    host = [runs["hicache", f]["cached_tokens_details"]["host"] for f in ("fp4", "fp8")]
+    assert f"| {host[0]:,} from host | {host[1]:,} from host |".replace(",", " ") in page
+    probes = [runs["hicache", f]["probe"] for f in ("fp4", "fp8")]
+    assert all(p["pages_identical"] == p["pages_loaded"] for p in probes)
+    assert (f"bytes at backup | {probes[0]['pages_identical']} of {probes[0]['pages_loaded']} | "
+            f"{probes[1]['pages_identical']} of {probes[1]['pages_loaded']} |") in page
+    assert runs["hicache", "fp4"]["checks"]["host index page is 4352 bytes per layer"]
+    assert runs["hicache", "fp8"]["checks"]["host index page is 8448 bytes per layer"]
+    assert "| 4 352 B (64 x 68) | 8 448 B (64 x 132) |" in page
+    for mode, label in (("radix", "equal with and without reuse"), ("hicache", "equal to the run that never evicted")):
+        agree = [runs[mode, f]["topk_agreement"] for f in ("fp4", "fp8")]
+        assert all(a["unpaired_rows"] == 0 and a["equal_rows"] == a["rows"] for a in agree)
+        assert (f"{label} | {agree[0]['equal_rows']} of {agree[0]['rows']} rows | "
+                f"{agree[1]['equal_rows']} of {agree[1]['rows']} rows |") in page
+
 
 def test_user_guide_mtp_h100_table_is_the_trace_check():
     """The H100 EAGLE table of docs/user-guide.md: rows checked, failures and overlap as trace-check printed them."""
