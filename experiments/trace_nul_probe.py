@@ -8,6 +8,10 @@ offset of 4 KiB - 1, while the FP8 server's traces on the same machine held none
 it serves), exports a ``.trace.json.gz`` the way torch does, and prints how many line starts fall at
 an offset of 4 KiB - 1 and how many NUL bytes the trace holds. Run both modes on the same machine.
 
+Answered on an H100 (docs/benchmarks.md): ``fp4`` wrote them and ``plain`` did not, because the plugin's NVRTC
+build wrote its empty log's NUL into CPython's shared one-byte ``b" "``; ``ops/nvrtc.py`` now builds into new
+``bytearray``s, so with the fix ``fp4`` should write none (not yet run on a GPU with it).
+
 Usage on the device: PYTHONPATH=. python3 -m experiments.trace_nul_probe {plain,fp4} [--steps N] [--out DIR]
 (``--device cpu`` with ``TRITON_INTERPRET=1`` only tries the code path: CPU activity, a small shape.)
 """

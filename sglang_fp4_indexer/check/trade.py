@@ -256,9 +256,9 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
                       "the CUDA-graph flags), so it decodes without graphs; not measured")
     running = found.get("max_running_requests")
     limit_split = dp > 1 and unit == "DP-attention rank"  # SGLang splits the limit over DP-attention ranks
-    if running is not None and limit_split:
-        running = max(1, int(running) // dp)
-    if unmeasured is None and running is not None and rank_batch > int(running):
+    if running is not None:
+        running = max(1, int(running) // dp) if limit_split else int(running)
+    if unmeasured is None and running is not None and rank_batch > running:
         unmeasured = (f"reason: a batch of {rank_batch} is above --max-running-requests ({running}"
                       f"{' per rank' if limit_split else ''}), so the server never decodes it at once; not measured")
     same_n = [r for r in timing["rows"] if r["next_n"] == next_n]
