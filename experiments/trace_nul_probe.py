@@ -10,7 +10,7 @@ an offset of 4 KiB - 1 and how many NUL bytes the trace holds. Run both modes on
 
 Answered on an H100 (docs/benchmarks.md): ``fp4`` wrote them and ``plain`` did not, because the plugin's NVRTC
 build wrote its empty log's NUL into CPython's shared one-byte ``b" "``; ``ops/nvrtc.py`` now builds into new
-``bytearray``s, so with the fix ``fp4`` should write none (not yet run on a GPU with it).
+``bytearray``s; with the fix ``fp4`` wrote none on an H100 (benchmarks/results/trace_nul_probe_h100_fixed_2026-12-06.txt).
 
 Usage on the device: PYTHONPATH=. python3 -m experiments.trace_nul_probe {plain,fp4} [--steps N] [--out DIR]
 (``--device cpu`` with ``TRITON_INTERPRET=1`` only tries the code path: CPU activity, a small shape.)

@@ -72,9 +72,12 @@ def _shown(text: str, value: float) -> bool:
 
 
 def test_check_tables_are_built_from_the_published_reports():
-    assert TABLES["sources"][:3] == [f"benchmarks/results/{DECODE_REPORT}", "benchmarks/results/accuracy-gpu.json",
-                                     "benchmarks/results/model-accuracy-cpu.json"]
-    assert TABLES["sources"][3:] == TABLES["sglang"]["sources"] + TABLES["timing_serving"]["sources"]
+    models = ["benchmarks/results/model-accuracy-h100-stand-in-long-context.json",
+              "benchmarks/results/model-accuracy-h100-trained-indexer-long-context.json",
+              "benchmarks/results/model-accuracy-cpu.json"]
+    assert TABLES["sources"][:5] == [f"benchmarks/results/{DECODE_REPORT}", "benchmarks/results/accuracy-gpu.json",
+                                     *models] and TABLES["model"]["sources"] == models
+    assert TABLES["sources"][5:] == TABLES["sglang"]["sources"] + TABLES["timing_serving"]["sources"]
     assert all(s.startswith("benchmarks/results/") and "2026-12-04" in s for s in TABLES["sglang"]["sources"])
     # The H100 rows come from the serving profile docs/benchmarks.md quotes (tests/test_tables.py rebuilds them).
     assert all("serving_profile_v32_layers_fp8_fp4_h100_" in s for s in TABLES["timing_serving"]["sources"])
@@ -536,15 +539,6 @@ def test_accuracy_trained_indexer_prose_is_the_measured_runs():
             + " / ".join(f"{kl['kl_after'][la]:.2f}" for la in ("5", "11", "17"))) in page
 
 
-def test_readme_trained_indexer_sentence_is_the_measured_runs():
-    page = _flat(_page("README.md"))
-    t = _study("model-accuracy-cpu-trained-indexer-1200.json", 4096)[2048]
-    s = _study("model-accuracy-cpu-stand-in-4k.json", 4096)[2048]
-    d, e = t["fp4_minus_fp8"]
-    assert (f"FP4 keeps {t['recall']['fp4'][0]:.3f} of the exact top-2048 at 4K (the 4-head stand-in: "
-            f"{s['recall']['fp4'][0]:.3f}) and its loss differs from FP8's by {d:.4f} ± {e:.4f} nats/token") in page
-
-
 def test_accuracy_trained_indexer_400_steps_sentence_is_its_run():
     page = _flat(_page("docs/accuracy.md"))
     kl = _json("model-accuracy-cpu-trained-indexer-400.json")["indexer"]["trained"]["kl_after"]
@@ -573,8 +567,8 @@ EIGHT_K = ("model-accuracy-cpu-trained-indexer-1200-8k-top128.json", "model-accu
 
 
 def test_accuracy_8k_prose_and_readme_are_the_measured_runs():
-    """The FP4 - FP8 figures, recalls and attention recalls the 8K prose and the README quote."""
-    page, readme = _flat(_page("docs/accuracy.md")), _flat(_page("README.md"))
+    """The FP4 - FP8 figures, recalls and attention recalls the 8K prose quotes."""
+    page = _flat(_page("docs/accuracy.md"))
     trained, stand_in = (_study(n, 8192) for n in EIGHT_K)
     d = {(who, k): rows[k]["fp4_minus_fp8"] for who, rows in (("t", trained), ("s", stand_in)) for k in (2048, 128)}
     assert (f"add {d['t', 128][0]:+.4f} ± {d['t', 128][1]:.4f} nats/token to the loss over FP8 with the trained "
@@ -591,9 +585,6 @@ def test_accuracy_8k_prose_and_readme_are_the_measured_runs():
     assert (f"falls from {att4[0]:.2f} to {att[0]:.2f}, the stand-in's from {att4[1]:.2f} to {att[2]:.2f}") in page
     cost = [rows[k]["delta"]["exact"][0] for rows in (trained, stand_in) for k in (2048, 128)]
     assert f"costs {cost[0]:+.3f} and {cost[1]:+.3f} nats/token (stand-in: {cost[2]:+.3f} and {cost[3]:+.3f})" in page
-    assert (f"at 8K and top-128 (1/64 of the context, the share top-2048 is of DSA's 128K) FP4 adds "
-            f"{d['t', 128][0]:+.4f} ± {d['t', 128][1]:.4f} nats/token over FP8 with it (the stand-in: "
-            f"{d['s', 128][0]:+.4f} ± {d['s', 128][1]:.4f})") in readme
     kl = _json(EIGHT_K[0])["indexer"]["trained"]["kl_after"]
     assert "the same KL after training, " + " / ".join(f"{kl[la]:.2f}" for la in ("5", "11", "17")) in page
 
@@ -743,3 +734,99 @@ def test_benchmarks_eager_host_time_inside_sglang_is_the_measured_run():
     readme = _flat(_page("README.md"))
     assert (f"host time per indexer call, median | {host['fp8']['median_us']:.1f} µs (SGLang's FP8 call) | "
             f"**{host['fp4']['median_us']:.1f} µs** |") in readme
+
+
+def test_benchmarks_gpu_suite_sentence_is_the_log():
+    """The whole-suite GPU test result docs/benchmarks.md quotes is the sum of the four calls' pytest summaries."""
+    log = (RESULTS / "pytest_gpu_h100_2026-12-06.log").read_text()
+    summaries = re.findall(r"^(\d+) passed(?:, (\d+) skipped)?, \d+ deselected.* in ([\d.]+)s", log, re.M)
+    assert len(summaries) == 4 and not re.search(r"\d+ (failed|errors?)\b|^(FAILED|ERROR) ", log, re.M)
+    passed = sum(int(p) for p, _, _ in summaries)
+    skipped = sum(int(s or 0) for _, s, _ in summaries)
+    seconds = sum(float(t) for _, _, t in summaries)
+    assert passed + skipped == 103  # every GPU-marked test of the suite (pytest -m gpu --collect-only)
+    assert (f"{passed} passed, {skipped} skipped, none failed, {seconds:.0f} s of test time in all"
+            in _flat(_page("docs/benchmarks.md")))
+
+
+LONG = ("model-accuracy-h100-stand-in-long-context.json", "model-accuracy-h100-trained-indexer-long-context.json")
+CONTEXTS = (8192, 16384, 32768)
+
+
+def _long(name):
+    from sglang_fp4_indexer.model_study.report import summarize
+
+    return summarize(_json(name))
+
+
+def test_accuracy_long_context_tables_are_the_measured_runs():
+    """docs/accuracy.md's H100 section holds each run's loss and attention-recall rows as the study renders them,
+    and its passkey table is the runs' counts."""
+    page = _page("docs/accuracy.md")
+    for name in LONG:
+        doc = _json(name)
+        assert doc["device"] == "cuda" and doc["environment"]["gpu"] == "NVIDIA H100 80GB HBM3"
+        md = report.render_markdown(doc)
+        loss = [x for x in md.split("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")[1]
+                .split("\n\n")[0].splitlines()]
+        att = md.split("| context | k | exact selection | FP8 | FP4 |\n| ---: | ---: | ---: | ---: | ---: |\n")[1]
+        att = att.split("\n\n")[0].splitlines()
+        assert len(loss) == 6 and len(att) == 6 and [r for r in loss + att if r not in page] == []
+    s, t = (_long(n) for n in LONG)
+    for c in CONTEXTS:
+        pk = lambda x, n: "%d/%d" % tuple(x["passkey"][c]["variants"][n]["retrieved"])  # noqa: E731
+        ks, kt = min(s["loss"][c]["topk"]), min(t["loss"][c]["topk"])
+        assert pk(s, "dense") == pk(t, "dense")
+        assert (f"| {c // 1024}K | {pk(s, 'dense')} | {pk(s, 'fp8 k=2048')} / {pk(s, 'fp4 k=2048')} | k {ks}: "
+                f"{pk(s, f'fp8 k={ks}')} / {pk(s, f'fp4 k={ks}')} | {pk(t, 'fp8 k=2048')} / {pk(t, 'fp4 k=2048')} | "
+                f"k {kt}: {pk(t, f'fp8 k={kt}')} / {pk(t, f'fp4 k={kt}')} |") in page
+
+
+def test_accuracy_long_context_prose_and_readme_are_the_measured_runs():
+    """The figures the H100 section's prose, the README's rows and its sentence quote, from the two runs."""
+    page, readme = _flat(_page("docs/accuracy.md")), _flat(_page("README.md"))
+    s, t = (_long(n) for n in LONG)
+    pm = lambda ms: f"{ms[0]:+.4f} ± {ms[1]:.4f}"  # noqa: E731
+    row = lambda x, c, k=None: x["loss"][c]["topk"][k or min(x["loss"][c]["topk"])]  # noqa: E731
+    diffs = [r["fp4_minus_fp8"][0] for c in CONTEXTS for r in t["loss"][c]["topk"].values()]
+    lo, hi = min(diffs), max(diffs)
+    assert f"FP4 − FP8 is between {lo:+.4f} and {hi:+.4f} nats/token at every context and top-k" in page
+    assert f"by {lo:+.4f} to {hi:+.4f} nats/token from 8K to 32K tokens" in readme
+    worst = row(t, 32768)["fp4_minus_fp8"]
+    assert worst[0] == lo and abs(worst[0]) > 2 * worst[1]  # "more than two standard errors from zero"
+    assert f"at 32K and top-512 FP4 is even {pm(worst)}" in page
+    rec = lambda x: " / ".join(f"{x['loss'][c]['topk'][2048]['recall']['fp4'][0]:.3f}" for c in CONTEXTS)  # noqa: E731
+    assert f"Its FP4 keys keep {rec(t)} of the exact top-2048 at 8K / 16K / 32K" in page
+    assert f"({rec(s)} at top-2048)" in page
+    ratio = [row(s, c)["fp4_minus_fp8"] for c in CONTEXTS]
+    assert f"FP4 − FP8 is {', '.join(map(pm, ratio))} at top-128 of 8K, top-256 of 16K and top-512 of 32K" in page
+    assert ", ".join(pm(row(s, c, 2048)["fp4_minus_fp8"]) for c in CONTEXTS) + " at top-2048" in page
+    assert f"adds {pm(ratio[0])} nats/token at top-128 of 8K, falling to {pm(ratio[2])} at top-512 of 32K" in readme
+    top = [row(s, c, 2048)["fp4_minus_fp8"][0] for c in CONTEXTS]
+    assert f"{min(top):+.4f} to {max(top):+.4f} at top-2048" in readme
+    att = lambda x, c, k, f: x["loss"][c]["topk"][k]["attention_recall"][f][0]  # noqa: E731
+    lost = lambda x: " / ".join(  # noqa: E731
+        f"{att(x, c, min(x['loss'][c]['topk']), 'fp8') - att(x, c, min(x['loss'][c]['topk']), 'fp4'):.{p}f}"
+        for c in CONTEXTS for p in [2 if x is s else 3])
+    assert f"({lost(s)} fewer of the attention's top-k at the three 1/64 cases)" in page
+    assert f"the trained indexer's FP4 selection loses {lost(t)}" in page
+    assert f"At 8K it recalls {att(t, 8192, 2048, 'exact'):.2f} of the layer's attention top-2048" in page
+    assert (f"at 16K and 32K {att(t, 16384, 2048, 'exact'):.2f} and {att(t, 32768, 2048, 'exact'):.2f}, below the "
+            f"stand-in's {att(s, 16384, 2048, 'exact'):.2f} and {att(s, 32768, 2048, 'exact'):.2f}") in page
+    cost = lambda x: " and ".join(f"{row(x, c, 2048)['delta']['exact'][0]:+.3f}" for c in CONTEXTS[1:])  # noqa: E731
+    assert f"({cost(t)} at top-2048 of 16K / 32K, stand-in {cost(s)})" in page
+    assert "trained on 8K-token sequences on a GPU it recalls " + f"{att(t, 8192, 2048, 'exact'):.2f} at 8K" in page
+    kl = _json(LONG[1])["indexer"]["trained"]
+    assert (kl["context"], kl["sequences"], kl["steps"], kl["seed"]) == (8192, 12, 2000, 0)
+    assert (" / ".join(f"{kl['kl_before'][la]:.2f}" for la in ("5", "11", "17")) + " to "
+            + " / ".join(f"{kl['kl_after'][la]:.2f}" for la in ("5", "11", "17"))) in page
+    assert f"{kl['sequences'] * (kl['context'] - 1):,}".replace(",", " ") + " tokens" in page
+    cpu = _study(EIGHT_K[1], 8192)
+    assert (f"{pm(cpu[128]['fp4_minus_fp8'])} on the CPU, {pm(row(s, 8192)['fp4_minus_fp8'])} here; at top-2048 "
+            f"{pm(cpu[2048]['fp4_minus_fp8'])} and {pm(row(s, 8192, 2048)['fp4_minus_fp8'])}") in page
+    # The README's rows.
+    d = lambda x, c, k, f: pm(row(x, c, k)["delta"][f])  # noqa: E731
+    assert (f"| {d(t, 8192, 2048, 'fp8')} / {d(t, 32768, 2048, 'fp8')} | "
+            f"{d(t, 8192, 2048, 'fp4')} / {d(t, 32768, 2048, 'fp4')} |") in readme
+    assert (f"| {d(s, 8192, 128, 'fp8')} / {d(s, 32768, 512, 'fp8')} | "
+            f"{d(s, 8192, 128, 'fp4')} / {d(s, 32768, 512, 'fp4')} |") in readme
