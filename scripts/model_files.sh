@@ -48,7 +48,8 @@ case "${1:-}" in
     ;;
   receive)
     mkdir -p "$MODEL_DIR"
-    for d in .model/*/; do [ -d "$d" ] && mv -f "$d"* "$MODEL_DIR"/; done
+    # Each call brings one folder; folders an earlier call emptied stay behind and are skipped.
+    for f in .model/*/*; do [ -e "$f" ] && mv -f "$f" "$MODEL_DIR"/; done
     [ -f "$MODEL_DIR/MANIFEST" ] || { echo "no MANIFEST yet: carry .model/1 first" >&2; exit 1; }
     N=$(sed -n 's/^chunks=//p' "$MODEL_DIR/MANIFEST")
     HAVE=$(ls "$MODEL_DIR"/chunk.* 2>/dev/null | wc -l)

@@ -1,6 +1,6 @@
 """Rebuild the measured tables that ``sglang-fp4-indexer check --context`` quotes.
 
-    PYTHONPATH=. python3 scripts/update_check_tables.py BENCH_JSON ACCURACY_JSON [--model-accuracy JSON]
+    PYTHONPATH=. python3 scripts/update_check_tables.py BENCH_JSON ACCURACY_JSON [--model-accuracy JSON [JSON ...]]
         [--sglang-one-batch JSONL --sglang-profile JSON [JSON ...] --sglang-gpu NAME --sglang-date DATE]
         [--serving-profile JSON [JSON ...] --serving-gpu NAME --serving-date DATE --serving-stack TEXT
          --serving-layers N] [--out PATH]
@@ -9,9 +9,10 @@ BENCH_JSON: a ``sglang-fp4-indexer bench --device cuda --json`` report measured
 on an H200 (the FP8 times come from its ``deepgemm-fp8`` column when it has
 one; without it the table says the FP8 time is not measured). ACCURACY_JSON:
 an ``accuracy.json`` written by ``sglang-fp4-indexer accuracy`` (the GPU study
-reaches 128K contexts). ``--model-accuracy``: a ``model-accuracy.json`` of
-``sglang-fp4-indexer model-accuracy`` (the real-model study; its loss and
-passkey numbers are what check's verdict quotes as the measured cost).
+reaches 128K contexts). ``--model-accuracy``: ``model-accuracy.json`` results of
+``sglang-fp4-indexer model-accuracy`` (the real-model study, stand-in and trained
+indexer, CPU or GPU; a case measured by several is taken from the first given;
+their loss and passkey numbers are what check's verdict quotes as the measured cost).
 ``--sglang-one-batch`` / ``--sglang-profile``: SGLang's ``bench_one_batch`` result lines and the decode kernel
 tables (``scripts/sglang_bench.py profile-table --json``) of FP8 and FP4 runs of DeepSeek-V3.2's layer sizes
 (``scripts/sglang_gpu_check.sh e2e``): check quotes their decode step at exactly those shapes.
@@ -58,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bench_json", metavar="BENCH_JSON")
     parser.add_argument("accuracy_json", metavar="ACCURACY_JSON")
-    parser.add_argument("--model-accuracy", default=None, metavar="JSON",
-                        help="model-accuracy.json of the real-model study (adds the model section)")
+    parser.add_argument("--model-accuracy", nargs="+", default=None, metavar="JSON",
+                        help="model-accuracy.json results of the real-model study (adds the model section; a case "
+                             "measured by several is taken from the first given)")
     parser.add_argument("--sglang-one-batch", default=None, metavar="JSONL",
                         help="bench_one_batch --result-filename lines of FP8 and FP4 runs (run names fp8 / fp4)")
     parser.add_argument("--sglang-profile", nargs="+", default=[], metavar="JSON",
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--serving-profile needs --serving-gpu, --serving-date, --serving-stack and --serving-layers "
                      "(what was measured where)")
     try:
-        model = _read(args.model_accuracy) if args.model_accuracy else None
+        model = [_read(p) for p in args.model_accuracy] if args.model_accuracy else None
         sglang = None
         if args.sglang_one_batch:
             try:
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         tables = build_tables(_read(args.bench_json), _read(args.accuracy_json),
                               bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json),
                               model_accuracy=model,
-                              model_source=_source(args.model_accuracy) if args.model_accuracy else "",
+                              model_source=[_source(p) for p in args.model_accuracy] if args.model_accuracy else "",
                               sglang=sglang, timing_serving=serving)
     except ValueError as exc:
         parser.exit(2, f"update_check_tables: {exc}\n")
@@ -118,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{out}: {len(timing['rows'])} timing rows ({timing['gpu']}, {timing['date']}, FP4 column "
           f"{timing['fp4_column']}, FP8 {'measured' if timing['fp8_measured'] else 'not measured'}), "
           f"{len(tables['recall']['rows'])} recall rows ({tables['recall']['device']})"
-          + (f", {len(tables['model']['rows'])} model rows" if "model" in tables else "")
+          + (f", {len(tables['model']['rows'])} model rows ({', '.join(sorted({r['indexer'] for r in tables['model']['rows']}))})"
+             if "model" in tables else "")
           + (f", {len(tables['sglang']['rows'])} SGLang decode rows" if "sglang" in tables else "")
           + (f", {len(tables['timing_serving']['rows'])} serving timing rows ({tables['timing_serving']['gpu']})"
              if "timing_serving" in tables else ""))

@@ -23,11 +23,12 @@ Recall rows: mean top-k recall against exact scoring of ``FP4`` and ``FP8`` per
 (workload, context, H).
 
 Model rows (optional, ``model``): what FP4 and FP8 index keys cost a real
-model, from a ``model-accuracy.json`` of ``sglang-fp4-indexer model-accuracy``
-(Gemma 3 270M with sparse attention in its global layers over a stand-in
-indexer, measured on a CPU): per complete (context, top-k) case, the loss difference to dense
-attention of each format and FP4 - FP8, each ``[mean, standard error]`` in
-nats per token over the windows, and passkey retrieval counts
+model, from one or more ``model-accuracy.json`` of ``sglang-fp4-indexer model-accuracy``
+(Gemma 3 270M with sparse attention in its global layers over the stand-in or a
+trained indexer, on a CPU or a GPU): per complete (indexer, context, top-k) case, the loss
+difference to dense attention of each format and FP4 - FP8, each ``[mean, standard error]`` in
+nats per token over the windows, and passkey retrieval counts, each row naming its indexer and
+where it ran; a case measured by several files is taken from the first given
 (``nearest_model_cost``).
 
 SGLang decode rows (optional, ``sglang``): the decode step inside SGLang's own
@@ -63,6 +64,7 @@ __all__ = [
     "timing_is_near",
     "nearest_recall",
     "nearest_model_cost",
+    "model_indexers",
     "sglang_decode_section",
     "serving_timing_section",
     "measured_decode",
@@ -143,19 +145,36 @@ def _recall(accuracy: dict, source: str) -> dict:
     return {"device": env.get("gpu") or env.get("device") or accuracy.get("device", "?"), "topk": topk, "rows": rows}
 
 
-def _model(doc: dict, source: str) -> dict:
+def _model(docs: list[dict], sources: list[str]) -> dict:
+    rows, seen, models = [], set(), set()
+    for doc, source in zip(docs, sources):
+        own = _model_rows(doc, source)
+        models.add(str(doc.get("model", "?")))
+        rows += [r for r in own if (r["indexer"], r["context"], r["topk"]) not in seen]
+        seen |= {(r["indexer"], r["context"], r["topk"]) for r in own}
+    if len(models) > 1:
+        raise ValueError(f"{', '.join(sources)}: studies of different models ({', '.join(sorted(models))})")
+    rows.sort(key=lambda r: (r["indexer"] != "stand-in", r["indexer"], r["context"], r["topk"]))
+    return {"model": models.pop(), "sources": list(sources), "rows": rows}
+
+
+def _model_rows(doc: dict, source: str) -> list[dict]:
     from .model_study.report import summarize
 
     try:
         summary = summarize(doc)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"{source}: not a model-accuracy.json of 'sglang-fp4-indexer model-accuracy' ({exc})") from None
+    env = doc.get("environment") or {}
+    device = (env.get("gpu") or "GPU") if doc.get("device") == "cuda" else "CPU"
+    indexer = "trained" if doc.get("indexer_kind") == "trained" else "stand-in"
     rows = []
     for ctx, case in sorted(summary["loss"].items()):
         if case["windows"] < int(doc.get("windows") or 0):
             continue  # an interrupted case: not quoted
         for k, row in sorted(case["topk"].items()):
-            entry = {"context": ctx, "topk": k, "windows": case["windows"],
+            entry = {"indexer": indexer, "device": device, "source": source,
+                     "context": ctx, "topk": k, "windows": case["windows"],
                      **{f"delta_{f}": list(row["delta"][f]) for f in ("exact", "fp8", "fp4")},
                      "fp4_minus_fp8": list(row["fp4_minus_fp8"]),
                      **{f"recall_{f}": row["recall"][f][0] for f in ("fp8", "fp4") if f in row["recall"]}}
@@ -166,7 +185,7 @@ def _model(doc: dict, source: str) -> dict:
             rows.append(entry)
     if not rows:
         raise ValueError(f"{source}: no complete loss case")
-    return {"model": str(doc.get("model", "?")), "device": "CPU", "rows": rows}
+    return rows
 
 
 def sglang_decode_section(one_batch: list[dict], profiles: dict, *, gpu: str, date: str, model: str,
@@ -289,8 +308,8 @@ def measured_decode(tables: dict, batch: int, context: int) -> dict | None:
 
 
 def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench report",
-                 accuracy_source: str = "accuracy.json", model_accuracy: dict | None = None,
-                 model_source: str = "model-accuracy.json", sglang: dict | None = None,
+                 accuracy_source: str = "accuracy.json", model_accuracy: dict | list[dict] | None = None,
+                 model_source: str | list[str] = "model-accuracy.json", sglang: dict | None = None,
                  timing_serving: dict | None = None) -> dict:
     """The tables file's content from a GPU benchmark report and an accuracy result.
 
@@ -299,8 +318,10 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
             ``rows`` with per-scorer ``results``), measured on a CUDA device.
         accuracy: an ``accuracy.json`` (``topk``, ``cases`` with ``formats``
             ``FP4``/``FP8`` ``recall_mean``).
-        bench_source, accuracy_source, model_source: names for messages and the record.
-        model_accuracy: a ``model-accuracy.json`` (the real-model study), or None (no ``model`` section).
+        bench_source, accuracy_source, model_source: names for messages and the record (``model_source``: one
+            per ``model_accuracy`` result, in the same order).
+        model_accuracy: a ``model-accuracy.json`` (the real-model study) or a list of them (a case measured by
+            several is taken from the first), or None (no ``model`` section).
         sglang: a ``sglang_decode_section`` result, or None (no ``sglang`` section).
         timing_serving: a ``serving_timing_section`` result, or None (no ``timing_serving`` section).
 
@@ -313,8 +334,12 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
     out = {"format": TABLES_FORMAT, "timing": _timing(bench, bench_source),
            "recall": _recall(accuracy, accuracy_source), "sources": [bench_source, accuracy_source]}
     if model_accuracy is not None:
-        out["model"] = _model(model_accuracy, model_source)
-        out["sources"].append(model_source)
+        docs = [model_accuracy] if isinstance(model_accuracy, dict) else list(model_accuracy)
+        names = [model_source] if isinstance(model_source, str) else list(model_source)
+        if not docs or len(names) != len(docs):
+            raise ValueError(f"model_source: expected one name per model_accuracy result ({len(docs)}), got {names!r}")
+        out["model"] = _model(docs, names)
+        out["sources"].extend(names)
     if sglang is not None:
         out["sglang"] = sglang
         out["sources"].extend(sglang["sources"])
@@ -412,17 +437,26 @@ def nearest_recall(tables: dict, heads: int, context: int) -> list[dict]:
     return [r for r in same if r["context"] == best_context]
 
 
-def nearest_model_cost(tables: dict, context: int, topk: int) -> dict | None:
-    """The real-model study's row nearest a request length, or None when the tables have no model section.
+def model_indexers(tables: dict) -> list[str]:
+    """The indexers the tables' real-model rows were measured with, the stand-in first (``[]``: no model section)."""
+    return list(dict.fromkeys(r.get("indexer", "stand-in") for r in (tables.get("model") or {}).get("rows") or []))
 
-    Rule: the measured context nearest ``context`` by ``|log2|`` gap (ties: the
-    longer), then at that context the row with the model's ``topk`` if measured,
-    else the measured top-k nearest it by ``|log2|`` gap (ties: the larger).
+
+def nearest_model_cost(tables: dict, context: int, topk: int, indexer: str = "stand-in") -> dict | None:
+    """The real-model study's row nearest a request length for one indexer, or None when there is none.
+
+    Rule: among the rows of ``indexer``, the measured context nearest ``context`` by
+    ``|log2|`` gap (ties: the longer), then at that context the row with the model's
+    ``topk`` if measured, else the measured top-k nearest it by ``|log2|`` gap (ties: the larger).
+
+    Args:
+        indexer: ``"stand-in"`` or ``"trained"`` (``model_indexers`` lists those measured); rows written before
+            rows named their indexer are the stand-in's.
 
     Returns:
-        ``{"context", "topk", "windows", "delta_exact" | "delta_fp8" | "delta_fp4" | "fp4_minus_fp8":
-        [mean, standard error], "recall_fp8", "recall_fp4", "passkey_dense" | ..._fp8 | ..._fp4: [retrieved,
-        prompts] (when measured)}``.
+        ``{"indexer", "device", "source", "context", "topk", "windows", "delta_exact" | "delta_fp8" |
+        "delta_fp4" | "fp4_minus_fp8": [mean, standard error], "recall_fp8", "recall_fp4", "passkey_dense" |
+        ..._fp8 | ..._fp4: [retrieved, prompts] (when measured)}``.
 
     Raises:
         ValueError: a non-positive argument.
@@ -430,7 +464,7 @@ def nearest_model_cost(tables: dict, context: int, topk: int) -> dict | None:
     for name, value in (("context", context), ("topk", topk)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    rows = (tables.get("model") or {}).get("rows") or []
+    rows = [r for r in (tables.get("model") or {}).get("rows") or [] if r.get("indexer", "stand-in") == indexer]
     if not rows:
         return None
     best = min({r["context"] for r in rows}, key=lambda c: (_log_gap(c, context), -c))

@@ -191,6 +191,21 @@ def test_cli_parses_cases_and_renders_from_json(tmp_path):
     src.write_text(json.dumps(doc))
     assert cli.main(["model-accuracy", "--from-json", str(src), "--out-dir", str(tmp_path / "o")]) == 0
     assert "| 4K | 2 | 2048 | 1/2 |" in (tmp_path / "o" / "model-accuracy.md").read_text()
+    assert not (tmp_path / "o" / "model-accuracy-indexers.png").exists()
+    # Two results (a GPU run of a trained indexer beside the stand-in): both tables, each saying its indexer and
+    # where it ran, and the comparison plot.
+    trained = {**doc, "device": "cuda", "environment": {"gpu": "NVIDIA H100 80GB HBM3"}, "indexer_kind": "trained",
+               "indexer": {"trained": {"heads": 64, "context": 8192, "sequences": 12}}}
+    trained["loss"] = {"4096": {"topk": [2048], "windows": [
+        {"nll": {"dense": 2.0, "exact k=2048": 2.0, "fp8 k=2048": 2.0, "fp4 k=2048": 2.5}, "recall": {}}] * 2}}
+    (tmp_path / "t.json").write_text(json.dumps(trained))
+    assert cli.main(["model-accuracy", "--from-json", str(src), str(tmp_path / "t.json"),
+                     "--out-dir", str(tmp_path / "two")]) == 0
+    md = (tmp_path / "two" / "model-accuracy.md").read_text()
+    assert md.count("| 4K | 2 | 2048 | 1/2 |") == 2 and "| +0.5000 ± 0.0000 |" in md
+    assert "stand-in indexer; on the CPU" in md
+    assert "trained indexer (64 heads, trained on 12 x 8192 tokens); on an NVIDIA H100 80GB HBM3" in md
+    assert (tmp_path / "two" / "model-accuracy-indexers.png").stat().st_size > 10_000
     with pytest.raises(SystemExit) as exc:
         cli.main(["model-accuracy", "--cases", "100:5"])
     assert exc.value.code == 2

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fp4_indexer.tables import (build_tables, load_tables, measured_decode, nearest_model_cost, nearest_recall,
+from sglang_fp4_indexer.tables import (build_tables, load_tables, measured_decode, model_indexers, nearest_model_cost, nearest_recall,
                                       nearest_timing, serving_timing_section, sglang_decode_section)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,10 +87,17 @@ def test_bad_reports_are_refused_by_name():
 
 def test_packaged_tables_are_built_from_their_recorded_sources():
     tables = load_tables()
-    bench_src, acc_src, model_src = tables["sources"][:3]
+    bench_src, acc_src = tables["sources"][:2]
+    model_src = tables["model"]["sources"]
+    assert tables["sources"][2:2 + len(model_src)] == model_src
     bench = json.loads((REPO / bench_src).read_text())
     acc = json.loads((REPO / acc_src).read_text())
-    model = json.loads((REPO / model_src).read_text())
+    model = [json.loads((REPO / p).read_text()) for p in model_src]
+    # The GPU long-context studies (stand-in, trained indexer) first, then the CPU study for what they lack (4K).
+    assert [json.loads((REPO / p).read_text()).get("device", "cpu") for p in model_src] == ["cuda", "cuda", "cpu"]
+    assert {(r["indexer"], r["device"]) for r in tables["model"]["rows"]} == {
+        ("stand-in", "NVIDIA H100 80GB HBM3"), ("trained", "NVIDIA H100 80GB HBM3"), ("stand-in", "CPU")}
+    assert {r["context"] for r in tables["model"]["rows"] if r["device"] == "CPU"} == {4096}
     sec = tables["sglang"]
     one_batch_src, *profile_srcs = sec["sources"]
     lines = [json.loads(x) for x in (REPO / one_batch_src).read_text().splitlines() if x.strip()]
@@ -112,7 +119,7 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
     assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src, model_accuracy=model,
                                   model_source=model_src, sglang=sglang, timing_serving=serving)
     assert tables["timing"]["gpu"] == "NVIDIA H200" and tables["recall"]["topk"] == 2048
-    assert tables["sources"][3:] == sec["sources"] + srv["sources"]
+    assert tables["sources"][2 + len(model_src):] == sec["sources"] + srv["sources"]
     assert srv["gpu"] == "NVIDIA H100 80GB HBM3" and [(r["batch"], r["context"]) for r in srv["rows"]] == [
         (1, 131072), (8, 65536)]
     # The recorded flags are those the runs were made with (scripts/sglang_gpu_check.sh e2e): Triton FP8 GEMMs, no
@@ -216,7 +223,8 @@ def _model_doc():
 
 def test_model_rows_and_the_nearest_model_cost():
     t = build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy=_model_doc(), model_source="m.json")
-    assert t["sources"][-1] == "m.json" and t["model"]["device"] == "CPU"
+    assert t["sources"][-1] == "m.json" and t["model"]["sources"] == ["m.json"]
+    assert {(r["indexer"], r["device"], r["source"]) for r in t["model"]["rows"]} == {("stand-in", "CPU", "m.json")}
     rows = {(r["context"], r["topk"]): r for r in t["model"]["rows"]}
     assert set(rows) == {(4096, 2048), (8192, 256), (8192, 2048)}
     r = rows[(4096, 2048)]
@@ -230,5 +238,29 @@ def test_model_rows_and_the_nearest_model_cost():
     assert pick(4096, 2048) == (4096, 2048) and pick(5792, 2048) == (4096, 2048) and pick(5793, 2048) == (8192, 2048)
     assert pick(8192, 300) == (8192, 256) and pick(4096, 300) == (4096, 2048)
     assert nearest_model_cost({"timing": {}, "recall": {}}, 4096, 2048) is None
+    assert nearest_model_cost(t, 4096, 2048, "trained") is None and model_indexers(t) == ["stand-in"]
     with pytest.raises(ValueError, match="m.json: no complete loss case"):
         build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy={"loss": {}}, model_source="m.json")
+
+
+def test_model_rows_from_several_studies_first_given_wins():
+    """A GPU study of a trained indexer and a CPU study of the stand-in: each row names its indexer and device,
+    a case both files measure comes from the first given, and the nearest row is chosen per indexer."""
+    gpu = {**_model_doc(), "device": "cuda", "environment": {"gpu": "NVIDIA H100 80GB HBM3"}, "indexer_kind": "trained"}
+    gpu_stand_in = {**_model_doc(), "device": "cuda", "environment": {"gpu": "NVIDIA H100 80GB HBM3"}}
+    cpu = _model_doc()
+    cpu["loss"] = {**cpu["loss"], "4096": {"topk": [2048], "windows": [{"nll": {"dense": 2.0, "exact k=2048": 2.0,
+                   "fp8 k=2048": 2.5, "fp4 k=2048": 2.5}, "recall": {}}] * 2}}
+    t = build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy=[gpu, gpu_stand_in, cpu],
+                     model_source=["g.json", "s.json", "c.json"])
+    assert t["sources"][2:] == ["g.json", "s.json", "c.json"] and model_indexers(t) == ["stand-in", "trained"]
+    rows = {(r["indexer"], r["context"], r["topk"]): r for r in t["model"]["rows"]}
+    assert len(rows) == 6 and {r["source"] for k, r in rows.items() if k[0] == "stand-in"} == {"s.json"}
+    assert rows["stand-in", 4096, 2048]["delta_fp8"][0] == pytest.approx(0.002)  # s.json's, not c.json's 0.5
+    assert rows["trained", 8192, 2048]["device"] == "NVIDIA H100 80GB HBM3"
+    assert nearest_model_cost(t, 131072, 2048, "trained")["source"] == "g.json"
+    with pytest.raises(ValueError, match="model_source: expected one name per model_accuracy result"):
+        build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy=[gpu, cpu], model_source=["g.json"])
+    with pytest.raises(ValueError, match="studies of different models"):
+        build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy=[gpu, {**cpu, "model": "other"}],
+                     model_source=["g.json", "c.json"])

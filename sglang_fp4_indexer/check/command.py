@@ -142,10 +142,11 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
     else:
         console.print(f"top-{w['topk']} recall against exact scoring, FP4 vs FP8, {where}, H {w['recall'][0]['heads']} "
                       f"(accuracy study on {w['recall_device']}): {parts}")
-        m = w["model_cost"]
-        if m is not None:
-            console.print(f"on a real model (Gemma 3 270M, sparse attention in its 3 global layers over a stand-in "
-                          f"indexer, CPU), at {_k(m['context'])}, top-{m['topk']}, {m['windows']} text windows "
+        for m in w["model_cost"]:
+            indexer = ("a stand-in indexer" if m.get("indexer", "stand-in") == "stand-in"
+                       else "a small trained lightning indexer")
+            console.print(f"on a real model (Gemma 3 270M, sparse attention in its 3 global layers over {indexer}, "
+                          f"{m.get('device', 'CPU')}), at {_k(m['context'])}, top-{m['topk']}, {m['windows']} text windows "
                           f"(the nearest measured context to {_k(context)}): Δ loss vs dense attention exact selection "
                           f"{_pm(m['delta_exact'])}, FP8 {_pm(m['delta_fp8'])}, FP4 {_pm(m['delta_fp4'])} nats/token"
                           + (f"; passkey retrieved dense {m['passkey_dense'][0]}/{m['passkey_dense'][1]}, FP8 "

@@ -37,14 +37,19 @@ def _pm(ms) -> str:
     return f"{m:+.4f}" if se != se else f"{m:+.4f} ± {se:.4f}"  # se != se: NaN (one window)
 
 
-def _model_cost_text(row: dict | None, context: int, topk: int) -> str:
-    if row is None:
+def _model_cost_text(rows: list[dict], context: int, topk: int) -> str:
+    if not rows:
         return "the effect on a model's loss is not in these tables"
-    text = (f"Δ loss vs dense attention FP4 {_pm(row['delta_fp4'])}, FP8 {_pm(row['delta_fp8'])} nats/token "
-            f"(FP4 - FP8 {_pm(row['fp4_minus_fp8'])})")
-    if "passkey_fp4" in row:
-        text += f", passkey {row['passkey_fp4'][0]}/{row['passkey_fp4'][1]} vs {row['passkey_fp8'][0]}/{row['passkey_fp8'][1]}"
-    return text + f" on Gemma 3 270M at {_k(row['context'])}, top-{row['topk']} (real-model study, stand-in indexer)"
+    parts = []
+    for row in rows:
+        text = (f"Δ loss vs dense attention FP4 {_pm(row['delta_fp4'])}, FP8 {_pm(row['delta_fp8'])} nats/token "
+                f"(FP4 - FP8 {_pm(row['fp4_minus_fp8'])})")
+        if "passkey_fp4" in row:
+            text += (f", passkey {row['passkey_fp4'][0]}/{row['passkey_fp4'][1]} vs "
+                     f"{row['passkey_fp8'][0]}/{row['passkey_fp8'][1]}")
+        parts.append(text + f" on Gemma 3 270M at {_k(row['context'])}, top-{row['topk']} (real-model study, "
+                     f"{row.get('indexer', 'stand-in')} indexer, {row.get('device', 'CPU')})")
+    return "; ".join(parts)
 
 
 def measured_on(gpu: str, name: str | None) -> bool:
@@ -190,8 +195,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     the plugin's rotation inside SGLang's fused indexer (``timing_unmeasured`` says why).
     The cost is the top-k recall at the nearest measured context
     (``tables.nearest_recall``) and the real-model study's loss and passkey
-    numbers at the nearest measured context (``tables.nearest_model_cost``,
-    at the tables' top-k, 2048, DSA's ``index_topk``).
+    numbers at the nearest measured context for each indexer it was measured with
+    (``tables.nearest_model_cost``, at the tables' top-k, 2048, DSA's ``index_topk``).
 
     With DP attention or data-parallel replicas (``found["batch_split"]``: ``(N, what)``, N > 1) every rank or
     replica holds its own KV pool, the per-GPU budget, and decodes its share of the batch: the requests that fit,
@@ -215,8 +220,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         (the measured next_n values), ``timing_exact``, ``timing_gpu``, ``timing_stack`` (torch and triton of that run),
         ``timing_method`` (how the in-server rows were measured, or None),
         ``recall`` (rows at the nearest measured context), ``recall_exact``,
-        ``recall_device``, ``model_cost`` (``tables.nearest_model_cost`` or
-        None), ``sglang_decode`` (the decode step measured inside SGLang at
+        ``recall_device``, ``model_cost`` (``tables.nearest_model_cost`` per indexer in
+        ``tables.model_indexers``' order; empty without a model section), ``sglang_decode`` (the decode step measured inside SGLang at
         exactly this batch and context, MTP off, with this index-head count,
         MLA KV format and no DCP: ``tables.measured_decode``; else None, with
         ``sglang_decode_why``), ``sglang_decode_run``, ``topk``, ``model_topk``, ``topk_unmeasured``,
@@ -227,7 +232,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         ValueError: ``found`` has no memory rows (not a DSA model), a
             non-positive shape, or ``context < next_n``.
     """
-    from ..tables import load_tables, nearest_model_cost, nearest_recall, nearest_timing, timing_is_near
+    from ..tables import load_tables, model_indexers, nearest_model_cost, nearest_recall, nearest_timing, timing_is_near
 
     cap: DcpCapacity | None = found.get("capacity")
     if cap is None:
@@ -273,7 +278,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     # The recall and loss tables are at top-``topk``: another top-k selects another share of the keys.
     topk_unmeasured = (f"measured at top-{topk}, not at this model's index_topk {model_topk}"
                        if model_topk != topk else None)
-    model_cost = nearest_model_cost(tables, context, topk)
+    model_cost = [r for r in (nearest_model_cost(tables, context, topk, kind) for kind in model_indexers(tables))
+                  if r is not None]
     out = {
         "requests_fp8": cap.tokens_fp8 // context, "requests_fp4": tokens_fp4 // context,
         "tokens_needed": rank_batch * context, "tokens_fp8": cap.tokens_fp8, "tokens_fp4": tokens_fp4, "gain": gain,

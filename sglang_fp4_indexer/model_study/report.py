@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 
-__all__ = ["mean_se", "summarize", "render_markdown", "plot"]
+__all__ = ["mean_se", "summarize", "render_markdown", "plot", "plot_indexers"]
 
 _FORM_LABEL = {"exact": "exact", "fp8": "FP8", "fp4": "FP4"}
 
@@ -108,6 +108,23 @@ def _ctx(c: int) -> str:
     return f"{c // 1024}K" if c % 1024 == 0 else str(c)
 
 
+def _where(doc: dict) -> str:
+    """Where a study ran: ``"on an NVIDIA H100 80GB HBM3"`` (``--device cuda``) or ``"on the CPU (16 threads)"``."""
+    env = doc.get("environment", {})
+    if doc.get("device") == "cuda":
+        return f"on an {env.get('gpu', 'unnamed GPU')}"
+    return f"on the CPU ({env.get('threads', '?')} threads)"
+
+
+def _indexer_label(doc: dict) -> str:
+    """``"stand-in indexer"`` or ``"trained indexer (64 heads, trained on 12 x 8192 tokens)"``."""
+    trained = (doc.get("indexer") or {}).get("trained")
+    if doc.get("indexer_kind") != "trained" or not trained:
+        return "stand-in indexer"
+    return (f"trained indexer ({trained.get('heads', '?')} heads, trained on {trained.get('sequences', '?')} x "
+            f"{trained.get('context', '?')} tokens)")
+
+
 def render_markdown(doc: dict) -> str:
     """The study's tables as markdown: loss and recall per context and top-k, then passkey retrieval."""
     s = summarize(doc)
@@ -117,8 +134,8 @@ def render_markdown(doc: dict) -> str:
     env = doc.get("environment", {})
     lines += [f"Text: Newton's *Opticks*, {doc.get('windows')} disjoint windows per context, loss over the last "
               f"{doc.get('scored')} positions of each; mean ± standard error over the windows; Δ = variant minus "
-              f"dense attention, paired per window (nats/token). torch {env.get('torch', '?')}, transformers "
-              f"{env.get('transformers', '?')}, {env.get('threads', '?')} CPU threads; "
+              f"dense attention, paired per window (nats/token). {_indexer_label(doc)}; {_where(doc)}, torch "
+              f"{env.get('torch', '?')}, transformers {env.get('transformers', '?')}; "
               + f"{_compute_seconds(doc) / 60:,.0f} minutes of wall time over the sequences"
               + ("." if doc.get("seconds") else " (the last run was interrupted; what it measured is below)."), ""]
     lines += ["| context | windows | k | k / context | dense loss | Δ exact selection | Δ FP8 | Δ FP4 | FP4 − FP8 | "
@@ -213,7 +230,71 @@ def plot(doc: dict, path: str | os.PathLike) -> bool:
     log_ticks(ax, all_ks)
     ax.set_title("FP4 − FP8, paired per window", fontsize=10)
     ax.legend(fontsize=8)
-    fig.suptitle("Gemma 3 270M, sparse attention in its 3 global layers over a stand-in indexer\n"
+    fig.suptitle(f"Gemma 3 270M, sparse attention in its 3 global layers over a {_indexer_label(doc)}, "
+                 f"{_where(doc)}\n(mean ± standard error over windows)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.fspath(path), dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_indexers(docs: list[dict], path: str | os.PathLike) -> bool:
+    """Several studies side by side over the context, one line per (study, top-k rule): FP4 − FP8 loss, FP4's
+    recall of the exact top-k, and the exact selection's recall of the layer's attention top-k.
+
+    Per context the largest top-k measured is drawn as one line and the smallest as another (``k = 2048`` and
+    ``k`` at 1/64 of the context in the long-context preset); each study is labelled by its indexer
+    (``_indexer_label``) and where it ran. Error bars: standard errors over the windows.
+
+    Args:
+        docs: ``model-accuracy.json`` results (as ``--from-json`` reads them), at least one.
+
+    Returns:
+        False (nothing written) when matplotlib is not installed or no study has a complete loss case.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    series = []  # (label, [(context, row)])
+    for doc in docs:
+        loss = summarize(doc)["loss"]
+        if not loss:
+            continue
+        for rule, pick in (("largest k", max), ("smallest k", min)):
+            points = [(c, loss[c]["topk"][pick(loss[c]["topk"])], pick(loss[c]["topk"])) for c in sorted(loss)]
+            ks = "/".join(str(k) for _, _, k in points)
+            label = f"{_indexer_label(doc).split(' (')[0]}, {_where(doc).removeprefix('on ').removeprefix('an ')}, k {ks}"
+            if rule == "smallest k" and all(p[2] == q[2] for p, q in zip(points, series[-1][1])):
+                continue  # one top-k per context: drawn once
+            series.append((label, points))
+    if not series:
+        return False
+    panels = (("FP4 − FP8 loss (nats/token)", lambda r: r["fp4_minus_fp8"]),
+              ("FP4 recall of the exact top-k", lambda r: r["recall"].get("fp4")),
+              ("exact selection's recall of the attention top-k", lambda r: (r.get("attention_recall") or {}).get("exact")))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    for ax, (title, value) in zip(axes, panels):
+        for i, (label, points) in enumerate(series):
+            pts = [(c, value(r)) for c, r, _ in points if value(r) is not None]
+            if not pts:
+                continue
+            ax.errorbar([c * (1 + 0.03 * (i - len(series) / 2)) for c, _ in pts], [v[0] for _, v in pts],
+                        yerr=[0 if math.isnan(v[1]) else v[1] for _, v in pts], marker="os^Dv<>"[i % 7], ms=5,
+                        capsize=3, lw=1.2, label=label)
+        ctxs = sorted({c for _, pts in series for c, _, _ in pts})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ctxs, [_ctx(c) for c in ctxs])
+        ax.minorticks_off()
+        ax.set_xlabel("context (tokens)")
+        ax.grid(True, alpha=0.3)
+        ax.set_title(title, fontsize=10)
+    axes[0].axhline(0, color="0.6", lw=0.8)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Gemma 3 270M, sparse attention in its 3 global layers: the indexers compared "
                  "(mean ± standard error over windows)", fontsize=10)
     fig.tight_layout()
     fig.savefig(os.fspath(path), dpi=110)

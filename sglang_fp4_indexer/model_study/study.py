@@ -450,8 +450,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="extend the model-accuracy.json already in --out-dir: its complete cases are kept, "
                              "the rest are run (an interrupted run continues where it stopped)")
-    parser.add_argument("--from-json", default=None, metavar="PATH",
-                        help="re-render the tables and plot from a model-accuracy.json, run nothing")
+    parser.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
+                        help="re-render the tables and plot from a model-accuracy.json, run nothing; with several "
+                             "(e.g. the stand-in's and the trained indexer's), their tables one after the other, the "
+                             "first one's plot, and model-accuracy-indexers.png comparing them over the context")
 
 
 def _load_result(path: str) -> dict:
@@ -487,8 +489,10 @@ def main(args: argparse.Namespace) -> int:
     console = Console()
     check_output_dir(args.out_dir)
     out_dir = Path(args.out_dir)
+    docs = []
     if args.from_json:
-        doc = _load_result(args.from_json)
+        docs = [_load_result(path) for path in args.from_json]
+        doc = docs[0]
     else:
         from .gemma import model_available
 
@@ -548,8 +552,10 @@ def main(args: argparse.Namespace) -> int:
     from . import report
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    text = report.render_markdown(doc)
+    text = "\n".join(report.render_markdown(d) for d in (docs or [doc]))
     (out_dir / "model-accuracy.md").write_text(text)
     report.plot(doc, out_dir / "model-accuracy.png")
+    if len(docs) > 1:
+        report.plot_indexers(docs, out_dir / "model-accuracy-indexers.png")
     console.print(text, markup=False, highlight=False)
     return 0
