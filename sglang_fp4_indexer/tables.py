@@ -146,38 +146,56 @@ def _recall(accuracy: dict, source: str) -> dict:
 
 
 def _model(docs: list[dict], sources: list[str]) -> dict:
+    """The ``model`` section from several studies' results (``sources`` names them, in the same order).
+
+    A case (indexer, what a trained indexer was trained on, context, top-k) measured by several is taken from
+    the first given; rows are ordered stand-in first, then by context and top-k.
+
+    Raises:
+        ValueError: a result that is not a study's or has no complete loss case, or studies of different models.
+    """
+    def key(r):
+        return r["indexer"], r.get("trained_on"), r["context"], r["topk"]
+
     rows, seen, models = [], set(), set()
     for doc, source in zip(docs, sources):
         own = _model_rows(doc, source)
         models.add(str(doc.get("model", "?")))
-        rows += [r for r in own if (r["indexer"], r["context"], r["topk"]) not in seen]
-        seen |= {(r["indexer"], r["context"], r["topk"]) for r in own}
+        rows += [r for r in own if key(r) not in seen]
+        seen |= {key(r) for r in own}
     if len(models) > 1:
         raise ValueError(f"{', '.join(sources)}: studies of different models ({', '.join(sorted(models))})")
-    rows.sort(key=lambda r: (r["indexer"] != "stand-in", r["indexer"], r["context"], r["topk"]))
+    rows.sort(key=lambda r: (r["indexer"] != "stand-in", r["indexer"], r.get("trained_on") or "", r["context"],
+                             r["topk"]))
     return {"model": models.pop(), "sources": list(sources), "rows": rows}
 
 
 def _model_rows(doc: dict, source: str) -> list[dict]:
-    from .model_study.report import summarize
+    """One study's complete (context, top-k) cases as model rows, each naming its indexer, device and source.
+
+    Raises:
+        ValueError: not a study's result, or no complete loss case (naming ``source``).
+    """
+    from .model_study.report import study_device, summarize, trained_on
 
     try:
         summary = summarize(doc)
+        device, on = study_device(doc), trained_on(doc)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"{source}: not a model-accuracy.json of 'sglang-fp4-indexer model-accuracy' ({exc})") from None
-    env = doc.get("environment") or {}
-    device = (env.get("gpu") or "GPU") if doc.get("device") == "cuda" else "CPU"
-    indexer = "trained" if doc.get("indexer_kind") == "trained" else "stand-in"
+    indexer = "trained" if on is not None else "stand-in"
     rows = []
     for ctx, case in sorted(summary["loss"].items()):
         if case["windows"] < int(doc.get("windows") or 0):
             continue  # an interrupted case: not quoted
         for k, row in sorted(case["topk"].items()):
-            entry = {"indexer": indexer, "device": device, "source": source,
+            entry = {"indexer": indexer, **({"trained_on": on} if on else {}), "device": device, "source": source,
                      "context": ctx, "topk": k, "windows": case["windows"],
                      **{f"delta_{f}": list(row["delta"][f]) for f in ("exact", "fp8", "fp4")},
                      "fp4_minus_fp8": list(row["fp4_minus_fp8"]),
-                     **{f"recall_{f}": row["recall"][f][0] for f in ("fp8", "fp4") if f in row["recall"]}}
+                     **{f"recall_{f}": row["recall"][f][0] for f in ("fp8", "fp4") if f in row["recall"]},
+                     **({"attention_recall_exact": row["attention_recall"]["exact"][0]}
+                        if "attention_recall" in row else {})}
             pk = summary["passkey"].get(ctx)
             if pk and k in pk["topk"]:
                 for name, key in (("dense", "dense"), (f"fp8 k={k}", "fp8"), (f"fp4 k={k}", "fp4")):
@@ -437,12 +455,15 @@ def nearest_recall(tables: dict, heads: int, context: int) -> list[dict]:
     return [r for r in same if r["context"] == best_context]
 
 
-def model_indexers(tables: dict) -> list[str]:
-    """The indexers the tables' real-model rows were measured with, the stand-in first (``[]``: no model section)."""
-    return list(dict.fromkeys(r.get("indexer", "stand-in") for r in (tables.get("model") or {}).get("rows") or []))
+def model_indexers(tables: dict) -> list[tuple[str, str | None]]:
+    """The indexers the tables' real-model rows were measured with, as ``(indexer, trained_on)`` pairs in the rows'
+    order, the stand-in first: ``[("stand-in", None), ("trained", "12 x 8192 tokens")]`` (``[]``: no model section)."""
+    rows = (tables.get("model") or {}).get("rows") or []
+    return list(dict.fromkeys((r.get("indexer", "stand-in"), r.get("trained_on")) for r in rows))
 
 
-def nearest_model_cost(tables: dict, context: int, topk: int, indexer: str = "stand-in") -> dict | None:
+def nearest_model_cost(tables: dict, context: int, topk: int, indexer: str = "stand-in",
+                       trained_on: str | None = None) -> dict | None:
     """The real-model study's row nearest a request length for one indexer, or None when there is none.
 
     Rule: among the rows of ``indexer``, the measured context nearest ``context`` by
@@ -450,11 +471,14 @@ def nearest_model_cost(tables: dict, context: int, topk: int, indexer: str = "st
     ``topk`` if measured, else the measured top-k nearest it by ``|log2|`` gap (ties: the larger).
 
     Args:
-        indexer: ``"stand-in"`` or ``"trained"`` (``model_indexers`` lists those measured); rows written before
-            rows named their indexer are the stand-in's.
+        indexer, trained_on: ``"stand-in"`` (``trained_on`` None) or ``"trained"`` with what it was trained on
+            (``model_indexers`` lists the pairs measured); rows written before rows named their indexer are the
+            stand-in's.
 
     Returns:
-        ``{"indexer", "device", "source", "context", "topk", "windows", "delta_exact" | "delta_fp8" |
+        ``{"indexer", "trained_on" (a trained indexer's training text, e.g. ``"12 x 8192 tokens"``), "device",
+        "source", "context", "topk", "windows", "attention_recall_exact" (how much of the layer's attention top-k
+        the indexer's exact selection holds, where measured), "delta_exact" | "delta_fp8" |
         "delta_fp4" | "fp4_minus_fp8": [mean, standard error], "recall_fp8", "recall_fp4", "passkey_dense" |
         ..._fp8 | ..._fp4: [retrieved, prompts] (when measured)}``.
 
@@ -464,7 +488,8 @@ def nearest_model_cost(tables: dict, context: int, topk: int, indexer: str = "st
     for name, value in (("context", context), ("topk", topk)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    rows = [r for r in (tables.get("model") or {}).get("rows") or [] if r.get("indexer", "stand-in") == indexer]
+    rows = [r for r in (tables.get("model") or {}).get("rows") or []
+            if (r.get("indexer", "stand-in"), r.get("trained_on")) == (indexer, trained_on)]
     if not rows:
         return None
     best = min({r["context"] for r in rows}, key=lambda c: (_log_gap(c, context), -c))

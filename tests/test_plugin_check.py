@@ -371,10 +371,10 @@ def _measured_on() -> str:
     return f"measured on {meta['device']} (torch {meta['torch']}, triton {meta['triton']})"
 
 
-def _model_cost(context, indexer="stand-in"):
+def _model_cost(context, indexer="stand-in", trained_on=None):
     from sglang_fp4_indexer.tables import load_tables, nearest_model_cost
 
-    return nearest_model_cost(load_tables(), context, 2048, indexer)
+    return nearest_model_cost(load_tables(), context, 2048, indexer, trained_on)
 
 
 def _pm(ms):
@@ -435,17 +435,21 @@ def test_context_adds_what_fp4_gains_and_costs(tmp_path, capsys, cfg, layers, he
     # The real-model study's numbers at its context nearest 128K for each indexer, as measured
     # (tables.nearest_model_cost): the GPU long-context study's 32K rows.
     quoted = []
-    for indexer, label in (("stand-in", "a stand-in indexer"), ("trained", "a small trained lightning indexer")):
-        m = _model_cost(131072, indexer)
+    for indexer, on, label, words in (
+            ("stand-in", None, "a stand-in indexer built from its own queries and keys", "stand-in indexer"),
+            ("trained", "12 x 8192 tokens", "a small lightning indexer trained on 12 x 8192 tokens",
+             "lightning indexer trained on 12 x 8192 tokens")):
+        m = _model_cost(131072, indexer, on)
         assert m is not None and (m["topk"], m["context"], m["device"]) == (2048, 32768, "NVIDIA H100 80GB HBM3")
         text = (f"Δ loss vs dense attention FP4 {_pm(m['delta_fp4'])}, FP8 {_pm(m['delta_fp8'])} nats/token "
-                f"(FP4 - FP8 {_pm(m['fp4_minus_fp8'])}), passkey {m['passkey_fp4'][0]}/{m['passkey_fp4'][1]} vs "
-                f"{m['passkey_fp8'][0]}/{m['passkey_fp8'][1]} on Gemma 3 270M at 32K, top-2048 (real-model study, "
-                f"{indexer} indexer, NVIDIA H100 80GB HBM3)")
+                f"(FP4 - FP8 {_pm(m['fp4_minus_fp8'])}), passkey FP4 {m['passkey_fp4'][0]}/{m['passkey_fp4'][1]} vs "
+                f"FP8 {m['passkey_fp8'][0]}/{m['passkey_fp8'][1]} on Gemma 3 270M at 32K, top-2048 (real-model study, "
+                f"{words}, NVIDIA H100 80GB HBM3)")
         assert text in verdict
         quoted.append(verdict.index(text))
         assert (f"on a real model (Gemma 3 270M, sparse attention in its 3 global layers over {label}, NVIDIA H100 "
                 f"80GB HBM3), at 32K, top-2048, {m['windows']} text windows (the nearest measured context to 128K)") in out
+        assert f"; the indexer's own selection holds {m['attention_recall_exact']:.2f} of the layer's attention top-2048" in out
     assert quoted == sorted(quoted)  # the stand-in first
 
 

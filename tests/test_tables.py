@@ -238,7 +238,7 @@ def test_model_rows_and_the_nearest_model_cost():
     assert pick(4096, 2048) == (4096, 2048) and pick(5792, 2048) == (4096, 2048) and pick(5793, 2048) == (8192, 2048)
     assert pick(8192, 300) == (8192, 256) and pick(4096, 300) == (4096, 2048)
     assert nearest_model_cost({"timing": {}, "recall": {}}, 4096, 2048) is None
-    assert nearest_model_cost(t, 4096, 2048, "trained") is None and model_indexers(t) == ["stand-in"]
+    assert nearest_model_cost(t, 4096, 2048, "trained") is None and model_indexers(t) == [("stand-in", None)]
     with pytest.raises(ValueError, match="m.json: no complete loss case"):
         build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy={"loss": {}}, model_source="m.json")
 
@@ -246,19 +246,25 @@ def test_model_rows_and_the_nearest_model_cost():
 def test_model_rows_from_several_studies_first_given_wins():
     """A GPU study of a trained indexer and a CPU study of the stand-in: each row names its indexer and device,
     a case both files measure comes from the first given, and the nearest row is chosen per indexer."""
-    gpu = {**_model_doc(), "device": "cuda", "environment": {"gpu": "NVIDIA H100 80GB HBM3"}, "indexer_kind": "trained"}
+    gpu = {**_model_doc(), "device": "cuda", "environment": {"gpu": "NVIDIA H100 80GB HBM3"}, "indexer_kind": "trained",
+           "indexer": {"trained": {"context": 8192, "sequences": 12}}}
+    other = {**gpu, "indexer": {"trained": {"context": 2048, "sequences": 16}}}
     gpu_stand_in = {**_model_doc(), "device": "cuda", "environment": {"gpu": "NVIDIA H100 80GB HBM3"}}
     cpu = _model_doc()
     cpu["loss"] = {**cpu["loss"], "4096": {"topk": [2048], "windows": [{"nll": {"dense": 2.0, "exact k=2048": 2.0,
                    "fp8 k=2048": 2.5, "fp4 k=2048": 2.5}, "recall": {}}] * 2}}
-    t = build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy=[gpu, gpu_stand_in, cpu],
-                     model_source=["g.json", "s.json", "c.json"])
-    assert t["sources"][2:] == ["g.json", "s.json", "c.json"] and model_indexers(t) == ["stand-in", "trained"]
-    rows = {(r["indexer"], r["context"], r["topk"]): r for r in t["model"]["rows"]}
-    assert len(rows) == 6 and {r["source"] for k, r in rows.items() if k[0] == "stand-in"} == {"s.json"}
-    assert rows["stand-in", 4096, 2048]["delta_fp8"][0] == pytest.approx(0.002)  # s.json's, not c.json's 0.5
-    assert rows["trained", 8192, 2048]["device"] == "NVIDIA H100 80GB HBM3"
-    assert nearest_model_cost(t, 131072, 2048, "trained")["source"] == "g.json"
+    t = build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy=[gpu, gpu_stand_in, cpu, other],
+                     model_source=["g.json", "s.json", "c.json", "o.json"])
+    assert t["sources"][2:] == ["g.json", "s.json", "c.json", "o.json"]
+    # Two trained indexers (trained on other text) are two indexers, not one case measured twice.
+    assert model_indexers(t) == [("stand-in", None), ("trained", "12 x 8192 tokens"), ("trained", "16 x 2048 tokens")]
+    rows = {(r["indexer"], r.get("trained_on"), r["context"], r["topk"]): r for r in t["model"]["rows"]}
+    assert len(rows) == 9 and {r["source"] for k, r in rows.items() if k[0] == "stand-in"} == {"s.json"}
+    assert rows["stand-in", None, 4096, 2048]["delta_fp8"][0] == pytest.approx(0.002)  # s.json's, not c.json's 0.5
+    assert rows["trained", "12 x 8192 tokens", 8192, 2048]["device"] == "NVIDIA H100 80GB HBM3"
+    assert nearest_model_cost(t, 131072, 2048, "trained", "12 x 8192 tokens")["source"] == "g.json"
+    assert nearest_model_cost(t, 131072, 2048, "trained", "16 x 2048 tokens")["source"] == "o.json"
+    assert nearest_model_cost(t, 131072, 2048, "trained") is None  # a trained indexer is named by its training
     with pytest.raises(ValueError, match="model_source: expected one name per model_accuracy result"):
         build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy=[gpu, cpu], model_source=["g.json"])
     with pytest.raises(ValueError, match="studies of different models"):

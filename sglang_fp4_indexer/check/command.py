@@ -15,7 +15,7 @@ from ..gate import Decision
 from .budget import GPUS
 from .model import PACKAGED_MODELS
 from .findings import run_check
-from .trade import _k, _pm, _shape_text, worth_it
+from .trade import _k, _pm, _shape_text, model_indexer_text, worth_it
 
 __all__ = [
     "add_arguments",
@@ -143,15 +143,18 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
         console.print(f"top-{w['topk']} recall against exact scoring, FP4 vs FP8, {where}, H {w['recall'][0]['heads']} "
                       f"(accuracy study on {w['recall_device']}): {parts}")
         for m in w["model_cost"]:
-            indexer = ("a stand-in indexer" if m.get("indexer", "stand-in") == "stand-in"
-                       else "a small trained lightning indexer")
+            indexer = ("a stand-in indexer built from its own queries and keys" if m.get("indexer", "stand-in") == "stand-in"
+                       else f"a small {model_indexer_text(m)}")
+            near = "" if m["context"] == context else f" (the nearest measured context to {_k(context)})"
             console.print(f"on a real model (Gemma 3 270M, sparse attention in its 3 global layers over {indexer}, "
-                          f"{m.get('device', 'CPU')}), at {_k(m['context'])}, top-{m['topk']}, {m['windows']} text windows "
-                          f"(the nearest measured context to {_k(context)}): Δ loss vs dense attention exact selection "
+                          f"{m.get('device', 'CPU')}), at {_k(m['context'])}, top-{m['topk']}, {m['windows']} text windows"
+                          f"{near}: Δ loss vs dense attention exact selection "
                           f"{_pm(m['delta_exact'])}, FP8 {_pm(m['delta_fp8'])}, FP4 {_pm(m['delta_fp4'])} nats/token"
                           + (f"; passkey retrieved dense {m['passkey_dense'][0]}/{m['passkey_dense'][1]}, FP8 "
                              f"{m['passkey_fp8'][0]}/{m['passkey_fp8'][1]}, FP4 {m['passkey_fp4'][0]}/{m['passkey_fp4'][1]}"
-                             if "passkey_fp4" in m else ""))
+                             if "passkey_fp4" in m else "")
+                          + (f"; the indexer's own selection holds {m['attention_recall_exact']:.2f} of the layer's "
+                             f"attention top-{m['topk']}" if "attention_recall_exact" in m else ""))
     console.print(f"verdict: {w['verdict']}")
 
 

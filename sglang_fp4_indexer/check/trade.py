@@ -10,6 +10,7 @@ from .budget import ASSUMED_GPU, UNNAMED_GPU
 
 __all__ = [
     "worth_it",
+    "model_indexer_text",
     "EXIT_FP4_FITS_MORE",
     "EXIT_REFUSED",
     "EXIT_SAME_REQUESTS",
@@ -37,6 +38,14 @@ def _pm(ms) -> str:
     return f"{m:+.4f}" if se != se else f"{m:+.4f} ± {se:.4f}"  # se != se: NaN (one window)
 
 
+def model_indexer_text(row: dict) -> str:
+    """A real-model row's indexer in words: ``"stand-in indexer"`` or ``"lightning indexer trained on 12 x 8192
+    tokens"`` (``tables.nearest_model_cost``'s row)."""
+    if row.get("indexer", "stand-in") == "stand-in":
+        return "stand-in indexer"
+    return "lightning indexer trained on " + (row.get("trained_on") or "text not recorded")
+
+
 def _model_cost_text(rows: list[dict], context: int, topk: int) -> str:
     if not rows:
         return "the effect on a model's loss is not in these tables"
@@ -45,10 +54,10 @@ def _model_cost_text(rows: list[dict], context: int, topk: int) -> str:
         text = (f"Δ loss vs dense attention FP4 {_pm(row['delta_fp4'])}, FP8 {_pm(row['delta_fp8'])} nats/token "
                 f"(FP4 - FP8 {_pm(row['fp4_minus_fp8'])})")
         if "passkey_fp4" in row:
-            text += (f", passkey {row['passkey_fp4'][0]}/{row['passkey_fp4'][1]} vs "
+            text += (f", passkey FP4 {row['passkey_fp4'][0]}/{row['passkey_fp4'][1]} vs FP8 "
                      f"{row['passkey_fp8'][0]}/{row['passkey_fp8'][1]}")
         parts.append(text + f" on Gemma 3 270M at {_k(row['context'])}, top-{row['topk']} (real-model study, "
-                     f"{row.get('indexer', 'stand-in')} indexer, {row.get('device', 'CPU')})")
+                     f"{model_indexer_text(row)}, {row.get('device', 'CPU')})")
     return "; ".join(parts)
 
 
@@ -278,7 +287,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     # The recall and loss tables are at top-``topk``: another top-k selects another share of the keys.
     topk_unmeasured = (f"measured at top-{topk}, not at this model's index_topk {model_topk}"
                        if model_topk != topk else None)
-    model_cost = [r for r in (nearest_model_cost(tables, context, topk, kind) for kind in model_indexers(tables))
+    model_cost = [r for r in (nearest_model_cost(tables, context, topk, kind, on) for kind, on in model_indexers(tables))
                   if r is not None]
     out = {
         "requests_fp8": cap.tokens_fp8 // context, "requests_fp4": tokens_fp4 // context,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 
-__all__ = ["mean_se", "summarize", "render_markdown", "plot", "plot_indexers"]
+__all__ = ["mean_se", "summarize", "study_device", "trained_on", "render_markdown", "plot", "plot_indexers"]
 
 _FORM_LABEL = {"exact": "exact", "fp8": "FP8", "fp4": "FP4"}
 
@@ -108,21 +108,35 @@ def _ctx(c: int) -> str:
     return f"{c // 1024}K" if c % 1024 == 0 else str(c)
 
 
-def _where(doc: dict) -> str:
-    """Where a study ran: ``"on an NVIDIA H100 80GB HBM3"`` (``--device cuda``) or ``"on the CPU (16 threads)"``."""
-    env = doc.get("environment", {})
+def study_device(doc: dict) -> str:
+    """Where a study's result was measured: the GPU's name (``--device cuda``; ``"GPU"`` when unrecorded) or
+    ``"CPU"``."""
     if doc.get("device") == "cuda":
-        return f"on an {env.get('gpu', 'unnamed GPU')}"
-    return f"on the CPU ({env.get('threads', '?')} threads)"
+        return (doc.get("environment") or {}).get("gpu") or "GPU"
+    return "CPU"
+
+
+def trained_on(doc: dict) -> str | None:
+    """What a trained indexer was trained on, ``"12 x 8192 tokens"``; None for the stand-in (or unrecorded)."""
+    trained = (doc.get("indexer") or {}).get("trained")
+    if doc.get("indexer_kind") != "trained" or not trained:
+        return None
+    return f"{trained.get('sequences', '?')} x {trained.get('context', '?')} tokens"
+
+
+def _where(doc: dict) -> str:
+    """``"on an NVIDIA H100 80GB HBM3"`` (``--device cuda``) or ``"on the CPU (16 threads)"``."""
+    if doc.get("device") == "cuda":
+        return f"on an {study_device(doc)}"
+    return f"on the CPU ({(doc.get('environment') or {}).get('threads', '?')} threads)"
 
 
 def _indexer_label(doc: dict) -> str:
     """``"stand-in indexer"`` or ``"trained indexer (64 heads, trained on 12 x 8192 tokens)"``."""
-    trained = (doc.get("indexer") or {}).get("trained")
-    if doc.get("indexer_kind") != "trained" or not trained:
+    on = trained_on(doc)
+    if on is None:
         return "stand-in indexer"
-    return (f"trained indexer ({trained.get('heads', '?')} heads, trained on {trained.get('sequences', '?')} x "
-            f"{trained.get('context', '?')} tokens)")
+    return f"trained indexer ({(doc['indexer']['trained']).get('heads', '?')} heads, trained on {on})"
 
 
 def render_markdown(doc: dict) -> str:
@@ -132,7 +146,8 @@ def render_markdown(doc: dict) -> str:
     if doc.get("command"):  # a resumed run records each command, "; "-separated
         lines += ["```", *doc["command"].split("; "), "```", ""]
     env = doc.get("environment", {})
-    lines += [f"Text: Newton's *Opticks*, {doc.get('windows')} disjoint windows per context, loss over the last "
+    text = (doc.get("text") or "Opticks").replace("Opticks", "Newton's *Opticks*", 1)
+    lines += [f"Text: {text}, {doc.get('windows')} disjoint windows per context, loss over the last "
               f"{doc.get('scored')} positions of each; mean ± standard error over the windows; Δ = variant minus "
               f"dense attention, paired per window (nats/token). {_indexer_label(doc)}; {_where(doc)}, torch "
               f"{env.get('torch', '?')}, transformers {env.get('transformers', '?')}; "
@@ -259,7 +274,7 @@ def plot_indexers(docs: list[dict], path: str | os.PathLike) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    series = []  # (label, [(context, row)])
+    series = []  # (label, [(context, row, k)])
     for doc in docs:
         loss = summarize(doc)["loss"]
         if not loss:
@@ -284,6 +299,7 @@ def plot_indexers(docs: list[dict], path: str | os.PathLike) -> bool:
                 continue
             ax.errorbar([c * (1 + 0.03 * (i - len(series) / 2)) for c, _ in pts], [v[0] for _, v in pts],
                         yerr=[0 if math.isnan(v[1]) else v[1] for _, v in pts], marker="os^Dv<>"[i % 7], ms=5,
+                        color=f"C{i % 10}",  # a series' colour in every panel, as the first panel's legend shows it
                         capsize=3, lw=1.2, label=label)
         ctxs = sorted({c for _, pts in series for c, _, _ in pts})
         ax.set_xscale("log", base=2)
