@@ -183,7 +183,7 @@ def _model_rows(doc: dict, source: str) -> list[dict]:
         device, on = study_device(doc), trained_on(doc)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"{source}: not a model-accuracy.json of 'sglang-fp4-indexer model-accuracy' ({exc})") from None
-    indexer = "trained" if on is not None else "stand-in"
+    indexer = "trained" if doc.get("indexer_kind") == "trained" else "stand-in"
     rows = []
     for ctx, case in sorted(summary["loss"].items()):
         if case["windows"] < int(doc.get("windows") or 0):

@@ -270,3 +270,12 @@ def test_model_rows_from_several_studies_first_given_wins():
     with pytest.raises(ValueError, match="studies of different models"):
         build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy=[gpu, {**cpu, "model": "other"}],
                      model_source=["g.json", "c.json"])
+
+
+def test_a_trained_study_without_its_training_record_stays_trained():
+    """A trained indexer's result whose training settings were not recorded is still the trained indexer's row
+    (never quoted as the stand-in's), with no training text to name."""
+    doc = {**_model_doc(), "indexer_kind": "trained"}
+    t = build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy=doc, model_source="t.json")
+    assert model_indexers(t) == [("trained", None)] and nearest_model_cost(t, 4096, 2048) is None
+    assert nearest_model_cost(t, 4096, 2048, "trained")["source"] == "t.json"

@@ -131,12 +131,14 @@ def _where(doc: dict) -> str:
     return f"on the CPU ({(doc.get('environment') or {}).get('threads', '?')} threads)"
 
 
-def _indexer_label(doc: dict) -> str:
-    """``"stand-in indexer"`` or ``"trained indexer (64 heads, trained on 12 x 8192 tokens)"``."""
-    on = trained_on(doc)
-    if on is None:
+def _indexer_label(doc: dict, detail: bool = True) -> str:
+    """``"stand-in indexer"`` or ``"trained indexer (64 heads, trained on 12 x 8192 tokens)"`` (``detail`` False:
+    ``"trained indexer"``)."""
+    if doc.get("indexer_kind") != "trained":
         return "stand-in indexer"
-    return f"trained indexer ({(doc['indexer']['trained']).get('heads', '?')} heads, trained on {on})"
+    trained = (doc.get("indexer") or {}).get("trained") or {}
+    on = trained_on(doc) or "text not recorded"
+    return f"trained indexer ({trained.get('heads', '?')} heads, trained on {on})" if detail else "trained indexer"
 
 
 def render_markdown(doc: dict) -> str:
@@ -274,18 +276,15 @@ def plot_indexers(docs: list[dict], path: str | os.PathLike) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    series = []  # (label, [(context, row, k)])
+    series = []  # (label, [(context, row)])
     for doc in docs:
         loss = summarize(doc)["loss"]
         if not loss:
             continue
-        for rule, pick in (("largest k", max), ("smallest k", min)):
-            points = [(c, loss[c]["topk"][pick(loss[c]["topk"])], pick(loss[c]["topk"])) for c in sorted(loss)]
-            ks = "/".join(str(k) for _, _, k in points)
-            label = f"{_indexer_label(doc).split(' (')[0]}, {_where(doc).removeprefix('on ').removeprefix('an ')}, k {ks}"
-            if rule == "smallest k" and all(p[2] == q[2] for p, q in zip(points, series[-1][1])):
-                continue  # one top-k per context: drawn once
-            series.append((label, points))
+        largest, smallest = ([pick(loss[c]["topk"]) for c in sorted(loss)] for pick in (max, min))
+        for ks in (largest, smallest) if smallest != largest else (largest,):  # one top-k per context: drawn once
+            label = f"{_indexer_label(doc, detail=False)}, {study_device(doc)}, k {'/'.join(map(str, ks))}"
+            series.append((label, [(c, loss[c]["topk"][k]) for c, k in zip(sorted(loss), ks)]))
     if not series:
         return False
     panels = (("FP4 − FP8 loss (nats/token)", lambda r: r["fp4_minus_fp8"]),
@@ -294,14 +293,14 @@ def plot_indexers(docs: list[dict], path: str | os.PathLike) -> bool:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
     for ax, (title, value) in zip(axes, panels):
         for i, (label, points) in enumerate(series):
-            pts = [(c, value(r)) for c, r, _ in points if value(r) is not None]
+            pts = [(c, value(r)) for c, r in points if value(r) is not None]
             if not pts:
                 continue
             ax.errorbar([c * (1 + 0.03 * (i - len(series) / 2)) for c, _ in pts], [v[0] for _, v in pts],
                         yerr=[0 if math.isnan(v[1]) else v[1] for _, v in pts], marker="os^Dv<>"[i % 7], ms=5,
                         color=f"C{i % 10}",  # a series' colour in every panel, as the first panel's legend shows it
                         capsize=3, lw=1.2, label=label)
-        ctxs = sorted({c for _, pts in series for c, _, _ in pts})
+        ctxs = sorted({c for _, pts in series for c, _ in pts})
         ax.set_xscale("log", base=2)
         ax.set_xticks(ctxs, [_ctx(c) for c in ctxs])
         ax.minorticks_off()
