@@ -20,6 +20,10 @@
 * ``serving-table --fp8 FP8.jsonl --fp4 FP4.jsonl [--json OUT]``: the two ``serving`` runs side by side, per
   input length: requests completed, output tokens/s, median TPOT and TTFT, and the accepted length where MTP
   was on (``serving_table``).
+* ``timeline TRACE.json.gz [...] --steps N [--layers L] [--json OUT]``: the same traces on the GPU's timeline
+  (``timeline``): per cycle the busy time (union of kernel intervals: kernels on SGLang's two streams counted
+  once), the span, each category's time alone (the indexer's exposed part), a layer's time, and with ``--layers``
+  the cycle projected to 61 layers; per shape FP8 and FP4 as median [min-max] over traces, and FP8 / FP4.
 * ``profile-table TRACE.json.gz [...] [--json OUT]``: a torch-profiler trace
   (``bench_one_batch --profile``) summed by kernel category (``CATEGORIES``): GPU
   time per decode step in each, and its share.
@@ -167,6 +171,194 @@ def profile_table(paths: list[str], steps: int) -> dict:
     return out
 
 
+#: The indexer scorer's own kernels (FP4: the plugin's; FP8: DeepGEMM's paged MQA logits), not its schedule
+#: planner: one launch per indexed layer and forward, the anchors by which ``timeline`` cuts a trace into layers.
+SCORER_KERNELS = r"fp4_paged_logits|paged_mqa_logits"
+#: Their schedule planners (the plugin's; DeepGEMM's metadata kernel), one per forward: not layer anchors.
+SCHEDULE_KERNELS = r"plan_paged_schedule|metadata"
+
+
+def gpu_intervals(trace: dict) -> list[tuple[float, float, str, str]]:
+    """Every GPU kernel, copy and memset of a torch-profiler trace (``load_trace``'s object) as
+    ``(start µs, end µs, category, name)``, sorted by start; the category as ``profile_table`` gives it."""
+    out = []
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        t0, name = float(e.get("ts", 0.0)), e.get("name", "?")
+        cat = categorize(name) if e["cat"] == "kernel" else "copies"
+        out.append((t0, t0 + float(e.get("dur", 0.0)), cat, name))
+    out.sort()
+    return out
+
+
+def union_time(intervals, lo: float = float("-inf"), hi: float = float("inf")) -> float:
+    """Microseconds during which at least one of ``intervals`` (``(start, end, ...)`` tuples, sorted by start)
+    runs, counting only the part inside ``[lo, hi)``: the GPU's busy time, overlapping kernels counted once."""
+    total, cur_s, cur_e = 0.0, None, None
+    for iv in intervals:
+        s, e = max(iv[0], lo), min(iv[1], hi)
+        if e <= s:
+            continue
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def _quartiles(values: list[float]) -> dict:
+    import statistics
+
+    if len(values) < 2:
+        return {"n": len(values), "median": values[0] if values else None, "q1": None, "q3": None}
+    q1, med, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return {"n": len(values), "median": med, "q1": q1, "q3": q3}
+
+
+def timeline(path: str, steps: int, layers: int | None = None, full_depth: int = 61) -> dict:
+    """Where a decode (or MTP verify) cycle's time goes on the GPU's timeline, never summing kernels that overlap.
+
+    SGLang runs the indexer on a second stream beside the query projection, so kernel times add up to more than
+    the step takes. From the trace's GPU intervals (``gpu_intervals``), per cycle (``steps`` cycles in a trace):
+    ``span`` (first kernel's start to last kernel's end: the GPU's wall time, host gaps between kernels included),
+    ``busy`` (the union of kernel intervals), ``idle`` (span - busy) and, per category, ``alone`` (the time when
+    that category's kernels and no others run: for the indexer logits, its exposed part). Per layer: the windows
+    between consecutive starts of the scorer kernel (``SCORER_KERNELS``, one per indexed layer and forward), with
+    the quartiles of their span and busy time; most windows are layer to layer inside a forward, the rest (across
+    forwards and draft passes) are longer, so the median is a layer's time. With ``layers`` (the served model's
+    decoder layers), the cycle at ``full_depth`` layers is projected as measured + (full_depth - layers) x the
+    median layer busy time (and span): a projection, labelled so in the result.
+
+    Raises:
+        ValueError: ``steps`` < 1, ``layers`` outside 1..``full_depth``, or the trace holds no GPU kernel.
+    """
+    if steps < 1:
+        raise ValueError(f"steps: expected >= 1, got {steps}")
+    if layers is not None and not 1 <= layers <= full_depth:
+        raise ValueError(f"layers: expected 1..{full_depth}, got {layers}")
+    trace, _ = load_trace(path)
+    ivs = gpu_intervals(trace)
+    if not ivs:
+        raise ValueError(f"{path}: no GPU kernel events (was the profile taken with GPU activities?)")
+    span = max(iv[1] for iv in ivs) - ivs[0][0]
+    busy = union_time(ivs)
+    # Sweep over start and end points: the categories running between two consecutive points.
+    points = sorted([(iv[0], 1, iv[2]) for iv in ivs] + [(iv[1], -1, iv[2]) for iv in ivs])
+    running: dict[str, int] = {}
+    alone: dict[str, float] = {}
+    last = points[0][0]
+    for t, delta, cat in points:
+        if t > last:
+            active = [c for c, n in running.items() if n > 0]
+            if len(active) == 1:
+                alone[active[0]] = alone.get(active[0], 0.0) + (t - last)
+            last = t
+        running[cat] = running.get(cat, 0) + delta
+    starts = [iv[0] for iv in ivs if re.search(SCORER_KERNELS, iv[3], re.I) and not re.search(SCHEDULE_KERNELS, iv[3], re.I)]
+    windows = list(zip(starts, starts[1:]))
+    layer_span = _quartiles([b - a for a, b in windows])
+    layer_busy = _quartiles([union_time(ivs, a, b) for a, b in windows])
+    out = {"steps": steps, "span_us_per_step": span / steps, "busy_us_per_step": busy / steps,
+           "idle_us_per_step": (span - busy) / steps,
+           "alone_us_per_step": {k: v / steps for k, v in sorted(alone.items(), key=lambda kv: -kv[1])},
+           "indexer_exposed_us_per_step": alone.get("indexer logits", 0.0) / steps,
+           "scorer_launches_per_step": len(starts) / steps, "layer_span_us": layer_span, "layer_busy_us": layer_busy}
+    if layers is not None and layer_busy["median"] is not None:
+        extra = full_depth - layers
+        out["projection"] = {
+            "what": f"projected to {full_depth} layers: measured at {layers} + {extra} x the median layer",
+            "layers_measured": layers, "full_depth": full_depth,
+            "busy_us_per_step": out["busy_us_per_step"] + extra * layer_busy["median"],
+            "span_us_per_step": out["span_us_per_step"] + extra * layer_span["median"]}
+    return out
+
+
+#: A serving-profile trace's file name: format, batch, input length and, with --repeats, the repeat.
+_TRACE_NAME = re.compile(r"^(fp8|fp4)_(\d+)x(\d+)(?:_r(\d+))?\.trace\.json\.gz$")
+
+#: The per-cycle quantities ``timeline_summary`` aggregates: (key in the summary, how it is read off ``timeline``).
+_SUMMARY_FIELDS = (
+    ("busy_us", lambda t: t["busy_us_per_step"]),
+    ("span_us", lambda t: t["span_us_per_step"]),
+    ("indexer_exposed_us", lambda t: t["indexer_exposed_us_per_step"]),
+    ("layer_busy_us", lambda t: t["layer_busy_us"]["median"]),
+    ("layer_span_us", lambda t: t["layer_span_us"]["median"]),
+    ("projected_busy_us", lambda t: t.get("projection", {}).get("busy_us_per_step")),
+    ("projected_span_us", lambda t: t.get("projection", {}).get("span_us_per_step")),
+)
+
+
+def timeline_summary(paths: list[str], steps: int, layers: int | None = None, full_depth: int = 61) -> dict:
+    """``timeline`` for every trace, grouped by shape and format, with the spread over traces and FP8 / FP4.
+
+    Args:
+        paths: serving-profile traces named ``FMT_BATCHxINPUT[_rK].trace.json.gz``; the folder a trace lies in
+            names its run (e.g. one server of a run order), kept in each row as ``run``.
+        steps, layers, full_depth: as ``timeline``.
+
+    Returns:
+        dict: ``rows`` (one per trace: run, format, batch, input, repeat and the ``_SUMMARY_FIELDS`` values) and
+        ``shapes`` (per ``BATCHxINPUT``: per format the median, minimum and maximum of each field over its traces
+        and the number of traces; and ``fp8_over_fp4``, the ratio of the medians, > 1 where FP4 is faster).
+
+    Raises:
+        ValueError: a file name does not read as ``FMT_BATCHxINPUT[_rK].trace.json.gz``; as ``timeline``.
+    """
+    import statistics
+
+    rows = []
+    for path in paths:
+        m = _TRACE_NAME.match(os.path.basename(path))
+        if not m:
+            raise ValueError(f"{path}: expected a name FMT_BATCHxINPUT[_rK].trace.json.gz (FMT fp8 or fp4)")
+        t = timeline(path, steps, layers, full_depth)
+        row = {"run": os.path.basename(os.path.dirname(os.path.abspath(path))), "format": m[1], "batch": int(m[2]),
+               "input": int(m[3]), "repeat": int(m[4] or 1), "path": path}
+        row.update({k: get(t) for k, get in _SUMMARY_FIELDS})
+        rows.append(row)
+    shapes: dict[str, dict] = {}
+    for row in rows:
+        shapes.setdefault(f"{row['batch']}x{row['input']}", {}).setdefault(row["format"], []).append(row)
+    out = {}
+    for shape, per_fmt in sorted(shapes.items()):
+        agg = {}
+        for fmt, rs in per_fmt.items():
+            agg[fmt] = {"traces": len(rs), "runs": sorted({r["run"] for r in rs})}
+            for key, _ in _SUMMARY_FIELDS:
+                vals = [r[key] for r in rs if r[key] is not None]
+                if vals:
+                    agg[fmt][key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+        if "fp8" in agg and "fp4" in agg:
+            agg["fp8_over_fp4"] = {key: agg["fp8"][key]["median"] / agg["fp4"][key]["median"]
+                                   for key, _ in _SUMMARY_FIELDS
+                                   if key in agg["fp8"] and key in agg["fp4"] and agg["fp4"][key]["median"]}
+        out[shape] = agg
+    return {"steps": steps, "layers": layers, "full_depth": full_depth, "rows": rows, "shapes": out}
+
+
+def print_timeline_summary(summary: dict) -> None:
+    """The summary of ``timeline_summary`` as a table: per shape and field, FP8 and FP4 as median [min-max] over
+    their traces, and FP8 / FP4."""
+    print(f"GPU timeline per cycle (µs; median [min-max] over traces; busy = union of kernel intervals, span = first "
+          f"kernel start to last end; {summary['layers']} layers measured, projected rows labelled)")
+    for shape, agg in summary["shapes"].items():
+        counts = ", ".join(f"{f} {agg[f]['traces']} traces in {len(agg[f]['runs'])} runs" for f in ("fp8", "fp4")
+                           if f in agg)
+        print(f"{shape}: {counts}")
+        for key, _ in _SUMMARY_FIELDS:
+            cells = []
+            for fmt in ("fp8", "fp4"):
+                v = agg.get(fmt, {}).get(key)
+                cells.append(f"{v['median']:9.1f} [{v['min']:.1f}-{v['max']:.1f}]" if v else f"{'-':>9}")
+            ratio = agg.get("fp8_over_fp4", {}).get(key)
+            print(f"  {key:<20}" + "".join(f"{c:>30}" for c in cells) + (f"   {ratio:.3f}x" if ratio else ""))
+
+
 def host_time_summary(seconds: list[float]) -> dict:
     """Median, 10th and 90th percentile (µs) and count of host times per call (seconds).
 
@@ -310,14 +502,16 @@ class TraceUnreadable(RuntimeError):
 
 def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefix: str, steps: int,
                    output_len: int, seed: int = 0, timeout: float = 600.0,
-                   activities: tuple[str, ...] = ("CPU", "GPU")) -> str:
+                   activities: tuple[str, ...] = ("CPU", "GPU"), repeats: int = 1) -> str | list[str]:
     """Profile ``steps`` decode batches of a running server while ``batch`` requests of ``input_len`` random
-    token ids decode together; returns the trace's path.
+    token ids decode together; returns the trace's path (``repeats`` > 1: the list of the traces' paths).
 
     The requests stream from threads; once every one of them has streamed a token past its first (its prefill
     done, so the batches that follow are decode batches of all of them), ``/start_profile`` (``profile_body``)
-    is posted and the DECODE trace awaited. Whatever happens, the requests are then aborted
-    (``/abort_request``, all of them), so none of them joins a later shape's batches.
+    is posted and the DECODE trace awaited. With ``repeats`` > 1 that is done ``repeats`` times, one after the
+    other while the same requests keep decoding (one prefill for all of them), the k-th trace under the prefix
+    ``PREFIX_rk``. Whatever happens, the requests are then aborted (``/abort_request``, all of them), so none of
+    them joins a later shape's batches.
 
     Raises:
         TraceUnreadable: the trace was written whole but cannot be read (``TraceUnreadable``).
@@ -365,26 +559,40 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
         if time.time() > deadline:
             raise RuntimeError(f"{batch} x {input_len}: {what} after {timeout:.0f} s")
 
+    if repeats < 1:
+        raise ValueError(f"repeats: expected >= 1, got {repeats}")
+    prefixes = [prefix] if repeats == 1 else [f"{prefix}_r{k + 1}" for k in range(repeats)]
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(batch)]
     for t in threads:
         t.start()
     deadline = time.time() + timeout
-    pattern = os.path.join(out_dir, f"{prefix}-*DECODE.trace.json.gz")
+    paths = []
     try:
         while min(tokens) < 2:
             check("not all requests decoding", deadline)
             time.sleep(0.2)
-        before = set(glob.glob(pattern))
-        answer = post_json(base + "/start_profile", profile_body(out_dir, steps, prefix, activities), 60.0)
-        if "error" in answer:
-            raise RuntimeError(f"{batch} x {input_len}: /start_profile: {answer['error']}")
-        while not (new := set(glob.glob(pattern)) - before):
-            check(f"no decode trace in {out_dir}", deadline)
-            time.sleep(0.5)
+        for name in prefixes:
+            pattern = os.path.join(out_dir, f"{name}-*DECODE.trace.json.gz")
+            before = set(glob.glob(pattern))
+            answer = post_json(base + "/start_profile", profile_body(out_dir, steps, name, activities), 60.0)
+            if "error" in answer:
+                raise RuntimeError(f"{batch} x {input_len}: /start_profile: {answer['error']}")
+            while not (new := set(glob.glob(pattern)) - before):
+                check(f"no decode trace in {out_dir}", deadline)
+                time.sleep(0.5)
+            # The next profile may start only once this one is written (SGLang refuses one while another runs).
+            paths.append(_whole_trace(sorted(new)[0], lambda what: check(what, deadline), batch, input_len))
     finally:
         stop.set()
         post_json(base + "/abort_request", {"abort_all": True}, 60.0)  # SGLang's AbortReq; never raises
-    path = sorted(new)[0]
+    return paths[0] if repeats == 1 else paths
+
+
+def _whole_trace(path: str, check, batch: int, input_len: int) -> str:
+    """Wait until ``path`` (a trace SGLang is writing) reads whole; returns it. ``check(what)`` raises once the
+    caller's deadline has passed or a request failed; ``TraceUnreadable`` as ``profile_decode`` says."""
+    import time
+
     size, since = -1, time.time()
     while True:  # torch gzips the trace after the profile stops: wait while the file is still being written
         try:
@@ -398,14 +606,16 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
                 raise TraceUnreadable(path, f"{batch} x {input_len}: the decode trace ({size} bytes, unchanged for "
                                             f"{TRACE_SETTLE_S:.0f} s) is not a whole gzip stream: "
                                             f"{type(e).__name__}: {e}") from None
-            check(f"{path} not complete", deadline)
+            check(f"{path} not complete")
             time.sleep(1.0)
         except ValueError as e:  # complete, yet not JSON even after load_trace's repairs: no use waiting
             raise TraceUnreadable(path, f"{batch} x {input_len}: the decode trace is not JSON: {e}") from None
 
 
-def profile_shape(base: str, batch: int, input_len: int, *, name: str, raw: str, out_dir: str, **kwargs) -> str:
-    """``profile_decode`` for one shape into ``out_dir/NAME.trace.json.gz``; returns that path.
+def profile_shape(base: str, batch: int, input_len: int, *, name: str, raw: str, out_dir: str,
+                  **kwargs) -> str | list[str]:
+    """``profile_decode`` for one shape into ``out_dir/NAME.trace.json.gz``; returns that path (with ``repeats``
+    > 1 in ``kwargs``: ``out_dir/NAME_rK.trace.json.gz`` for K = 1..repeats, as a list).
 
     A trace that is whole but unreadable (``TraceUnreadable``) is kept as ``NAME.unreadable.trace.json.gz`` and
     the shape is profiled once more with GPU activity only (the table reads GPU kernels only, and the host-side
@@ -429,10 +639,15 @@ def profile_shape(base: str, batch: int, input_len: int, *, name: str, raw: str,
         except TraceUnreadable as again:  # kept too, beside the good traces, so that it comes back to be read
             shutil.move(again.path, os.path.join(out_dir, f"{name}.gpu-only.unreadable.trace.json.gz"))
             raise
-    final = os.path.join(out_dir, f"{name}.trace.json.gz")
     # Moved out before the next shape: a later prefill may make SGLang write another trace of this prefix.
-    shutil.move(path, final)
-    return final
+    if isinstance(path, str):
+        final = os.path.join(out_dir, f"{name}.trace.json.gz")
+        shutil.move(path, final)
+        return final
+    finals = [os.path.join(out_dir, f"{name}_r{k + 1}.trace.json.gz") for k in range(len(path))]
+    for src, dst in zip(path, finals):
+        shutil.move(src, dst)
+    return finals
 
 
 def _serving_profile(argv: list[str]) -> int:
@@ -449,6 +664,10 @@ def _serving_profile(argv: list[str]) -> int:
     p.add_argument("--port", type=int, default=30741)
     p.add_argument("--ready-timeout", type=float, default=600.0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds each shape may take")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="traces per shape, one after the other while the same requests decode (names FMT_BxL_rK)")
+    p.add_argument("--activities", nargs="+", default=["CPU", "GPU"], choices=["CPU", "GPU"],
+                   help="what SGLang's profiler records (the tables read GPU kernels only)")
     opts, server_args = p.parse_known_args(argv)
     try:
         shapes = parse_shapes(opts.shapes)
@@ -456,6 +675,8 @@ def _serving_profile(argv: list[str]) -> int:
         p.error(str(e))
     if opts.steps < 1:
         p.error(f"--steps: expected >= 1, got {opts.steps}")
+    if opts.repeats < 1:
+        p.error(f"--repeats: expected >= 1, got {opts.repeats}")
     fmt = "fp4" if opts.fp4 else "fp8"
     os.makedirs(opts.out_dir, exist_ok=True)
     raw = os.path.join(opts.out_dir, f"raw_{fmt}")
@@ -467,12 +688,13 @@ def _serving_profile(argv: list[str]) -> int:
             name = f"{fmt}_{b}x{il}"
             try:
                 profile_shape(base, b, il, name=name, raw=raw, out_dir=opts.out_dir, steps=opts.steps,
-                              output_len=opts.output_len, timeout=opts.timeout)
+                              output_len=opts.output_len, timeout=opts.timeout, repeats=opts.repeats,
+                              activities=tuple(opts.activities))
             except RuntimeError as e:
                 print(f"{name}: {e}", file=sys.stderr)
                 rc = 1
                 continue
-            print(f"{name}: {opts.steps} decode batches profiled")
+            print(f"{name}: {opts.steps} decode batches profiled, {opts.repeats} time(s)")
     shutil.rmtree(raw, ignore_errors=True)
     return rc
 
@@ -547,9 +769,28 @@ def _serving_table(argv: list[str]) -> int:
     return 0
 
 
+def _timeline(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="sglang_bench.py timeline")
+    p.add_argument("traces", nargs="+", help="serving-profile traces, FMT_BATCHxINPUT[_rK].trace.json.gz")
+    p.add_argument("--steps", type=int, required=True, help="decode (or MTP verify) cycles in each trace")
+    p.add_argument("--layers", type=int, help="the served model's decoder layers (projects to --full-depth)")
+    p.add_argument("--full-depth", type=int, default=61, help="layers of the model projected to (V3.2: 61)")
+    p.add_argument("--json")
+    opts = p.parse_args(argv)
+    try:
+        summary = timeline_summary(opts.traces, opts.steps, opts.layers, opts.full_depth)
+    except ValueError as e:
+        p.error(str(e))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(summary, f, indent=1)
+    print_timeline_summary(summary)
+    return 0
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ("one-batch", "serving", "serving-profile", "serving-table",
-                                                "profile-table"):
+                                                "profile-table", "timeline"):
         print(__doc__)
         return 2
     if sys.argv[1] == "one-batch":
@@ -560,6 +801,8 @@ def main() -> int:
         return _serving_table(sys.argv[2:])
     if sys.argv[1] == "serving-profile":
         return _serving_profile(sys.argv[2:])
+    if sys.argv[1] == "timeline":
+        return _timeline(sys.argv[2:])
     p = argparse.ArgumentParser(prog="sglang_bench.py profile-table")
     p.add_argument("traces", nargs="+")
     p.add_argument("--steps", type=int, default=1, help="decode steps in each trace (--profile-steps)")

@@ -3,10 +3,11 @@
 # (scripts/sglang_one_batch.py says what runs and what is checked). Wheels from
 # scripts/fetch_sglang_runtime_wheels.sh, DeepGEMM from scripts/pack_deepgemm.sh.
 #
-# The slimmed wheels, DeepGEMM's sources and the checkout fit one call (carry .peers/sglang-runtime/part1,
-# .peers/sglang-runtime/part2 and .peers/deepgemm.tar.gz, and .peers/jit-cache where an earlier call brought
-# JIT caches back); the steps can follow each other in one command or in calls that follow each other while the machine
-# keeps /tmp:
+# The slimmed wheels, DeepGEMM's sources and the checkout fit one call while the checkout stays under about 12 MB
+# (carry .peers/sglang-runtime/part1, .peers/sglang-runtime/part2 and .peers/deepgemm.tar.gz, and .peers/jit-cache
+# where an earlier call brought JIT caches back); past that, carry part2 in the next call: each call installs the
+# parts it finds and a warm machine keeps them. The steps can follow each other in one command or in calls that
+# follow each other while the machine keeps /tmp:
 #   bash scripts/sglang_gpu_check.sh install   # installs, prints the versions
 #   bash scripts/sglang_gpu_check.sh runner    # one-batch FP8, FP4, FP4 eager
 #   bash scripts/sglang_gpu_check.sh engine    # sglang.Engine with MTP (speculative decoding), FP8 then FP4;
@@ -281,39 +282,58 @@ case "$STEP" in
     # first server takes minutes to be ready (151 s with the JIT caches carried, 326 s without): run SERVE_FORMATS=fp8 and SERVE_FORMATS=fp4 in calls that follow each
     # other (the table pairs the traces left in $WORK), with PROFILE_LIMIT (default 540 s) per format.
     # The traces come back packed in $OUT/serving_profile_traces.tar.gz (left out above 15 MB).
-    M2="$WORK/v32-layers"
-    "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
+    # The critical path (sglang_bench.py timeline): PROFILE_RUN names a run (its traces go to their own folder, so
+    # FP8-first and FP4-first runs stay apart and are all read); PROFILE_REPEATS traces per shape while the same
+    # requests decode; then the busy time, span, the indexer's exposed time and a layer's time per cycle over every
+    # run's traces, FP8 against FP4. PROFILE_SIZE / PROFILE_LAYERS choose the model (make-model: v32-rank with
+    # PROFILE_LAYERS layers is a DP-attention + EP8 rank of V3.2 cut to that depth; the timeline projects to 61),
+    # PROFILE_MEM_FRACTION SGLang's --mem-fraction-static, PROFILE_ACTIVITIES the profiler's activities.
+    SIZE="${PROFILE_SIZE:-v32-layers}"
+    M2="$WORK/$SIZE${PROFILE_LAYERS:+-$PROFILE_LAYERS}"
+    "$PY" scripts/sglang_one_batch.py make-model "$M2" --size "$SIZE" ${PROFILE_LAYERS:+--layers "$PROFILE_LAYERS"} >/dev/null
     SHAPES="${PROFILE_SHAPES:-1:131072 8:65536}"
     MAXBS=1; for shape in $SHAPES; do [ "${shape%%:*}" -gt $MAXBS ] && MAXBS=${shape%%:*}; done
     LIMIT="${PROFILE_LIMIT:-540}"
+    TRACEDIR="$WORK/prof_serving${PROFILE_RUN:+/$PROFILE_RUN}"
     for fmt in ${SERVE_FORMATS:-fp8 fp4}; do
-      rm -f "$WORK/prof_serving/${fmt}_"*.trace.json.gz  # never a trace of an earlier run in this run's table
-      stage "profile_$fmt" "$LIMIT" "$PY" scripts/sglang_bench.py serving-profile --model "$M2" \
-        --out-dir "$WORK/prof_serving" --shapes $SHAPES --steps "${PROFILE_STEPS:-5}" $([ $fmt = fp4 ] && echo --fp4) \
+      rm -f "$TRACEDIR/${fmt}_"*.trace.json.gz  # never a trace of an earlier run in this run's table
+      stage "profile_${PROFILE_RUN:+${PROFILE_RUN}_}$fmt" "$LIMIT" "$PY" scripts/sglang_bench.py serving-profile --model "$M2" \
+        --out-dir "$TRACEDIR" --shapes $SHAPES --steps "${PROFILE_STEPS:-5}" $([ $fmt = fp4 ] && echo --fp4) \
+        --repeats "${PROFILE_REPEATS:-1}" --activities ${PROFILE_ACTIVITIES:-CPU GPU} \
         --ready-timeout $((LIMIT - 90)) --timeout 180 \
-        --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton --mem-fraction-static 0.5 \
+        --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton \
+        --mem-fraction-static "${PROFILE_MEM_FRACTION:-0.5}" \
         --disable-radix-cache --random-seed 0 --disable-prefill-cuda-graph --cuda-graph-max-bs-decode "$MAXBS" \
         ${SPEC[@]+"${SPEC[@]}"}
-      cp "$WORK/prof_serving/server_$fmt.log" "$WORK/logs/profile_server_$fmt.log" 2>/dev/null \
+      cp "$TRACEDIR/server_$fmt.log" "$WORK/logs/profile_server_${PROFILE_RUN:+${PROFILE_RUN}_}$fmt.log" 2>/dev/null \
         || echo "profile_$fmt: no server log"
-      grep -E "Error|Traceback" "$WORK/logs/profile_server_$fmt.log" 2>/dev/null | tail -n 4
+      grep -E "Error|Traceback" "$WORK/logs/profile_server_${PROFILE_RUN:+${PROFILE_RUN}_}$fmt.log" 2>/dev/null | tail -n 4
+      grep -h "KV Cache is allocated\|max_total_num_tokens\|FP4 indexer active" \
+        "$WORK/logs/profile_server_${PROFILE_RUN:+${PROFILE_RUN}_}$fmt.log" 2>/dev/null | cut -c1-200 | head -n 3 >>"$OUTDIR/table.txt"
     done
     for shape in $SHAPES; do
       b=${shape%%:*}; il=${shape##*:}
       TRACES=()
       for fmt in fp8 fp4; do
-        t="$WORK/prof_serving/${fmt}_${b}x${il}.trace.json.gz"
-        [ -f "$t" ] && TRACES+=("$t")
+        for t in "$TRACEDIR/${fmt}_${b}x${il}.trace.json.gz" "$TRACEDIR/${fmt}_${b}x${il}"_r*.trace.json.gz; do
+          [ -f "$t" ] && TRACES+=("$t")
+        done
       done
       if [ ${#TRACES[@]} -gt 0 ]; then
         "$PY" scripts/sglang_bench.py profile-table --steps "${PROFILE_STEPS:-5}" "${TRACES[@]}" \
-          --json "$OUTDIR/serving_profile_${b}x${il}.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log" \
+          --json "$OUTDIR/serving_profile_${PROFILE_RUN:+${PROFILE_RUN}_}${b}x${il}.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log" \
           || echo "profile-table ${b}x${il} failed (logs/compare.log)"
       else
         echo "profile ${b}x${il}: no trace"
       fi
     done
-    (cd "$WORK/prof_serving" 2>/dev/null && tar -czf "$OUTDIR/serving_profile_traces.tar.gz" *.trace.json.gz 2>/dev/null) \
+    if [ -n "${PROFILE_RUN:-}" ]; then  # every run's traces of this model so far, on the GPU's timeline
+      ALL=(); while IFS= read -r t; do ALL+=("$t"); done < <(find "$WORK/prof_serving" -mindepth 2 -name 'fp[48]_*.trace.json.gz' ! -name '*unreadable*' | sort)
+      [ ${#ALL[@]} -gt 0 ] && "$PY" scripts/sglang_bench.py timeline --steps "${PROFILE_STEPS:-5}" \
+        ${PROFILE_LAYERS:+--layers "$PROFILE_LAYERS"} "${ALL[@]}" --json "$OUTDIR/timeline.json" \
+        >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log" || echo "timeline failed (logs/compare.log)"
+    fi
+    (cd "$WORK/prof_serving" 2>/dev/null && find . -name '*.trace.json.gz' | tar -czf "$OUTDIR/serving_profile_traces.tar.gz" -T - 2>/dev/null) \
       || rm -f "$OUTDIR/serving_profile_traces.tar.gz"
     [ "$(stat -c %s "$OUTDIR/serving_profile_traces.tar.gz" 2>/dev/null || echo 0)" -le 15000000 ] \
       || rm -f "$OUTDIR/serving_profile_traces.tar.gz"

@@ -12,7 +12,7 @@ heads x 128, top-2048), so every indexer kernel runs at its serving shape.
 
 Subcommands:
 
-* ``make-model DIR [--size tiny|v32-layers]``: the model's ``config.json`` and a
+* ``make-model DIR [--size tiny|tiny-interleaved|v32-layers|v32-rank] [--layers N]``: the model's ``config.json`` and a
   word-level tokenizer (``tokenizers``) of its vocabulary; ``v32-layers`` has
   DeepSeek-V3.2's per-layer sizes on three layers and its MTP layer (``V32_LAYERS_CONFIG``).
 * ``run --model DIR --out FILE.pt [--fp4] [--eager] [SGLang server flags]``:
@@ -95,7 +95,12 @@ V32_LAYERS_CONFIG = dict(
 #: The tiny model with interleaved indexer RoPE (GLM-5.x's ``indexer_rope_interleave: true``): SGLang then runs its
 #: fused indexer kernels, in which the plugin applies the Hadamard rotation to index queries and keys.
 TINY_INTERLEAVED_CONFIG = dict(TINY_CONFIG, indexer_rope_interleave=True)
-MODEL_SIZES = {"tiny": TINY_CONFIG, "tiny-interleaved": TINY_INTERLEAVED_CONFIG, "v32-layers": V32_LAYERS_CONFIG}
+#: One GPU of a DeepSeek-V3.2 DP-attention + EP8 deployment at full depth: the per-layer sizes of
+#: ``V32_LAYERS_CONFIG`` on V3.2's 61 layers, the first 3 dense as in the checkpoint, 58 MoE layers of one EP8
+#: rank's 32 routed experts, and the MTP layer. ``make-model --layers N`` keeps the first N (the 3 dense first).
+V32_RANK_CONFIG = dict(V32_LAYERS_CONFIG, num_hidden_layers=61, first_k_dense_replace=3)
+MODEL_SIZES = {"tiny": TINY_CONFIG, "tiny-interleaved": TINY_INTERLEAVED_CONFIG, "v32-layers": V32_LAYERS_CONFIG,
+               "v32-rank": V32_RANK_CONFIG}
 
 #: SGLang server flags every stage uses (dummy weights, FP8 MLA KV -> FlashMLA's sparse FP8 decode on SM90).
 COMMON_SERVER_ARGS = (
@@ -105,20 +110,26 @@ COMMON_SERVER_ARGS = (
 )
 
 
-def make_model(directory: str, size: str = "tiny") -> None:
+def make_model(directory: str, size: str = "tiny", layers: int | None = None) -> None:
     """Write a DeepSeek-V3.2 ``config.json`` (``MODEL_SIZES[size]``) and a word-level tokenizer into ``directory``.
 
     The tokenizer maps ``t<i>`` to id ``i`` (ids 0 and 1 are ``<bos>`` / ``<eos>``);
     the runs feed token ids directly, the tokenizer only satisfies SGLang's loader.
+    ``layers`` (decoder layers, the MTP layer not counted) replaces the size's layer count; the dense layers
+    (``first_k_dense_replace``) stay first, as many as the size has, at most ``layers``.
 
     Raises:
-        ValueError: ``size`` is not a key of ``MODEL_SIZES``.
+        ValueError: ``size`` is not a key of ``MODEL_SIZES``, or ``layers`` is given and not 1..61.
     """
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     if size not in MODEL_SIZES:
         raise ValueError(f"size: expected one of {sorted(MODEL_SIZES)}, got {size!r}")
-    config = MODEL_SIZES[size]
+    config = dict(MODEL_SIZES[size])
+    if layers is not None:
+        if not 1 <= layers <= 61:
+            raise ValueError(f"layers: expected 1..61 decoder layers (DeepSeek-V3.2 has 61), got {layers}")
+        config.update(num_hidden_layers=layers, first_k_dense_replace=min(config["first_k_dense_replace"], layers))
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
@@ -132,7 +143,7 @@ def make_model(directory: str, size: str = "tiny") -> None:
                    "unk_token": "<unk>", "model_max_length": 163840}, f)
     with open(os.path.join(directory, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": 0, "eos_token_id": 1}, f)
-    print(f"{size} DeepseekV32ForCausalLM written to {directory}")
+    print(f"{size} DeepseekV32ForCausalLM ({config['num_hidden_layers']} layers) written to {directory}")
 
 
 def seeded_prompts(seed: int = 0) -> list[list[int]]:
@@ -941,8 +952,12 @@ def main() -> int:
         mp = argparse.ArgumentParser(prog="sglang_one_batch.py make-model")
         mp.add_argument("directory")
         mp.add_argument("--size", choices=sorted(MODEL_SIZES), default="tiny")
+        mp.add_argument("--layers", type=int, help="decoder layers (1..61), the size's own count when left out")
         mo = mp.parse_args(rest)
-        make_model(mo.directory, mo.size)
+        try:
+            make_model(mo.directory, mo.size, mo.layers)
+        except ValueError as e:
+            mp.error(str(e))
         return 0
     if cmd == "run":
         run(rest)

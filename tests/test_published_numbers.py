@@ -12,7 +12,9 @@ the files cell by cell within the digits they show. Nothing is measured here.
 
 from __future__ import annotations
 
+import gzip
 import importlib.metadata as md
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -842,3 +844,87 @@ def test_accuracy_long_context_prose_and_readme_are_the_measured_runs():
             f"{d(t, 8192, 2048, 'fp4')} / {d(t, 32768, 2048, 'fp4')} |") in readme
     assert (f"| {d(s, 8192, 128, 'fp8')} / {d(s, 32768, 512, 'fp8')} | "
             f"{d(s, 8192, 128, 'fp4')} / {d(s, 32768, 512, 'fp4')} |") in readme
+
+
+def _timeline_cell(agg, fmt, key, ms):
+    v, d = agg[fmt][key], (1e3 if ms else 1.0)
+    f = (lambda x: f"{x / d:.2f}") if ms else (lambda x: f"{x:.1f}")
+    return f"{f(v['median'])} [{f(v['min'])}-{f(v['max'])}]"
+
+
+def test_benchmarks_v32_rank_timeline_tables_and_prose_are_the_measured_traces():
+    """The full-depth rank section: both tables cell by cell from the timeline summaries, the traces' counts and
+    runs, the ratios and figures the prose quotes, the projection's arithmetic, the KV pool sizes from the
+    printed server lines, and the median scorer launches from the committed traces."""
+    import io
+    import statistics
+    import tarfile
+
+    page = _page("docs/benchmarks.md")
+    mtp = _json("sglang_timeline_v32_rank20_mtp3x4_h200_2026-12-06.json")
+    off = _json("sglang_timeline_v32_rank20_mtp_off_h200_2026-12-06.json")
+    assert mtp["layers"] == off["layers"] == 20 and mtp["full_depth"] == 61 and mtp["steps"] == 5
+    rows = (("GPU busy time per cycle, 20 layers (ms)", "busy_us", True),
+            ("span per cycle: first kernel's start to last kernel's end, 20 layers (ms)", "span_us", True),
+            ("indexer logits running alone, nothing else on the GPU, per cycle (ms)", "indexer_exposed_us", True),
+            ("one layer: busy time between consecutive scorer launches, median (µs)", "layer_busy_us", False),
+            ("**projected to 61 layers**: busy time per cycle (ms)", "projected_busy_us", True),
+            ("**projected to 61 layers**: span per cycle (ms)", "projected_span_us", True))
+    for summary, shapes in ((mtp, ("8x131072", "1x131072")), (off, ("8x131072",))):
+        for label, key, ms in rows:
+            cells = []
+            for s in shapes:
+                agg = summary["shapes"][s]
+                cells += [_timeline_cell(agg, "fp8", key, ms), _timeline_cell(agg, "fp4", key, ms),
+                          f"{agg['fp8_over_fp4'][key]:.3f}x"]
+            assert f"| {label} | " + " | ".join(cells) + " |" in page, (label, shapes)
+    for s in ("8x131072", "1x131072"):  # 6 traces per format: 3 from each run order
+        for fmt in ("fp8", "fp4"):
+            assert mtp["shapes"][s][fmt]["traces"] == 6 and mtp["shapes"][s][fmt]["runs"] == ["fp4_first", "fp8_first"]
+    assert off["shapes"]["8x131072"]["fp8"]["traces"] == 3
+    flat = _flat(page)
+    a = mtp["shapes"]["8x131072"]
+    r = a["fp8_over_fp4"]
+    assert (f"At 8 x 128K the verify cycle is {r['busy_us']:.3f}x faster with FP4 on the GPU's busy time and "
+            f"{r['span_us']:.3f}x on its span, at 20 layers; projected to 61 layers, {r['projected_busy_us']:.3f}x and "
+            f"{r['projected_span_us']:.3f}x. At 1 x 128K the two are level "
+            f"({mtp['shapes']['1x131072']['fp8_over_fp4']['busy_us']:.3f}x)") in flat
+    spread = max(max(v["max"] / v["median"] - 1, 1 - v["min"] / v["median"])
+                 for v in (a["fp8"]["busy_us"], a["fp4"]["busy_us"]))
+    assert spread < 0.007 and "lies within 0.7 % of its median" in flat
+    span_top = max(v["max"] / v["median"] - 1 for v in (a["fp8"]["span_us"], a["fp4"]["span_us"]))
+    assert f"up to {100 * span_top:.1f} % above its median" in flat
+    lb = {f: a[f]["layer_busy_us"]["median"] for f in ("fp8", "fp4")}
+    assert (f"A layer's busy time falls by {lb['fp8'] - lb['fp4']:.1f} µs ({lb['fp8']:.1f} to {lb['fp4']:.1f})") in flat
+    ex = {f: a[f]["indexer_exposed_us"]["median"] / 1e3 for f in ("fp8", "fp4")}
+    assert f"falls from {ex['fp8']:.2f} to {ex['fp4']:.2f} ms per cycle" in flat
+    p8, p4 = (a[f]["projected_busy_us"]["median"] / 1e3 for f in ("fp8", "fp4"))
+    need = p4 - p8 / 1.15
+    assert (f"{r['projected_busy_us']:.3f}x projected at 61 layers" in flat
+            and f"from {p4:.2f} to {p8:.2f} / 1.15 = {p8 / 1.15:.2f} ms, {need:.2f} ms per cycle, about "
+                f"{1e3 * need / 64:.0f} µs per scorer launch at 64 launches per cycle" in flat)
+    gflop = 4 * 64 * 128 * 2 * 8 * 131072 / 1e9
+    assert f"({gflop:.1f} GFLOP at 8 x 128K), so 47 µs means {gflop / 47e-6 / 1e6:.2f} PFLOP/s" in flat
+    # The median scorer launch in the committed traces (the FP8-first server's first trace of each format).
+    bench_spec = importlib.util.spec_from_file_location("sglang_bench", REPO / "scripts" / "sglang_bench.py")
+    bench = importlib.util.module_from_spec(bench_spec)
+    bench_spec.loader.exec_module(bench)
+    med, launches = {}, {}
+    with tarfile.open(RESULTS / "sglang_timeline_v32_rank20_mtp3x4_h200_traces_2026-12-06.tar.gz") as tar:
+        for fmt in ("fp8", "fp4"):
+            raw = tar.extractfile(f"fp8_first/{fmt}_8x131072_r1.trace.json.gz").read()
+            trace = json.loads(gzip.decompress(raw))
+            d = [iv[1] - iv[0] for iv in bench.gpu_intervals(trace) if re.search(bench.SCORER_KERNELS, iv[3])
+                 and not re.search(bench.SCHEDULE_KERNELS, iv[3])]
+            med[fmt], launches[fmt] = statistics.median(d), len(d) / 5
+    assert launches == {"fp8": 23, "fp4": 23} and "23 scorer launches per cycle" in flat
+    assert f"the median launch takes {med['fp8']:.1f} µs (FP8) and {med['fp4']:.1f} µs (FP4)" in flat
+    assert f"drop from about {med['fp4']:.0f} to about {med['fp4'] - 1e3 * need / 64:.0f} µs" in flat
+    o = off["shapes"]["8x131072"]
+    assert (f"a layer gains {o['fp8']['layer_busy_us']['median'] - o['fp4']['layer_busy_us']['median']:.1f} µs, the "
+            f"step {o['fp8_over_fp4']['busy_us']:.3f}x") in flat
+    text = (RESULTS / "sglang_timeline_v32_rank20_h200_2026-12-06.txt").read_text()
+    pools = [int(n) for n in re.findall(r"KV Cache is allocated\. dtype: \S+, #tokens: (\d+), KV size: 70", text)]
+    assert sorted(set(pools)) == [4795328, 5219200]
+    assert (f"held {4795328:,} tokens with FP8 and {5219200:,} with FP4 (+{100 * (5219200 / 4795328 - 1):.1f} %)"
+            .replace(",", " ")) in flat

@@ -419,3 +419,103 @@ def test_profile_decode_reports_an_error_chunk_at_once_and_still_aborts(tmp_path
         srv.shutdown()
     assert time.time() - t0 < 10
     assert state["profile_at"] is None and state["aborted"].is_set()
+
+
+# A planted two-cycle trace (µs): SGLang's second stream runs the scorer beside a GEMM. Worked out by hand:
+# busy 15 + 20 + 20 + 30 + 25 = 110 (A, plan and S1 overlap in 0-15), span 160; alone: GEMMs 0-2 and 3-5 (4),
+# indexer logits 10-15, 40-45, 100-110, 135-140 (25), MoE 75; scorer starts 5, 40, 100, 135 (the plan kernel is
+# not an anchor): layer windows of span 35, 60, 35 and busy 30, 20, 30.
+_PLANTED = [
+    ("_w8a8_block_fp8_matmul", 0, 10), ("plan_paged_schedule", 2, 1), ("fp4_paged_logits_sm90", 5, 10),
+    ("fused_moe_kernel", 15, 20), ("fp4_paged_logits_sm90", 40, 5), ("fused_moe_kernel", 45, 15),
+    ("fp4_paged_logits_sm90", 100, 10), ("fused_moe_kernel", 110, 20), ("fp4_paged_logits_sm90", 135, 5),
+    ("fused_moe_kernel", 140, 20),
+]
+
+
+def _planted_trace(path, scale=1.0, names=None):
+    events = [{"ph": "X", "cat": "kernel", "name": (names or {}).get(n, n), "ts": t * scale, "dur": d * scale}
+              for n, t, d in _PLANTED]
+    events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1000})  # host side: ignored
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    return str(path)
+
+
+def test_union_time_counts_overlapping_kernels_once_and_clips_to_a_window():
+    ivs = [(0.0, 10.0), (5.0, 15.0), (20.0, 25.0)]
+    assert bench.union_time(ivs) == 20.0
+    assert bench.union_time(ivs, 8.0, 22.0) == 9.0  # 8-15 and 20-22
+    assert bench.union_time([]) == 0.0
+
+
+def test_timeline_splits_a_planted_trace_into_busy_alone_and_layers(tmp_path):
+    got = bench.timeline(_planted_trace(tmp_path / "fp4_2x64.trace.json.gz"), steps=2, layers=2, full_depth=4)
+    assert got["busy_us_per_step"] == 55.0 and got["span_us_per_step"] == 80.0 and got["idle_us_per_step"] == 25.0
+    assert got["alone_us_per_step"] == {"MoE": 37.5, "indexer logits": 12.5, "GEMMs": 2.0}
+    assert got["indexer_exposed_us_per_step"] == 12.5 and got["scorer_launches_per_step"] == 2.0
+    assert got["layer_span_us"]["n"] == 3 and got["layer_span_us"]["median"] == 35.0
+    assert got["layer_busy_us"]["median"] == 30.0
+    assert got["projection"]["busy_us_per_step"] == 55.0 + 2 * 30.0
+    assert got["projection"]["span_us_per_step"] == 80.0 + 2 * 35.0
+    assert "projected to 4 layers" in got["projection"]["what"]
+    # DeepGEMM's FP8 scorer anchors the layers too; its metadata kernel (one per forward) does not.
+    fp8 = bench.timeline(_planted_trace(tmp_path / "fp8.json.gz", names={
+        "fp4_paged_logits_sm90": "void deep_gemm::sm90_fp8_paged_mqa_logits<1u, 64u>(unsigned int)",
+        "plan_paged_schedule": "void deep_gemm::sched::smxx_paged_mqa_logits_metadata<32u>(unsigned int)"}), steps=2)
+    assert fp8["scorer_launches_per_step"] == 2.0 and fp8["layer_busy_us"]["median"] == 30.0
+    assert "projection" not in fp8
+
+
+def test_timeline_refuses_bad_arguments_and_a_trace_without_kernels(tmp_path):
+    path = _planted_trace(tmp_path / "t.json.gz")
+    with pytest.raises(ValueError, match="steps"):
+        bench.timeline(path, steps=0)
+    with pytest.raises(ValueError, match="layers: expected 1..61"):
+        bench.timeline(path, steps=1, layers=62)
+    empty = tmp_path / "e.json"
+    empty.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 0, "dur": 1}]}))
+    with pytest.raises(ValueError, match="no GPU kernel events"):
+        bench.timeline(str(empty), steps=1)
+
+
+def test_timeline_summary_pairs_formats_per_shape_over_runs_and_repeats(tmp_path, capsys):
+    (tmp_path / "runA").mkdir()
+    (tmp_path / "runB").mkdir()
+    paths = [_planted_trace(tmp_path / "runA" / "fp4_2x64_r1.trace.json.gz"),
+             _planted_trace(tmp_path / "runB" / "fp4_2x64_r2.trace.json.gz", scale=1.5),
+             _planted_trace(tmp_path / "runA" / "fp8_2x64.trace.json.gz", scale=2.0)]
+    s = bench.timeline_summary(paths, steps=2, layers=2, full_depth=4)
+    assert [(r["run"], r["format"], r["batch"], r["input"], r["repeat"]) for r in s["rows"]] == [
+        ("runA", "fp4", 2, 64, 1), ("runB", "fp4", 2, 64, 2), ("runA", "fp8", 2, 64, 1)]
+    agg = s["shapes"]["2x64"]
+    assert agg["fp4"]["traces"] == 2 and agg["fp4"]["runs"] == ["runA", "runB"]
+    assert agg["fp4"]["busy_us"] == {"median": 55.0 * 1.25, "min": 55.0, "max": 55.0 * 1.5}
+    assert agg["fp8"]["busy_us"]["median"] == 110.0
+    assert agg["fp8_over_fp4"]["busy_us"] == 110.0 / (55.0 * 1.25)
+    assert agg["fp8_over_fp4"]["projected_busy_us"] == 230.0 / (115.0 * 1.25)
+    bench.print_timeline_summary(s)
+    out = capsys.readouterr().out
+    assert "2x64: fp8 1 traces in 1 runs, fp4 2 traces in 2 runs" in out and f"{110 / 68.75:.3f}x" in out
+    with pytest.raises(ValueError, match="FMT_BATCHxINPUT"):
+        bench.timeline_summary([_planted_trace(tmp_path / "bf16_2x64.trace.json.gz")], steps=1)
+
+
+def test_profile_decode_takes_every_repeat_from_one_prefill(tmp_path):
+    """With repeats, the same requests decode through every profile: one /generate per request, one trace per
+    repeat under PREFIX_rK, each asked for only once the one before is written, then one abort."""
+    import threading
+
+    state = {"started": 0, "profile_at": None, "aborted": threading.Event(), "bodies": []}
+    srv = _standin_server(state)
+    try:
+        (tmp_path / "raw").mkdir()
+        paths = bench.profile_decode(f"http://127.0.0.1:{srv.server_port}", 2, 16, out_dir=str(tmp_path / "raw"),
+                                     prefix="fp4_2x16", steps=3, output_len=64, timeout=30, repeats=3)
+    finally:
+        srv.shutdown()
+    assert paths == [str(tmp_path / "raw" / f"fp4_2x16_r{k}-123-TP-0-DECODE.trace.json.gz") for k in (1, 2, 3)]
+    assert len(state["bodies"]) == 2 and state["aborts"] == 1
+    with pytest.raises(ValueError, match="repeats"):
+        bench.profile_decode("http://127.0.0.1:9", 1, 16, out_dir=str(tmp_path), prefix="x", steps=1,
+                             output_len=8, repeats=0)

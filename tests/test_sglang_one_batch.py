@@ -347,3 +347,23 @@ def test_trace_plugin_records_eager_calls_and_reads_them_back(tmp_path, monkeypa
     assert [c["layer"] for c in saved["calls"]] == [3] and torch.equal(saved["calls"][0]["topk"], call["topk"])
     got = tool.check_trace([saved], draft_tokens=2)["modes"]["TARGET_VERIFY"]
     assert got["rows"] == 4 and got["count"] + got["duplicate"] + got["out_of_range"] == 0
+
+
+def test_make_model_cuts_a_v32_rank_to_the_layers_asked_and_keeps_the_dense_ones_first(tmp_path):
+    import json
+
+    tool.make_model(str(tmp_path / "r20"), "v32-rank", layers=20)
+    cfg = json.loads((tmp_path / "r20" / "config.json").read_text())
+    assert (cfg["num_hidden_layers"], cfg["first_k_dense_replace"]) == (20, 3)
+    assert {k: v for k, v in cfg.items() if k not in ("num_hidden_layers",)} == {
+        k: v for k, v in tool.V32_RANK_CONFIG.items() if k != "num_hidden_layers"}
+    # V3.2's own sizes per layer: one EP8 rank's 32 routed experts, 128 attention heads, 64 x 128 index heads.
+    assert (cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg["num_attention_heads"]) == (32, 8, 128)
+    assert (cfg["index_n_heads"], cfg["index_head_dim"], cfg["index_topk"]) == (64, 128, 2048)
+    tool.make_model(str(tmp_path / "r2"), "v32-rank", layers=2)
+    cfg = json.loads((tmp_path / "r2" / "config.json").read_text())
+    assert (cfg["num_hidden_layers"], cfg["first_k_dense_replace"]) == (2, 2)
+    tool.make_model(str(tmp_path / "full"), "v32-rank")
+    assert json.loads((tmp_path / "full" / "config.json").read_text())["num_hidden_layers"] == 61
+    with pytest.raises(ValueError, match="layers: expected 1..61"):
+        tool.make_model(str(tmp_path / "bad"), "v32-rank", layers=62)
