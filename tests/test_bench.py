@@ -80,6 +80,59 @@ def test_fp8_and_store_floor_bytes_by_hand():
         fl.scorer_bytes(ScorerShape(32, 1, 64, 1), 0)
 
 
+def test_tensor_core_floor_flops_and_which_floor_binds_by_hand():
+    # next_n 4 with 64 heads at 8 x 128K: 256 query rows x 128 multiply-adds per key, 68.7 GFLOP.
+    s4 = ScorerShape(64, 8, 131072, 4)
+    assert fl.scorer_flops(s4) == 2 * 4 * 64 * 128 * 8 * 131072 == 68_719_476_736
+    assert fl.scorer_flops(ScorerShape(32, 2, 100, 1)) == 2 * 32 * 128 * 200
+    # At 1.25 PFLOP/s the tensor cores need 55 us, above FP4's HBM floor at 3 TB/s (29 us): they bind.
+    tc = fl.scorer_flops(s4) / 1.25e15
+    hbm = fl.floor_seconds(fl.fp4_scorer_bytes(s4), 3.0e12)
+    assert fl.binding_floor(hbm, tc) == (tc, "tensor cores")
+    # At next_n 1 the bytes bind; without a measured rate the HBM floor stands alone.
+    s1 = ScorerShape(64, 8, 131072, 1)
+    assert fl.binding_floor(fl.floor_seconds(fl.fp4_scorer_bytes(s1), 3.0e12), fl.scorer_flops(s1) / 1.25e15)[1] == "HBM"
+    assert fl.binding_floor(2e-6, None) == (2e-6, "HBM")
+    with pytest.raises(ValueError, match="tensor_core_s"):
+        fl.binding_floor(1e-6, 0.0)
+    with pytest.raises(ValueError, match="head_dim"):
+        fl.scorer_flops(s1, head_dim=0)
+
+
+def test_the_roofline_columns_show_the_binding_floor(cpu_report):
+    """A CUDA report with a measured FP8 tensor-core rate: a TC floor column, each scorer's % of the roofline
+    floor (the larger one) and what binds it; the CPU run measures no rate and shows none of them."""
+    import copy
+
+    from rich.console import Console
+
+    from sglang_fp4_indexer.bench.report import render_table
+    from sglang_fp4_indexer.bench.timing import fp8_mma_rate
+
+    assert fp8_mma_rate(torch.device("cpu")) == (None, [])
+    assert cpu_report["meta"]["fp8_mma_flops_per_s"] is None
+    assert not any("pct_roofline" in res for row in cpu_report["rows"] for res in row["results"].values())
+    console = Console(width=400, record=True)
+    console.print(render_table(cpu_report))
+    assert "% roofline" not in console.export_text()
+    gpu = copy.deepcopy(cpu_report)
+    gpu["meta"].update(device_type="cuda", fp8_mma_flops_per_s=1.2e15, fp8_mma_gemm="8192 x 8192 x 8192")
+    row = gpu["rows"][0]
+    row["tensor_core_floor_s"] = 3.0e-6
+    ours = row["results"]["ours"]
+    ours.update(seconds=4.0e-6, roofline_s=3.0e-6, binds="tensor cores", pct_roofline=75.0)
+    console = Console(width=400, record=True)
+    console.print(render_table(gpu))
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "shape (H" in line)
+    assert [c.strip() for c in header.split("┃")[2:6]] == ["FP4 floor", "TC floor", "ours", "% floor"]
+    line = next(line for line in text.splitlines() if f"│ {SHAPES[0].label}" in line)
+    assert [c.strip() for c in line.split("│")[3:4]] == ["3.00"] and "75.0 (TC)" in line
+    assert "1200 TFLOP/s" in " ".join(text.split())
+    summary = next(line for line in render_summary(gpu).splitlines() if line.startswith(SHAPES[0].label))
+    assert "r75% TC" in summary
+
+
 def test_rotation_sets():
     l2 = 60 * MiB
     # 75.5 MB per call vs 4 x 60 MiB = 251.7 MB: ceil(3.33) = 4 sets.

@@ -17,6 +17,16 @@ device-to-device copy reaches in the same run (bytes read plus bytes written).
 
 The planner has no byte floor worth the name (it reads ``4 B`` per request);
 it is reported against its absolute target (5 us per call at batch 64) instead.
+
+Tensor-core floor (the roofline's other side): a paged scorer call multiplies every
+visible key with each of its request's ``next_n x heads`` index-query rows over the
+128-wide head dimension, ``2 x next_n x heads x 128`` FLOPs per visible key, on FP8
+tensor cores in both formats (the FP4 cache is decoded to FP8 before the MMA). Over
+the dense FP8 GEMM rate measured in the same run (``timing.fp8_mma_rate``) that is the
+time the tensor cores need; the roofline floor is the larger of it and the HBM floor,
+and ``binding_floor`` names which one binds. At ``next_n = 1`` the HBM floor binds by
+far; at ``next_n = 4`` with 64 heads the two meet for FP8 and the tensor cores bind
+for FP4.
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ __all__ = [
     "store_bytes",
     "floor_seconds",
     "percent_of_floor",
+    "scorer_flops",
+    "binding_floor",
 ]
 
 #: Bytes of one fp32 logit.
@@ -115,3 +127,30 @@ def percent_of_floor(seconds: float, floor: float) -> float:
     if not seconds > 0:
         raise ValueError(f"seconds: expected > 0, got {seconds}")
     return 100.0 * floor / seconds
+
+
+def scorer_flops(shape: ScorerShape, head_dim: int = INDEX_HEAD_DIM) -> int:
+    """Tensor-core FLOPs of one paged scorer call: ``2 * next_n * heads * head_dim`` per visible key (a
+    multiply-add counts 2), the index-query rows of a request times its keys. The weighted ReLU sum over heads
+    (CUDA cores, ``heads`` per key and row) is not counted.
+
+    Raises:
+        ValueError: ``head_dim`` not positive.
+    """
+    if head_dim < 1:
+        raise ValueError(f"head_dim: expected > 0, got {head_dim}")
+    return 2 * shape.next_n * shape.heads * head_dim * visible_keys(shape)
+
+
+def binding_floor(hbm_s: float, tensor_core_s: float | None) -> tuple[float, str]:
+    """The roofline floor of a call and what binds it: ``(max(hbm_s, tensor_core_s), "HBM" | "tensor cores")``;
+    ``(hbm_s, "HBM")`` when the tensor-core rate was not measured (``tensor_core_s`` None).
+
+    Raises:
+        ValueError: a time that is not positive.
+    """
+    if not hbm_s > 0 or (tensor_core_s is not None and not tensor_core_s > 0):
+        raise ValueError(f"hbm_s, tensor_core_s: expected > 0 seconds, got {hbm_s}, {tensor_core_s}")
+    if tensor_core_s is not None and tensor_core_s > hbm_s:
+        return tensor_core_s, "tensor cores"
+    return hbm_s, "HBM"

@@ -55,6 +55,15 @@ def _scorer_names(report: dict) -> list[str]:
     return [s["name"] for s in report.get("scorers", [])]
 
 
+#: Short names of what binds a roofline floor (``floor.binding_floor``).
+_BINDS = {"HBM": "HBM", "tensor cores": "TC"}
+
+
+def _has_roofline(report: dict) -> bool:
+    """Whether the run measured the tensor-core rate, so rows carry the roofline floor (CUDA runs)."""
+    return bool(report.get("meta", {}).get("fp8_mma_flops_per_s"))
+
+
 def render_table(report: dict) -> Table:
     """The full table: per shape, each scorer's time, its host time per eager call (CUDA runs), % of its own
     floor and ours' speed-up over it, and the checks."""
@@ -67,17 +76,24 @@ def render_table(report: dict) -> Table:
     table.add_column("FP4 floor", justify="right")
     names = _scorer_names(report)
     host = _has_host(report)
+    roof = _has_roofline(report)
+    if roof:
+        table.add_column("TC floor", justify="right")
     for name in names:
         table.add_column(name, justify="right")
         if host:
             table.add_column("host", justify="right")
         table.add_column("% floor", justify="right")
+        if roof:
+            table.add_column("% roofline", justify="right")
         if not name.startswith("ours"):
             table.add_column("ours x", justify="right")
     table.add_column("FP8 floor", justify="right")
     table.add_column("checks")
     for row in report.get("rows", []):
         cells = [row["label"], _us(row.get("fp4_floor_s"))]
+        if roof:
+            cells.append(_us(row.get("tensor_core_floor_s")) if row.get("tensor_core_floor_s") else "")
         fails = []
         for name in names:
             res = row["results"].get(name, {})
@@ -88,6 +104,8 @@ def render_table(report: dict) -> Table:
             if host:
                 cells.append(_us(res.get("host_s")) if "host_s" in res else "")
             cells.append(f"{res['pct_floor']:.1f}" if "pct_floor" in res else "")
+            if roof:
+                cells.append(f"{res['pct_roofline']:.1f} ({_BINDS[res['binds']]})" if "pct_roofline" in res else "")
             if not name.startswith("ours"):
                 sp = res.get("speedup_of_ours")
                 cells.append(f"{sp:.2f}" if sp else "")
@@ -98,6 +116,11 @@ def render_table(report: dict) -> Table:
     notes = [f"copy bandwidth {bw / 1e12:.3f} TB/s (read + write)" if not cpu else f"copy bandwidth {bw / 1e9:.2f} GB/s"]
     notes.append("% floor: of the scorer's own format (FP4 68 B/key, FP8 132 B/key, + 4 B/logit); "
                  "ours x: the peer's time over ours")
+    if roof:
+        rate = meta.get("fp8_mma_flops_per_s")
+        notes.append(f"TC floor: the call's FLOPs (2 x next_n x heads x 128 per key) at the dense FP8 GEMM rate "
+                     f"measured in this run, {rate / 1e12:.0f} TFLOP/s ({meta.get('fp8_mma_gemm')}); % roofline: of "
+                     "the larger of the scorer's HBM floor and the TC floor (HBM or TC: which one binds)")
     if host:
         notes.append(HOST_NOTE)
     notes.extend(unavailable)
@@ -152,7 +175,7 @@ def render_summary(report: dict, rows: bool = True) -> str:
     meta = report.get("meta", {})
     names = _scorer_names(report)
     host = _has_host(report)
-    cell_w = 28 if host else 21
+    cell_w = (28 if host else 21) + (10 if _has_roofline(report) else 0)
     bw = meta.get("copy_bandwidth_bytes_per_s") or float("nan")
     lines = [
         f"== benchmark summary: {meta.get('device', '?')}, torch {meta.get('torch')}, triton {meta.get('triton')}",
@@ -173,6 +196,8 @@ def render_summary(report: dict, rows: bool = True) -> str:
             if "seconds" in res:
                 if name.startswith("ours"):
                     tag = f"({res['pct_floor']:.0f}%)" if "pct_floor" in res else ""
+                    if "pct_roofline" in res:
+                        tag = f"({res['pct_floor']:.0f}%, r{res['pct_roofline']:.0f}% {_BINDS[res['binds']]})"
                 else:
                     sp = res.get("speedup_of_ours")
                     tag = f"(x{sp:.2f})" if sp else ""
@@ -191,7 +216,8 @@ def render_summary(report: dict, rows: bool = True) -> str:
     lines.extend(_op_lines(report, cpu))
     lines.append(f"failures: {report.get('failures', 0)}")
     if rows and any(n.startswith("ours") for n in names):
-        lines.append("   ours: (% of FP4 floor); peers: (x = peer time / ours)"
+        lines.append("   ours: (% of FP4 floor" + (", r% of the roofline floor and what binds it" if _has_roofline(report)
+                                                    else "") + "); peers: (x = peer time / ours)"
                      + ("; h: host time per eager call" if host else ""))
     return "\n".join(line for line in lines if line is not None)
 

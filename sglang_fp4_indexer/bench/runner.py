@@ -7,7 +7,9 @@ copies as L2 rotation needs), computes the reference for the checked rows
 timing), time (``timing.time_calls``), check every rotation set's output
 (``checks.check_logits``), on CUDA measure its host time per eager call
 (``timing.time_host``, as its serving caller makes it), and derive the ratios: percent of its own format's
-HBM floor (FP4 68 B/key, FP8 132 B/key, + 4 B/logit) and the speed-up of the
+HBM floor (FP4 68 B/key, FP8 132 B/key, + 4 B/logit), percent of the roofline floor on CUDA (the
+larger of that and the tensor-core floor: the call's FLOPs over the dense FP8 GEMM rate measured in
+the same run, ``timing.fp8_mma_rate``; which one binds is recorded), and the speed-up of the
 first "ours" scorer over each other scorer (``t_other / t_ours``).
 
 A scorer that raises while being prepared, timed or checked is recorded as
@@ -29,18 +31,29 @@ from ..pool import PAGE_SIZE
 from .checks import CheckResult, check_logits, expected_logits
 from .floor import (
     BF16_KEY_BYTES,
+    binding_floor,
     fp4_scorer_bytes,
     fp8_scorer_bytes,
     floor_seconds,
     percent_of_floor,
     scorer_bytes,
+    scorer_flops,
     store_bytes,
     visible_keys,
 )
 from .inputs import build_scorer_inputs
 from .scorers import Scorer
 from .shapes import ScorerShape
-from .timing import CPU_TIMING_NOTE, copy_bandwidth, l2_cache_bytes, rotation_sets, time_calls, time_host
+from .timing import (
+    CPU_TIMING_NOTE,
+    MMA_SIZE,
+    copy_bandwidth,
+    fp8_mma_rate,
+    l2_cache_bytes,
+    rotation_sets,
+    time_calls,
+    time_host,
+)
 
 __all__ = [
     "BenchConfig",
@@ -105,7 +118,8 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _meta(config: BenchConfig, bandwidth: float, samples: list[float], l2: int | None) -> dict:
+def _meta(config: BenchConfig, bandwidth: float, samples: list[float], l2: int | None,
+          mma: tuple[float | None, list[float]] = (None, [])) -> dict:
     import triton
 
     dev = config.device
@@ -120,6 +134,9 @@ def _meta(config: BenchConfig, bandwidth: float, samples: list[float], l2: int |
         "timing": "CUDA graphs, median of replays" if dev.type == "cuda" else f"wall clock: {CPU_TIMING_NOTE}",
         "copy_bandwidth_bytes_per_s": bandwidth,
         "copy_bandwidth_samples": samples,
+        "fp8_mma_flops_per_s": mma[0],
+        "fp8_mma_samples": mma[1],
+        "fp8_mma_gemm": f"{MMA_SIZE} x {MMA_SIZE} x {MMA_SIZE} e4m3 -> bf16, torch._scaled_mm" if mma[0] else None,
         "l2_bytes": l2,
         "page_size": PAGE_SIZE,
     }
@@ -129,9 +146,12 @@ def _meta(config: BenchConfig, bandwidth: float, samples: list[float], l2: int |
     return meta
 
 
-def _scorer_row(shape: ScorerShape, bandwidth: float) -> dict:
+def _scorer_row(shape: ScorerShape, bandwidth: float, mma_rate: float | None = None) -> dict:
     fp4, fp8 = fp4_scorer_bytes(shape), fp8_scorer_bytes(shape)
+    flops = scorer_flops(shape)
     return {
+        "flops": flops,
+        "tensor_core_floor_s": flops / mma_rate if mma_rate else None,
         "spec": shape.spec,
         "label": shape.label,
         "heads": shape.heads,
@@ -147,7 +167,7 @@ def _scorer_row(shape: ScorerShape, bandwidth: float) -> dict:
     }
 
 
-def _run_scorer(scorer: Scorer, inputs, expected, l2, bandwidth: float, device) -> dict:
+def _run_scorer(scorer: Scorer, inputs, expected, l2, bandwidth: float, device, mma_rate: float | None = None) -> dict:
     shape = inputs.shape
     result: dict = {"status": "error", "key_bytes": scorer.key_bytes}
     run = None
@@ -168,6 +188,9 @@ def _run_scorer(scorer: Scorer, inputs, expected, l2, bandwidth: float, device) 
         floor = floor_seconds(scorer_bytes(shape, scorer.key_bytes), bandwidth)
         result["floor_s"] = floor
         result["pct_floor"] = percent_of_floor(run.timing.seconds, floor)
+        if mma_rate:  # the roofline: the larger of the HBM floor and the tensor cores' time for the FLOPs
+            roof, binds = binding_floor(floor, scorer_flops(shape) / mma_rate)
+            result.update(roofline_s=roof, binds=binds, pct_roofline=percent_of_floor(run.timing.seconds, roof))
         check = check_logits(run.outputs, expected, prepared.rel, writes_all=prepared.writes_all, floor=prepared.floor)
     except Exception as exc:  # recorded, the run goes on
         result["status"] = _error(exc)
@@ -307,7 +330,17 @@ def run_benchmark(
     l2 = l2_cache_bytes(dev)
     log(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write); L2 {l2 / 2**20:.0f} MiB" if l2
         else f"copy bandwidth {bandwidth / 1e9:.2f} GB/s ({CPU_TIMING_NOTE})")
-    report: dict = {"meta": _meta(config, bandwidth, samples, l2), "scorers": [], "rows": [], "failures": 0}
+    mma_error = None
+    try:
+        mma = fp8_mma_rate(dev)
+    except RuntimeError as exc:  # e.g. a torch whose _scaled_mm refuses these operands: no TC floor, said so
+        mma, mma_error = (None, []), _error(exc)
+        log(f"dense FP8 GEMM rate not measured ({mma_error}): no tensor-core floor in this run")
+    if mma[0]:
+        log(f"dense FP8 GEMM {mma[0] / 1e12:.0f} TFLOP/s ({MMA_SIZE}^3, torch._scaled_mm): the tensor-core floor")
+    report: dict = {"meta": _meta(config, bandwidth, samples, l2, mma), "scorers": [], "rows": [], "failures": 0}
+    if mma_error:
+        report["meta"]["fp8_mma_error"] = mma_error
     available = {}
     for sc in config.scorers:
         reason = sc.unavailable_reason(dev)
@@ -320,7 +353,7 @@ def run_benchmark(
             log(f"{sc.name}: unavailable: {reason}")
 
     for idx, shape in enumerate(config.shapes, 1):
-        row = _scorer_row(shape, bandwidth)
+        row = _scorer_row(shape, bandwidth, mma[0])
         report["rows"].append(row)
         sets = rotation_sets(fp4_scorer_bytes(shape), l2)
         try:
@@ -339,7 +372,7 @@ def run_benchmark(
             if not available[sc.name]:
                 row["results"][sc.name] = {"status": "unavailable"}
                 continue
-            res = _run_scorer(sc, inputs, expected, l2, bandwidth, dev)
+            res = _run_scorer(sc, inputs, expected, l2, bandwidth, dev, mma[0])
             row["results"][sc.name] = res
             if res["status"] != "ok":
                 report["failures"] += 1

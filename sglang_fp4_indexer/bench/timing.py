@@ -48,6 +48,8 @@ __all__ = [
     "l2_cache_bytes",
     "rotation_sets",
     "copy_bandwidth",
+    "MMA_SIZE",
+    "fp8_mma_rate",
     "time_calls",
     "HOST_WARMUP",
     "HOST_CALLS",
@@ -199,6 +201,53 @@ def copy_bandwidth(device: torch.device, nbytes: int | None = None, repeats: int
     del src, dst
     moved = 2 * nbytes
     return moved / statistics.median(times), [moved / t for t in times]
+
+
+#: The dense FP8 GEMM whose rate is the tensor-core ceiling: M = N = K, large enough to fill the chip.
+MMA_SIZE = 8192
+
+
+def fp8_mma_rate(device: torch.device, size: int = MMA_SIZE, repeats: int = 10) -> tuple[float | None, list[float]]:
+    """Measured dense FP8 tensor-core rate in FLOP/s: a ``size`` x ``size`` x ``size`` e4m3 GEMM with bf16 output
+    through ``torch._scaled_mm`` (what the FP8 MMA sustains on a large, compute-bound product), random operands
+    (never zeros), 3 warm-ups, then ``repeats`` products each timed with CUDA events; ``2 * size**3`` FLOPs over
+    the median.
+
+    Returns:
+        ``(rate, samples)``: FLOP/s from the median and every sample's; ``(None, [])`` where it cannot be measured
+        (not CUDA, a GPU without FP8 tensor cores: compute capability under 8.9, or a torch without
+        ``_scaled_mm``).
+
+    Raises:
+        ValueError: ``size`` or ``repeats`` not positive.
+        RuntimeError: torch refuses the product on this GPU (its own message); the benchmark then runs without a
+            tensor-core floor and records why.
+    """
+    if size < 1 or repeats < 1:
+        raise ValueError(f"size and repeats: expected > 0, got {size}, {repeats}")
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9) or not hasattr(torch, "_scaled_mm"):
+        return None, []
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, generator=gen).to(torch.float8_e4m3fn)
+    b = torch.randn(size, size, device=device, generator=gen).to(torch.float8_e4m3fn).t()  # column-major
+    one = torch.ones((), device=device, dtype=torch.float32)
+
+    def product():
+        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+    for _ in range(3):
+        product()
+    times = []
+    for _ in range(repeats):
+        start, end = _events()
+        start.record()
+        product()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    del a, b
+    flops = 2 * size ** 3
+    return flops / statistics.median(times), [flops / t for t in times]
 
 
 def _clamp(value: int, low: int, high: int) -> int:
