@@ -177,6 +177,11 @@ case "$STEP" in
     # capturer makes its start-up cuBLAS call fail on this stack). MTP_CONFIGS: "STEPS:DRAFT_TOKENS ...".
     # MTP_SIZE=tiny-interleaved: the tiny model with interleaved indexer RoPE (GLM-5.x), so SGLang's fused indexer
     # runs and the plugin's rotation inside it is what serves.
+    # MTP_ORACLE_LAYERS (default "0": the target model's first layer in verify, and the MTP layer, which is layer 0 of
+    # the draft model, in the draft passes; "" for none): the layers whose scorer inputs and cache pages the trace
+    # plugin keeps, so that trace-check --oracle holds those rows' top-k to the fp64 oracle on the pages the server held.
+    export FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS="${MTP_ORACLE_LAYERS-0}"
+    ORACLE=(); [ -n "$FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS" ] && ORACLE=(--oracle)
     if [ -n "${MTP_SIZE:-}" ]; then
       M="$WORK/$MTP_SIZE"
       "$PY" scripts/sglang_one_batch.py make-model "$M" --size "$MTP_SIZE" >/dev/null
@@ -189,7 +194,7 @@ case "$STEP" in
           --spec-steps "$s" --draft-tokens "$n" --trace "$WORK/trace_mtp${s}_$fmt" $([ $fmt = fp4 ] && echo --fp4)
       done
       FP8_RUN=(); [ -f "$WORK/mtp${s}_fp8.json" ] && FP8_RUN=(--fp8 "$WORK/mtp${s}_fp8.json")
-      "$PY" scripts/sglang_one_batch.py trace-check ${FP8_RUN[@]+"${FP8_RUN[@]}"} --fp4 "$WORK/mtp${s}_fp4.json" \
+      "$PY" scripts/sglang_one_batch.py trace-check ${FP8_RUN[@]+"${FP8_RUN[@]}"} --fp4 "$WORK/mtp${s}_fp4.json" ${ORACLE[@]+"${ORACLE[@]}"} \
         --fp4-log "$WORK/logs/mtp${s}_fp4.log" --json "$OUTDIR/mtp${s}.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
     done
     ;;

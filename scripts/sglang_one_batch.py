@@ -672,6 +672,135 @@ def check_trace(records: list[dict], draft_tokens: int) -> dict:
     return {"modes": modes, "rows": keyed}
 
 
+def page_keys(pages, length: int, page_size: int = 64):
+    """The first ``length`` index keys of a request, decoded exactly (fp64 ``[length, 128]``), and their UE8M0
+    group scales (uint8 ``[length, 4]``; ``None`` for FP8) from its cache pages in page-table order, in either
+    pool's layout, told apart by the page's bytes: the FP4 page (``page_size x 68``: payload plane, then scale
+    plane, ``pool.read_index_k``) or SGLang's FP8 index page (``page_size x 132``: 128 e4m3 bytes per key, then
+    one fp32 scale per key, as ``bench.scorers.fp8_index_cache_from_fp4`` writes it).
+
+    Raises:
+        ValueError: pages of another size, or fewer pages than ``length`` keys need.
+    """
+    import torch
+
+    from sglang_fp4_indexer.format import dequantize_index_k
+    from sglang_fp4_indexer.pool import read_index_k
+
+    if pages.dim() != 2 or pages.shape[0] * page_size < length:
+        raise ValueError(f"pages: expected [>= {-(-length // page_size)}, page bytes], got {tuple(pages.shape)}")
+    if pages.shape[1] == page_size * 68:
+        payload, scales = read_index_k(pages, torch.arange(length), page_size)
+        return dequantize_index_k(payload, scales).double(), scales
+    if pages.shape[1] == page_size * 132:
+        values = pages[:, : page_size * 128].contiguous().view(torch.float8_e4m3fn).reshape(-1, 128)[:length]
+        scales = pages[:, page_size * 128:].contiguous().view(torch.float32).reshape(-1)[:length]
+        return values.double() * scales.double()[:, None], None
+    raise ValueError(f"pages: {pages.shape[1]} bytes per page is neither the FP4 ({page_size * 68}) nor the FP8 "
+                     f"({page_size * 132}) index page")
+
+
+def oracle_row(q, weights, keys, scales, topk_slots, page_ids, k: int = TOPK, page_size: int = 64,
+               forced: dict | None = None) -> dict:
+    """Hold one served top-k row to the fp64 oracle on the keys the server held, within the scorer's bound.
+
+    The oracle logit of key j is ``sum_h w_h relu(q_h . k_j)`` (``reference.logits_from_keys``); the scorer may
+    be off by ``bound_j``: ``sm90.rel_bound() x sum_h |w_h| sum_d |q_hd k_jd|`` plus ``sm90.logit_error_floor``
+    for the FP4 cache (the Hopper kernel's bound, as its GPU tests assert), ``bench.checks.DEEPGEMM_REL x`` the
+    same term for FP8. A served set S of ``min(k, n)`` positions is a top-k of some logits within those bounds
+    exactly when ``min over S of (ref + bound) >= max over the rest of (ref - bound)``; the row passes then.
+
+    Args:
+        q: ``[H, 128]`` the row's index queries (any float dtype); weights: ``[H]``.
+        keys: fp64 ``[n, 128]`` the request's keys the row sees (``page_keys``); scales: their UE8M0 codes
+            (FP4) or ``None`` (FP8).
+        topk_slots: int ``[k]`` the served top-k as KV slots (``page x page_size + offset``; ``< 0`` empty).
+        page_ids: int ``[pages]`` the request's page-table row (slot -> position).
+        forced: ``{"init": a, "local": b}``: the first ``a`` and last ``b`` keys, which SGLang's
+            ``_mask_init_and_local_tokens`` puts in every top-k (``index_init_tokens`` / ``index_local_tokens`` of
+            the model's config; 0 for DeepSeek-V3.2), count as chosen before any other.
+
+    Returns:
+        dict: ``ok``, ``count`` (served entries), ``expected`` (min(k, n)), ``outside`` (entries that are no
+        position of the row), ``margin`` (min over S of (ref + bound) - max over the rest of (ref - bound);
+        >= 0 passes).
+    """
+    import torch
+
+    from sglang_fp4_indexer import reference
+    from sglang_fp4_indexer.bench.checks import DEEPGEMM_REL
+    from sglang_fp4_indexer.ops import sm90
+
+    n = keys.shape[0]
+    qd, wd = q.double(), weights.double()
+    ref = reference.logits_from_keys(qd, wd, keys)
+    if forced and (forced.get("init") or forced.get("local")):
+        ref[: forced.get("init", 0)] = float("inf")
+        if forced.get("local"):
+            ref[max(0, n - forced["local"]):] = float("inf")
+    term = (keys.abs() @ qd.abs().t()) @ wd.abs()
+    bound = (sm90.rel_bound() * term + sm90.logit_error_floor(qd, wd, keys, scales)) if scales is not None \
+        else DEEPGEMM_REL * term
+    where = {int(p): j for j, p in enumerate(page_ids.tolist())}
+    served = [int(v) for v in topk_slots.tolist() if v >= 0]
+    pos = [where.get(v // page_size, -1) * page_size + v % page_size if v // page_size in where else -1
+           for v in served]
+    outside = sum(1 for p in pos if not 0 <= p < n)
+    expected = min(k, n)
+    chosen = torch.zeros(n, dtype=torch.bool)
+    inside = torch.tensor([p for p in pos if 0 <= p < n], dtype=torch.long)
+    chosen[inside] = True
+    lo = float((ref + bound)[chosen].min()) if bool(chosen.any()) else float("inf")
+    hi = float((ref - bound)[~chosen].max()) if bool((~chosen).any()) else float("-inf")
+    margin = lo - hi
+    ok = outside == 0 and len(served) == expected and int(chosen.sum()) == expected and margin >= 0
+    return {"ok": ok, "count": len(served), "expected": expected, "outside": outside, "margin": margin}
+
+
+def oracle_check(records: list[dict], draft_tokens: int) -> dict:
+    """``oracle_row`` for every recorded row of the first request of each oracle call (``oracle_calls`` of the
+    trace plugin's records, written with ``FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS``), per mode.
+
+    A call's rows of the first request are its first ``rows_per_request(mode)``, read against its page-table row
+    ``block_table[0]`` (one row per request); a call whose rows are not at the batch's positions (``_positions_of_batch``: capture warm-ups, stale slots) is skipped
+    as ``check_trace`` skips it.
+
+    Returns:
+        dict: per mode name, ``calls``, ``rows``, ``failed`` (rows), ``stale`` (calls skipped), ``layers``,
+        ``worst_margin`` (the smallest ``margin``; >= 0 for a passing run).
+    """
+    import torch
+
+    out: dict = {}
+    for rec in records:
+        for c in rec.get("oracle_calls", []):
+            mode = c["mode"]
+            if mode not in MODE_NAMES:
+                continue
+            per = rows_per_request(mode, draft_tokens)
+            st = out.setdefault(mode, {"calls": 0, "rows": 0, "failed": 0, "stale": 0, "layers": set(),
+                                       "worst_margin": float("inf")})
+            if not _positions_of_batch(c["pos"][: rec["batch_size"] * per], rec, per, draft_tokens):
+                st["stale"] += 1
+                continue
+            st["calls"] += 1
+            st["layers"].add(c["layer"])
+            heads = c["weights"].shape[1]
+            q = c["q"].view(torch.float8_e4m3fn) if c["q"].shape[1] == heads * 128 else c["q"].view(torch.bfloat16)
+            q = q.reshape(c["rows"], heads, 128)
+            for r in range(min(per, c["rows"])):
+                n = int(c["lens"][r])
+                keys, scales = page_keys(c["pages"], n)
+                got = oracle_row(q[r], c["weights"][r], keys, scales, c["topk"][r], c["block_table"][0],
+                                 forced=c.get("forced"))
+                st["rows"] += 1
+                st["failed"] += not got["ok"]
+                st["worst_margin"] = min(st["worst_margin"], got["margin"])
+    for st in out.values():
+        st["layers"] = sorted(st["layers"])
+    return out
+
+
 def _positions_of_batch(pos, rec: dict, per: int, draft_tokens: int) -> bool:
     """Whether a captured call's rows hold positions of the batch's requests (``per`` rows each, in order).
 
@@ -728,13 +857,17 @@ def check_table(rows: list[dict], width: int = 66) -> str:
 
 
 def trace_check(argv: list[str]) -> int:
-    """``trace-check [--fp8 ENGINE.json] --fp4 ENGINE.json [--fp4-log LOG] [--json OUT]``: MTP top-k checks, as a table.
+    """``trace-check [--fp8 ENGINE.json] --fp4 ENGINE.json [--fp4-log LOG] [--oracle] [--json OUT]``: MTP top-k checks,
+    as a table.
 
     Without ``--fp8`` (the FP8 run did not finish) only the FP4 run's rows are checked and no overlap is reported.
     """
     p = argparse.ArgumentParser(prog="sglang_one_batch.py trace-check")
     p.add_argument("--fp8", help="the FP8 run's engine JSON (written with --trace); without it, the FP4 run alone")
     p.add_argument("--fp4", required=True, help="the FP4 run's engine JSON (written with --trace)")
+    p.add_argument("--oracle", action="store_true",
+                   help="also hold the rows recorded with FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS to the fp64 oracle "
+                        "on the cache pages the server held (oracle_check); a run without such rows fails")
     p.add_argument("--fp4-log", help="the FP4 run's log, for the plugin's start-up line")
     p.add_argument("--json")
     opts = p.parse_args(argv)
@@ -766,6 +899,19 @@ def trace_check(argv: list[str]) -> int:
         if missing:
             rows.append({"check": f"{label}, {name}: every mode traced", "ok": False,
                          "detail": "no call of " + ", ".join(MODE_NAMES[m] for m in missing)})
+    if opts.oracle:
+        for name, e in (("FP8", e8), ("FP4", e4)):
+            if e is None:
+                continue
+            got = oracle_check(read_trace(e["trace"]), n)
+            for mode in sorted(set(MODE_NAMES) - ({"DECODE"} if e4["spec_steps"] == 1 else set())):
+                st = got.get(mode, {"calls": 0, "rows": 0, "failed": 0, "stale": 0, "layers": [], "worst_margin": None})
+                rows.append({"check": f"{label}, {name}: {MODE_NAMES[mode]} top-k = fp64 oracle on the server's pages, "
+                                      "within the scorer's bound",
+                             "ok": st["rows"] > 0 and st["failed"] == 0,
+                             "detail": f"{st['rows']} rows of the first request in {st['calls']} calls, layers "
+                                       f"{st['layers']}, {st['failed']} failed, worst margin {st['worst_margin']}"
+                                       + (f"; {st['stale']} calls not at the batch's positions" if st["stale"] else "")})
     for mode, st in sorted(ov.items()):
         rows.append({"check": f"{label}: FP4 vs FP8 {MODE_NAMES[mode]} top-k overlap (reported)", "ok": True,
                      "detail": f"mean {st['mean']:.4f}, lowest row {st['min']:.4f} over {st['rows']} rows scored "

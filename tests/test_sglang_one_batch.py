@@ -367,3 +367,182 @@ def test_make_model_cuts_a_v32_rank_to_the_layers_asked_and_keeps_the_dense_ones
     assert json.loads((tmp_path / "full" / "config.json").read_text())["num_hidden_layers"] == 61
     with pytest.raises(ValueError, match="layers: expected 1..61"):
         tool.make_model(str(tmp_path / "bad"), "v32-rank", layers=62)
+
+
+# --- the oracle on the pages the server held: ``oracle_row`` / ``oracle_check`` ------------------------------
+
+def _oracle_request(n=2902, heads=64, seed=0):
+    """A request's keys in FP4 pages (valid MXFP4, never zeros), its shuffled page-table row among other pages,
+    a second request's pages, and one row's e4m3 index queries and weights."""
+    from sglang_fp4_indexer.bench.inputs import random_index_k_cache
+
+    g = torch.Generator().manual_seed(seed)
+    npages = -(-n // 64)
+    cache = random_index_k_cache(2 * npages + 3, torch.device("cpu"), g)
+    order = torch.randperm(cache.shape[0], generator=g)
+    rows = [order[:npages], order[npages: 2 * npages]]  # request 0's and request 1's pages
+    q = (2 * torch.randn(heads, 128, generator=g)).to(torch.float8_e4m3fn)
+    w = torch.rand(heads, generator=g) * heads ** -0.5
+    return cache, rows, q, w
+
+
+def _served(cache, page_row, q, w, n, k=2048):
+    """The exact top-k of a row as KV slots (what a correct scorer and SGLang's page-table transform return)."""
+    from sglang_fp4_indexer import reference
+
+    keys, _ = tool.page_keys(cache[page_row], n)
+    ref = reference.logits_from_keys(q, w, keys)
+    pos = torch.topk(ref, min(k, n)).indices
+    return (page_row[pos // 64] * 64 + pos % 64).to(torch.int32)
+
+
+def test_page_keys_reads_the_fp4_and_sglangs_fp8_page_alike():
+    from sglang_fp4_indexer.bench.scorers import fp8_index_cache_from_fp4
+
+    cache, rows, _, _ = _oracle_request(n=300)
+    fp4, scales = tool.page_keys(cache[rows[0]], 300)
+    fp8, none = tool.page_keys(fp8_index_cache_from_fp4(cache)[rows[0]], 300)
+    assert fp4.shape == (300, 128) and scales.shape == (300, 4) and none is None
+    assert torch.equal(fp4, fp8) and bool(fp4.abs().sum(1).gt(0).all())
+    with pytest.raises(ValueError, match="neither the FP4"):
+        tool.page_keys(torch.zeros(5, 100, dtype=torch.uint8), 300)
+    with pytest.raises(ValueError, match="pages"):
+        tool.page_keys(cache[rows[0][:2]], 300)
+
+
+def test_oracle_row_passes_the_exact_top_k_and_fails_each_planted_fault():
+    n = 2902
+    cache, rows, q, w = _oracle_request(n)
+    keys, scales = tool.page_keys(cache[rows[0]], n)
+    good = _served(cache, rows[0], q, w, n)
+    got = tool.oracle_row(q, w, keys, scales, good, rows[0])
+    assert got["ok"] and got["count"] == got["expected"] == 2048 and got["outside"] == 0 and got["margin"] >= 0
+    # An off-by-one page-table row: the scorer read the next request's pages. Returned as that row's slots, they
+    # are no position of this request; mapped through this request's row, they are the wrong keys' top-k.
+    other = _served(cache, rows[1], q, w, n)
+    assert tool.oracle_row(q, w, keys, scales, other, rows[0])["outside"] == 2048
+    wrong_keys = (rows[0][(other.long() // 64).apply_(lambda p: int((rows[1] == p).nonzero()))] * 64
+                  + other.long() % 64).to(torch.int32)
+    bad = tool.oracle_row(q, w, keys, scales, wrong_keys, rows[0])
+    assert not bad["ok"] and bad["outside"] == 0 and bad["margin"] < 0
+    # One selected key swapped for the lowest-scoring one.
+    from sglang_fp4_indexer import reference
+
+    ref = reference.logits_from_keys(q, w, keys)
+    low = int(torch.argmin(ref))
+    swapped = good.clone()
+    swapped[-1] = int(rows[0][low // 64] * 64 + low % 64)
+    assert not tool.oracle_row(q, w, keys, scales, swapped, rows[0])["ok"]
+    # A missing entry.
+    short = good.clone()
+    short[5] = -1
+    assert tool.oracle_row(q, w, keys, scales, short, rows[0])["count"] == 2047
+    assert not tool.oracle_row(q, w, keys, scales, short, rows[0])["ok"]
+
+
+def _oracle_record(fault=None):
+    """One target-verify batch of two requests (2 draft tokens) with its oracle call, as the trace plugin saves it:
+    request 0's rows at positions 2900 and 2901 see 2901 and 2902 keys."""
+    cache, rows, q, w = _oracle_request(2902)
+    row_pages = rows[1] if fault == "off_by_one_row" else rows[0]
+    served = torch.full((4, tool.TOPK), -1, dtype=torch.int32)
+    for r, n in enumerate((2901, 2902)):
+        s = _served(cache, row_pages, q, w, n)
+        if fault == "off_by_one_row":  # the next request's top-k, through request 0's page-table row
+            s = (rows[0][(s.long() // 64).apply_(lambda p: int((rows[1] == p).nonzero()))] * 64 + s.long() % 64).int()
+        served[r, : s.numel()] = s
+    bt = torch.full((2, 64), -1, dtype=torch.int32)  # one page-table row per request
+    bt[0, : rows[0].numel()] = rows[0].int()
+    bt[1, : rows[1].numel()] = rows[1].int()
+    heads = q.shape[0]
+    call = {"layer": 0, "mode": "TARGET_VERIFY", "rows": 4, "graph": True,
+            "q": q.view(torch.uint8).reshape(1, -1).repeat(4, 1), "weights": w.reshape(1, -1).repeat(4, 1),
+            "block_table": bt, "lens": torch.tensor([2901, 2902, 2401, 2402], dtype=torch.int32), "topk": served,
+            "pos": torch.tensor([2900, 2901, 2400, 2401]), "pages": cache[rows[0]], "page_bytes": 64 * 68,
+            "forced": {"init": 0, "local": 0}}
+    assert call["q"].shape == (4, heads * 128)
+    return {"batch_size": 2, "prompt_lens": [2890, 2390], "req_lens": [2900, 2400], "req_slots": [None, None],
+            "calls": [], "oracle_calls": [call]}
+
+
+@pytest.mark.parametrize("fault", [None, "off_by_one_row"])
+def test_oracle_check_passes_served_rows_and_fails_an_off_by_one_page_table_row(fault):
+    got = tool.oracle_check([_oracle_record(fault)], draft_tokens=2)["TARGET_VERIFY"]
+    assert (got["calls"], got["rows"], got["stale"], got["layers"]) == (1, 2, 0, [0])
+    if fault is None:
+        assert got["failed"] == 0 and got["worst_margin"] >= 0
+    else:
+        assert got["failed"] == 2 and got["worst_margin"] < 0
+
+
+def test_oracle_check_skips_a_call_away_from_the_batch_positions():
+    rec = _oracle_record()
+    rec["oracle_calls"][0]["pos"] = torch.zeros(4, dtype=torch.int64)  # a capture's warm-up run
+    got = tool.oracle_check([rec], draft_tokens=2)["TARGET_VERIFY"]
+    assert got["stale"] == 1 and got["rows"] == 0
+
+
+@pytest.mark.sglang
+def test_trace_plugin_records_the_oracles_inputs_and_pages_and_the_check_reads_them(tmp_path, monkeypatch):
+    """The oracle hook's eager path on the CPU: ``_after_paged`` keeps the scorer's inputs and top-k for the layers
+    asked, ``_after_run_batch`` saves them with the first request's pages from the pool the call read, and
+    ``oracle_check`` passes the rows; a layer not asked is not recorded.
+
+    ``SimpleNamespace`` objects stand for SGLang's ForwardBatch, its DSA metadata, the KV pool, Req,
+    ScheduleBatch and Scheduler (a GPU forward pass cannot run here); the hooks read only the attributes given.
+    """
+    import sys
+    from types import SimpleNamespace as NS
+
+    from sglang.srt.model_executor import forward_context
+
+    monkeypatch.syspath_prepend(str(_TRACE_DIR))
+    sys.modules.pop("fp4_indexer_topk_trace", None)
+    import fp4_indexer_topk_trace as trace
+
+    monkeypatch.setenv(trace.ENV, str(tmp_path))
+    monkeypatch.setenv(trace.ORACLE_ENV, "0, 5")
+    assert trace.oracle_layers() == {0, 5}
+    want = _oracle_record()["oracle_calls"][0]
+    cache, _, _, _ = _oracle_request(2902)
+    pool = NS(get_index_k_with_scale_buffer=lambda layer_id: cache)
+    monkeypatch.setattr(forward_context, "get_token_to_kv_pool", lambda: pool)
+    q = want["q"].view(torch.float8_e4m3fn).reshape(4, -1, 128)
+    meta = NS(get_page_table_64=lambda: want["block_table"], get_seqlens_expanded=lambda: want["lens"],
+              get_seqlens_int32=lambda: torch.tensor([2900, 2400], dtype=torch.int32))
+    fb = NS(forward_mode=NS(name="TARGET_VERIFY"), positions=want["pos"])
+    for layer in (0, 3):
+        assert trace._after_paged(want["topk"], NS(num_init_tokens=0, num_local_tokens=0), fb, layer, q,
+                                  want["weights"][:, :, None], meta) is None
+    table = torch.zeros(4, 3000, dtype=torch.int32)
+    reqs = [NS(origin_input_ids=[0] * 2890, output_ids=[0] * 10, kv=NS(req_pool_idx=1)),
+            NS(origin_input_ids=[0] * 2390, output_ids=[0] * 10, kv=NS(req_pool_idx=2))]
+    trace._after_run_batch(None, NS(req_to_token_pool=NS(req_to_token=table)), NS(reqs=reqs, forward_mode=NS(name="DECODE")))
+    (saved,) = trace.read_trace(str(tmp_path))
+    (call,) = saved["oracle_calls"]
+    assert call["layer"] == 0 and call["page_bytes"] == 64 * 68 and call["forced"] == {"init": 0, "local": 0}
+    assert torch.equal(call["pages"], want["pages"]) and torch.equal(call["topk"], want["topk"])
+    assert torch.equal(call["lens"], want["lens"]) and torch.equal(call["block_table"], want["block_table"])
+    got = tool.oracle_check([saved], draft_tokens=2)["TARGET_VERIFY"]
+    assert (got["rows"], got["failed"]) == (2, 0)
+    monkeypatch.setenv(trace.ORACLE_ENV, "0,x")
+    with pytest.raises(ValueError, match="comma-separated layer ids"):
+        trace.oracle_layers()
+
+
+def test_oracle_row_counts_the_init_and_local_tokens_sglang_forces_as_chosen():
+    from sglang_fp4_indexer import reference
+
+    n = 2500
+    cache, rows, q, w = _oracle_request(n)
+    keys, scales = tool.page_keys(cache[rows[0]], n)
+    ref = reference.logits_from_keys(q, w, keys)
+    forced = {"init": 3, "local": 2}
+    pin = [0, 1, 2, n - 2, n - 1]
+    rest = ref.clone()
+    rest[pin] = float("-inf")
+    pos = torch.cat([torch.tensor(pin), torch.topk(rest, 2048 - len(pin)).indices])
+    slots = (rows[0][pos // 64] * 64 + pos % 64).int()
+    assert tool.oracle_row(q, w, keys, scales, slots, rows[0], forced=forced)["ok"]
+    exact = _served(cache, rows[0], q, w, n)
+    assert not tool.oracle_row(q, w, keys, scales, exact, rows[0], forced=forced)["ok"]

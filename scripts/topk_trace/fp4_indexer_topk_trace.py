@@ -24,6 +24,14 @@ SGLang's ``HookRegistry``:
   with ``-2``, a value top-k never holds), and saves them with the batch's
   ``req_to_token`` rows (``DIR/<pid>_<n>.pt``), then poisons the slots again.
 
+With ``FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS`` set too (comma-separated layer ids), a third AFTER hook, on
+``Indexer._get_topk_paged`` (the paged scorer and its top-k: decode, target verify, draft passes), keeps for
+those layers the scorer's inputs -- the index queries (their bytes), the weights, the requests' page-table
+rows, each query row's key count, the init / local tokens SGLang forces into the top-k -- and its top-k, in a second arena for captured calls as above; after the batch, the index-key
+cache pages the batch's first request reads, copied out of the pool the call scored (the draft model's own
+pool for draft passes). ``scripts/sglang_one_batch.py trace-check --oracle`` recomputes those rows' top-k
+from those pages in fp64 and holds the server's to it within the scorer's error bound.
+
 ``read_trace(DIR)`` loads the records, ``decode_rows`` gives a one-request trace's decode rows as token
 positions; ``scripts/sglang_one_batch.py trace-check`` checks them.
 """
@@ -38,8 +46,13 @@ MAX_ROWS = 64
 #: Captured indexer calls the arena holds (every captured graph's calls, all layers).
 MAX_SLOTS = 512
 POISON = -2
+#: Layers whose scorer inputs and cache pages are recorded (comma-separated ids); unset: none.
+ORACLE_ENV = "FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS"
+#: Captured paged-scorer calls the oracle arena holds, and the page-table columns it keeps (160K tokens).
+ORACLE_SLOTS = 64
+MAX_PAGES = 2560
 
-_state = {"slots": [], "eager": [], "n": 0, "capture_seq": 0}
+_state = {"slots": [], "eager": [], "n": 0, "capture_seq": 0, "oracle_slots": [], "oracle_eager": [], "pools": {}}
 
 
 def register() -> None:
@@ -51,6 +64,22 @@ def register() -> None:
     HookRegistry.register("sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.forward_cuda",
                           _after_indexer, HookType.AFTER)
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.run_batch", _after_run_batch, HookType.AFTER)
+    if oracle_layers():
+        HookRegistry.register("sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._get_topk_paged",
+                              _after_paged, HookType.AFTER)
+
+
+def oracle_layers() -> set[int]:
+    """The layer ids ``FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS`` names (empty when unset).
+
+    Raises:
+        ValueError: an entry that is not an int.
+    """
+    text = os.environ.get(ORACLE_ENV, "").strip()
+    try:
+        return {int(v) for v in text.split(",") if v.strip()}
+    except ValueError:
+        raise ValueError(f"{ORACLE_ENV}: expected comma-separated layer ids, got {text!r}") from None
 
 
 def _capturing() -> bool:
@@ -103,14 +132,119 @@ def _after_indexer(result, self, x, q_lora, positions, forward_batch, layer_id, 
     return None
 
 
+def _oracle_arena(q_bytes: int, heads: int, device):
+    """The oracle's slots (``ORACLE_SLOTS``), allocated once outside any capture as ``_arena`` is: per slot the
+    rows' index-query bytes, weights (fp32), page-table rows (``MAX_PAGES`` columns), key counts, top-k and
+    positions."""
+    import torch
+
+    if "oracle_q" not in _state:
+        if _capturing():
+            raise RuntimeError("fp4_indexer_topk_trace: the first paged call came inside a CUDA-graph capture")
+        _state["oracle_q"] = torch.zeros((ORACLE_SLOTS, MAX_ROWS, q_bytes), dtype=torch.uint8, device=device)
+        _state["oracle_w"] = torch.zeros((ORACLE_SLOTS, MAX_ROWS, heads), dtype=torch.float32, device=device)
+        _state["oracle_bt"] = torch.full((ORACLE_SLOTS, MAX_ROWS, MAX_PAGES), -1, dtype=torch.int32, device=device)
+        _state["oracle_lens"] = torch.full((ORACLE_SLOTS, MAX_ROWS), POISON, dtype=torch.int32, device=device)
+        _state["oracle_topk"] = torch.full((ORACLE_SLOTS, MAX_ROWS, 1), POISON, dtype=torch.int32, device=device)
+        _state["oracle_pos"] = torch.full((ORACLE_SLOTS, MAX_ROWS), POISON, dtype=torch.int64, device=device)
+    return _state
+
+
+def _after_paged(result, self, forward_batch, layer_id, q_fp8, weights, metadata, *args, **kwargs):
+    """AFTER hook of ``Indexer._get_topk_paged`` for ``oracle_layers()``: keep the scorer's inputs and top-k
+    (returns ``None``: result unchanged). The pool the call reads is remembered by (mode, layer) for
+    ``_after_run_batch``, which copies the pages out."""
+    import torch
+    from sglang.srt.model_executor.forward_context import get_token_to_kv_pool
+    from sglang.srt.model_executor.runner_utils.capture_mode import get_is_capture_mode
+
+    layer, mode = int(layer_id), forward_batch.forward_mode.name
+    if layer not in oracle_layers() or not isinstance(result, torch.Tensor) or result.dim() != 2:
+        return None
+    rows = int(result.shape[0])
+    if rows == 0 or rows > MAX_ROWS or mode == "IDLE":
+        return None
+    _state["pools"].setdefault((mode, layer), get_token_to_kv_pool())
+    q = q_fp8[:rows].reshape(rows, -1)
+    q = q.view(torch.uint8) if q.element_size() == 1 else q.contiguous().view(torch.uint8)
+    w = weights.reshape(weights.shape[0], -1)[:rows].float()
+    per_row = mode in ("TARGET_VERIFY", "DRAFT_EXTEND_V2")  # as SGLang's scorer call: one key count per query row
+    lens = (metadata.get_seqlens_expanded() if per_row else metadata.get_seqlens_int32())[:rows]
+    bt = metadata.get_page_table_64()[:rows]  # one row per request
+    pos = forward_batch.positions[:rows].to(torch.int64)
+    forced = {"init": int(getattr(self, "num_init_tokens", 0)), "local": int(getattr(self, "num_local_tokens", 0))}
+    cols = min(int(bt.shape[1]), MAX_PAGES)
+    st = _oracle_arena(int(q.shape[1]), int(w.shape[1]), result.device)
+    if st["oracle_topk"].shape[2] != result.shape[1]:
+        if _capturing():
+            raise RuntimeError("fp4_indexer_topk_trace: the oracle arena's top-k width is set by an eager call first")
+        st["oracle_topk"] = torch.full((ORACLE_SLOTS, MAX_ROWS, int(result.shape[1])), POISON, dtype=torch.int32,
+                                       device=result.device)
+    if _capturing():
+        k = len(_state["oracle_slots"])
+        if k >= ORACLE_SLOTS:
+            raise RuntimeError(f"fp4_indexer_topk_trace: more than ORACLE_SLOTS={ORACLE_SLOTS} captured oracle calls")
+        st["oracle_q"][k, :rows].copy_(q)  # captured: every replay writes the slot
+        st["oracle_w"][k, :rows].copy_(w)
+        st["oracle_bt"][k, : bt.shape[0], :cols].copy_(bt[:, :cols].to(torch.int32))
+        st["oracle_lens"][k, :rows].copy_(lens.to(torch.int32))
+        st["oracle_topk"][k, :rows].copy_(result.to(torch.int32))
+        st["oracle_pos"][k, :rows].copy_(pos)
+        _state["oracle_slots"].append({"layer": layer, "mode": mode, "rows": rows, "seq": k, "forced": forced,
+                                       "requests": int(bt.shape[0])})
+    elif not get_is_capture_mode():
+        _state["oracle_eager"].append({"layer": layer, "mode": mode, "rows": rows, "graph": False, "q": q.clone(),
+                                       "forced": forced,
+                                       "weights": w.clone(), "block_table": bt[:, :cols].to(torch.int32).clone(),
+                                       "lens": lens.to(torch.int32).clone(), "topk": result.to(torch.int32).clone(),
+                                       "pos": pos.clone()})
+    return None
+
+
+def _oracle_calls() -> list[dict]:
+    """The oracle calls written since the last batch (eager ones and every arena slot written), on the CPU, each
+    with the cache pages its first request reads (``pages``: uint8 ``[pages, page bytes]``, in the order of its
+    page-table row, as many as the call's longest row needs); the slots are poisoned again."""
+    import torch
+
+    calls = list(_state["oracle_eager"])
+    _state["oracle_eager"].clear()
+    if _state["oracle_slots"]:
+        written = (_state["oracle_lens"][:, 0] != POISON).nonzero().flatten().tolist()
+        for k in written:
+            s = _state["oracle_slots"][k]
+            r = s["rows"]
+            calls.append({"layer": s["layer"], "mode": s["mode"], "rows": r, "graph": True, "seq": k,
+                          "q": _state["oracle_q"][k, :r].clone(), "weights": _state["oracle_w"][k, :r].clone(),
+                          "block_table": _state["oracle_bt"][k, : s["requests"]].clone(),
+                          "lens": _state["oracle_lens"][k, :r].clone(), "forced": s["forced"],
+                          "topk": _state["oracle_topk"][k, :r].clone(), "pos": _state["oracle_pos"][k, :r].clone()})
+        if written:
+            _state["oracle_lens"][written] = POISON
+    out = []
+    for c in calls:
+        pool = _state["pools"].get((c["mode"], c["layer"]))
+        if pool is None:
+            continue
+        buf = pool.get_index_k_with_scale_buffer(layer_id=c["layer"])
+        n = int(c["lens"].max())  # at least what any row of the first request sees; keys past its own are unused
+        if n <= 0:
+            continue
+        ids = c["block_table"][0, : -(-n // 64)].to(torch.int64).clamp(0, buf.shape[0] - 1)
+        out.append(dict({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in c.items()},
+                        pages=buf[ids].cpu(), page_bytes=int(buf.shape[-1])))
+    return out
+
+
 def _after_run_batch(result, self, batch, *args, **kwargs):
     """AFTER hook of ``Scheduler.run_batch``: save what this batch's forward passes wrote (returns ``None``)."""
     import torch
 
-    if not _state["slots"] and not _state["eager"]:
+    if not _state["slots"] and not _state["eager"] and not _state["oracle_slots"] and not _state["oracle_eager"]:
         return None
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+    oracle = _oracle_calls() if oracle_layers() else []
     calls = [dict(c, topk=c["topk"].cpu(), pos=c["pos"].cpu()) for c in _state["eager"]]
     _state["eager"].clear()
     if _state["slots"]:
@@ -123,7 +257,7 @@ def _after_run_batch(result, self, batch, *args, **kwargs):
         if written:
             arena_topk[written] = POISON
             arena_pos[written] = POISON
-    if not calls:
+    if not calls and not oracle:
         return None
     req_to_token = self.req_to_token_pool.req_to_token
     reqs = list(getattr(batch, "reqs", []) or [])
@@ -135,7 +269,7 @@ def _after_run_batch(result, self, batch, *args, **kwargs):
     record = {"forward_mode": batch.forward_mode.name, "batch_size": len(reqs),
               "prompt_lens": [len(r.origin_input_ids) for r in reqs],
               "req_lens": [len(r.origin_input_ids) + len(r.output_ids) for r in reqs],
-              "req_slots": slots, "calls": calls}
+              "req_slots": slots, "calls": calls, "oracle_calls": oracle}
     out_dir = os.environ[ENV]
     os.makedirs(out_dir, exist_ok=True)
     torch.save(record, os.path.join(out_dir, f"{os.getpid()}_{_state['n']:05d}.pt"))
