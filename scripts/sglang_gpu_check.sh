@@ -22,6 +22,8 @@
 #                                              # steps per PROFILE_SHAPES entry, summed by kernel category
 #   bash scripts/sglang_gpu_check.sh hicache   # the radix cache's prefix reuse and HiCache's eviction and reload, FP4
 #                                              # then FP8, on the tiny model (scripts/hicache_radix_gpu.py)
+#   bash scripts/sglang_gpu_check.sh soak      # thousands of requests that disconnect, abort and retract, FP4 then
+#                                              # FP8, with the checks of scripts/soak.py (tiny model, MTP on)
 #   bash scripts/sglang_gpu_check.sh server    # one request to launch_server with --enable-fp4-indexer
 #   bash scripts/sglang_gpu_check.sh pd        # PD disaggregation on one GPU (scripts/pd_gpu.py): FP4 prefill ->
 #                                              # FP4 decode over Mooncake TCP against a plain FP4 server, then FP8
@@ -359,6 +361,35 @@ case "$STEP" in
     FILES=(); for f in radix_fp4 radix_fp8 hicache_fp4 hicache_fp8; do [ -f "$WORK/$f.json" ] && FILES+=("$WORK/$f.json"); done
     [ ${#FILES[@]} -gt 0 ] && "$PY" scripts/hicache_radix_gpu.py compare "${FILES[@]}" >"$OUTDIR/hicache_table.txt" 2>&1
     ;;
+  soak)
+    # Under pressure (scripts/soak.py): launch_server on the tiny model with MTP (EAGLE 3 steps / 4 draft tokens), the
+    # radix cache and CUDA graphs on, and a KV pool of SOAK_POOL_TOKENS (default 262144) so that SGLang retracts
+    # decode requests; then SOAK_REQUESTS (default 3000) requests of 100 to 60K tokens, a third behind shared
+    # prefixes, some disconnecting and some aborted, the bad inputs, and the checks. FP4 then FP8 (SOAK_FORMATS);
+    # SOAK_HICACHE=1 adds SGLang's hierarchical cache (eviction to host memory and reload). SOAK_LIMIT bounds each.
+    # Not yet run on a GPU.
+    HICACHE=(); [ "${SOAK_HICACHE:-0}" = 1 ] && HICACHE=(--enable-hierarchical-cache --hicache-ratio 2)
+    for fmt in ${SOAK_FORMATS:-fp4 fp8}; do
+      log="$WORK/logs/soak_server_$fmt.log"
+      "$PY" -m sglang.launch_server --model-path "$M" --host 127.0.0.1 --port 30791 --load-format dummy \
+        --kv-cache-dtype fp8_e4m3 --max-total-tokens "${SOAK_POOL_TOKENS:-262144}" --random-seed 0 \
+        --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 \
+        --speculative-num-draft-tokens 4 --disable-prefill-cuda-graph --cuda-graph-max-bs-decode 32 \
+        ${HICACHE[@]+"${HICACHE[@]}"} $([ $fmt = fp4 ] && echo --enable-fp4-indexer) >"$log" 2>&1 &
+      spid=$!
+      for _ in $(seq 1 "${SOAK_READY_S:-400}"); do
+        "$PY" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:30791/health', timeout=2)" \
+          >/dev/null 2>&1 && break
+        kill -0 $spid 2>/dev/null || break
+        sleep 1
+      done
+      stage "soak_$fmt" "${SOAK_LIMIT:-1500}" "$PY" scripts/soak.py load --url http://127.0.0.1:30791 \
+        --out "$OUTDIR/soak_$fmt.json" --requests "${SOAK_REQUESTS:-3000}" --time-limit $(( ${SOAK_LIMIT:-1500} - 200 ))
+      kill $spid 2>/dev/null; wait $spid 2>/dev/null
+      "$PY" scripts/soak.py check "$OUTDIR/soak_$fmt.json" --log "$log" --json "$OUTDIR/soak_checks_$fmt.json" \
+        >>"$OUTDIR/table.txt" 2>&1 || echo "soak $fmt: a check failed (table.txt)"
+    done
+    ;;
   server)
     # A fresh machine compiles SGLang's and DeepGEMM's JIT kernels while it captures the first decode graph
     # (about 150 s): SERVER_READY_S bounds the wait for /health.
@@ -377,7 +408,7 @@ case "$STEP" in
     tar -czf "$WORK/logs/pd_traces.tar.gz" -C "$WORK/logs" trace_decode_fp4 trace_plain_fp4 2>/dev/null \
       && rm -rf "$WORK"/logs/trace_decode_fp4 "$WORK"/logs/trace_plain_fp4
     ;;
-  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|profile|hicache|server|pd]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|profile|hicache|soak|server|pd]" >&2; exit 2 ;;
 esac
 
 ENGINE=()

@@ -1,0 +1,330 @@
+"""A soak of a running SGLang server: thousands of requests that disconnect, abort and retract, then checks.
+
+Run on a GPU machine by ``scripts/sglang_gpu_check.sh soak`` (a server with MTP, the radix cache and CUDA graphs
+on, a KV pool small enough that SGLang retracts decode requests), FP4 and FP8 one after the other; this script
+is the client and the checks, and talks to the server over HTTP only (it imports no SGLang):
+
+* ``load --url URL --out OUT.json [options]``: the load. Before it and after it, the same probe prompts
+  (greedy, sent together so that they decode in one batch) and SGLang's ``/get_server_info``; then
+  ``--requests`` requests of random token ids, ``--min-len`` to ``--max-len`` tokens (log-uniform), a third
+  of them (``--shared-frac``) behind one of a few shared prefixes (the radix cache's reuse and eviction),
+  streamed (``/generate`` with ``stream``), ``--concurrency`` at a time. A fraction of the clients
+  disconnect at a random point (``--disconnect-frac``: after 0 to 8 streamed chunks, 0 = while the
+  prompt is prefilled), a fraction are aborted through SGLang's ``/abort_request`` by their ``rid`` after a
+  random delay (``--abort-frac``), and a fraction ask for log-probabilities with the top 5
+  (``--logprob-frac``), which must all be finite. Then the bad inputs a deployer sends (``bad_inputs``).
+  The load is bounded in requests and in time (``--time-limit``) and talks only to ``--url``.
+* ``check OUT.json [--log SERVER.log] [--json CHECKS.json]``: the checks, as a table; exit 1 when one fails.
+
+What the checks hold a server to (``checks``): no request failed with a server error (HTTP 5xx or SGLang's
+error chunk) and every finished request's log-probabilities are finite; the probes gave the same tokens before
+and after the load; the server answered ``/health`` after the load and after each bad input, and each bad
+input got an answer (SGLang's error for what it refuses); and, from the server's log, no traceback and no
+pool leak SGLang's own invariant checker reports (``memory leak detected``), with the retractions SGLang
+logged counted (``retract``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+#: Probe prompts: lengths in tokens (seeded ids), greedy, 32 new tokens each, sent together.
+PROBE_LENS = (777, 3001, 9000, 17)
+#: How many distinct shared prefixes the requests that share one draw from.
+SHARED_PREFIXES = 4
+
+
+def _post(url: str, body: dict, timeout: float) -> tuple[int, bytes]:
+    """POST ``body`` as JSON; ``(status, body bytes)``, HTTP errors included (never raises for a status)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _get(url: str, timeout: float = 30.0) -> tuple[int, bytes]:
+    """GET; ``(status, body)``, ``(0, b"")`` when the server does not answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError:
+        return 0, b""
+
+
+def _finite_logprobs(meta: dict) -> bool:
+    """Whether every log-probability in SGLang's ``meta_info`` (``output_token_logprobs`` and
+    ``output_top_logprobs``: lists of ``[logprob, token id, text]``) is a finite number."""
+    vals = [e[0] for e in meta.get("output_token_logprobs") or []]
+    for top in meta.get("output_top_logprobs") or []:
+        vals.extend(e[0] for e in top or [])
+    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals)
+
+
+def stream_one(base: str, body: dict, *, disconnect_after: int | None, timeout: float) -> dict:
+    """One streamed ``/generate`` request; what became of it.
+
+    Args:
+        disconnect_after: close the connection after this many streamed chunks (0: right after sending, while
+            the prompt is prefilled); ``None``: read to the end.
+
+    Returns:
+        dict: ``outcome`` (``completed``, ``aborted`` when SGLang finished it with an abort, ``disconnected``,
+        ``error``), ``chunks``, ``finite`` (its log-probabilities, when it asked for them and finished),
+        ``detail`` for errors.
+    """
+    req = urllib.request.Request(base + "/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    chunks, last = 0, None
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            if disconnect_after == 0:
+                return {"outcome": "disconnected", "chunks": 0}
+            for line in r:
+                if not line.startswith(b"data:"):
+                    continue
+                if b"[DONE]" in line:
+                    break
+                chunk = json.loads(line[len(b"data:"):])
+                if isinstance(chunk, dict) and "error" in chunk:
+                    return {"outcome": "error", "chunks": chunks, "detail": json.dumps(chunk["error"])[:300]}
+                chunks += 1
+                last = chunk
+                if disconnect_after is not None and chunks >= disconnect_after:
+                    return {"outcome": "disconnected", "chunks": chunks}
+    except urllib.error.HTTPError as e:
+        return {"outcome": "error", "chunks": chunks, "detail": f"HTTP {e.code}: {e.read()[:300]!r}"}
+    except OSError as e:
+        return {"outcome": "error", "chunks": chunks, "detail": f"{type(e).__name__}: {e}"}
+    meta = (last or {}).get("meta_info", {})
+    finish = meta.get("finish_reason") or {}
+    outcome = "aborted" if isinstance(finish, dict) and finish.get("type") == "abort" else "completed"
+    out = {"outcome": outcome, "chunks": chunks}
+    if body.get("return_logprob") and outcome == "completed":
+        out["finite"] = _finite_logprobs(meta)
+    return out
+
+
+def probes(base: str, output_len: int = 32, timeout: float = 600.0) -> list[list[int]]:
+    """The probe prompts' greedy output ids (``PROBE_LENS``, seeded ids), the prompts sent together.
+
+    Raises:
+        RuntimeError: a probe got no answer or an error.
+    """
+    rng = random.Random(12345)
+    bodies = [{"input_ids": [rng.randrange(1000, 30000) for _ in range(n)],
+               "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}}
+              for n in PROBE_LENS]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(lambda b: _post(base + "/generate", b, timeout), bodies))
+    out = []
+    for (status, raw), n in zip(answers, PROBE_LENS):
+        if status != 200:
+            raise RuntimeError(f"probe of {n} tokens: HTTP {status}: {raw[:300]!r}")
+        out.append(list(json.loads(raw).get("output_ids") or []))
+    return out
+
+
+def bad_inputs(base: str, context_len: int, timeout: float = 120.0) -> list[dict]:
+    """The bad inputs a deployer's clients send, one by one, each followed by ``/health``: a prompt longer than
+    the context, an empty prompt, ``max_new_tokens`` 0, and log-probabilities with the top 5 of a short prompt.
+
+    Returns:
+        list of dicts: ``input``, ``status`` (HTTP), ``answer`` (its first bytes), ``healthy`` (``/health`` 200
+        afterwards), ``finite`` (for the log-probability request).
+    """
+    rng = random.Random(7)
+    cases = [
+        ("prompt longer than the context", {"input_ids": [rng.randrange(1000, 30000) for _ in range(context_len + 64)],
+                                            "sampling_params": {"max_new_tokens": 8}}),
+        ("empty prompt", {"text": "", "sampling_params": {"max_new_tokens": 8}}),
+        ("max_new_tokens 0", {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 0}}),
+        ("log-probabilities with the top 5", {"input_ids": [rng.randrange(1000, 30000) for _ in range(300)],
+                                              "sampling_params": {"max_new_tokens": 8}, "return_logprob": True,
+                                              "top_logprobs_num": 5}),
+    ]
+    out = []
+    for name, body in cases:
+        status, raw = _post(base + "/generate", body, timeout)
+        row = {"input": name, "status": status, "answer": raw[:200].decode(errors="replace")}
+        if body.get("return_logprob") and status == 200:
+            row["finite"] = _finite_logprobs(json.loads(raw).get("meta_info", {}))
+        row["healthy"] = _get(base + "/health")[0] == 200
+        out.append(row)
+    return out
+
+
+def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: int, output_len: int,
+         shared_frac: float, disconnect_frac: float, abort_frac: float, logprob_frac: float, seed: int,
+         time_limit: float, timeout: float = 900.0, vocab: tuple[int, int] = (1000, 30000),
+         abort_within_s: float = 5.0) -> dict:
+    """The load (module docstring); returns the counts and every request's result. An aborted request's
+    ``/abort_request`` goes out at a uniform random time within ``abort_within_s`` seconds of its start.
+
+    Raises:
+        ValueError: a fraction outside 0..1, ``min_len`` > ``max_len``, or a count below 1.
+    """
+    for name, v in (("shared_frac", shared_frac), ("disconnect_frac", disconnect_frac), ("abort_frac", abort_frac),
+                    ("logprob_frac", logprob_frac)):
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"{name}: expected a fraction in 0..1, got {v}")
+    if not 1 <= min_len <= max_len or requests < 1 or concurrency < 1:
+        raise ValueError(f"min_len, max_len, requests, concurrency: expected 1 <= min_len <= max_len and counts "
+                         f">= 1, got {min_len}, {max_len}, {requests}, {concurrency}")
+    rng = random.Random(seed)
+    lo, hi = vocab
+    prefixes = [[rng.randrange(lo, hi) for _ in range(rng.randint(min_len, max(min_len, max_len // 2)))]
+                for _ in range(SHARED_PREFIXES)]
+    plans = []
+    for i in range(requests):
+        n = int(round(math.exp(rng.uniform(math.log(min_len), math.log(max_len)))))
+        ids = [rng.randrange(lo, hi) for _ in range(n)]
+        if rng.random() < shared_frac:
+            ids = prefixes[rng.randrange(SHARED_PREFIXES)] + ids[: max(1, n // 4)]
+        body = {"rid": f"soak-{seed}-{i}", "input_ids": ids[:max_len], "stream": True,
+                "sampling_params": {"max_new_tokens": rng.randint(1, output_len), "temperature": 0.0,
+                                    "ignore_eos": True}}
+        if rng.random() < logprob_frac:
+            body.update(return_logprob=True, top_logprobs_num=5)
+        r = rng.random()
+        plans.append({"body": body, "disconnect_after": rng.randint(0, 8) if r < disconnect_frac else None,
+                      "abort_after_s": rng.uniform(0.0, abort_within_s) if disconnect_frac <= r < disconnect_frac + abort_frac
+                      else None})
+    start = time.time()
+    results: list[dict | None] = [None] * requests
+    timers: list[threading.Timer] = []
+
+    def one(i: int) -> None:
+        plan = plans[i]
+        if time.time() - start > time_limit:
+            results[i] = {"outcome": "not sent (time limit)", "chunks": 0}
+            return
+        if plan["abort_after_s"] is not None:
+            t = threading.Timer(plan["abort_after_s"], _post,
+                                args=(base + "/abort_request", {"rid": plan["body"]["rid"]}, 60.0))
+            t.start()
+            timers.append(t)
+        res = stream_one(base, plan["body"], disconnect_after=plan["disconnect_after"], timeout=timeout)
+        res.update(prompt_len=len(plan["body"]["input_ids"]), abort_asked=plan["abort_after_s"] is not None)
+        results[i] = res
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, range(requests)))
+    for t in timers:
+        t.cancel()
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    return {"counts": counts, "seconds": time.time() - start, "results": results,
+            "nonfinite_logprobs": sum(1 for r in results if r.get("finite") is False),
+            "errors": [r["detail"] for r in results if r["outcome"] == "error"][:20]}
+
+
+def log_counts(text: str) -> dict:
+    """What a server's log says about the run: tracebacks, SGLang's pool-leak reports (its invariant checker's
+    ``memory leak detected``), retraction lines, and HiCache's eviction to and loads from host memory."""
+    low = text.lower()
+    return {"tracebacks": text.count("Traceback"), "leaks": low.count("memory leak detected"),
+            "retraction_lines": sum(1 for ln in low.splitlines() if "retract" in ln),
+            "hicache_lines": sum(1 for ln in low.splitlines() if "hicache" in ln and ("evict" in ln or "load" in ln))}
+
+
+def checks(run: dict, log_text: str | None = None) -> list[dict]:
+    """The soak's checks (module docstring) on ``load``'s JSON (and the server log's text, when given): rows of
+    ``check``, ``ok``, ``detail``."""
+    c = run["load"]["counts"]
+    rows = [
+        {"check": "no request failed with a server error", "ok": c.get("error", 0) == 0,
+         "detail": f"{c} in {run['load']['seconds']:.0f} s; first errors: {run['load']['errors'][:3]}"},
+        {"check": "every log-probability finite", "ok": run["load"]["nonfinite_logprobs"] == 0,
+         "detail": f"{run['load']['nonfinite_logprobs']} requests with a NaN or infinite one"},
+        {"check": "probes give the same tokens before and after the load", "ok": run["probes_before"] == run["probes_after"]
+         and all(run["probes_before"]), "detail": f"{len(run['probes_before'])} probes of {list(PROBE_LENS)} tokens"},
+        {"check": "healthy after the load", "ok": run["healthy_after"], "detail": ""},
+    ]
+    for b in run["bad_inputs"]:
+        ok = b["healthy"] and 0 < b["status"] < 500 and b.get("finite", True)
+        rows.append({"check": f"bad input, {b['input']}: an answer, server healthy", "ok": ok,
+                     "detail": f"HTTP {b['status']}: {b['answer'][:80]}"})
+    if log_text is not None:
+        lc = log_counts(log_text)
+        rows.append({"check": "server log: no traceback, no pool leak SGLang reports", "ok": lc["tracebacks"] == 0
+                     and lc["leaks"] == 0, "detail": str(lc)})
+    return rows
+
+
+def _load_cmd(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="soak.py load")
+    p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:30000 (only it is sent to)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--requests", type=int, default=3000)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--min-len", type=int, default=100)
+    p.add_argument("--max-len", type=int, default=60000)
+    p.add_argument("--output-len", type=int, default=256, help="most new tokens a request asks for")
+    p.add_argument("--shared-frac", type=float, default=1 / 3)
+    p.add_argument("--disconnect-frac", type=float, default=0.1)
+    p.add_argument("--abort-frac", type=float, default=0.05)
+    p.add_argument("--logprob-frac", type=float, default=0.05)
+    p.add_argument("--abort-within", type=float, default=5.0, help="seconds after its start an abort goes out, at most")
+    p.add_argument("--context-len", type=int, default=163840, help="the server's context length (bad inputs)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-limit", type=float, default=1800.0, help="seconds after which no request is sent")
+    o = p.parse_args(argv)
+    base = o.url.rstrip("/")
+    run = {"url": base, "info_before": json.loads(_get(base + "/get_server_info")[1] or b"{}"),
+           "probes_before": probes(base)}
+    try:
+        run["load"] = load(base, requests=o.requests, concurrency=o.concurrency, min_len=o.min_len,
+                           max_len=o.max_len, output_len=o.output_len, shared_frac=o.shared_frac,
+                           disconnect_frac=o.disconnect_frac, abort_frac=o.abort_frac, logprob_frac=o.logprob_frac,
+                           seed=o.seed, time_limit=o.time_limit, abort_within_s=o.abort_within)
+    except ValueError as e:
+        p.error(str(e))
+    run["healthy_after"] = _get(base + "/health")[0] == 200
+    run["probes_after"] = probes(base)
+    run["bad_inputs"] = bad_inputs(base, o.context_len)
+    run["info_after"] = json.loads(_get(base + "/get_server_info")[1] or b"{}")
+    with open(o.out, "w") as f:
+        json.dump(run, f, indent=1, default=str)
+    print(json.dumps(run["load"]["counts"]))
+    return 0
+
+
+def _check_cmd(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="soak.py check")
+    p.add_argument("run", help="what `load` wrote")
+    p.add_argument("--log", help="the server's log")
+    p.add_argument("--json")
+    o = p.parse_args(argv)
+    run = json.load(open(o.run))
+    rows = checks(run, open(o.log, errors="replace").read() if o.log else None)
+    if o.json:
+        with open(o.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    for r in rows:
+        print(f"{r['check']:<66} {'PASS' if r['ok'] else 'FAIL'} {r['detail']}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in ("load", "check"):
+        print(__doc__)
+        return 2
+    return _load_cmd(sys.argv[2:]) if sys.argv[1] == "load" else _check_cmd(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

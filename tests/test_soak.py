@@ -1,0 +1,157 @@
+"""scripts/soak.py on the CPU: the load's client and the checks against a stand-in server, with planted faults.
+
+The real soak runs against SGLang's server on a GPU (``scripts/sglang_gpu_check.sh soak``); here a small local
+HTTP server stands in for it (SGLang's server needs a GPU): ``/generate`` streamed and not, ``/abort_request``
+by ``rid``, ``/health`` and ``/get_server_info``, answering as SGLang's do in the fields the script reads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "scripts" / "soak.py"
+_spec = importlib.util.spec_from_file_location("soak", _PATH)
+soak = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(soak)
+
+CONTEXT = 20000
+
+
+def _standin(fault=None):
+    """The stand-in server. ``fault``: ``"nan"`` (a NaN log-probability), ``"drift"`` (the probes' answers change
+    once the load has run), ``"error"`` (every 7th streamed request gets SGLang's error chunk)."""
+    state = {"aborted": set(), "generated": 0, "lock": threading.Lock()}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, *a):
+            pass
+
+        def _send(self, code, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._send(200, {})
+            elif self.path == "/get_server_info":
+                self._send(200, {"max_total_num_tokens": 100000})
+            else:
+                self._send(404, {})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/abort_request":
+                state["aborted"].add(body.get("rid"))
+                return self._send(200, {})
+            ids = body.get("input_ids") or []
+            if not ids and "text" in body:
+                return self._send(400, {"error": {"message": "empty prompt"}})
+            if len(ids) > CONTEXT:
+                return self._send(400, {"error": {"message": f"input of {len(ids)} tokens exceeds {CONTEXT}"}})
+            n = body["sampling_params"]["max_new_tokens"]
+            with state["lock"]:
+                state["generated"] += 1
+                k = state["generated"]
+            shift = 1 if fault == "drift" and k > 20 else 0
+            out = [(sum(ids) + j + shift) % 997 for j in range(n)]
+            lp = float("nan") if fault == "nan" else -0.5
+            meta = {"finish_reason": {"type": "length"},
+                    "output_token_logprobs": [[lp, t, None] for t in out] if body.get("return_logprob") else None}
+            if not body.get("stream"):
+                return self._send(200, {"output_ids": out, "meta_info": meta})
+            self.send_response(200)
+            self.end_headers()
+            if fault == "error" and k % 7 == 0:
+                self.wfile.write(b'data: {"error":{"message":"planted","code":500}}\n\n')
+                return
+            for j in range(n):
+                time.sleep(0.005)
+                if body.get("rid") in state["aborted"]:
+                    chunk = {"output_ids": out[:j], "meta_info": dict(meta, finish_reason={"type": "abort"})}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    break
+                chunk = {"output_ids": out[: j + 1], "meta_info": meta if j == n - 1 else {}}
+                try:
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                except OSError:  # the client left
+                    return
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def _run(fault=None, **kw):
+    srv = _standin(fault)
+    base = f"http://127.0.0.1:{srv.server_port}"
+    try:
+        run = {"probes_before": soak.probes(base, output_len=4)}
+        args = dict(requests=60, concurrency=8, min_len=10, max_len=2000, output_len=40, shared_frac=1 / 3,
+                    disconnect_frac=0.2, abort_frac=0.2, logprob_frac=0.3, seed=3, time_limit=120.0,
+                    abort_within_s=0.1)
+        args.update(kw)
+        run["load"] = soak.load(base, **args)
+        run["healthy_after"] = soak._get(base + "/health")[0] == 200
+        run["probes_after"] = soak.probes(base, output_len=4)
+        run["bad_inputs"] = soak.bad_inputs(base, CONTEXT)
+    finally:
+        srv.shutdown()
+    return run
+
+
+def _ok(rows):
+    return {r["check"]: r["ok"] for r in rows}
+
+
+def test_a_well_behaved_server_passes_and_every_kind_of_client_shows_up():
+    run = _run()
+    c = run["load"]["counts"]
+    assert sum(c.values()) == 60 and c.get("error", 0) == 0
+    assert c["completed"] > 0 and c["disconnected"] > 0 and c["aborted"] > 0
+    assert sum(1 for r in run["load"]["results"] if r.get("finite") is True) > 0
+    rows = soak.checks(run, log_text="Decode batch ...\nretract 3 requests\n")
+    assert all(r["ok"] for r in rows), rows
+    statuses = {b["input"]: b["status"] for b in run["bad_inputs"]}
+    assert statuses == {"prompt longer than the context": 400, "empty prompt": 400, "max_new_tokens 0": 200,
+                        "log-probabilities with the top 5": 200}
+    assert soak.log_counts("x retract y\nz")["retraction_lines"] == 1
+
+
+@pytest.mark.parametrize("fault, check", [
+    ("nan", "every log-probability finite"),
+    ("drift", "probes give the same tokens before and after the load"),
+    ("error", "no request failed with a server error"),
+])
+def test_each_planted_fault_fails_its_check(fault, check):
+    ok = _ok(soak.checks(_run(fault)))
+    assert ok[check] is False
+    assert sum(1 for v in ok.values() if not v) >= 1
+
+
+def test_a_leak_or_a_traceback_in_the_servers_log_fails():
+    run = _run(requests=5, disconnect_frac=0.0, abort_frac=0.0)
+    for text in ("... token_to_kv_pool memory leak detected! available 10 ...", "Traceback (most recent call last):"):
+        assert _ok(soak.checks(run, log_text=text))["server log: no traceback, no pool leak SGLang reports"] is False
+
+
+def test_bad_load_arguments_are_named():
+    with pytest.raises(ValueError, match="abort_frac"):
+        soak.load("http://127.0.0.1:9", requests=1, concurrency=1, min_len=1, max_len=2, output_len=1, shared_frac=0,
+                  disconnect_frac=0, abort_frac=2, logprob_frac=0, seed=0, time_limit=1)
+    with pytest.raises(ValueError, match="min_len"):
+        soak.load("http://127.0.0.1:9", requests=1, concurrency=1, min_len=5, max_len=2, output_len=1, shared_frac=0,
+                  disconnect_frac=0, abort_frac=0, logprob_frac=0, seed=0, time_limit=1)
