@@ -3,7 +3,8 @@
     PYTHONPATH=. python3 scripts/update_check_tables.py BENCH_JSON ACCURACY_JSON [--model-accuracy JSON [JSON ...]]
         [--sglang-one-batch JSONL --sglang-profile JSON [JSON ...] --sglang-gpu NAME --sglang-date DATE]
         [--serving-profile JSON [JSON ...] --serving-gpu NAME --serving-date DATE --serving-stack TEXT
-         --serving-layers N] [--out PATH]
+         --serving-layers N] [--cycle JSON:NEXT_N [...] --cycle-gpu NAME --cycle-date DATE --cycle-stack TEXT]
+        [--out PATH]
 
 BENCH_JSON: a ``sglang-fp4-indexer bench --device cuda --json`` report measured
 on an H200 (the FP8 times come from its ``deepgemm-fp8`` column when it has
@@ -19,7 +20,10 @@ tables (``scripts/sglang_bench.py profile-table --json``) of FP8 and FP4 runs of
 ``--serving-profile``: ``profile-table --json`` results of FP8 and FP4 servers profiled on another GPU
 (``scripts/sglang_gpu_check.sh profile`` with MTP off, no ``SERVE_SPEC``: the rows are recorded as next_n 1):
 their scorer kernels per layer (``--serving-layers``: the model's indexer layers) and decode step become the
-timing rows check quotes for that GPU. Writes ``sglang_fp4_indexer/data/h200_tables.json``
+timing rows check quotes for that GPU. ``--cycle``: ``scripts/sglang_bench.py timeline --json`` summaries of FP8 and
+FP4 servers on one DP-attention + EP8 rank of DeepSeek-V3.2 cut to fewer layers (``scripts/sglang_gpu_check.sh
+profile`` with ``PROFILE_SIZE=v32-rank``), each with the next_n its server verified: check quotes their busy time per
+cycle, measured and projected to 61 layers, at exactly those shapes. Writes ``sglang_fp4_indexer/data/h200_tables.json``
 (shipped inside the wheel) unless ``--out`` says otherwise, and prints what it took.
 """
 
@@ -30,7 +34,13 @@ import json
 import sys
 from pathlib import Path
 
-from sglang_fp4_indexer.tables import TABLES_RESOURCE, build_tables, serving_timing_section, sglang_decode_section
+from sglang_fp4_indexer.tables import (
+    TABLES_RESOURCE,
+    build_tables,
+    serving_timing_section,
+    sglang_decode_section,
+    verify_cycle_section,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "sglang_fp4_indexer" / TABLES_RESOURCE
@@ -75,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serving-stack", default=None, help="their torch and triton, e.g. 'torch 2.11.0, triton 3.6.0'")
     parser.add_argument("--serving-layers", type=int, default=None,
                         help="indexer layers each profiled decode step ran (make-model's v32-layers: 3)")
+    parser.add_argument("--cycle", nargs="+", default=[], metavar="JSON:NEXT_N",
+                        help="sglang_bench.py timeline --json summaries of FP8 and FP4 servers, each with the next_n "
+                             "its server verified (1: MTP off), e.g. timeline.json:4 (adds the cycle section)")
+    parser.add_argument("--cycle-gpu", default=None, help="the GPU those servers ran on, as nvidia-smi names it")
+    parser.add_argument("--cycle-date", default=None, help="the date of those runs (YYYY-MM-DD)")
+    parser.add_argument("--cycle-stack", default=None, help="their torch, triton, SGLang and GEMM path")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     if args.sglang_one_batch and not (args.sglang_gpu and args.sglang_date):
@@ -83,8 +99,24 @@ def main(argv: list[str] | None = None) -> int:
                                      and args.serving_layers):
         parser.error("--serving-profile needs --serving-gpu, --serving-date, --serving-stack and --serving-layers "
                      "(what was measured where)")
+    if args.cycle and not (args.cycle_gpu and args.cycle_date and args.cycle_stack):
+        parser.error("--cycle needs --cycle-gpu, --cycle-date and --cycle-stack (what was measured where)")
     try:
         model = [_read(p) for p in args.model_accuracy] if args.model_accuracy else None
+        cycle = None
+        if args.cycle:
+            pairs = []
+            for item in args.cycle:
+                path, _, n = item.rpartition(":")
+                if not path or not n.isdigit():
+                    parser.error(f"--cycle: expected JSON:NEXT_N, got {item!r}")
+                pairs.append((path, int(n)))
+            cycle = verify_cycle_section(
+                [(_read(p), n) for p, n in pairs], gpu=args.cycle_gpu, date=args.cycle_date, stack=args.cycle_stack,
+                method="inside SGLang's server: the GPU's busy time (union of kernel intervals) per decode step or "
+                       "MTP verify cycle, median over traces of FP8-first and FP4-first servers, on one DP-attention "
+                       "+ EP8 rank of DeepSeek-V3.2 cut to fewer layers, projected to 61 from the per-layer time",
+                sources=[_source(p) for p, _ in pairs])
         sglang = None
         if args.sglang_one_batch:
             try:
@@ -110,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                               bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json),
                               model_accuracy=model,
                               model_source=[_source(p) for p in args.model_accuracy] if args.model_accuracy else "",
-                              sglang=sglang, timing_serving=serving)
+                              sglang=sglang, timing_serving=serving, cycle=cycle)
     except ValueError as exc:
         parser.exit(2, f"update_check_tables: {exc}\n")
     out = Path(args.out)
@@ -124,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
              if "model" in tables else "")
           + (f", {len(tables['sglang']['rows'])} SGLang decode rows" if "sglang" in tables else "")
           + (f", {len(tables['timing_serving']['rows'])} serving timing rows ({tables['timing_serving']['gpu']})"
-             if "timing_serving" in tables else ""))
+             if "timing_serving" in tables else "")
+          + (f", {len(tables['cycle']['rows'])} cycle rows ({tables['cycle']['gpu']})" if "cycle" in tables else ""))
     return 0
 
 

@@ -45,6 +45,12 @@ inside SGLang's own server (``scripts/sglang_bench.py serving-profile``: SGLang'
 decode steps of DeepSeek-V3.2's layer sizes, FP8 and FP4 servers on one machine): each format's scorer
 kernel time per decode step over the model's indexer layers (``serving_timing_section``); no floors,
 no native next_n. ``check`` quotes them for that GPU, as it quotes ``timing`` for its own.
+
+Verify-cycle rows (optional, ``cycle``): a whole decode step or MTP verify cycle inside SGLang's server on the
+GPU's timeline, FP8 against FP4 (``scripts/sglang_bench.py timeline``: the busy time, the union of kernel
+intervals, median over traces of both run orders), on one DP-attention + EP8 rank of DeepSeek-V3.2 cut to a
+number of layers, with the cycle projected to the full 61 layers from the measured per-layer time
+(``verify_cycle_section``); ``measured_cycle`` finds the row of exactly the shape and next_n asked about.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ __all__ = [
     "sglang_decode_section",
     "serving_timing_section",
     "measured_decode",
+    "verify_cycle_section",
+    "measured_cycle",
 ]
 
 #: ``format`` field of the tables file.
@@ -309,6 +317,62 @@ def serving_timing_section(profiles: dict, *, gpu: str, date: str, stack: str, l
             "fp8_measured": True, "sources": sources, "rows": rows}
 
 
+def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: str, stack: str, method: str,
+                         sources: list[str]) -> dict:
+    """The ``cycle`` section: per measured shape and next_n, a server's busy time per decode step or verify cycle
+    with FP8 and FP4 index keys, at the depth measured and projected to the model's full depth.
+
+    Args:
+        timelines: ``(summary, next_n)`` pairs: a ``sglang_bench.py timeline --json`` summary (``layers``,
+            ``full_depth``, ``shapes`` with per-format ``busy_us`` and ``projected_busy_us`` medians) and the next_n
+            its server verified (1: MTP off).
+        gpu, date, stack, method, sources: what was measured where and how (recorded, quoted with the numbers).
+
+    Returns:
+        ``{"gpu", "date", "stack", "method", "sources", "rows"}``; a row: ``batch``, ``context``, ``next_n``,
+        ``layers``, ``full_depth``, ``traces`` (per format, fewest), ``fp8_ms`` / ``fp4_ms`` (busy time per
+        cycle at ``layers``), ``fp8_61_ms`` / ``fp4_61_ms`` (projected to ``full_depth``).
+
+    Raises:
+        ValueError: a summary without a layer count, a shape without both formats, a next_n below 1, or the same
+            shape and next_n twice.
+    """
+    rows, seen = [], set()
+    for summary, next_n in timelines:
+        if not isinstance(next_n, int) or next_n < 1:
+            raise ValueError(f"next_n: expected an int >= 1, got {next_n!r}")
+        if not summary.get("layers"):
+            raise ValueError("timeline summary: no layer count (made without --layers): nothing to project")
+        for shape, agg in sorted(summary["shapes"].items()):
+            b, c = (int(x) for x in shape.split("x"))
+            if "fp8" not in agg or "fp4" not in agg:
+                raise ValueError(f"timeline summary: {shape} lacks FP8 or FP4 traces")
+            if (b, c, next_n) in seen:
+                raise ValueError(f"timeline summaries: {shape} at next_n {next_n} twice")
+            seen.add((b, c, next_n))
+            rows.append({"batch": b, "context": c, "next_n": next_n, "layers": summary["layers"],
+                         "full_depth": summary["full_depth"],
+                         "traces": min(agg["fp8"]["traces"], agg["fp4"]["traces"]),
+                         "fp8_ms": agg["fp8"]["busy_us"]["median"] / 1e3, "fp4_ms": agg["fp4"]["busy_us"]["median"] / 1e3,
+                         "fp8_61_ms": agg["fp8"]["projected_busy_us"]["median"] / 1e3,
+                         "fp4_61_ms": agg["fp4"]["projected_busy_us"]["median"] / 1e3})
+    return {"gpu": gpu, "date": date, "stack": stack, "method": method, "sources": sources, "rows": rows}
+
+
+def measured_cycle(tables: dict, batch: int, context: int, next_n: int) -> dict | None:
+    """The ``cycle`` section's row measured at exactly ``batch`` x ``context`` and ``next_n``, or None (a cycle's
+    time mixes the indexer with every other kernel: quoted only where it was measured).
+
+    Raises:
+        ValueError: a non-positive ``batch``, ``context`` or ``next_n``.
+    """
+    for name, value in (("batch", batch), ("context", context), ("next_n", next_n)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    rows = (tables.get("cycle") or {}).get("rows") or []
+    return next((r for r in rows if (r["batch"], r["context"], r["next_n"]) == (batch, context, next_n)), None)
+
+
 def measured_decode(tables: dict, batch: int, context: int) -> dict | None:
     """The ``sglang`` section's row measured at exactly ``batch`` requests of ``context`` tokens, or None.
 
@@ -328,7 +392,7 @@ def measured_decode(tables: dict, batch: int, context: int) -> dict | None:
 def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench report",
                  accuracy_source: str = "accuracy.json", model_accuracy: dict | list[dict] | None = None,
                  model_source: str | list[str] = "model-accuracy.json", sglang: dict | None = None,
-                 timing_serving: dict | None = None) -> dict:
+                 timing_serving: dict | None = None, cycle: dict | None = None) -> dict:
     """The tables file's content from a GPU benchmark report and an accuracy result.
 
     Args:
@@ -342,6 +406,7 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
             several is taken from the first), or None (no ``model`` section).
         sglang: a ``sglang_decode_section`` result, or None (no ``sglang`` section).
         timing_serving: a ``serving_timing_section`` result, or None (no ``timing_serving`` section).
+        cycle: a ``verify_cycle_section`` result, or None (no ``cycle`` section).
 
     Returns:
         ``{"format", "timing": {...}, "recall": {...}, "sources": [...]}`` (module docstring).
@@ -364,6 +429,9 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
     if timing_serving is not None:
         out["timing_serving"] = timing_serving
         out["sources"].extend(timing_serving["sources"])
+    if cycle is not None:
+        out["cycle"] = cycle
+        out["sources"].extend(cycle["sources"])
     return out
 
 

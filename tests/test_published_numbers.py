@@ -79,7 +79,12 @@ def test_check_tables_are_built_from_the_published_reports():
               "benchmarks/results/model-accuracy-cpu.json"]
     assert TABLES["sources"][:5] == [f"benchmarks/results/{DECODE_REPORT}", "benchmarks/results/accuracy-gpu.json",
                                      *models] and TABLES["model"]["sources"] == models
-    assert TABLES["sources"][5:] == TABLES["sglang"]["sources"] + TABLES["timing_serving"]["sources"]
+    assert TABLES["sources"][5:] == (TABLES["sglang"]["sources"] + TABLES["timing_serving"]["sources"]
+                                     + TABLES["cycle"]["sources"])
+    # The verify-cycle rows are the timeline summaries the benchmarks page quotes (medians, both run orders).
+    assert TABLES["cycle"]["sources"] == ["benchmarks/results/sglang_timeline_v32_rank20_mtp3x4_h200_2026-12-06.json",
+                                          "benchmarks/results/sglang_timeline_v32_rank20_mtp_off_h200_2026-12-06.json"]
+    assert TABLES["cycle"]["gpu"] == "NVIDIA H200"
     assert all(s.startswith("benchmarks/results/") and "2026-12-04" in s for s in TABLES["sglang"]["sources"])
     # The H100 rows come from the serving profile docs/benchmarks.md quotes (tests/test_tables.py rebuilds them).
     assert all("serving_profile_v32_layers_fp8_fp4_h100_" in s for s in TABLES["timing_serving"]["sources"])

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fp4_indexer.tables import (build_tables, load_tables, measured_decode, model_indexers, nearest_model_cost, nearest_recall,
-                                      nearest_timing, serving_timing_section, sglang_decode_section)
+from sglang_fp4_indexer.tables import (build_tables, load_tables, measured_decode, model_indexers, nearest_model_cost,
+                                      nearest_recall, nearest_timing, serving_timing_section, sglang_decode_section,
+                                      verify_cycle_section)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,11 +116,15 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
     serving = serving_timing_section({k: v for p in srv["sources"] for k, v in json.loads((REPO / p).read_text()).items()},
                                      gpu=srv["gpu"], date=srv["date"], stack=srv["stack"], layers=layers,
                                      index_heads=64, method=srv["method"], sources=srv["sources"])
+    cyc = tables["cycle"]  # the next_n of each summary: MTP 3 steps / 4 draft tokens, and MTP off
+    cycle = verify_cycle_section([(json.loads((REPO / p).read_text()), 4 if "mtp3x4" in p else 1)
+                                  for p in cyc["sources"]], gpu=cyc["gpu"], date=cyc["date"], stack=cyc["stack"],
+                                 method=cyc["method"], sources=cyc["sources"])
     # Up to date: re-running scripts/update_check_tables.py on the recorded sources changes nothing.
     assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src, model_accuracy=model,
-                                  model_source=model_src, sglang=sglang, timing_serving=serving)
+                                  model_source=model_src, sglang=sglang, timing_serving=serving, cycle=cycle)
     assert tables["timing"]["gpu"] == "NVIDIA H200" and tables["recall"]["topk"] == 2048
-    assert tables["sources"][2 + len(model_src):] == sec["sources"] + srv["sources"]
+    assert tables["sources"][2 + len(model_src):] == sec["sources"] + srv["sources"] + cyc["sources"]
     assert srv["gpu"] == "NVIDIA H100 80GB HBM3" and [(r["batch"], r["context"]) for r in srv["rows"]] == [
         (1, 131072), (8, 65536)]
     # The recorded flags are those the runs were made with (scripts/sglang_gpu_check.sh e2e): Triton FP8 GEMMs, no
@@ -279,3 +284,29 @@ def test_a_trained_study_without_its_training_record_stays_trained():
     t = build_tables(_bench({"ours": {A: 30.0}}), _accuracy(), model_accuracy=doc, model_source="t.json")
     assert model_indexers(t) == [("trained", None)] and nearest_model_cost(t, 4096, 2048) is None
     assert nearest_model_cost(t, 4096, 2048, "trained")["source"] == "t.json"
+
+
+def test_the_cycle_rows_are_the_timeline_summaries_and_are_quoted_only_where_measured():
+    """The packaged ``cycle`` section equals one rebuilt from the committed timeline summaries; a row is found
+    only at exactly its shape and next_n."""
+    from sglang_fp4_indexer.tables import load_tables, measured_cycle, verify_cycle_section
+
+    results = REPO / "benchmarks" / "results"
+    mtp = json.loads((results / "sglang_timeline_v32_rank20_mtp3x4_h200_2026-12-06.json").read_text())
+    off = json.loads((results / "sglang_timeline_v32_rank20_mtp_off_h200_2026-12-06.json").read_text())
+    packaged = load_tables()["cycle"]
+    rebuilt = verify_cycle_section([(mtp, 4), (off, 1)], gpu=packaged["gpu"], date=packaged["date"],
+                                   stack=packaged["stack"], method=packaged["method"], sources=packaged["sources"])
+    assert rebuilt == packaged
+    row = measured_cycle({"cycle": packaged}, 8, 131072, 4)
+    agg = mtp["shapes"]["8x131072"]
+    assert row["fp8_ms"] == agg["fp8"]["busy_us"]["median"] / 1e3 and row["fp4_61_ms"] == agg["fp4"]["projected_busy_us"]["median"] / 1e3
+    assert (row["layers"], row["full_depth"], row["traces"]) == (20, 61, 6)
+    assert measured_cycle({"cycle": packaged}, 8, 131072, 1)["traces"] == 3
+    assert measured_cycle({"cycle": packaged}, 8, 65536, 4) is None and measured_cycle({}, 8, 131072, 4) is None
+    with pytest.raises(ValueError, match="next_n"):
+        measured_cycle({"cycle": packaged}, 8, 131072, 0)
+    with pytest.raises(ValueError, match="twice"):
+        verify_cycle_section([(mtp, 4), (mtp, 4)], gpu="g", date="d", stack="s", method="m", sources=[])
+    with pytest.raises(ValueError, match="no layer count"):
+        verify_cycle_section([(dict(mtp, layers=None), 4)], gpu="g", date="d", stack="s", method="m", sources=[])
