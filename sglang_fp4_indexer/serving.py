@@ -166,13 +166,14 @@ def bench_serving_command(base_url: str, *, input_len: int, output_len: int, pro
     return cmd + (["--tokenizer", tokenizer] if tokenizer else [])
 
 
-def serving_table(fp8: list[dict], fp4: list[dict]) -> list[dict]:
+def serving_table(fp8: list[dict], fp4: list[dict], fields: tuple = SERVING_FIELDS) -> list[dict]:
     """FP8 and FP4 ``bench_serving`` result lines paired by input length, output length and concurrency.
 
     Args:
         fp8, fp4: the result lines of ``python -m sglang.benchmark.serving --output-file`` (dicts with
             ``random_input_len``, ``random_output_len``, ``max_concurrency`` and the metrics of
-            ``SERVING_FIELDS``), one list per format.
+            ``fields``), one list per format.
+        fields: ``(field, heading, format)`` triples of the metrics to pair (default ``SERVING_FIELDS``).
 
     Returns:
         One dict per shape both formats ran: ``input_len``, ``output_len``, ``concurrency`` and per field
@@ -190,7 +191,7 @@ def serving_table(fp8: list[dict], fp4: list[dict]) -> list[dict]:
             continue
         il, ol, conc = key(r8)
         row = {"input_len": il, "output_len": ol, "concurrency": conc}
-        for field, _, _ in SERVING_FIELDS:
+        for field, _, _ in fields:
             row[field] = {"fp8": r8.get(field), "fp4": r4.get(field)}
         a, b = r8.get("output_throughput"), r4.get("output_throughput")
         row["output_ratio"] = b / a if a and b else None
