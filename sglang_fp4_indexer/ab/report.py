@@ -99,6 +99,8 @@ def _verdict(r: dict) -> list[str]:
             ratio = row["output_ratio"]
             tpot = row["median_tpot_ms"]
             shape = f"{row['input_len']} in / {row['output_len']} out, {row['concurrency']} at a time"
+            if row["concurrency"] == r["meta"].get("plan", {}).get("kv_limited_concurrency"):
+                shape += ", the KV-limited load"
             lines.append(f"speed ({order}, {shape}): output tok/s "
                          f"FP8 {row['output_throughput']['fp8']:.1f}, FP4 {row['output_throughput']['fp4']:.1f}"
                          + (f" (FP4 / FP8 {ratio:.3f})" if ratio else "")
