@@ -130,14 +130,15 @@ def launch_command(model: str | None, port: int, server_flags: list[str], *, fp4
 
     Raises:
         ValueError: ``server_flags`` set ``--host``/``--port`` (the command picks them) or
-            ``--enable-fp4-indexer`` (the command adds it to one arm only).
+            ``--enable-fp4-indexer`` (the command adds it to one arm only), or ``--no-enable-fp4-indexer`` with
+            ``fp4`` (the FP8 arm may carry it, to override a config file that turns FP4 on).
     """
     for flag in server_flags:
         name = flag.split("=", 1)[0]
         if name in ("--host", "--port"):
             raise ValueError(f"server flags: {name} is set by the command (it serves on 127.0.0.1 and --port); "
                              f"drop {flag}")
-        if name in ("--enable-fp4-indexer", "--no-enable-fp4-indexer"):
+        if name == "--enable-fp4-indexer" or (name == "--no-enable-fp4-indexer" and fp4):
             raise ValueError(f"server flags: {name} is the A/B's own switch (added to the FP4 arm only); drop it")
     cmd = [python, "-m", "sglang.launch_server"]
     if model is not None:

@@ -139,6 +139,11 @@ def _read_config(path: str | None) -> dict:
     return data
 
 
+def _config_enables_fp4(path: str | None) -> bool:
+    cfg = _read_config(path)
+    return bool(cfg.get("enable-fp4-indexer", cfg.get("enable_fp4_indexer", False)))
+
+
 def _validate(args: argparse.Namespace) -> tuple[str, dict]:
     """The mode (``launch`` or ``urls``) and the YAML config; ValueError naming the option when they conflict."""
     config = _read_config(args.config)
@@ -313,6 +318,8 @@ def run_arms(args, plan: dict, mode: str, out: str, *, run=subprocess.run) -> di
             res["kv"] = {"max_total_num_tokens": res["server_info"].get("max_total_num_tokens")}
         else:
             flags = list(args.server_flags) + (["--config", os.path.abspath(args.config)] if args.config else [])
+            if arm == "fp8" and _config_enables_fp4(args.config):
+                flags.append("--no-enable-fp4-indexer")  # the file turns FP4 on; the command line overrides it
             cmd = launch_command(args.model, args.port, flags, fp4=arm == "fp4")
             log = os.path.join(arm_dir, "server.log")
             progress("launching the server")
