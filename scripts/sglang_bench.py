@@ -45,7 +45,9 @@ import zlib
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPTS)
-from sglang_one_batch import launched_server, post_json  # noqa: E402 (beside this script; imports no SGLang)
+# The serving helpers shared with sglang-fp4-indexer ab (the package's ``serving`` module imports no SGLang).
+from sglang_fp4_indexer.serving import (  # noqa: E402,F401
+    SERVING_FIELDS, bench_serving_command, launch_command, launched_server, post_json, read_jsonl, serving_table)
 
 #: Kernel categories of a DSA decode step, first match wins (regular expressions over kernel names).
 CATEGORIES = (
@@ -436,22 +438,18 @@ def _serving(argv: list[str]) -> int:
     p.add_argument("--port", type=int, default=30741)
     p.add_argument("--ready-timeout", type=float, default=600.0)
     opts, server_args = p.parse_known_args(argv)
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", opts.model, "--host", "127.0.0.1",
-           "--port", str(opts.port), *server_args] + (["--enable-fp4-indexer"] if opts.fp4 else [])
+    cmd = launch_command(opts.model, opts.port, server_args, fp4=opts.fp4)
     client_env = dict(os.environ)
     if importlib.util.find_spec("datasets") is None:
         # SGLang's benchmark client imports Hugging Face datasets, which random-ids prompts never call:
         # scripts/bench_standins/datasets stands in for it where it is not installed (the GPU machine).
         standins = os.path.join(SCRIPTS, "bench_standins")
         client_env["PYTHONPATH"] = os.pathsep.join(x for x in (os.environ.get("PYTHONPATH"), standins) if x)
-    with launched_server(cmd, opts.port, opts.out + ".server.log", opts.ready_timeout):
+    with launched_server(cmd, opts.port, opts.out + ".server.log", opts.ready_timeout) as base:
         for il in opts.input_lens:
-            subprocess.run([sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--host",
-                            "127.0.0.1", "--port", str(opts.port), "--dataset-name", "random-ids",
-                            "--random-input-len", str(il), "--random-output-len", str(opts.output_len),
-                            "--random-range-ratio", "1", "--num-prompts", str(opts.prompts),
-                            "--max-concurrency", str(opts.concurrency), "--seed", "0", "--disable-tqdm",
-                            "--output-file", opts.out], check=True, env=client_env)
+            subprocess.run(bench_serving_command(base, input_len=il, output_len=opts.output_len, prompts=opts.prompts,
+                                                 concurrency=opts.concurrency, output_file=opts.out),
+                           check=True, env=client_env)
     return 0
 
 
@@ -680,8 +678,7 @@ def _serving_profile(argv: list[str]) -> int:
     fmt = "fp4" if opts.fp4 else "fp8"
     os.makedirs(opts.out_dir, exist_ok=True)
     raw = os.path.join(opts.out_dir, f"raw_{fmt}")
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", opts.model, "--host", "127.0.0.1",
-           "--port", str(opts.port), *server_args] + (["--enable-fp4-indexer"] if opts.fp4 else [])
+    cmd = launch_command(opts.model, opts.port, server_args, fp4=opts.fp4)
     rc = 0
     with launched_server(cmd, opts.port, os.path.join(opts.out_dir, f"server_{fmt}.log"), opts.ready_timeout) as base:
         for b, il in shapes:
@@ -699,44 +696,6 @@ def _serving_profile(argv: list[str]) -> int:
     return rc
 
 
-#: bench_serving result fields the serving table shows: (field, heading, format).
-SERVING_FIELDS = (("completed", "requests done", "{:.0f}"), ("output_throughput", "output tok/s", "{:.1f}"),
-                  ("median_tpot_ms", "median TPOT ms", "{:.2f}"), ("median_ttft_ms", "median TTFT ms", "{:.0f}"),
-                  ("accept_length", "accepted length", "{:.2f}"))
-
-
-def serving_table(fp8: list[dict], fp4: list[dict]) -> list[dict]:
-    """FP8 and FP4 ``bench_serving`` result lines paired by input length, output length and concurrency.
-
-    Args:
-        fp8, fp4: the result lines of ``python -m sglang.benchmark.serving --output-file`` (dicts with
-            ``random_input_len``, ``random_output_len``, ``max_concurrency`` and the metrics of
-            ``SERVING_FIELDS``), one list per format.
-
-    Returns:
-        One dict per shape both formats ran: ``input_len``, ``output_len``, ``concurrency`` and per field
-        ``{"fp8": value, "fp4": value}`` (None where a run does not report it), ``output_ratio`` (FP4 / FP8
-        output tokens/s).
-    """
-    def key(r):
-        return (r.get("random_input_len"), r.get("random_output_len"), r.get("max_concurrency"))
-
-    by4 = {key(r): r for r in fp4}
-    rows = []
-    for r8 in fp8:
-        r4 = by4.get(key(r8))
-        if r4 is None:
-            continue
-        il, ol, conc = key(r8)
-        row = {"input_len": il, "output_len": ol, "concurrency": conc}
-        for field, _, _ in SERVING_FIELDS:
-            row[field] = {"fp8": r8.get(field), "fp4": r4.get(field)}
-        a, b = r8.get("output_throughput"), r4.get("output_throughput")
-        row["output_ratio"] = b / a if a and b else None
-        rows.append(row)
-    return rows
-
-
 def _serving_table(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="sglang_bench.py serving-table")
     p.add_argument("--fp8", required=True, help="the FP8 serving run's JSONL")
@@ -746,7 +705,7 @@ def _serving_table(argv: list[str]) -> int:
     runs = []
     for name in (opts.fp8, opts.fp4):
         try:
-            runs.append([json.loads(x) for x in open(name) if x.strip()])
+            runs.append(read_jsonl(name))
         except (OSError, ValueError) as exc:
             p.error(f"{name}: cannot be read as JSON lines ({exc})")
     rows = serving_table(*runs)

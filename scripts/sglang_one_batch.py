@@ -44,7 +44,6 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -53,6 +52,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "topk_trace"))
 from fp4_indexer_topk_trace import read_trace, slot_positions  # noqa: E402 (the test-only trace plugin's reader)
+# Shared with sglang-fp4-indexer ab (the package's serving helpers import no SGLang); pd_gpu.py takes them from here.
+from sglang_fp4_indexer.serving import launched_server, post_json, versions  # noqa: E402,F401
 
 #: Prompt lengths (tokens) of the seeded batch; batch size ``b`` takes the first ``b``.
 PROMPT_LENS = (5121, 3077, 6899, 4165)
@@ -406,29 +407,10 @@ def run(argv: list[str]) -> None:
     ob.main(server_args, bench_args)
     state["wall_s"] = time.time() - t0
     state["plugin_log"] = handler.lines
-    state["versions"] = _versions()
+    state["versions"] = versions()
     state.pop("calls", None)
     torch.save(state, opts.out)
     print(f"saved {opts.out}: pool {state['pool']}; plugin log: {handler.lines}")
-
-
-def _versions() -> dict:
-    import importlib.metadata as md
-
-    out = {}
-    for name in ("sglang", "sglang-kernel", "sgl-flash-mla", "torch", "triton", "transformers", "deep-gemm",
-                 "sgl-deep-gemm", "sglang-fp4-indexer"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            pass
-    try:
-        import deep_gemm
-
-        out.setdefault("deep_gemm (import)", getattr(deep_gemm, "__version__", "?"))
-    except Exception:  # noqa: BLE001
-        pass
-    return out
 
 
 def engine(argv: list[str]) -> None:
@@ -496,63 +478,6 @@ def engine(argv: list[str]) -> None:
     with open(opts.out, "w") as f:
         json.dump(res, f)
     print(f"saved {opts.out}: {[(r['prompt_len'], r['completion_tokens'], r['spec_verify_ct']) for r in res['requests']]}")
-
-
-def post_json(url: str, body: dict, timeout: float) -> dict:
-    """POST ``body`` as JSON to a server started by ``launched_server``; the answer as a dict (``{"text": ...}``
-    when it is not JSON, e.g. an empty 200), or ``{"error": ...}`` when the request fails. Never raises."""
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            raw = r.read()
-    except urllib.error.HTTPError as e:
-        return {"error": f"HTTP {e.code}: {e.read()[:500].decode(errors='replace')}"}
-    except OSError as e:
-        return {"error": f"{type(e).__name__}: {e}"}
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return {"text": raw.decode(errors="replace")}
-
-
-@contextlib.contextmanager
-def launched_server(cmd: list[str], port: int, log_path: str, ready_timeout: float):
-    """Run ``cmd`` (a ``launch_server`` command line) with its output in ``log_path``; yield its base URL once
-    ``/health`` answers 200, and terminate it on leaving.
-
-    Raises:
-        RuntimeError: the server exits, or ``/health`` does not answer within ``ready_timeout`` seconds.
-    """
-    import subprocess
-    import urllib.request
-
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.time() + ready_timeout
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"launch_server exited with {proc.returncode} (log: {log_path})")
-                try:
-                    with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.time() > deadline:
-                    raise RuntimeError(f"launch_server not healthy after {ready_timeout:.0f} s (log: {log_path})")
-                time.sleep(2)
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def server(argv: list[str]) -> None:

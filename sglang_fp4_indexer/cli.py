@@ -10,7 +10,7 @@ before its module -- and so Triton and the kernels -- is imported, because
 Triton reads that variable when a kernel is defined.
 
 Subcommands now: ``demo`` (``demo.py``), ``check`` (``check/``), ``bench`` (``bench/``),
-``accuracy`` (``accuracy/``), ``model-accuracy`` (``model_study/study.py``), ``docs`` (``guide.py``).
+``accuracy`` (``accuracy/``), ``model-accuracy`` (``model_study/study.py``), ``ab`` (``ab/``), ``docs`` (``guide.py``).
 
 This module is the entry point above every layer: the one place that hands ``check`` the SGLang adapter's
 fact reader (``sglang_plugin.check_facts``), so the core never imports the adapter.
@@ -50,6 +50,9 @@ SUBCOMMANDS: tuple[_Subcommand, ...] = (
     _Subcommand("model-accuracy", ".model_study.study",
                 "real-model study: Gemma 3 270M with DSA-style sparse attention selected over exact, FP8 and FP4 "
                 "index keys -- loss, passkey retrieval and top-k recall (CPU; accuracy.md of the installed docs)"),
+    _Subcommand("ab", ".ab",
+                "A/B on your deployment: the same SGLang server with FP8 and with FP4 index keys, one after the "
+                "other (or two running servers): GSM8K, passkey, serving speed and KV capacity side by side"),
     _Subcommand("docs", ".guide",
                 "where the user documentation is installed (user guide, benchmarks, accuracy study, ...), "
                 "and how to report a result"),
@@ -106,10 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(sub: _Subcommand, args: argparse.Namespace) -> int:
-    """Run one subcommand. ``check`` also gets the adapter's SGLang fact reader: the core decides from fact records
+    """Run one subcommand. ``check`` (and ``ab``, which asks the same question first) also gets the adapter's SGLang fact reader: the core decides from fact records
     and never imports the adapter, so this entry point (above both) wires the two together."""
     module = _module(sub)
-    if sub.name == "check":
+    if sub.name in ("check", "ab"):
         from .sglang_plugin.check_facts import read_sglang_facts
 
         return module.main(args, read_sglang=read_sglang_facts)
@@ -137,7 +140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = ", ".join(sub.name for sub in SUBCOMMANDS)
         parser.error(f"unrecognized option {argv[0]}: the command comes first, one of {names} "
                      "(its options after it: sglang-fp4-indexer COMMAND --help)")
+    tail = None
+    if argv and argv[0] == "ab" and "--" in argv:  # ab's SGLang server flags: everything after the first --
+        at = argv.index("--")
+        argv, tail = argv[:at], argv[at + 1:]
     args = parser.parse_args(argv)
+    if tail is not None:
+        args.server_flags = tail
     if _wants_interpreter(args):
         # Must precede the first import of triton / the ops modules.
         os.environ["TRITON_INTERPRET"] = "1"

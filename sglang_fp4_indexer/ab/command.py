@@ -1,0 +1,366 @@
+"""``sglang-fp4-indexer ab``: its options and the run of the arms (``cli.py`` wires it).
+
+Launch mode: ``sglang-fp4-indexer ab MODEL --out DIR [options] -- [SGLang server flags]`` (or ``--config
+serve.yaml``) runs ``python -m sglang.launch_server`` twice on this machine's GPUs, one arm after the other:
+FP8 (the flags as given) and FP4 (plus ``--enable-fp4-indexer``); ``--orders fp8-first,fp4-first`` runs both
+orders. URL mode: ``--fp8-url URL --fp4-url URL`` measures two servers already running. Each finished arm's
+result is kept as ``DIR/ORDER/ARM/result.json`` and not run again; ``DIR/report.json`` and ``DIR/report.png``
+hold the report. Before any server starts, the plugin's own check (``check.run_check``) decides whether FP4 would
+serve the model and flags; where it would not, the command says why in one line and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Callable
+
+from ..argtypes import integer, int_list
+from ..serving import (bench_serving_command, get_json, gpu_description, kv_pool_tokens, launch_command,
+                       launched_server, read_jsonl, versions)
+from . import quality
+from .report import ARMS, build_report, plot_report, report_text
+
+__all__ = ["ORDERS", "add_arguments", "main", "parse_orders", "parse_depths", "dummy_weights"]
+
+#: The run orders: which arm's server starts first.
+ORDERS = {"fp8-first": ("fp8", "fp4"), "fp4-first": ("fp4", "fp8")}
+
+
+def parse_orders(text: str) -> list[str]:
+    """``--orders``: a comma-separated subset of ``ORDERS``' names, each once.
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown or repeated name.
+    """
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in ORDERS]
+    if not names or bad or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(ORDERS)} (each once), "
+                                         f"got {text!r}")
+    return names
+
+
+def parse_depths(text: str) -> list[float]:
+    """``--passkey-depths``: comma-separated fractions in [0, 1].
+
+    Raises:
+        argparse.ArgumentTypeError: an item that is not a number in [0, 1].
+    """
+    try:
+        depths = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        depths = []
+    if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
+        raise argparse.ArgumentTypeError(f"expected comma-separated fractions in [0, 1], got {text!r}")
+    return depths
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``ab``."""
+    parser.add_argument("model", nargs="?", default=None,
+                        help="the model you serve (local directory with config.json), as --model-path; optional "
+                             "with --config when the YAML names model-path, and with --fp8-url/--fp4-url (then "
+                             "only the plugin's check reads it)")
+    # After "--": the SGLang server flags (cli.main splits them off before argparse sees them).
+    parser.set_defaults(server_flags=[])
+    parser.usage = "%(prog)s [MODEL] --out DIR [options] [-- SGLANG SERVER FLAGS]"
+    parser.epilog = ("SGLang server flags go last, after --, as you serve with them (e.g. -- --tp-size 8 "
+                     "--kv-cache-dtype fp8_e4m3); the FP4 arm adds --enable-fp4-indexer.")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="output folder: each arm's result, the report (report.json, report.png); rerunning "
+                             "with the same DIR skips the arms already finished")
+    parser.add_argument("--config", metavar="YAML", default=None,
+                        help="an SGLang server config file (as launch_server --config takes it), passed to both "
+                             "servers")
+    parser.add_argument("--fp8-url", metavar="URL", default=None,
+                        help="a running server without the plugin (http://HOST:PORT); with --fp4-url: measure "
+                             "the two servers instead of launching them")
+    parser.add_argument("--fp4-url", metavar="URL", default=None,
+                        help="a running server launched with --enable-fp4-indexer (http://HOST:PORT)")
+    parser.add_argument("--orders", type=parse_orders, default=["fp8-first"], metavar="LIST",
+                        help="run orders, comma-separated: fp8-first, fp4-first (default fp8-first); quality is "
+                             "measured in the first order only, speed in each")
+    parser.add_argument("--input-lens", type=int_list(1), default=[4096], metavar="N,...",
+                        help="prompt tokens of the serving benchmark, one run per length (default 4096)")
+    parser.add_argument("--output-len", type=integer(1), default=256, metavar="N",
+                        help="tokens generated per request in the serving benchmark (default 256)")
+    parser.add_argument("--concurrency", type=integer(1), default=8, metavar="N",
+                        help="requests at a time in the serving benchmark (default 8)")
+    parser.add_argument("--prompts", type=integer(1), default=None, metavar="N",
+                        help="requests per serving benchmark run (default 4 x --concurrency)")
+    parser.add_argument("--kv-limited-concurrency", type=integer(0), default=None, metavar="N",
+                        help="requests at a time of the KV-limited load (the longest --input-lens): default twice "
+                             "what the first server's KV pool holds at that length; 0 leaves the load out")
+    parser.add_argument("--gsm8k-data", metavar="PATH", default=None,
+                        help="GSM8K test set as local JSONL (question and answer per line; no network is used); "
+                             "without it GSM8K is left out")
+    parser.add_argument("--gsm8k-questions", type=integer(1), default=200, metavar="N",
+                        help="GSM8K questions asked (default 200)")
+    parser.add_argument("--passkey-lengths", type=int_list(0), default=None, metavar="N,...",
+                        help="passkey prompt lengths in tokens (default the longest --input-lens; 0 leaves the "
+                             "passkey check out)")
+    parser.add_argument("--passkey-depths", type=parse_depths, default=[0.1, 0.5, 0.9], metavar="F,...",
+                        help="where the key sits in the prompt, as fractions (default 0.1,0.5,0.9)")
+    parser.add_argument("--passkey-trials", type=integer(1), default=4, metavar="N",
+                        help="prompts per length and depth, each with its own key (default 4)")
+    parser.add_argument("--port", type=integer(1, 65535), default=30741,
+                        help="port of the launched servers on 127.0.0.1 (default 30741)")
+    parser.add_argument("--ready-timeout", type=integer(1), default=3600, metavar="S",
+                        help="seconds a launched server may take to answer /health (default 3600)")
+
+
+def dummy_weights(flags: list[str], config: dict) -> bool:
+    """Whether the server flags or the YAML config load dummy weights (``--load-format dummy``)."""
+    for i, f in enumerate(flags):
+        if f == "--load-format=dummy" or (f == "--load-format" and i + 1 < len(flags) and flags[i + 1] == "dummy"):
+            return True
+    return str(config.get("load-format", config.get("load_format", ""))).strip() == "dummy"
+
+
+def _read_config(path: str | None) -> dict:
+    if path is None:
+        return {}
+    import yaml
+
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ValueError(f"--config: cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"--config: {path} is not YAML ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config: {path} must hold a mapping of server options, got {type(data).__name__}")
+    return data
+
+
+def _config_enables_fp4(path: str | None) -> bool:
+    cfg = _read_config(path)
+    return bool(cfg.get("enable-fp4-indexer", cfg.get("enable_fp4_indexer", False)))
+
+
+def _validate(args: argparse.Namespace) -> tuple[str, dict]:
+    """The mode (``launch`` or ``urls``) and the YAML config; ValueError naming the option when they conflict."""
+    config = _read_config(args.config)
+    if (args.fp8_url is None) != (args.fp4_url is None):
+        given = "--fp8-url" if args.fp8_url else "--fp4-url"
+        raise ValueError(f"{given}: give both --fp8-url and --fp4-url (two running servers), or neither")
+    if args.fp8_url:
+        for name in ("fp8_url", "fp4_url"):
+            try:
+                quality._host_port(getattr(args, name))
+            except ValueError:
+                raise ValueError(f"--{name.replace('_', '-')}: expected http://HOST:PORT, got "
+                                 f"{getattr(args, name)!r}") from None
+        if args.orders != ["fp8-first"]:
+            raise ValueError("--orders: with --fp8-url/--fp4-url both servers run already; no order to choose")
+        return "urls", config
+    if args.model is None and not (config.get("model-path") or config.get("model_path")):
+        raise ValueError("model: give the model path (or --config with model-path, or --fp8-url and --fp4-url)")
+    if args.gsm8k_data is not None and not os.path.isfile(args.gsm8k_data):
+        raise ValueError(f"--gsm8k-data: no such file {args.gsm8k_data}")
+    return "launch", config
+
+
+def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | None, str | None]:
+    """``(refusal, check text)``: the plugin's own decision for the model and flags (``check.run_check``)."""
+    from ..check import run_check
+
+    model = args.model or config.get("model-path") or config.get("model_path")
+    if model is None:
+        return None, "not run (no model path given with --fp8-url/--fp4-url)"
+    check_flags = flags + (["--config", args.config] if args.config else [])
+    res = run_check(model, server_flags=check_flags, read_sglang=read_sglang,
+                    announce=lambda line: print(line, file=sys.stderr, flush=True))
+    d = res["decision"]
+    return (None if d.enabled else d.reason), ("FP4 enabled: " if d.enabled else "FP4 refused: ") + d.reason
+
+
+def _plan(args, mode: str) -> dict:
+    return {"mode": mode, "model": args.model, "server_flags": args.server_flags, "config": args.config,
+            "fp8_url": args.fp8_url, "fp4_url": args.fp4_url, "input_lens": args.input_lens,
+            "output_len": args.output_len, "concurrency": args.concurrency,
+            "prompts": args.prompts or 4 * args.concurrency, "kv_limited_concurrency": args.kv_limited_concurrency,
+            "gsm8k_data": os.path.abspath(args.gsm8k_data) if args.gsm8k_data else None,
+            "gsm8k_questions": args.gsm8k_questions,
+            "passkey_lengths": args.passkey_lengths if args.passkey_lengths is not None else [max(args.input_lens)],
+            "passkey_depths": args.passkey_depths, "passkey_trials": args.passkey_trials}
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)  # whole or absent: an interrupted write leaves no half result to resume from
+
+
+def _load_plan(out: str, plan: dict) -> dict:
+    """The plan kept in ``out`` (with what was fixed while running, e.g. the KV-limited concurrency), or ``plan``
+    written there. Raises ValueError naming ``--out`` when the folder holds a run with other settings."""
+    path = os.path.join(out, "plan.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = json.load(f)
+        fixed = {k: v for k, v in kept.items() if k not in ("kv_limited_auto",)}
+        want = dict(plan, kv_limited_concurrency=plan["kv_limited_concurrency"] if plan["kv_limited_concurrency"]
+                    is not None else fixed.get("kv_limited_concurrency"))
+        differ = sorted(k for k in want if fixed.get(k) != want[k])
+        if differ:
+            raise ValueError(f"--out: {out} holds a run with other settings ({', '.join(differ)}); use another "
+                             "--out, or the same options to finish that run")
+        return kept
+    _write_json(path, plan)
+    return plan
+
+
+def _bench_lines(path: str) -> list[dict]:
+    lines = read_jsonl(path) if os.path.exists(path) else []
+    for line in lines:
+        line.pop("server_info", None)  # the whole server config, kept once per arm instead
+    return lines
+
+
+def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: str, progress,
+             run=subprocess.run) -> dict:
+    """Quality (first order only) and speed against one running server; the arm's result (without ``kv``)."""
+    info = get_json(base + "/server_info", 60.0)
+    res = {"base_url": base, "commands": [],
+           "server_info": {k: info.get(k) for k in ("model_path", "load_format", "max_total_num_tokens",
+                                                    "speculative_algorithm", "kv_cache_dtype", "tp_size", "dp_size",
+                                                    "error")},
+           "gsm8k": None, "passkey": None, "bench": []}
+    if with_quality and plan["gsm8k_data"]:
+        progress("GSM8K")
+        g = quality.run_gsm8k(base, plan["gsm8k_data"], plan["gsm8k_questions"], arm_dir, run=run)
+        res["commands"].append(g.pop("command"))
+        res["gsm8k"] = g
+    lengths = [n for n in plan["passkey_lengths"] if n > 0]
+    if with_quality and lengths:
+        progress("passkey")
+        path = os.path.join(out, "passkey_prompts.json")
+        if os.path.exists(path):  # the same prompts for every arm
+            with open(path) as f:
+                prompts = json.load(f)
+        else:
+            prompts = quality.passkey_prompts(lengths, plan["passkey_depths"], plan["passkey_trials"],
+                                              quality.tokens_per_filler(base))
+            _write_json(path, prompts)
+        res["passkey"] = quality.run_passkey(base, prompts)
+    bench_file = os.path.join(arm_dir, "bench.jsonl")
+    if os.path.exists(bench_file):
+        os.remove(bench_file)  # a partial file of an interrupted arm
+    loads = [(il, plan["concurrency"], plan["prompts"]) for il in plan["input_lens"]]
+    kvc = plan.get("kv_limited_concurrency")
+    if kvc is None:
+        pool = res["server_info"].get("max_total_num_tokens")
+        if pool:
+            kvc = plan["kv_limited_concurrency"] = 2 * max(1, pool // (max(plan["input_lens"]) + plan["output_len"]))
+            plan["kv_limited_auto"] = True
+            _write_json(os.path.join(out, "plan.json"), plan)
+    if kvc:
+        loads.append((max(plan["input_lens"]), kvc, 2 * kvc))
+    for il, conc, prompts in loads:
+        progress(f"bench {il}x{conc}")
+        cmd = bench_serving_command(base, input_len=il, output_len=plan["output_len"], prompts=prompts,
+                                    concurrency=conc, output_file=bench_file)
+        res["commands"].append(cmd)
+        p = run(cmd, capture_output=True, text=True)
+        with open(os.path.join(arm_dir, "bench_stdout.txt"), "a") as f:
+            f.write(p.stdout + p.stderr)
+        if p.returncode != 0:
+            raise RuntimeError(f"bench_serving exited with {p.returncode}: {(p.stdout + p.stderr)[-500:]}")
+    res["bench"] = _bench_lines(bench_file)
+    return res
+
+
+def _environment(mode: str) -> dict:
+    import platform
+
+    env = {"gpu": gpu_description(), "versions": versions(), "python": platform.python_version(),
+           "host": platform.node()}
+    if mode == "urls":
+        env["where"] = "the machine that ran the command (the client); the servers may run elsewhere"
+    return env
+
+
+def run_arms(args, plan: dict, mode: str, out: str, *, run=subprocess.run) -> dict:
+    """Run (or resume) every arm of ``plan``; returns ``{order: {arm: result}}``."""
+    from tqdm import tqdm
+
+    orders = args.orders
+    arms = [(order, arm) for order in orders for arm in ORDERS[order]]
+    results: dict[str, dict] = {o: {} for o in orders}
+    bar = tqdm(total=len(arms), unit="arm", desc="A/B", file=sys.stderr)
+    for order, arm in arms:
+        arm_dir = os.path.join(out, order, arm)
+        os.makedirs(arm_dir, exist_ok=True)
+        path = os.path.join(arm_dir, "result.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                results[order][arm] = json.load(f)
+            bar.set_postfix_str(f"{order}/{arm} kept from an earlier run")
+            bar.update(1)
+            continue
+        t0 = time.time()
+
+        def progress(step: str) -> None:
+            bar.set_postfix_str(f"{order}/{arm}: {step}")
+
+        with_quality = order == orders[0]
+        if mode == "urls":
+            res = _measure(args.fp8_url if arm == "fp8" else args.fp4_url, arm_dir, plan, with_quality=with_quality,
+                           out=out, progress=progress, run=run)
+            res["kv"] = {"max_total_num_tokens": res["server_info"].get("max_total_num_tokens")}
+        else:
+            flags = list(args.server_flags) + (["--config", os.path.abspath(args.config)] if args.config else [])
+            if arm == "fp8" and _config_enables_fp4(args.config):
+                flags.append("--no-enable-fp4-indexer")  # the file turns FP4 on; the command line overrides it
+            cmd = launch_command(args.model, args.port, flags, fp4=arm == "fp4")
+            log = os.path.join(arm_dir, "server.log")
+            progress("launching the server")
+            with launched_server(cmd, args.port, log, args.ready_timeout) as base:
+                res = _measure(base, arm_dir, plan, with_quality=with_quality, out=out, progress=progress, run=run)
+            res["commands"].insert(0, cmd)
+            with open(log, errors="replace") as f:
+                res["kv"] = kv_pool_tokens(f.read())
+        res.update(order=order, arm=arm, wall_s=time.time() - t0)
+        _write_json(path, res)
+        results[order][arm] = res
+        bar.update(1)
+    bar.close()
+    return results
+
+
+def main(args: argparse.Namespace, read_sglang: Callable | None = None, *, run=subprocess.run) -> int:
+    """Run the A/B and print its verdict; 0 when every arm finished, 1 when FP4 is refused (nothing run).
+
+    ``read_sglang`` is the adapter's SGLang fact reader that ``check`` uses (``cli`` passes it); ``run`` runs the
+    SGLang client subprocesses (``subprocess.run``; a parameter for tests).
+
+    Raises:
+        ValueError: bad or conflicting options (named), or an output folder holding another run's settings.
+        RuntimeError: a server fails to start, or an SGLang client exits non-zero (the arm is not kept).
+    """
+    mode, config = _validate(args)
+    flags = list(args.server_flags)
+    refusal, check_text = _refusal(args, flags, config, read_sglang)
+    if refusal is not None:
+        print(f"sglang-fp4-indexer ab: not run: FP4 would not serve this deployment ({refusal})", file=sys.stderr)
+        return 1
+    os.makedirs(args.out, exist_ok=True)
+    plan = _load_plan(args.out, _plan(args, mode))
+    results = run_arms(args, plan, mode, args.out, run=run)
+    dummy = dummy_weights(flags, config) or any(
+        (r.get("server_info") or {}).get("load_format") == "dummy" for per in results.values() for r in per.values())
+    meta = {"mode": mode, "plan": plan, "check": check_text, "dummy_weights": dummy, "environment": _environment(mode)}
+    report = build_report(results, meta=meta)
+    _write_json(os.path.join(args.out, "report.json"), report)
+    plot_report(report, os.path.join(args.out, "report.png"))
+    print(report_text(report))
+    print(f"report: {os.path.join(args.out, 'report.json')}, {os.path.join(args.out, 'report.png')}")
+    return 0 if not report["missing"] else 1

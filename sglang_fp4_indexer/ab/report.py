@@ -1,0 +1,183 @@
+"""The A/B's report: FP8 and FP4 arms side by side, a verdict in the deployer's units, JSON and a plot.
+
+Built from the arms' recorded results only (``result.json`` of each arm: the server's KV pool lines, SGLang's
+serving benchmark lines, the GSM8K and passkey outcomes), so a report can be rebuilt, or checked, without a GPU.
+"""
+
+from __future__ import annotations
+
+from ..serving import SERVING_FIELDS, serving_table
+from .stats import binomial_se, paired_difference
+
+__all__ = ["AB_FIELDS", "ARMS", "build_report", "report_text", "plot_report"]
+
+#: The two arms: FP8 (SGLang's own index cache, the plugin not asked) and FP4 (``--enable-fp4-indexer``).
+ARMS = ("fp8", "fp4")
+#: bench_serving fields the A/B pairs: the serving table's, and the tail percentiles and requests running.
+AB_FIELDS = SERVING_FIELDS + (("p99_tpot_ms", "p99 TPOT ms", "{:.2f}"), ("p99_ttft_ms", "p99 TTFT ms", "{:.0f}"),
+                              ("max_concurrent_requests", "peak requests running", "{:.0f}"))
+
+
+def _accuracy(outcomes: list[int]) -> dict:
+    n, k = len(outcomes), sum(outcomes)
+    return {"correct": k, "n": n, "accuracy": k / n, "se": binomial_se(k, n)}
+
+
+def _quality(first: dict, what: str) -> dict | None:
+    """Per-arm accuracy and the paired FP4 - FP8 of one check (``gsm8k`` or ``passkey``) in one order's arms."""
+    got = {arm: first[arm].get(what) for arm in ARMS if arm in first}
+    if len(got) < 2 or any(v is None for v in got.values()):
+        return None
+    outs = {arm: (v["outcomes"] if what == "gsm8k" else [r["correct"] for r in v]) for arm, v in got.items()}
+    out = {arm: _accuracy(o) for arm, o in outs.items()}
+    out["fp4_minus_fp8"] = paired_difference(outs["fp8"], outs["fp4"])
+    if what == "passkey":  # per length: the deployer's lengths, each on its own
+        by_len = {}
+        for arm in ARMS:
+            for r in got[arm]:
+                by_len.setdefault(r["length"], {}).setdefault(arm, []).append(r["correct"])
+        out["by_length"] = {str(length): {arm: _accuracy(v) for arm, v in per.items()}
+                            for length, per in sorted(by_len.items())}
+    return out
+
+
+def build_report(arms: dict[str, dict[str, dict]], *, meta: dict) -> dict:
+    """The report of a finished (or partly finished) A/B.
+
+    Args:
+        arms: ``{order: {"fp8": result, "fp4": result}}``, ``order`` ``fp8-first`` or ``fp4-first`` in the order
+            run; a result as the command records it (``kv``: ``serving.kv_pool_tokens``'s dict, ``server_info``,
+            ``bench``: bench_serving result lines, ``gsm8k``: ``{"outcomes": [...]}`` or None, ``passkey``: list
+            of ``{"length", "correct", ...}`` or None, ``commands``).
+        meta: what the command knows beyond the arms: ``dummy_weights`` (bool), ``environment``, ``check``
+            (the plugin's decision text), ``plan`` (the options), ``mode`` (``launch`` or ``urls``).
+
+    Returns:
+        dict: ``meta``, ``capacity`` (per order and arm the KV pool tokens and FP4's gain), ``speed`` (per order
+        the paired bench rows of ``AB_FIELDS``), ``quality`` (``gsm8k`` and ``passkey``: per arm accuracy and
+        binomial SE, the paired FP4 - FP8, from the first order that has both arms; ``note`` when weights are
+        dummy), ``verdict`` (lines of text) and ``missing`` (arms not finished).
+    """
+    capacity, speed, missing = {}, {}, []
+    for order, per in arms.items():
+        missing += [f"{order}/{arm}" for arm in ARMS if arm not in per]
+        cap = {}
+        for arm, res in per.items():
+            kv = res.get("kv") or {}
+            tokens = kv.get("max_total_num_tokens") or kv.get("kv_cache_tokens")
+            if tokens is None:
+                tokens = (res.get("server_info") or {}).get("max_total_num_tokens")
+            cap[arm] = tokens
+        if cap.get("fp8") and cap.get("fp4"):
+            cap["fp4_gain"] = cap["fp4"] / cap["fp8"] - 1.0
+        capacity[order] = cap
+        if "fp8" in per and "fp4" in per:
+            speed[order] = serving_table(per["fp8"].get("bench", []), per["fp4"].get("bench", []), AB_FIELDS)
+    first = next((per for per in arms.values() if all(a in per for a in ARMS)), {})
+    quality = {"gsm8k": _quality(first, "gsm8k") if first else None,
+               "passkey": _quality(first, "passkey") if first else None}
+    if meta.get("dummy_weights"):
+        quality["note"] = ("the servers load dummy weights (--load-format dummy): the quality numbers are "
+                           "meaningless; only speed and capacity count")
+    report = {"meta": meta, "capacity": capacity, "speed": speed, "quality": quality, "missing": missing}
+    report["verdict"] = _verdict(report)
+    return report
+
+
+def _pp(x: float) -> str:
+    return f"{x * 100:+.1f}"
+
+
+def _verdict(r: dict) -> list[str]:
+    lines = []
+    for order, cap in r["capacity"].items():
+        if "fp4_gain" in cap:
+            lines.append(f"capacity ({order}): the KV pool holds {cap['fp4']} tokens with FP4, {cap['fp8']} with "
+                         f"FP8 ({cap['fp4_gain'] * 100:+.1f} %)")
+    for order, rows in r["speed"].items():
+        for row in rows:
+            ratio = row["output_ratio"]
+            tpot = row["median_tpot_ms"]
+            shape = f"{row['input_len']} in / {row['output_len']} out, {row['concurrency']} at a time"
+            if row["concurrency"] == r["meta"].get("plan", {}).get("kv_limited_concurrency"):
+                shape += ", the KV-limited load"
+            lines.append(f"speed ({order}, {shape}): output tok/s "
+                         f"FP8 {row['output_throughput']['fp8']:.1f}, FP4 {row['output_throughput']['fp4']:.1f}"
+                         + (f" (FP4 / FP8 {ratio:.3f})" if ratio else "")
+                         + (f"; median TPOT FP8 {tpot['fp8']:.2f} ms, FP4 {tpot['fp4']:.2f} ms"
+                            if tpot["fp8"] is not None and tpot["fp4"] is not None else ""))
+    for what, label in (("gsm8k", "GSM8K few-shot"), ("passkey", "passkey retrieval")):
+        q = r["quality"].get(what)
+        if not q:
+            continue
+        d = q["fp4_minus_fp8"]
+        se = d["se"]
+        resolved = ("no difference resolved (within 2 standard errors)" if se is None or abs(d["diff"]) <= 2 * se
+                    else "FP4 better" if d["diff"] > 0 else "FP4 worse")
+        lines.append(f"{label} ({q['fp8']['n']} items): FP8 {q['fp8']['accuracy'] * 100:.1f} ± "
+                     f"{q['fp8']['se'] * 100:.1f} %, FP4 {q['fp4']['accuracy'] * 100:.1f} ± {q['fp4']['se'] * 100:.1f} %; "
+                     f"FP4 - FP8 {_pp(d['diff'])}" + (f" ± {se * 100:.1f}" if se is not None else "")
+                     + f" points, paired: {resolved}")
+    if r["quality"].get("note"):
+        lines.append("quality: " + r["quality"]["note"])
+    if r["missing"]:
+        lines.append("not finished: " + ", ".join(r["missing"]) + " (rerun the same command to finish them)")
+    return lines
+
+
+def report_text(r: dict) -> str:
+    """The report as text: the environment, then the verdict lines."""
+    env = r["meta"].get("environment", {})
+    gpu = env.get("gpu", {})
+    head = [f"environment: {gpu.get('count', '?')} x {gpu.get('name', gpu.get('error', '?'))}, driver "
+            f"{gpu.get('driver', '?')}; " + ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())]
+    if r["meta"].get("check"):
+        head.append(f"plugin check: {r['meta']['check']}")
+    return "\n".join(head + r["verdict"])
+
+
+def plot_report(r: dict, path: str) -> str:
+    """A figure of the report (matplotlib, Agg): output tok/s and median TPOT per shape and order, the KV pool
+    tokens, and the quality checks with their binomial standard errors; saved to ``path`` (PNG). Returns it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    colors = {"fp8": "tab:blue", "fp4": "tab:orange"}
+    panels = ((axes[0][0], "output_throughput", "output tok/s"), (axes[0][1], "median_tpot_ms", "median TPOT (ms)"))
+    for ax, field, label in panels:
+        labels, x = [], 0
+        for order, rows in r["speed"].items():
+            for row in rows:
+                for k, arm in enumerate(("fp8", "fp4")):
+                    v = row[field][arm]
+                    ax.bar(x + 0.4 * k, v or 0, 0.4, color=colors[arm], label=arm.upper() if x == 0 else None)
+                labels.append(f"{order}\n{row['input_len']}/{row['output_len']} x{row['concurrency']}")
+                x += 1
+        ax.set_xticks([i + 0.2 for i in range(len(labels))], labels, fontsize=7)
+        ax.set_title(label)
+        if labels:
+            ax.legend(fontsize=8)
+    ax = axes[1][0]
+    orders = [o for o, c in r["capacity"].items() if c.get("fp8") or c.get("fp4")]
+    for i, order in enumerate(orders):
+        for k, arm in enumerate(("fp8", "fp4")):
+            ax.bar(i + 0.4 * k, r["capacity"][order].get(arm) or 0, 0.4, color=colors[arm])
+    ax.set_xticks([i + 0.2 for i in range(len(orders))], orders, fontsize=8)
+    ax.set_title("KV pool tokens (server log)")
+    ax = axes[1][1]
+    checks = [w for w in ("gsm8k", "passkey") if r["quality"].get(w)]
+    for i, what in enumerate(checks):
+        q = r["quality"][what]
+        for k, arm in enumerate(("fp8", "fp4")):
+            ax.bar(i + 0.4 * k, q[arm]["accuracy"], 0.4, yerr=q[arm]["se"], color=colors[arm], capsize=3)
+    ax.set_xticks([i + 0.2 for i in range(len(checks))], checks, fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_title("accuracy ± binomial SE" + (" (dummy weights: meaningless)" if r["quality"].get("note") else ""))
+    fig.suptitle("FP4 vs FP8 index cache on this deployment")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,322 @@
+"""``sglang-fp4-indexer ab`` on the CPU: options, the report from recorded server outputs, refusal, resume, the
+binomial errors, and the two-server mode against a local stand-in server (an SGLang server needs a GPU).
+
+The recorded outputs are under ``tests/fixtures/ab/`` (its README says where each comes from).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_fp4_indexer.ab import binomial_se, build_report, paired_difference, plot_report
+from sglang_fp4_indexer.ab import quality
+from sglang_fp4_indexer.ab.command import dummy_weights
+from sglang_fp4_indexer.cli import main as cli_main
+from sglang_fp4_indexer.serving import kv_pool_tokens, launch_command, read_jsonl
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "ab"
+
+
+# -- statistics, against values worked out by hand ------------------------------------------------------------
+
+def test_binomial_se_matches_hand_values():
+    assert binomial_se(3, 4) == pytest.approx(math.sqrt(0.75 * 0.25 / 4))  # 0.2165...
+    assert binomial_se(3, 4) == pytest.approx(0.21650635)
+    assert binomial_se(0, 10) == 0.0 and binomial_se(10, 10) == 0.0
+    assert binomial_se(50, 100) == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="n: expected >= 1"):
+        binomial_se(0, 0)
+    with pytest.raises(ValueError, match="correct: expected 0..4"):
+        binomial_se(5, 4)
+
+
+def test_paired_difference_matches_hand_values():
+    # d = fp4 - fp8 = [0, -1, 1, 0, -1]: mean -0.2; sum of squared deviations 2.8; 2.8 / 4 / 5 = 0.14
+    d = paired_difference([1, 1, 0, 0, 1], [1, 0, 1, 0, 0])
+    assert d["n"] == 5 and d["diff"] == pytest.approx(-0.2)
+    assert d["se"] == pytest.approx(math.sqrt(0.14)) and d["se"] == pytest.approx(0.3741657)
+    assert d["fp4_only"] == 1 and d["fp8_only"] == 2
+    assert paired_difference([1], [0])["se"] is None
+    with pytest.raises(ValueError, match="the same items"):
+        paired_difference([1, 0], [1])
+    with pytest.raises(ValueError, match="fp4: outcomes must be 0 or 1"):
+        paired_difference([1, 0], [1, 2])
+
+
+# -- recorded server outputs ----------------------------------------------------------------------------------
+
+def test_kv_pool_tokens_from_real_server_logs():
+    fp8 = kv_pool_tokens((FIX / "server_fp8.log").read_text())
+    fp4 = kv_pool_tokens((FIX / "server_fp4.log").read_text())
+    assert fp8 == {"kv_cache_tokens": 379968, "kv_cache_dtype": "torch.float8_e4m3fn",
+                   "max_total_num_tokens": 379968, "fp4_indexer_active": None}
+    assert fp4["kv_cache_tokens"] == 413568 and fp4["max_total_num_tokens"] == 413568
+    assert fp4["fp4_indexer_active"].startswith("MXFP4 index-key cache, 68 B/token/layer instead of 132")
+    assert kv_pool_tokens("no pool here")["max_total_num_tokens"] is None
+
+
+def test_gsm8k_outcomes_from_sglangs_dump_format():
+    data = str(FIX / "gsm8k.jsonl")
+    assert quality.gsm8k_outcomes(data, (FIX / "gsm8k_dump_fp8.txt").read_text(), 4) == [1, 1, 0, 1]
+    assert quality.gsm8k_outcomes(data, (FIX / "gsm8k_dump_fp4.txt").read_text(), 4) == [1, 0, 1, 1]
+    with pytest.raises(ValueError, match="expected blocks 0..3"):
+        quality.gsm8k_outcomes(data, "nothing", 4)
+
+
+def test_gsm8k_command_is_sglangs_own_on_the_local_file():
+    cmd = quality.gsm8k_command("http://127.0.0.1:30741", "data.jsonl", 200, python="py")
+    assert cmd[:3] == ["py", "-m", "sglang.test.few_shot_gsm8k"]
+    assert cmd[cmd.index("--data-path") + 1] == os.path.abspath("data.jsonl")
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "30741"
+    assert cmd[cmd.index("--num-questions") + 1] == "200"
+    with pytest.raises(ValueError, match="server URL"):
+        quality.gsm8k_command("localhost:30741", "d", 1)
+
+
+def _recorded_arm(fmt: str, gsm8k: list[int], passkey: list[int]) -> dict:
+    return {"kv": kv_pool_tokens((FIX / f"server_{fmt}.log").read_text()),
+            "bench": read_jsonl(str(FIX / f"bench_{fmt}.jsonl")), "gsm8k": {"outcomes": gsm8k},
+            "passkey": [{"length": 4096 if i < 2 else 16384, "depth": 0.5, "trial": i, "correct": c}
+                        for i, c in enumerate(passkey)], "server_info": {}}
+
+
+def test_report_from_recorded_outputs(tmp_path):
+    arms = {"fp8-first": {"fp8": _recorded_arm("fp8", [1, 1, 0, 1], [1, 1, 1, 1]),
+                          "fp4": _recorded_arm("fp4", [1, 0, 1, 1], [1, 1, 1, 0])}}
+    r = build_report(arms, meta={"dummy_weights": True})
+    cap = r["capacity"]["fp8-first"]
+    assert (cap["fp8"], cap["fp4"]) == (379968, 413568)
+    assert cap["fp4_gain"] == pytest.approx(413568 / 379968 - 1)  # +8.84 %
+    (row,) = r["speed"]["fp8-first"]
+    assert (row["input_len"], row["output_len"], row["concurrency"]) == (100000, 256, 8)
+    assert row["output_throughput"]["fp8"] == pytest.approx(155.3011448083243)
+    assert row["output_ratio"] == pytest.approx(170.2097414054131 / 155.3011448083243)
+    assert row["p99_tpot_ms"]["fp8"] == pytest.approx(13.979421718823863)
+    assert row["max_concurrent_requests"]["fp8"] == 11
+    g = r["quality"]["gsm8k"]
+    assert g["fp8"]["accuracy"] == 0.75 and g["fp8"]["se"] == pytest.approx(binomial_se(3, 4))
+    assert g["fp4_minus_fp8"]["diff"] == 0.0 and g["fp4_minus_fp8"]["se"] == pytest.approx(math.sqrt(2 / 12))
+    p = r["quality"]["passkey"]
+    assert p["fp4_minus_fp8"]["diff"] == pytest.approx(-0.25)
+    assert p["by_length"]["16384"]["fp4"]["correct"] == 1 and p["by_length"]["4096"]["fp4"]["correct"] == 2
+    assert "meaningless" in r["quality"]["note"]
+    text = "\n".join(r["verdict"])
+    assert "379968 with FP8 (+8.8 %)" in text and "FP4 / FP8 1.096" in text
+    assert "GSM8K few-shot (4 items): FP8 75.0 ± 21.7 %, FP4 75.0 ± 21.7 %; FP4 - FP8 +0.0 ± 40.8 points" in text
+    assert "quality: the servers load dummy weights" in text
+    assert r["missing"] == []
+    png = plot_report(r, str(tmp_path / "r.png"))
+    assert Path(png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_says_which_arms_are_missing():
+    r = build_report({"fp8-first": {"fp8": _recorded_arm("fp8", [1], [1])}}, meta={})
+    assert r["missing"] == ["fp8-first/fp4"] and r["speed"] == {} and r["quality"]["gsm8k"] is None
+    assert "note" not in r["quality"] and r["verdict"][-1].startswith("not finished: fp8-first/fp4")
+
+
+def test_dummy_weights_read_from_flags_and_config():
+    assert dummy_weights(["--tp-size", "8", "--load-format", "dummy"], {})
+    assert dummy_weights(["--load-format=dummy"], {})
+    assert dummy_weights([], {"load-format": "dummy"})
+    assert not dummy_weights(["--load-format", "auto"], {"tp-size": 8})
+
+
+def test_launch_command_adds_the_switch_to_the_fp4_arm_only():
+    fp8 = launch_command("/m", 30741, ["--tp-size", "8"], fp4=False, python="py")
+    fp4 = launch_command("/m", 30741, ["--tp-size", "8"], fp4=True, python="py")
+    assert fp8 == ["py", "-m", "sglang.launch_server", "--model-path", "/m", "--host", "127.0.0.1", "--port",
+                   "30741", "--tp-size", "8"]
+    assert fp4 == fp8 + ["--enable-fp4-indexer"]
+    with pytest.raises(ValueError, match="--enable-fp4-indexer is the A/B's own switch"):
+        launch_command("/m", 1, ["--enable-fp4-indexer"], fp4=True)
+    with pytest.raises(ValueError, match="--port is set by the command"):
+        launch_command("/m", 1, ["--port=5"], fp4=False)
+
+
+def test_passkey_prompts_place_the_key_at_each_depth():
+    ps = quality.passkey_prompts([1000, 4000], [0.0, 0.5, 1.0], 2, per_filler=20.0)
+    assert len(ps) == 12 and len({p["key"] for p in ps}) > 1
+    for p in ps:
+        at = p["text"].index(f"The pass key is {p['key']}.") / len(p["text"])
+        assert abs(at - p["depth"]) < 0.1
+    assert ps == quality.passkey_prompts([1000, 4000], [0.0, 0.5, 1.0], 2, per_filler=20.0)  # seeded
+    assert quality.passkey_outcome({"text": " 12345."}, "12345") == 1
+    assert quality.passkey_outcome({"error": "HTTP 400"}, "12345") == 0
+
+
+# -- the command line -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["--out", "d", "--orders", "fp8-first,fp8-first"], "argument --orders: expected a comma-separated list"),
+    (["--out", "d", "--input-lens", "0"], "argument --input-lens"),
+    (["--out", "d", "--passkey-depths", "0.5,1.5"], "argument --passkey-depths: expected comma-separated fractions"),
+    (["--out", "d", "--fp8-url", "http://127.0.0.1:1"], "--fp8-url: give both --fp8-url and --fp4-url"),
+    (["--out", "d", "--fp8-url", "127.0.0.1:1", "--fp4-url", "http://127.0.0.1:2"], "--fp8-url: expected http://"),
+    (["--out", "d"], "model: give the model path"),
+    (["/m", "--out", "d", "--gsm8k-data", "/nonexistent.jsonl"], "--gsm8k-data: no such file"),
+    (["--out", "d", "--config", "/nonexistent.yaml"], "--config: cannot read"),
+])
+def test_bad_options_name_the_option(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["ab", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_server_flags_after_dashes_reach_the_command(monkeypatch):
+    from sglang_fp4_indexer.ab import command
+
+    seen = {}
+
+    def fake_main(args, read_sglang=None):
+        seen.update(model=args.model, flags=args.server_flags, out=args.out)
+        return 0
+
+    monkeypatch.setattr(command, "main", fake_main)
+    monkeypatch.setattr("sglang_fp4_indexer.ab.main", fake_main, raising=False)
+    assert cli_main(["ab", "/m", "--out", "d", "--", "--tp-size", "8", "--load-format", "dummy"]) == 0
+    assert seen == {"model": "/m", "flags": ["--tp-size", "8", "--load-format", "dummy"], "out": "d"}
+
+
+def test_refuses_a_model_fp4_would_not_serve_before_anything_runs(tmp_path):
+    """A Llama config: the plugin's own check (through SGLang's classifier) says no DSA indexer; one line, exit 1,
+    no output folder."""
+    model = tmp_path / "llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 100, "intermediate_size": 128,
+        "max_position_embeddings": 4096}))
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "sglang_fp4_indexer.cli", "ab", str(model), "--out", str(out),
+                        "--", "--tp-size", "1"], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    assert p.returncode == 1, p.stderr
+    refusal = [ln for ln in p.stderr.splitlines() if ln.startswith("sglang-fp4-indexer ab:")]
+    assert len(refusal) == 1 and "FP4 would not serve this deployment" in refusal[0]
+    assert "is not a DeepSeek Sparse Attention model" in refusal[0]
+    assert not out.exists()
+
+
+# -- two running servers: a local stand-in --------------------------------------------------------------------
+
+def _standin_server(state, *, pool: int, wrong_depth: float | None):
+    """A small local HTTP server standing in for a running SGLang server (which needs a GPU): ``/server_info``
+    (the keys the command reads), and ``/generate`` answering the passkey prompts -- with the key, except at
+    ``wrong_depth`` -- and counting the prompt's words as its ``prompt_tokens``."""
+    import re
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/server_info":
+                self._send({"model_path": "/models/v32", "load_format": "auto", "max_total_num_tokens": pool})
+            else:
+                self.send_error(404)
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            state["generate"] += 1
+            text = body["text"]
+            m = re.search(r"The pass key is (\d+)\.", text)
+            answer = "."
+            if m:
+                depth = text.index(m.group(0)) / len(text)
+                answer = " 0." if wrong_depth is not None and abs(depth - wrong_depth) < 0.1 else f" {m.group(1)}."
+            self._send({"text": answer, "meta_info": {"prompt_tokens": len(text.split())}})
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def _recorded_bench_client(calls):
+    """Stands in for SGLang's benchmark client subprocess (it needs a server with a tokenizer and streaming):
+    appends the recorded result line of the format the command's ``--base-url`` belongs to, as
+    ``--output-file`` would get it."""
+    def run(cmd, **kwargs):
+        assert cmd[1:3] == ["-m", "sglang.benchmark.serving"]
+        calls.append(cmd)
+        fmt = "fp8" if cmd[cmd.index("--base-url") + 1] == calls_urls["fp8"] else "fp4"
+        line = read_jsonl(str(FIX / f"bench_{fmt}.jsonl"))[0]
+        line.update(random_input_len=int(cmd[cmd.index("--random-input-len") + 1]),
+                    max_concurrency=int(cmd[cmd.index("--max-concurrency") + 1]))
+        with open(cmd[cmd.index("--output-file") + 1], "a") as f:
+            f.write(json.dumps(line) + "\n")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    calls_urls = {}
+    run.urls = calls_urls
+    return run
+
+
+def test_two_running_servers_and_resume(tmp_path, capsys):
+    from sglang_fp4_indexer.ab import command
+    from sglang_fp4_indexer.cli import build_parser
+
+    s8, s4 = {"generate": 0}, {"generate": 0}
+    srv8 = _standin_server(s8, pool=379968, wrong_depth=None)
+    srv4 = _standin_server(s4, pool=413568, wrong_depth=0.5)
+    out = tmp_path / "ab"
+    try:
+        u8, u4 = (f"http://127.0.0.1:{s.server_port}" for s in (srv8, srv4))
+        argv = ["ab", "--out", str(out), "--fp8-url", u8, "--fp4-url", u4, "--input-lens", "2048",
+                "--output-len", "256", "--concurrency", "4", "--passkey-lengths", "1000,3000",
+                "--passkey-depths", "0.1,0.5,0.9", "--passkey-trials", "2"]
+        calls = []
+        run = _recorded_bench_client(calls)
+        run.urls["fp8"] = u8
+        args = build_parser().parse_args(argv)
+        assert command.main(args, run=run) == 0
+        # per arm: 2 calibration requests (fp8 only: the prompts are kept for fp4) + 12 passkey prompts
+        assert (s8["generate"], s4["generate"]) == (14, 12)
+        # the deployer's shape, then the KV-limited load: twice what FP8's pool holds at 2048 + 256 tokens
+        assert [c[c.index("--max-concurrency") + 1] for c in calls] == ["4", str(2 * (379968 // 2304))] * 2
+        report = json.loads((out / "report.json").read_text())
+        assert report["capacity"]["fp8-first"] == {"fp8": 379968, "fp4": 413568,
+                                                   "fp4_gain": pytest.approx(413568 / 379968 - 1)}
+        pk = report["quality"]["passkey"]
+        assert (pk["fp8"]["correct"], pk["fp4"]["correct"], pk["fp8"]["n"]) == (12, 8, 12)
+        assert pk["fp4_minus_fp8"]["diff"] == pytest.approx(-4 / 12)
+        assert report["meta"]["environment"]["where"].startswith("the machine that ran the command")
+        assert "note" not in report["quality"]  # load_format auto: real weights
+        assert (out / "report.png").exists()
+        printed = capsys.readouterr().out
+        assert f"2048 in / 256 out, {2 * (379968 // 2304)} at a time, the KV-limited load" in printed
+        assert "passkey retrieval (12 items): FP8 100.0 ± 0.0 %, FP4 66.7 ± 13.6 %" in printed
+
+        # Resume: both arms kept, nothing is asked again.
+        calls.clear()
+        assert command.main(build_parser().parse_args(argv), run=run) == 0
+        assert (s8["generate"], s4["generate"], calls) == (14, 12, [])
+        # An interrupted FP4 arm (no result.json) runs again, alone, with the kept prompts.
+        (out / "fp8-first" / "fp4" / "result.json").unlink()
+        assert command.main(build_parser().parse_args(argv), run=run) == 0
+        assert (s8["generate"], s4["generate"], len(calls)) == (14, 24, 2)
+        # Other settings in the same folder: refused, naming --out.
+        with pytest.raises(ValueError, match="--out: .* holds a run with other settings \\(concurrency, prompts\\)"):
+            command.main(build_parser().parse_args(argv + ["--concurrency", "2"]), run=run)
+    finally:
+        srv8.shutdown()
+        srv4.shutdown()
