@@ -1107,3 +1107,41 @@ def test_a_capability_no_cuda_gpu_has_is_a_usage_error(tmp_path, capsys, capabil
 def test_a_pool_too_small_for_one_token_says_so_instead_of_an_infinite_share(tmp_path, capsys):
     code, out = _run(capsys, _write(tmp_path, DSV32), "--memory-gib", "0.000001")
     assert "extra KV tokens with FP4: 0 (FP8 holds no token in this pool)" in out and "inf" not in out
+
+
+# --- the server's whole step, quoted only for the deployment measured ----------------------------------------
+
+_MTP4 = "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+_DP8 = "--tp-size 8 --attn-dp-size 8 --kv-cache-dtype fp8_e4m3"
+
+
+def test_check_quotes_the_verify_cycle_measured_for_a_dp_attention_rank_with_mtp(capsys):
+    """8 x 128K per DP-attention rank with MTP 3 steps / 4 draft tokens on an H200: the busy times of the timeline
+    summary (its medians, both run orders) and their ratios, measured and projected to 61 layers."""
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    agg = json.loads((results / "sglang_timeline_v32_rank20_mtp3x4_h200_2026-12-06.json").read_text())["shapes"]["8x131072"]
+    ms = {f: agg[f]["busy_us"]["median"] / 1e3 for f in ("fp8", "fp4")}
+    ms61 = {f: agg[f]["projected_busy_us"]["median"] / 1e3 for f in ("fp8", "fp4")}
+    _, out = _run(capsys, "deepseek-v3.2", "--context", "131072", "--batch", "64", f"--sglang-args={_DP8} {_MTP4}")
+    assert ("MTP verify cycle inside SGLang's server at 8 x 128K per rank, next_n 4 (NVIDIA H200, 2026-12-06; one "
+            "DP-attention rank of DeepSeek-V3.2 with 20 of its 61 layers, dummy weights;") in out
+    assert (f"the GPU's busy time FP8 {ms['fp8']:.2f} ms, FP4 {ms['fp4']:.2f} ms ({ms['fp8'] / ms['fp4']:.3f}x); "
+            f"projected to 61 layers {ms61['fp8']:.2f} / {ms61['fp4']:.2f} ms ({ms61['fp8'] / ms61['fp4']:.3f}x)") in out
+
+
+@pytest.mark.parametrize("extra, batch, why", [
+    ("--gpu H100", "64", "measured on NVIDIA H200 only, not H100 80GB HBM3"),
+    ("", "32", "measured at 1 x 128K next_n 4, 8 x 128K next_n 4, 8 x 128K next_n 1 per rank only"),
+])
+def test_check_says_why_no_verify_cycle_is_quoted_elsewhere(capsys, extra, batch, why):
+    _, out = _run(capsys, "deepseek-v3.2", "--context", "131072", "--batch", batch, *extra.split(),
+                  f"--sglang-args={_DP8} {_MTP4}")
+    assert f"MTP verify cycle inside SGLang's server (NVIDIA H200) at {int(batch) // 8} x 128K per rank, next_n 4: " \
+           f"not measured ({why})" in out
+
+
+def test_check_quotes_no_step_time_for_another_parallelism(capsys):
+    _, out = _run(capsys, "deepseek-v3.2", "--context", "131072", "--batch", "8",
+                  "--sglang-args=--tp-size 8 --kv-cache-dtype fp8_e4m3")
+    assert ("decode step inside SGLang's server (NVIDIA H200) at 8 x 128K per rank, next_n 1: not measured (measured "
+            "with DP attention (one rank's batch and layers), not this parallelism)") in out

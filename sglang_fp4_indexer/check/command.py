@@ -13,6 +13,7 @@ from ..argtypes import integer, memory_gib
 from ..dcp import DcpCapacity, SHARDED
 from ..gate import Decision
 from .budget import GPUS
+from .cycle import cycle_line
 from .model import PACKAGED_MODELS
 from .findings import run_check
 from .trade import _k, _pm, _shape_text, model_indexer_text, worth_it
@@ -50,7 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(max_position_embeddings, or --context-length in --sglang-args): adds what FP4 gains "
                              "and costs at that length -- requests that fit, the indexer's time FP4 vs FP8 (measured "
                              "on H200; on an H100 80GB HBM3 inside SGLang's server, at 1 x 128K and 8 x 64K, next_n "
-                             "1 only), the top-k recall FP4 vs FP8 (measured accuracy study) and the loss cost on a "
+                             "1 only), the server's whole MTP verify cycle or decode step FP4 vs FP8 where that "
+                             "deployment was measured (an H200 DP-attention rank of DeepSeek-V3.2 at 8 x 128K and "
+                             "1 x 128K per rank), the top-k recall FP4 vs FP8 (measured accuracy study) and the loss cost on a "
                              "real model -- and a verdict, also as the exit code: 0 FP4 fits more requests of that "
                              "length, 3 the same number either way (FP4 buys only indexer time, at the measured "
                              "cost), 4 the batch fits neither; 1 FP4 refused")
@@ -130,6 +133,9 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
                       f"FP4 {row['fp4_us']:.1f} us (times {layers} index layers: {row['fp4_us'] * layers / 1000:.2f} "
                       f"ms per step, multiplied out); {fp8}")
     _print_sglang_decode(console, w, batch, context)
+    line = cycle_line(w, w["rank_batch"], context, next_n)
+    if line:
+        console.print(line, markup=False)
     ctx = w["recall"][0]["context"]
     where = f"at {_k(ctx)}" + ("" if w["recall_exact"] else f" (the nearest measured context to {_k(context)})")
     parts = ", ".join(f"{r['workload']} {r['fp4']:.3f} vs {r['fp8']:.3f}" for r in w["recall"])

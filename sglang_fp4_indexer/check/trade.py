@@ -241,6 +241,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         ValueError: ``found`` has no memory rows (not a DSA model), a
             non-positive shape, or ``context < next_n``.
     """
+    from .cycle import verify_cycle  # cycle.py builds on this module's helpers
+
     from ..tables import load_tables, model_indexers, nearest_model_cost, nearest_recall, nearest_timing, timing_is_near
 
     cap: DcpCapacity | None = found.get("capacity")
@@ -302,6 +304,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         "model_cost": model_cost, "topk": topk, "heads": heads,
         **_sglang_decode(tables, found, unmeasured, heads=heads, batch=rank_batch, context=context, next_n=next_n,
                          topk=model_topk),
+        **verify_cycle(tables, found, unmeasured, heads=heads, batch=rank_batch, context=context, next_n=next_n,
+                       topk=model_topk),
     }
     if unmeasured is not None:
         speed = f"an indexer speed that is not measured for this configuration ({unmeasured})"

@@ -1,0 +1,74 @@
+"""The server's whole step with FP8 and FP4 index keys, as ``check --context`` quotes it: only where measured.
+
+The tables' ``cycle`` section (``tables.verify_cycle_section``) holds the GPU's busy time per MTP verify cycle or
+decode step inside SGLang's server on one DP-attention rank of DeepSeek-V3.2 (64 index heads, top-2048, an FP8 MLA
+KV cache, no DCP), at a few shapes, measured at fewer layers and projected to 61. A step's time mixes the indexer
+with every other kernel, so it is quoted only for that deployment: the GPU it was measured on, DP attention, the
+model's index heads and top-k, the MLA KV format, no DCP, and exactly the per-rank batch, context and next_n;
+anywhere else ``check`` says it was not measured and why.
+"""
+
+from __future__ import annotations
+
+from ..tables import measured_cycle
+from .trade import _k, _named_gpu, measured_on
+
+__all__ = ["verify_cycle", "cycle_line"]
+
+
+def verify_cycle(tables: dict, found: dict, unmeasured: str | None, *, heads: int, batch: int, context: int,
+                 next_n: int, topk: int) -> dict:
+    """The ``cycle`` row measured for exactly this deployment and per-rank shape, or why none is quoted.
+
+    Args:
+        tables: the measured tables (``tables.load_tables``).
+        found: ``run_check``'s findings (``device_facts``, ``batch_split``, ``kv_dtype``, ``dcp_size``).
+        unmeasured: a reason the configuration was not measured at all (graphs, batch limits), or None.
+        heads, topk: the model's index heads and top-k; batch: requests per rank; context: tokens per request;
+            next_n: the rows each request verifies (1: MTP off).
+
+    Returns:
+        dict: ``cycle`` (the row, or None), ``cycle_why`` (why none is quoted; None where the tables have no such
+        section), ``cycle_run`` (the section's ``gpu``, ``date``, ``stack``; None without a section).
+    """
+    sec = tables.get("cycle")
+    if not sec:
+        return {"cycle": None, "cycle_why": None, "cycle_run": None}
+    shapes = ", ".join(f"{r['batch']} x {_k(r['context'])} next_n {r['next_n']}" for r in sec["rows"])
+    row, why = measured_cycle(tables, batch, context, next_n), None
+    dev = found["device_facts"]
+    dp, unit = found.get("batch_split", (1, ""))
+    if _named_gpu(dev) and not measured_on(sec["gpu"], dev.name):
+        why = f"measured on {sec['gpu']} only, not {dev.name.replace('NVIDIA ', '')}"
+    elif row is None:
+        why = f"measured at {shapes} per rank only"
+    elif unmeasured is not None:
+        why = unmeasured
+    else:
+        differs = [text for cond, text in (
+            (unit != "DP-attention rank", "DP attention (one rank's batch and layers), not this parallelism"),
+            (heads != 64, f"64 index heads, not {heads}"),
+            (topk != 2048, f"top-2048 selection, not top-{topk}"),
+            (found.get("kv_dtype") != "fp8", f"an FP8 MLA KV cache, not {str(found.get('kv_dtype')).upper()}"),
+            (found.get("dcp_size", 1) != 1, f"no DCP, not DCP {found.get('dcp_size')}")) if cond]
+        if differs:
+            why = "measured with " + "; ".join(differs)
+    if why is not None:
+        row = None
+    return {"cycle": row, "cycle_why": why, "cycle_run": {k: sec[k] for k in ("gpu", "date", "stack")}}
+
+
+def cycle_line(w: dict, batch: int, context: int, next_n: int) -> str | None:
+    """The line ``check`` prints for ``verify_cycle``'s result ``w`` (None where the tables have no such section)."""
+    run, row = w.get("cycle_run"), w.get("cycle")
+    if run is None:
+        return None
+    what = "MTP verify cycle" if next_n > 1 else "decode step"
+    if row is None:
+        return (f"{what} inside SGLang's server ({run['gpu']}) at {batch} x {_k(context)} per rank, next_n {next_n}: "
+                f"not measured ({w['cycle_why']})")
+    return (f"{what} inside SGLang's server at {row['batch']} x {_k(row['context'])} per rank, next_n {row['next_n']} "
+            f"({run['gpu']}, {run['date']}; one DP-attention rank of DeepSeek-V3.2 with {row['layers']} of its "
+            f"{row['full_depth']} layers, dummy weights; {run['stack']}): the GPU's busy time FP8 {row['fp8_ms']:.2f} "
+            f"ms, FP4 {row['fp4_ms']:.2f} ms ({row['fp8_ms'] / row['fp4_ms']:.3f}x); projected to {row['full_depth']} "
+            f"layers {row['fp8_61_ms']:.2f} / {row['fp4_61_ms']:.2f} ms ({row['fp8_61_ms'] / row['fp4_61_ms']:.3f}x)")
