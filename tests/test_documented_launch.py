@@ -179,23 +179,30 @@ def test_a_config_given_with_equals_is_ignored_by_sglang(tmp_path):
     assert prepare_server_args([f"--config={cfg}", "--model-path", "dummy"]).tp_size == 1
 
 
-def test_the_uninstall_step_removes_what_sglang_alone_refuses(tmp_path, capsys):
-    """SGLang's own parser, without the plugin's flags, stops at --enable-fp4-indexer given on the command line or
-    as a --config file's key; so the uninstall step says to remove both first, with the message a user would see."""
-    import argparse
+def test_the_uninstall_step_removes_what_sglang_alone_refuses(tmp_path):
+    """SGLang's own parser, without the plugin's flags (a fresh process that loads no plugin), stops at
+    --enable-fp4-indexer given on the command line or as a --config file's key; so the uninstall step says to remove
+    both first, with the message a user would see."""
+    import os
+    import subprocess
+    import sys
 
-    from sglang.srt.server_args import ServerArgs
-    from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
-
-    parser = argparse.ArgumentParser(prog="sglang serve")
-    ServerArgs.add_cli_args(parser)  # SGLang's flags only: what it parses once the plugin is gone
     config = tmp_path / "c.yaml"
     config.write_text("enable-fp4-indexer: true\n")
-    for argv in (["--model-path", "m", "--enable-fp4-indexer"],
-                 ConfigArgumentMerger(parser).merge_config_with_args(["--config", str(config), "--model-path", "m"])):
-        with pytest.raises(SystemExit) as exc:
-            parser.parse_args(argv)
-        assert exc.value.code == 2 and "unrecognized arguments: --enable-fp4-indexer" in capsys.readouterr().err
+    probe = (
+        "import argparse, sys\n"
+        "from sglang.srt.server_args import ServerArgs\n"
+        "from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger\n"
+        "parser = argparse.ArgumentParser(prog='sglang serve')\n"
+        "ServerArgs.add_cli_args(parser)\n"
+        "argv = sys.argv[1:]\n"
+        "if argv[0] == '--config':\n"
+        "    argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)\n"
+        "parser.parse_args(argv)\n")
+    for argv in (["--model-path", "m", "--enable-fp4-indexer"], ["--config", str(config), "--model-path", "m"]):
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=300,
+                              env={k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"})
+        assert done.returncode == 2 and "unrecognized arguments: --enable-fp4-indexer" in done.stderr, done.stderr
     guide = " ".join((REPO / "docs" / "user-guide.md").read_text().split())
     step = guide[guide.index("**Uninstall:**"):]
     step = step[:step.index("pip uninstall sglang-fp4-indexer")]
