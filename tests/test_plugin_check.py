@@ -1231,3 +1231,19 @@ def test_the_h100_figures_check_quotes_are_the_ones_measured_there(capsys):
     assert f"at this shape: FP4 {per['fp4']:.1f} us" in out and f"FP8 (DeepGEMM, as SGLang calls it) {per['fp8']:.1f} us" in out
     assert ("decode step inside SGLang (bench_one_batch on NVIDIA H200) at 1 x 128K: not measured (measured on NVIDIA "
             "H200 only, not H100 80GB HBM3)") in out
+
+
+def test_the_readmes_check_example_prints_the_verdict_the_readme_shows(capsys):
+    """The README's first-screen example: the command as written, and the verdict line check prints for it."""
+    import re
+    import shlex
+
+    readme = (_REPO / "README.md").read_text()
+    blocks = re.findall(r"```\n(.*?)```", readme, re.S)
+    at = next(i for i, b in enumerate(blocks) if b.startswith("verdict: "))
+    command, shown = blocks[at - 1].strip(), blocks[at].strip()
+    argv = shlex.split(command)
+    assert argv[:2] == ["sglang-fp4-indexer", "check"]
+    code, out = _run(capsys, *argv[2:], derive=True)
+    assert out[out.index("verdict: "):] == shown
+    assert code == 4 and shown.startswith("verdict: FP4 fits 5 requests of 128K where FP8 fits 4 (+25 %)")

@@ -206,7 +206,7 @@ def test_readme_quotes_the_measured_tables():
     lo, hi = _ratio_range(_decode_rows(next_n=1, heads=64), "deepgemm-fp8")
     lo2, hi2 = _ratio_range(_decode_rows(next_n=2, heads=64), "deepgemm-fp8")
     v32 = page[page.index("**DeepSeek-V3.2 (64 index heads), long requests"):page.index("**DeepSeek-V3.2, short requests")]
-    assert f"{lo:.2f}-{hi:.2f}x in decode and {lo2:.2f}-{hi2:.2f}x in MTP target verify (H200)" in v32
+    assert f"{lo:.2f}-{hi:.2f}x in decode and {lo2:.2f}-{hi2:.2f}x in MTP target verify at the shapes measured (H200)" in v32
     h32 = {n: _us(_row(32, 8, 128 * K, n), "deepgemm-fp8") / _us(_row(32, 8, 128 * K, n), "ours") for n in (1, 2, 4)}
     assert max(h32.values()) > hi2 and not any(f"{x:.2f}" in v32 for x in h32.values())
     assert (f"at 32 heads and 8 × 128K on an H200: {h32[1]:.2f}x DeepGEMM FP8 in decode, {h32[2]:.2f}x and "
@@ -889,3 +889,27 @@ def test_accuracy_long_context_prose_and_readme_are_the_measured_runs():
             f"{d(t, 8192, 2048, 'fp4')} / {d(t, 32768, 2048, 'fp4')} |") in readme
     assert (f"| {d(s, 8192, 128, 'fp8')} / {d(s, 32768, 512, 'fp8')} | "
             f"{d(s, 8192, 128, 'fp4')} / {d(s, 32768, 512, 'fp4')} |") in readme
+
+
+def test_readme_first_screen_figures_are_the_raw_files():
+    """The figures of "Should you turn it on?", each from the raw file (or the format arithmetic) it comes from."""
+    page = _flat(_page("README.md"))
+    first = page[page.index("## Should you turn it on?"):page.index("### Memory:")]
+    bf16, fp8 = _tokens(1152), _tokens(656)
+    assert (f"holds {bf16.gain_replicated * 100:.1f} % more KV tokens (bf16 MLA KV cache, SGLang's default on Hopper) "
+            f"or {fp8.gain_replicated * 100:.1f} % more (FP8 MLA KV cache)") in first
+    (k8, k4), _, printed = _pair("kv_limited_100k_h100")
+    p8, p4 = _pools(printed)
+    per = 100000 + 256  # each request: its 100 000-token prompt and 256 output tokens
+    assert (f"where FP8's pool held {p8 // per} requests of 100K and FP4's {p4 // per}, FP4 gave "
+            f"{100 * (k4['output_throughput'] / k8['output_throughput'] - 1):.1f} % more output tokens/s (H100, below)"
+            ) in first
+    t = _long(LONG[1])
+    diffs = [r["fp4_minus_fp8"][0] for c in CONTEXTS for r in t["loss"][c]["topk"].values()]
+    assert f"changed the loss by {min(diffs):+.4f} to {max(diffs):+.4f} nats/token against FP8" in first
+    # The GPU each table row was measured on heads the row; each GPU's table holds only that GPU's rows.
+    for heading, gpu in (("### One H200", "H200"), ("### One H100", "H100"), ("#### End to end inside SGLang", "H100")):
+        start = page.index(heading)
+        table = page[start:page.index("##", start + len(heading))]
+        rows = re.findall(r"\| (H\d+)[, ]", table)
+        assert rows and set(rows) == {gpu}, (heading, rows)
