@@ -1247,3 +1247,30 @@ def test_the_readmes_check_example_prints_the_verdict_the_readme_shows(capsys):
     code, out = _run(capsys, *argv[2:], derive=True)
     assert out[out.index("verdict: "):] == shown
     assert code == 4 and shown.startswith("verdict: FP4 fits 5 requests of 128K where FP8 fits 4 (+25 %)")
+
+
+def test_the_same_requests_with_an_unmeasured_or_slower_indexer_is_no_turn_it_on(capsys):
+    """Both fit the same number of requests: FP4 only buys indexer time. Unmeasured (an H20, no time in the tables)
+    the verdict says so and how to measure it; measured slower (tables where FP4 takes twice FP8's time) it says to
+    keep FP8; neither says "turn it on"."""
+    import copy
+
+    from sglang_fp4_indexer.check import run_check, worth_it
+    from sglang_fp4_indexer.tables import load_tables
+
+    code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H20", "--context", "163840")
+    verdict = out[out.index("verdict: "):]
+    assert code == 3 and verdict.startswith("verdict: FP4 fits no more requests of 160K than FP8 (")
+    assert ", and its indexer speed is not measured for this configuration (measured on NVIDIA H200 and NVIDIA H100 " \
+           "80GB HBM3, not H20), so no measured gain stands against its measured cost: measure the speed before " \
+           "turning FP4 on, with sglang-fp4-indexer bench --device cuda --quick; measured cost: " in verdict
+    assert "turn it on" not in verdict
+    found = run_check("deepseek-v3.2", memory_gib=100, gpu="H200")
+    tables = copy.deepcopy(load_tables())
+    row = next(r for r in tables["timing"]["rows"] if (r["heads"], r["batch"], r["context"], r["next_n"]) == (64, 8, 131072, 1))
+    row["fp4_us"] = 2 * row["fp8_us"]
+    w = worth_it(found, context=163840, batch=8, tables=tables)
+    assert (w["decision"], w["exit_code"]) == ("same", 3)
+    assert w["verdict"].startswith(f"FP4 fits no more requests of 160K than FP8 ({w['requests_fp8']} either way; ")
+    assert ", and its indexer is 2.00x slower here: FP4 gains nothing for this deployment, keep FP8; measured cost: " \
+        in w["verdict"] and "turn it on" not in w["verdict"]
