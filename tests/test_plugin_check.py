@@ -1195,6 +1195,13 @@ def test_a_request_beyond_the_model_is_one_line_whatever_its_size(capsys):
     assert code == 4 and "neither fits the batch asked" in out
 
 
+def test_a_config_without_positions_bounds_the_context_by_what_sglang_can_hold(tmp_path, capsys):
+    assert "max_position_embeddings" not in DSV32
+    err = _one_line_error(capsys, [_write(tmp_path, DSV32), "--context", "99999999999", *MEMORY])
+    assert ("--context: 99999999999 tokens is more than the 2147483647 positions SGLang can hold (int32; this config "
+            "has no max_position_embeddings); give at most 2147483647") in err
+
+
 def test_a_config_file_that_is_not_yaml_is_one_message(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("tp-size: [8\nfoo: : bar\n")
