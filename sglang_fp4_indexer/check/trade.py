@@ -397,8 +397,9 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         if measured_speed is None:
             against = ("so no measured gain stands against its measured cost" if cost is not None
                        else f"and its cost is not measured either ({topk_unmeasured})")
+            measured_cost = f"; {cost_text}" if cost is not None else ""
             out["verdict"] = (f"{gain_text}, and its indexer speed is {speed_unknown}, {against}: measure the "
-                              f"speed before turning FP4 on, {measure}" + (f"; {cost_text}" if cost is not None else ""))
+                              f"speed before turning FP4 on, {measure}{measured_cost}")
         elif measured_speed < 1:
             out["verdict"] = (f"{gain_text}, and its indexer is {1 / measured_speed:.2f}x slower here: FP4 gains "
                               f"nothing for this deployment, keep FP8; {cost_text}")
