@@ -11,11 +11,16 @@ DIST   ?= dist
 
 .PHONY: demo test venv wheel
 
+# VENV=/path/to/a/venv with SGLang 0.5.23 in it: that environment is used as it is (not created again, its pip not
+# upgraded); only this package and its extras are installed into it.
 $(STAMP): pyproject.toml
-	@echo "Setting up $(VENV)/: SGLang 0.5.23 with its dependencies (torch, CUDA libraries) and this package."
-	@echo "This downloads several GB and takes 6-10 minutes; $(VENV)/ ends at about 11 GB."
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
+	@if [ -x $(PY) ]; then \
+	  echo "Using the existing $(VENV)/: installing this package and its extras into it."; \
+	else \
+	  echo "Setting up $(VENV)/: SGLang 0.5.23 with its dependencies (torch, CUDA libraries) and this package."; \
+	  echo "This downloads several GB and takes 6-10 minutes; $(VENV)/ ends at about 11 GB."; \
+	  $(PYTHON) -m venv $(VENV) && $(PY) -m pip install --upgrade pip; \
+	fi
 	$(PY) -m pip install --progress-bar on -e '.[sglang,test,demo,plot,model]'
 	touch $(STAMP)
 

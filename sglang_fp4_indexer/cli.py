@@ -49,7 +49,8 @@ SUBCOMMANDS: tuple[_Subcommand, ...] = (
                 "over workloads, contexts and H (results: accuracy.md of the installed docs)"),
     _Subcommand("model-accuracy", ".model_study.study",
                 "real-model study: Gemma 3 270M with DSA-style sparse attention selected over exact, FP8 and FP4 "
-                "index keys -- loss, passkey retrieval and top-k recall (CPU; accuracy.md of the installed docs)"),
+                "index keys -- loss, passkey retrieval and top-k recall (on the CPU, or a GPU with --device cuda; "
+                "accuracy.md of the installed docs)"),
     _Subcommand("ab", ".ab",
                 "A/B on your deployment: the same SGLang server with FP8 and with FP4 index keys, one after the "
                 "other (or two running servers): GSM8K, passkey, serving speed and KV capacity side by side"),

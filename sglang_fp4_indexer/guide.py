@@ -18,7 +18,8 @@ __all__ = ["DOCS", "REPORT", "docs_dir", "doc_path", "configs_dir", "config_name
 
 #: The user documents, in reading order, with what each answers.
 DOCS = (
-    ("README.md", "what FP4 gives and costs on H200, install, the two commands"),
+    ("README.md", "should you turn it on: what FP4 gives and costs, measured on which GPU and stack, what was "
+                  "never run; install, the two commands"),
     ("user-guide.md", "enable, check before you launch, turn off, uninstall, report results, what is refused"),
     ("demo.md", "the demo's table and options"),
     ("accuracy.md", "what FP4 costs the indexer's top-k: the accuracy study"),

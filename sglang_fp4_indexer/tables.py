@@ -36,7 +36,7 @@ SGLang decode rows (optional, ``sglang``): the decode step inside SGLang's own
 run (its ``--fp8-gemm-backend`` and ``--tp-size`` recorded), from its ``--result-filename`` JSONL and the kernel table of a
 torch-profiler trace of its decode steps (``scripts/sglang_bench.py
 profile-table --json``): per (batch, input length), each format's median
-decode step (ms, wall), GPU kernel time per step and the indexer-logits
+decode step (ms, wall), the sum of kernel times per step (not a step time) and the indexer-logits
 kernels' share of it (µs); ``measured_decode`` finds the row of exactly the
 shape asked about.
 

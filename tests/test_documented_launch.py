@@ -177,3 +177,36 @@ def test_a_config_given_with_equals_is_ignored_by_sglang(tmp_path):
     cfg.write_text("model-path: dummy\ntp-size: 4\n")
     assert prepare_server_args(["--config", str(cfg)]).tp_size == 4
     assert prepare_server_args([f"--config={cfg}", "--model-path", "dummy"]).tp_size == 1
+
+
+def test_the_uninstall_step_removes_what_sglang_alone_refuses(tmp_path):
+    """SGLang's own parser, without the plugin's flags (a fresh process that loads no plugin), stops at
+    --enable-fp4-indexer given on the command line or as a --config file's key; so the uninstall step says to remove
+    both first, with the message a user would see."""
+    import os
+    import subprocess
+    import sys
+
+    config = tmp_path / "c.yaml"
+    config.write_text("enable-fp4-indexer: true\n")
+    probe = (
+        "import argparse, sys\n"
+        "from sglang.srt.server_args import ServerArgs\n"
+        "from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger\n"
+        "parser = argparse.ArgumentParser(prog='sglang serve')\n"
+        "ServerArgs.add_cli_args(parser)\n"
+        "argv = sys.argv[1:]\n"
+        "if argv[0] == '--config':\n"
+        "    argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)\n"
+        "parser.parse_args(argv)\n")
+    for argv in (["--model-path", "m", "--enable-fp4-indexer"], ["--config", str(config), "--model-path", "m"]):
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=300,
+                              env={k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"})
+        assert done.returncode == 2 and "unrecognized arguments: --enable-fp4-indexer" in done.stderr, done.stderr
+    guide = " ".join((REPO / "docs" / "user-guide.md").read_text().split())
+    step = guide[guide.index("**Uninstall:**"):]
+    step = step[:step.index("pip uninstall sglang-fp4-indexer")]
+    assert ("first remove `--enable-fp4-indexer`" in step and "the `enable-fp4-indexer:` line from any `--config` file"
+            in step and "`unrecognized arguments: --enable-fp4-indexer`" in step)
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "before uninstalling, remove `--enable-fp4-indexer` and any `enable-fp4-indexer:` line" in readme

@@ -424,12 +424,13 @@ def test_context_adds_what_fp4_gains_and_costs(tmp_path, capsys, cfg, layers, he
     speed = f"a {fp8_us / fp4_us:.2f}x faster indexer" if fp8_us is not None else "a faster indexer"
     if r4 > r8:  # FP4 fits more requests of this length: exit 0
         assert code == 0
-        assert verdict.startswith(f"verdict: turn FP4 on where KV memory limits you: it fits {r4 - r8} more "
-                                  f"128K-token request{'s' if r4 - r8 > 1 else ''} ({r8} -> {r4}, {gain} KV tokens), "
+        # The gain first, in requests of the asked length (an independent count: the pools' tokens over 128K).
+        assert verdict.startswith(f"verdict: FP4 fits {r4} requests of 128K where FP8 fits {r8} "
+                                  f"(+{(r4 / r8 - 1) * 100:.0f} %): turn FP4 on where KV memory limits you, "
                                   f"with {speed}; measured cost: ")
     else:  # the same number either way: exit 3
         assert code == 3
-        assert verdict.startswith(f"verdict: FP4 fits no more 128K-token requests ({r8} either way; {gain} KV tokens), "
+        assert verdict.startswith(f"verdict: FP4 fits no more requests of 128K than FP8 ({r8} either way; {gain} KV tokens), "
                                   f"so it buys only {speed}, at a measured cost of ")
     assert f"{(text8 - text4) * 100:.1f} points less top-2048 recall at 128K (text workload)" in verdict
     # The real-model study's numbers at its context nearest 128K for each indexer, as measured
@@ -460,8 +461,9 @@ def test_context_verdict_decides_and_its_exit_code_says_which(tmp_path, capsys):
     code, out = _run(capsys, cfg, "--capability", "9.0", "--context", "131072", "--batch", "64")
     assert code == 4
     assert out[out.index("verdict: "):] == (
-        f"verdict: neither format fits the batch: 64 x 128K needs {64 * 131072} KV tokens, FP8 holds {t8} "
-        f"({t8 // 131072} such requests), FP4 {t4} ({t4 // 131072}); lower --batch or add memory")
+        f"verdict: FP4 fits {t4 // 131072} requests of 128K where FP8 fits {t8 // 131072} "
+        f"(+{(t4 // 131072 / (t8 // 131072) - 1) * 100:.0f} %); neither fits the batch asked: 64 x 128K needs "
+        f"{64 * 131072} KV tokens, FP8 holds {t8}, FP4 {t4}; lower --batch or add memory")
     # One request of 1.3M tokens fits either way and no second one does: exit 3, the trade stated.
     context = t8 - 1000
     assert t4 // context == t8 // context == 1
@@ -485,7 +487,7 @@ def test_context_quotes_only_the_asked_next_n(tmp_path, capsys):
     assert (f"indexer scorer time at next_n 8: not measured (the NVIDIA H200 tables have next_n "
             f"{', '.join(map(str, measured))}; no other next_n is quoted for it)") in out
     assert "next_n 1" not in out.replace(f"next_n {', '.join(map(str, measured))}", "")
-    assert (f"with an indexer time at next_n 8 that is not measured (measured: next_n "
+    assert (f"with an indexer speed that is not measured at next_n 8 (measured: next_n "
             f"{', '.join(map(str, measured))})") in out
 
 
@@ -638,7 +640,7 @@ def test_context_beyond_the_models_positions_is_refused(tmp_path, capsys):
     assert "131072 tokens is more than this model's 65536 positions (--context-length in --sglang-args" in err
     code, out = _run(capsys, "deepseek-v3.2", "--context", "163840")  # the longest request: answered
     # (8 requests of 160K fit with either index format: the verdict's exit code 3)
-    assert code == 3 and "at 160K tokens per request" in out and "verdict: FP4 fits no more 160K-token" in out
+    assert code == 3 and "at 160K tokens per request" in out and "verdict: FP4 fits no more requests of 160K than FP8" in out
     code, out = _run(capsys, _write(tmp_path, DSV32), "--context", "1000000")  # no max_position_embeddings: no bound
     assert code == 3 and "verdict: FP4 fits no more" in out
 
@@ -671,7 +673,7 @@ def test_packaged_configs_check_offline(tmp_path, capsys, monkeypatch, name):
     code, out = _run(capsys, name, "--context", "131072", "--batch", "8")
     verdict = out[out.index("verdict: "):]
     assert "ENABLED" in out  # and the exit code is the verdict's: 0 more requests fit with FP4, 3 the same number
-    assert (code, verdict.startswith("verdict: turn FP4 on where KV memory limits you"),
+    assert (code, "): turn FP4 on where KV memory limits you" in verdict,
             verdict.startswith("verdict: FP4 fits no more")) in ((0, True, False), (3, False, True)), verdict
     local = tmp_path / name
     local.mkdir()
@@ -826,7 +828,7 @@ def test_a_capability_without_a_gpu_name_claims_no_time_measured_on_one_gpu(tmp_
     code, out = _run(capsys, cfg, "--capability", "9.0", *argv, derive=True)
     assert "device: CUDA 9.0 (given; GPU not named, pass --gpu)" in out
     assert "indexer scorer time: not measured for this configuration (reason: GPU not named; pass --gpu)" in out
-    assert "decode step inside SGLang at 1 x 56K: not measured (reason: GPU not named; pass --gpu)" in out
+    assert "decode step inside SGLang (bench_one_batch on NVIDIA H200) at 1 x 56K: not measured (reason: GPU not named; pass --gpu)" in out
     assert "indexer speed that is not measured for this configuration (reason: GPU not named; pass --gpu)" in out
     for h200_only in ("faster indexer", "slower indexer", " us ", "median FP8", "H200 at"):
         assert h200_only not in out
@@ -842,7 +844,7 @@ def test_a_capability_without_a_gpu_name_claims_no_time_measured_on_one_gpu(tmp_
     assert "device: NVIDIA H100 80GB HBM3, CUDA 9.0 (given; the local GPU)" in out
     # Its times are the H100 serving rows (1 x 128K, 8 x 64K), too far from 1 x 56K; the decode step is H200's.
     assert "indexer scorer time at 1 x 56K, next_n 1: not measured at this shape" in out
-    assert "decode step inside SGLang at 1 x 56K: not measured (measured on NVIDIA H200, not H100 80GB HBM3)" in out
+    assert "decode step inside SGLang (bench_one_batch on NVIDIA H200) at 1 x 56K: not measured (measured on NVIDIA H200 only, not H100 80GB HBM3)" in out
 
 
 def test_every_gpu_check_names_has_its_nvidia_smi_name_and_the_help_names_the_h100_rows():
@@ -919,12 +921,12 @@ def test_context_quotes_the_decode_step_measured_inside_sglang_only_where_it_was
     f8, f4 = row["fp8"], row["fp4"]
     assert (f"decode step inside SGLang (bench_one_batch, CUDA graphs, {sec['model']}; {sec['gpu']}, {sec['date']}) "
             f"at {b} x {ctx // 1024}K: median FP8 {f8['decode_ms']:.2f} ms, FP4 {f4['decode_ms']:.2f} ms (single steps "
-            f"vary by about 0.2 ms there, so this difference is not resolved); GPU kernel "
-            f"time per step FP8 {f8['kernel_us']:.0f} us, FP4 {f4['kernel_us']:.0f} us, of which indexer logits "
+            f"vary by about 0.2 ms there, so this difference is not resolved); sum of kernel "
+            f"times per step (not a step time) FP8 {f8['kernel_us']:.0f} us, FP4 {f4['kernel_us']:.0f} us, of which indexer logits "
             f"{f8['indexer_us']:.1f} and {f4['indexer_us']:.1f} us") in out
     shapes = ", ".join(f"{r['batch']} x {r['context'] // 1024}K" for r in sec["rows"])
     code, out = _run(capsys, cfg, *measured, "--kv-cache-dtype", "fp8", "--context", str(ctx + 1024))
-    assert f"decode step inside SGLang at {b} x {(ctx + 1024) // 1024}K: not measured (measured at {shapes} only)" in out
+    assert f"decode step inside SGLang (bench_one_batch on NVIDIA H200) at {b} x {(ctx + 1024) // 1024}K: not measured (measured at {shapes} only)" in out
     code, out = _run(capsys, cfg, *measured, "--kv-cache-dtype", "fp8", "--context", str(ctx), "--next-n", "2")
     assert "not measured (measured with MTP off, not at next_n 2)" in out
     code, out = _run(capsys, cfg, *measured, "--kv-cache-dtype", "bf16", "--context", str(ctx))
@@ -936,7 +938,7 @@ def test_context_quotes_the_decode_step_measured_inside_sglang_only_where_it_was
     assert (64, 8, 131072) in {(r["heads"], r["batch"], r["context"]) for r in load_tables()["timing"]["rows"]}
     code, out = _run(capsys, cfg, "--gpu", "H200", "--context", "131072", "--batch", "8")
     assert "MLA KV 1152 B per token and layer in bf16" in out
-    assert f"decode step inside SGLang at 8 x 128K: not measured (measured at {shapes} only)" in out
+    assert f"decode step inside SGLang (bench_one_batch on NVIDIA H200) at 8 x 128K: not measured (measured at {shapes} only)" in out
     # The runs' FP8 GEMM backend and TP size, recorded with them: other server flags are not what was measured.
     assert (sec["fp8_gemm_backend"], sec["tp_size"]) == ("triton", 1)
     for flags, asked in (("", "auto, SGLang's default, at --tp-size 1"),
@@ -944,7 +946,7 @@ def test_context_quotes_the_decode_step_measured_inside_sglang_only_where_it_was
                          ("--fp8-gemm-backend triton --tp-size 8", "triton at --tp-size 8")):
         code, out = _run(capsys, cfg, "--gpu", "H200", "--batch", str(b), f"--sglang-args={flags}",
                          "--kv-cache-dtype", "fp8", "--context", str(ctx))
-        assert (f"decode step inside SGLang at {b} x {ctx // 1024}K: not measured (measured with --fp8-gemm-backend "
+        assert (f"decode step inside SGLang (bench_one_batch on NVIDIA H200) at {b} x {ctx // 1024}K: not measured (measured with --fp8-gemm-backend "
                 f"triton on 1 GPU at --tp-size 1, not --fp8-gemm-backend {asked})") in out
         assert "median FP8" not in out
 
@@ -953,13 +955,43 @@ def test_context_claims_no_speed_for_the_rotation_inside_sglangs_fused_indexer(t
     """Interleaved indexer RoPE (GLM-5.2): the plugin's rotation runs SGLang's unfused query path, not measured."""
     monkeypatch.delenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", raising=False)
     code, out = _run(capsys, _write(tmp_path, GLM52), "--gpu", "H200", "--context", "131072", "--batch", "8")
-    assert ("indexer scorer time: not measured for this configuration (with interleaved indexer RoPE the plugin "
-            "rotates index queries and keys inside SGLang's fused indexer") in out
+    assert ("indexer scorer time: not measured for this configuration (with interleaved indexer RoPE, as in GLM-5.x, "
+            "FP4 replaces SGLang's fused index-query kernel by SGLang's unfused path") in out
     assert "faster indexer" not in out
     monkeypatch.setenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", "1")  # SGLang's unfused indexer: the measured path
     code, out = _run(capsys, _write_dir(tmp_path, "unfused", GLM52), "--gpu", "H200", "--context", "131072",
                      "--batch", "8")
     assert f"{_measured_on()} at this shape" in out
+
+
+@pytest.mark.parametrize("memory", [40, 12])
+def test_glm5_gets_no_turn_it_on_for_an_unmeasured_speed(capsys, monkeypatch, memory):
+    """GLM-5 (interleaved indexer RoPE): FP4 replaces SGLang's fused index-query kernel by its unfused path, a speed
+    never measured, so the verdict leads with the requests gained, says the speed is not measured and may be lower,
+    and how to measure it -- never "turn it on". 40 GiB: the same number of 64K requests (exit 3); 12 GiB: one 128K
+    request fits with FP4 and none with FP8 (exit 0)."""
+    from sglang_fp4_indexer.cli import build_parser
+
+    monkeypatch.delenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", raising=False)
+    context = 65536 if memory == 40 else 131072
+    code, out = _run(capsys, "glm-5", "--context", str(context), "--batch", "1", "--memory-gib", str(memory))
+    # The oracle: 78 layers, each with a bf16 MLA KV of (512 + 64) x 2 B and an index key of 132 or 68 B.
+    r8, r4 = (memory * GIB // (78 * (1152 + index)) // context for index in (132, 68))
+    verdict = out[out.index("verdict: "):]
+    if r4 == r8:
+        assert code == 3 and verdict.startswith(f"verdict: FP4 fits no more requests of {context // 1024}K than FP8 "
+                                                f"({r8} either way; +5.2 % KV tokens), and its indexer speed is not "
+                                                "measured for this configuration")
+    else:
+        assert (code, r8, r4) == (0, 0, 1)
+        assert verdict.startswith("verdict: FP4 fits 1 request of 128K where FP8 fits none; your batch fits only with "
+                                  "FP4, but its indexer speed is not measured")
+    assert "turn it on" not in verdict and "turn FP4 on where" not in verdict
+    assert "replaces SGLang's fused index-query kernel by SGLang's unfused path" in verdict
+    assert "may be slower than with FP8" in verdict
+    assert "measure it before turning FP4 on" in verdict or "measure the speed before turning FP4 on" in verdict
+    assert "sglang-fp4-indexer bench --device cuda --quick" in verdict
+    build_parser().parse_args(["bench", "--device", "cuda", "--quick"])  # the command named exists as written
 
 
 def test_check_says_what_turned_fp4_off(tmp_path, capsys, monkeypatch):
@@ -1007,7 +1039,7 @@ def test_dp_attention_fits_and_times_the_batch_per_rank(tmp_path, capsys, flags)
     assert f"{_row_us(1, 131072):.1f} us" in out
     code2, out2 = _run(capsys, _write_dir(tmp_path, "nodp", DSV32), "--context", "131072", "--batch", "8",
                        "--memory-gib", "30", "--sglang-args=--tp-size 8")
-    assert code2 == 4 and "neither format fits the batch: 8 x 128K" in out2
+    assert code2 == 4 and "; neither fits the batch asked: 8 x 128K" in out2
 
 
 def test_data_parallel_replicas_each_take_their_share_of_the_batch(tmp_path, capsys):
@@ -1017,7 +1049,9 @@ def test_data_parallel_replicas_each_take_their_share_of_the_batch(tmp_path, cap
     assert code == 4, out
     assert ("per data-parallel replica (2 replicas, each with its own KV pool; the batch of 8 is 4 per replica): "
             "requests that fit: FP8 3, FP4 3 per replica (6 and 6 over the 2 replicas); 4 requests need 524288") in out
-    assert "neither format fits the batch per data-parallel replica" in out and "at this shape" not in out
+    assert ("verdict: FP4 fits no more requests of 128K than FP8 (3 either way; +5.2 % KV tokens), per "
+            "data-parallel replica (2 data-parallel replicas, each with its own KV pool: the batch of 8 is 4 per "
+            "replica); neither fits the batch asked: 4 x 128K") in out and "at this shape" not in out
 
 
 def test_dwdp_is_dp_attention_without_cuda_graphs(tmp_path, capsys):
@@ -1079,7 +1113,7 @@ def test_the_models_own_top_k_is_the_one_the_cost_is_quoted_for(tmp_path, capsys
     code, out = _run(capsys, _write_dir(tmp_path, "k512b", {**DSV32, "index_topk": 512}), "--context", "57344",
                      "--gpu", "H200", "--memory-gib", "30",
                      "--sglang-args=--kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton")
-    assert "decode step inside SGLang at 1 x 56K: not measured (measured with top-2048 selection, not top-512)" in out
+    assert "decode step inside SGLang (bench_one_batch on NVIDIA H200) at 1 x 56K: not measured (measured with top-2048 selection, not top-512)" in out
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -1131,7 +1165,8 @@ def test_check_quotes_the_verify_cycle_measured_for_a_dp_attention_rank_with_mtp
 
 @pytest.mark.parametrize("extra, batch, why", [
     ("--gpu H100", "64", "measured on NVIDIA H200 only, not H100 80GB HBM3"),
-    ("", "32", "measured at 1 x 128K next_n 4, 8 x 128K next_n 4, 8 x 128K next_n 1 per rank only"),
+    ("", "32", "measured at 1 x 128K verifying 4 tokens, 8 x 128K verifying 4 tokens, 8 x 128K with MTP off per "
+               "rank only"),
 ])
 def test_check_says_why_no_verify_cycle_is_quoted_elsewhere(capsys, extra, batch, why):
     _, out = _run(capsys, "deepseek-v3.2", "--context", "131072", "--batch", batch, *extra.split(),
@@ -1144,4 +1179,144 @@ def test_check_quotes_no_step_time_for_another_parallelism(capsys):
     _, out = _run(capsys, "deepseek-v3.2", "--context", "131072", "--batch", "8",
                   "--sglang-args=--tp-size 8 --kv-cache-dtype fp8_e4m3")
     assert ("decode step inside SGLang's server (NVIDIA H200) at 8 x 128K per rank, next_n 1: not measured (measured "
-            "with DP attention (one rank's batch and layers), not this parallelism)") in out
+            "with DP attention, one rank's batch and layers, not this parallelism)") in out
+
+
+# --- what a deployer is told first, and the inputs that are mistakes ------------------------------------------
+
+@pytest.mark.parametrize("config", sorted(p.name for p in _CONFIGS.glob("*.yaml")))
+def test_every_shipped_config_passes_its_own_check(capsys, config):
+    """Each shipped --config file, checked as its header says (the model it names, the file as SGLang merges it):
+    FP4 enabled and the weights fit the GPU the file is written for, so the derived KV budget exists."""
+    import yaml
+
+    path = _CONFIGS / config
+    named = yaml.safe_load(path.read_text())["model-path"]
+    code, out = _run(capsys, named, f"--sglang-args=--config {path}", derive=True)
+    assert code == 0 and "FP4 indexer: ENABLED" in out, out
+    assert "KV pool per GPU: " in out and "extra KV tokens with FP4: " in out
+
+
+def test_a_config_file_naming_another_model_is_an_error_not_ignored(tmp_path, capsys):
+    """A --config file whose model-path is another model than check's: a one-line error naming both and what
+    differs; the same model (hub id of the packaged config) is checked; one check cannot read is named."""
+    other = tmp_path / "glm.yaml"
+    other.write_text("model-path: zai-org/GLM-5\ntp-size: 16\n")
+    err = _one_line_error(capsys, ["deepseek-v3.2", f"--sglang-args=--config {other}", *MEMORY])
+    assert ("--sglang-args: the --config file names model-path zai-org/GLM-5, another model than deepseek-v3.2 "
+            "(architectures ['GlmMoeDsaForCausalLM'] there, ['DeepseekV32ForCausalLM'] here;") in err
+    assert "index_n_heads 32 there, 64 here" in err and "give zai-org/GLM-5 as check's model" in err
+    same = tmp_path / "v32.yaml"
+    same.write_text("model-path: deepseek-ai/DeepSeek-V3.2\ntp-size: 8\n")
+    code, out = _run(capsys, "deepseek-v3.2", f"--sglang-args=--config {same}")
+    assert code == 0 and "model-path" not in out
+    unknown = tmp_path / "hub.yaml"
+    unknown.write_text("model-path: someone/another-model\n")
+    code, out = _run(capsys, "deepseek-v3.2", f"--sglang-args=--config {unknown}")
+    assert code == 0 and ("the --config file's model-path someone/another-model is not read here (no local copy and "
+                          "no packaged config of it): check describes deepseek-v3.2") in out
+
+
+def test_a_request_beyond_the_model_is_one_line_whatever_its_size(capsys):
+    """--context 200000 and 99999999999 get the same message, the model's position limit; an absurd --batch is one
+    line: no KV pool indexes more than 2**31 - 1 tokens (int32)."""
+    for context in ("200000", "99999999999"):
+        err = _one_line_error(capsys, ["deepseek-v3.2", "--context", context, *MEMORY])
+        assert err.endswith(f"error: --context: {context} tokens is more than this model's 163840 positions "
+                            "(max_position_embeddings in its config.json, the longest request SGLang serves); give at "
+                            "most 163840"), err
+    err = _one_line_error(capsys, ["deepseek-v3.2", "--context", "131072", "--batch", "10000000", *MEMORY])
+    most = (2**31 - 1) // 131072
+    assert most == 16383 and 10_000_000 * 131072 > 2**31 - 1
+    assert (f"--batch: 10000000 requests of 131072 tokens need {10_000_000 * 131072} KV tokens, more than one KV pool "
+            f"can index (2147483647, int32 token indices); give at most --batch {most}") in err
+    code, out = _run(capsys, "deepseek-v3.2", "--context", "131072", "--batch", str(most))  # the largest: answered
+    assert code == 4 and "neither fits the batch asked" in out
+
+
+def test_a_config_without_positions_bounds_the_context_by_what_sglang_can_hold(tmp_path, capsys):
+    assert "max_position_embeddings" not in DSV32
+    err = _one_line_error(capsys, [_write(tmp_path, DSV32), "--context", "99999999999", *MEMORY])
+    assert ("--context: 99999999999 tokens is more than the 2147483647 positions SGLang can hold (int32; this config "
+            "has no max_position_embeddings); give at most 2147483647") in err
+
+
+def test_a_config_file_that_is_not_yaml_is_one_message(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tp-size: [8\nfoo: : bar\n")
+    err = _one_line_error(capsys, ["deepseek-v3.2", f"--sglang-args=--config {bad}", *MEMORY])
+    assert "Failed to read config file" not in err and err.count(str(bad)) == 2  # PyYAML's two marks, said once
+    assert "error: --config: SGLang cannot read it: while parsing a flow sequence" in err
+
+
+@pytest.mark.parametrize("given, dtype, kv", [("fp8_e4m3", "fp8", 656), ("fp8", "fp8", 656), ("bfloat16", "bf16", 1152),
+                                              ("bf16", "bf16", 1152)])
+def test_kv_cache_dtype_takes_sglangs_value_names(capsys, given, dtype, kv):
+    code, out = _run(capsys, "deepseek-v3.2", "--kv-cache-dtype", given)
+    assert code == 0 and f"MLA KV {kv} B per token and layer in {dtype} (--kv-cache-dtype of check)" in out
+    # The same format given both ways is no conflict; another one is.
+    server = "fp8_e4m3" if dtype == "fp8" else "bf16"
+    code, out = _run(capsys, "deepseek-v3.2", "--kv-cache-dtype", given, f"--sglang-args=--kv-cache-dtype {server}")
+    assert code == 0
+    err = _one_line_error(capsys, ["deepseek-v3.2", "--kv-cache-dtype", given, "--sglang-args=--kv-cache-dtype "
+                                   + ("bf16" if dtype == "fp8" else "fp8_e4m3"), *MEMORY])
+    assert f"--kv-cache-dtype {dtype} conflicts with --kv-cache-dtype" in err
+
+
+def test_the_h100_figures_check_quotes_are_the_ones_measured_there(capsys):
+    """On an H100 at 1 x 128K check quotes the per-layer indexer times measured inside SGLang's server on an H100
+    (the raw profile's 3-layer sum over 3), and says the decode-step rows were measured on an H200 only."""
+    raw = json.loads((_REPO / "benchmarks" / "results"
+                      / "sglang_serving_profile_v32_layers_fp8_fp4_h100_1x131072_2026-12-05.json").read_text())
+    kernel = {"fp4": "fp4_paged_logits_sm90", "fp8": "sm90_fp8_paged_mqa_logits"}  # the scorer kernels alone
+    per = {k.rsplit("/", 1)[-1][:3]: next(us for name, us in v["top_kernels"] if kernel[k.rsplit("/", 1)[-1][:3]] in name) / 3
+           for k, v in raw.items() if "gpu-only" not in k}
+    code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "131072",
+                     "--sglang-args=--tp-size 16 --kv-cache-dtype fp8_e4m3")
+    assert "measured on NVIDIA H100 80GB HBM3" in out
+    assert f"at this shape: FP4 {per['fp4']:.1f} us" in out and f"FP8 (DeepGEMM, as SGLang calls it) {per['fp8']:.1f} us" in out
+    assert ("decode step inside SGLang (bench_one_batch on NVIDIA H200) at 1 x 128K: not measured (measured on NVIDIA "
+            "H200 only, not H100 80GB HBM3)") in out
+
+
+def test_the_readmes_check_example_prints_the_verdict_the_readme_shows(capsys):
+    """The README's first-screen example: the command as written, and the verdict line check prints for it."""
+    import re
+    import shlex
+
+    readme = (_REPO / "README.md").read_text()
+    blocks = re.findall(r"```\n(.*?)```", readme, re.S)
+    at = next(i for i, b in enumerate(blocks) if b.startswith("verdict: "))
+    command, shown = blocks[at - 1].strip(), blocks[at].strip()
+    argv = shlex.split(command)
+    assert argv[:2] == ["sglang-fp4-indexer", "check"]
+    code, out = _run(capsys, *argv[2:], derive=True)
+    assert out[out.index("verdict: "):] == shown
+    assert code == 4 and shown.startswith("verdict: FP4 fits 5 requests of 128K where FP8 fits 4 (+25 %)")
+
+
+def test_the_same_requests_with_an_unmeasured_or_slower_indexer_is_no_turn_it_on(capsys):
+    """Both fit the same number of requests: FP4 only buys indexer time. Unmeasured (an H20, no time in the tables)
+    the verdict says so and how to measure it; measured slower (tables where FP4 takes twice FP8's time) it says to
+    keep FP8; neither says "turn it on"."""
+    import copy
+
+    from sglang_fp4_indexer.check import run_check, worth_it
+    from sglang_fp4_indexer.tables import load_tables
+
+    code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H20", "--context", "163840")
+    verdict = out[out.index("verdict: "):]
+    assert code == 3 and verdict.startswith("verdict: FP4 fits no more requests of 160K than FP8 (")
+    assert ", and its indexer speed is not measured for this configuration (measured on NVIDIA H200 and NVIDIA H100 " \
+           "80GB HBM3, not H20), so no measured gain stands against its measured cost: measure the speed before " \
+           "turning FP4 on, with sglang-fp4-indexer bench --device cuda --quick; measured cost: " in verdict
+    assert "turn it on" not in verdict
+    found = run_check("deepseek-v3.2", memory_gib=100, gpu="H200")
+    tables = copy.deepcopy(load_tables())
+    row = next(r for r in tables["timing"]["rows"] if (r["heads"], r["batch"], r["context"], r["next_n"]) == (64, 8, 131072, 1))
+    row["fp4_us"] = 2 * row["fp8_us"]
+    w = worth_it(found, context=163840, batch=8, tables=tables)
+    assert (w["decision"], w["exit_code"]) == ("same", 3)
+    assert w["verdict"].startswith(f"FP4 fits no more requests of 160K than FP8 ({w['requests_fp8']} either way; ")
+    assert ", and its indexer is 2.00x slower here: FP4 gains nothing for this deployment, keep FP8; measured cost: " \
+        in w["verdict"] and "turn it on" not in w["verdict"]

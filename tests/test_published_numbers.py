@@ -206,13 +206,28 @@ def test_readme_quotes_the_measured_tables():
     assert f"| **{_us(verify, 'ours'):.1f} µs** |" in page
     (f8a, f4a), (f8b, f4b) = _recall(ACC_GPU, "text", 4 * K, 64), _recall(ACC_GPU, "text", 128 * K, 64)
     assert f"| {f8a:.3f} / {f8b:.3f} | {f4a:.3f} / {f4b:.3f} |" in page
-    assert f"about {(f8a - f4a) * 100:.0f} points of recall lower at 4K and {(f8b - f4b) * 100:.1f} points at 128K" in page
-    lo, hi = _ratio_range(_decode_rows(next_n=1), "deepgemm-fp8")
-    lo2, hi2 = _ratio_range(_decode_rows(next_n=2), "deepgemm-fp8")
-    assert f"{lo:.2f}-{hi:.2f}x DeepGEMM FP8 in decode and {lo2:.2f}-{hi2:.2f}x in target verify" in page
+    assert f"further from the exact one ({(f8b - f4b) * 100:.1f} points of recall at 128K on text)" in page
+    assert f"FP4 still costs about {(f8a - f4a) * 100:.0f} points of recall at 4K" in page
+    # DeepSeek-V3.2 has 64 index heads: its ranges come from the 64-head rows only, GLM-5's 32-head rows get their
+    # own sentence (the 32-head ratios are higher and must not stretch a DeepSeek-V3.2 range).
+    lo, hi = _ratio_range(_decode_rows(next_n=1, heads=64), "deepgemm-fp8")
+    lo2, hi2 = _ratio_range(_decode_rows(next_n=2, heads=64), "deepgemm-fp8")
+    v32 = page[page.index("**DeepSeek-V3.2 (64 index heads), long requests"):page.index("**DeepSeek-V3.2, short requests")]
+    assert f"{lo:.2f}-{hi:.2f}x in decode and {lo2:.2f}-{hi2:.2f}x in MTP target verify at the shapes measured (H200)" in v32
+    h32 = {n: _us(_row(32, 8, 128 * K, n), "deepgemm-fp8") / _us(_row(32, 8, 128 * K, n), "ours") for n in (1, 2, 4)}
+    assert max(h32.values()) > hi2 and not any(f"{x:.2f}" in v32 for x in h32.values())
+    assert (f"at 32 heads and 8 × 128K on an H200: {h32[1]:.2f}x DeepGEMM FP8 in decode, {h32[2]:.2f}x and "
+            f"{h32[4]:.2f}x in target verify with 2 and 4 query tokens") in page
+    chat = _row(64, 64, 4 * K, 1)
+    assert (f"({_us(small, 'deepgemm-fp8') / _us(small, 'ours'):.2f}x at 1 × 4K and "
+            f"{_us(chat, 'deepgemm-fp8') / _us(chat, 'ours'):.2f}x at 64 × 4K in decode") in page
+    glm52 = dcp_capacity(100 * 2**30, 1, kv_bytes=1152, num_layers=78, num_index_layers=21)
+    assert f"21 of its 78 layers: +{glm52.gain_replicated * 100:.1f} % with a bf16 MLA KV cache" in page
     native_rows = [r for r in _decode_rows(next_n=2, heads=64) if r["next_n"] == 2]
-    assert f"is {_deepgemm_native_lead(native_rows)} faster than ours at 64 heads" in page
-    # The status table.
+    bench_page = _flat(_page("docs/benchmarks.md"))
+    assert f"that path is {_deepgemm_native_lead(native_rows)} faster than ours there" in bench_page
+    # The status table, moved to the user guide.
+    page = _flat(_page("docs/user-guide.md"))
     assert (f"{_us(big, 'ours'):.1f} µs at batch 8 × 128 K, H 64 on H200 against DeepGEMM FP8's "
             f"{_us(big, 'deepgemm-fp8'):.1f} µs in the same run ({_us(big, 'deepgemm-fp8') / _us(big, 'ours'):.2f}×), "
             f"{_us(small, 'ours'):.2f} µs at 1 × 4 K ({_us(small, 'deepgemm-fp8') / _us(small, 'ours'):.2f}×), "
@@ -253,8 +268,43 @@ def test_readme_times_are_all_measured_ones():
         measured |= {f"{op['seconds'] * 1e6:.2f}", f"{op['floor_s'] * 1e6:.2f}" if "floor_s" in op else ""}
     for fmt in ("fp8", "fp4"):  # the eager host time per indexer call inside SGLang (H100)
         measured.add(f"{_json(f'sglang_eager_host_v32_layers_64x896_h100_{fmt}_2026-12-05.json')['median_us']:.1f}")
-    quoted = re.findall(r"([\d.]+) µs", _page("README.md"))
+    measured |= {f"{us:.1f}" for per in _h100_scorer_per_layer().values() for us in per}  # inside SGLang (H100)
+    quoted = re.findall(r"([\d.]+)(?: / ([\d.]+))? µs", _page("README.md"))
+    quoted = [q for pair in quoted for q in pair if q]
     assert quoted and [q for q in quoted if q not in measured] == []
+
+
+def _h100_scorer_per_layer() -> dict:
+    """The scorer kernel's time per layer and decode step inside SGLang's server on an H100, 1 x 128K and 8 x 64K:
+    ``{"fp8": [us, us], "fp4": [us, us]}`` from the profiles' kernel totals over their 3 layers (the figures
+    ``check`` quotes for an H100, tests/test_tables.py)."""
+    kernel = {"fp8": "sm90_fp8_paged_mqa_logits", "fp4": "fp4_paged_logits_sm90"}
+    out = {"fp8": [], "fp4": []}
+    for shape in ("1x131072", "8x65536"):
+        for key, run in _json(f"sglang_serving_profile_v32_layers_fp8_fp4_h100_{shape}_2026-12-05.json").items():
+            fmt = key.rsplit("/", 1)[-1][:3]
+            if "gpu-only" not in key:
+                out[fmt].append(next(us for name, us in run["top_kernels"] if kernel[fmt] in name) / 3)
+    return out
+
+
+def test_readme_h100_scorer_row_is_what_check_quotes_for_an_h100():
+    """The README's H100 scorer row: the profiles' kernel times per layer, the same as check's H100 table rows."""
+    from sglang_fp4_indexer.tables import load_tables
+
+    per = _h100_scorer_per_layer()
+    page = _flat(_page("README.md"))
+    assert (f"1 × 128K / 8 × 64K | {per['fp8'][0]:.1f} / {per['fp8'][1]:.1f} µs (DeepGEMM) | "
+            f"**{per['fp4'][0]:.1f} / {per['fp4'][1]:.1f} µs** |") in page
+    rows = load_tables()["timing_serving"]["rows"]
+    assert [(r["batch"], r["context"]) for r in rows] == [(1, 131072), (8, 65536)]
+    assert [f"{r['fp8_us']:.1f}" for r in rows] == [f"{x:.1f}" for x in per["fp8"]]
+    assert [f"{r['fp4_us']:.1f}" for r in rows] == [f"{x:.1f}" for x in per["fp4"]]
+    # Sums of kernel times are not shown as a step time (kernels overlap on two streams).
+    runs = [next(iter(_json(f"sglang_serving_profile_v32_layers_fp8_fp4_h100_{s}_2026-12-05.json").values()))
+            for s in ("1x131072", "8x65536")]
+    assert all(f"{r['total_us_per_step'] / 1e3:.2f} ms" not in page for r in runs)
+    assert "decode step's GPU time" not in page
 
 
 def test_readme_says_what_the_headline_was_measured_on():
@@ -266,7 +316,13 @@ def test_readme_says_what_the_headline_was_measured_on():
     triton_pin = re.search(r"~=([\d.]+)", triton).group(1)
     assert (f"brings torch {sglang['torch']}, triton {triton_pin} and sgl-deep-gemm {sglang['sgl-deep-gemm']}"
             in page)
+    assert f"(with sglang-kernel {sglang['sglang-kernel']})" in page
     assert "sglang-fp4-indexer bench --device cuda --quick" in page
+    # The stack inside SGLang, as the runs recorded it (H200 and H100), and the DeepGEMM commit of the H200 run.
+    ran = {_json(n)["versions"]["sglang-kernel"] for n in ("sglang_one_batch_h200.json",
+                                                            "sglang_radix_tiny_h100_fp4_2026-12-06.json")}
+    assert len(ran) == 1 and f"torch {meta['torch']} and sglang-kernel {ran.pop()} in place of SGLang's pin" in page
+    assert "a348cd9" in (RESULTS / "bench_h200_summary_2026-12-03.log").read_text() and "DeepGEMM` a348cd9" in page
 
 
 def test_perf_notes_quote_the_benchmark():
@@ -622,7 +678,8 @@ def test_benchmarks_serving_profile_table_is_the_measured_traces():
             cell = f"{us:.1f} ({100 * us / run['total_us_per_step']:.1f} %)"
             cells.append(f"**{cell}**" if label.startswith("indexer logits") and k % 2 else cell)
         assert f"| {label} | {' | '.join(cells)} |" in page, label
-    assert "| **total** | " + " | ".join(f"**{r['total_us_per_step']:.1f}**" for r in cols) + " |" in page
+    assert ("| **sum of kernel times (not a step time)** | "
+            + " | ".join(f"**{r['total_us_per_step']:.1f}**" for r in cols) + " |") in page
     kernel = {k: dict(r["top_kernels"]) for k, r in runs.items()}
     fp4 = [kernel["fp4", s]["fp4_paged_logits_sm90"] for s in shapes]
     dg = [next(v for k, v in kernel["fp8", s].items() if "fp8_paged_mqa_logits" in k) for s in shapes]
@@ -635,7 +692,7 @@ def test_benchmarks_serving_profile_table_is_the_measured_traces():
     assert (f"falls from {share['fp8', shapes[0]]:.1f} % to {share['fp4', shapes[0]]:.1f} % at 1 × 131 072 and from "
             f"{share['fp8', shapes[1]]:.1f} % to {share['fp4', shapes[1]]:.1f} % at 8 × 65 536") in page
     drop = [100 * (1 - runs["fp4", s]["total_us_per_step"] / runs["fp8", s]["total_us_per_step"]) for s in shapes]
-    assert f"the step's total falls by {drop[0]:.1f} % and {drop[1]:.1f} %" in page
+    assert f"the sum of kernel times falls by {drop[0]:.1f} % and {drop[1]:.1f} %" in page
     g = [runs["gpu-only", s] for s in shapes]
     cut_g = [100 * (1 - g[k]["us_per_step"]["indexer logits"] / runs["fp8", s]["us_per_step"]["indexer logits"])
              for k, s in enumerate(shapes)]
@@ -648,15 +705,10 @@ def test_benchmarks_serving_profile_table_is_the_measured_traces():
     assert f"totals {g[0]['total_us_per_step']:.1f} and {g[1]['total_us_per_step']:.1f} µs" in page
     assert (f"differ by {runs['fp4', shapes[1]]['total_us_per_step'] - g[1]['total_us_per_step']:.0f} µs") in page
     assert f"has {g[1]['us_per_step']['indexer top-k']:.1f} µs" in page
-    readme = _flat(_page("README.md"))
-    ms = {f: [runs[f, s]["us_per_step"]["indexer logits"] / 1e3 for s in shapes] for f in ("fp8", "fp4")}
-    assert (f"all 3 layers, 1 × 128K / 8 × 64K | {ms['fp8'][0]:.3f} / {ms['fp8'][1]:.3f} ms | "
-            f"**{ms['fp4'][0]:.3f} / {ms['fp4'][1]:.3f} ms** |") in readme
-    tot = {f: [runs[f, s]["total_us_per_step"] / 1e3 for s in shapes] for f in ("fp8", "fp4")}
-    assert (f"| {tot['fp8'][0]:.2f} / {tot['fp8'][1]:.2f} ms | {tot['fp4'][0]:.2f} / {tot['fp4'][1]:.2f} ms |") in readme
+    guide = _flat(_page("docs/user-guide.md"))  # the feature table, moved there from the README
     cut = [100 * (1 - r["us_per_step"]["indexer logits"] / runs["fp8", s]["us_per_step"]["indexer logits"])
            for (f, s), r in runs.items() if f != "fp8"]  # both FP4 traces of each shape
-    assert f"FP4's indexer logits {min(cut):.0f}-{max(cut):.0f} % shorter" in readme
+    assert f"FP4's indexer logits {min(cut):.0f}-{max(cut):.0f} % shorter" in guide
     earlier = [next(iter(_json(f"sglang_serving_profile_v32_layers_h100_{s}_2026-12-05.json").values())) for s in shapes]
     assert (f"gave {earlier[0]['us_per_step']['indexer logits']:.1f} / {earlier[1]['us_per_step']['indexer logits']:.1f} "
             f"µs of indexer logits and {earlier[0]['total_us_per_step']:.1f} / {earlier[1]['total_us_per_step']:.1f} µs "
@@ -739,8 +791,8 @@ def test_benchmarks_eager_host_time_inside_sglang_is_the_measured_run():
     assert f"The eager decode step was {longer:.1f} % longer with FP4" in page
     assert f"the indexer calls are {3 * less:.0f} µs of host time per step shorter" in page
     readme = _flat(_page("README.md"))
-    assert (f"host time per indexer call, median | {host['fp8']['median_us']:.1f} µs (SGLang's FP8 call) | "
-            f"**{host['fp4']['median_us']:.1f} µs** |") in readme
+    assert (f"host time per indexer call, eager decode (no CUDA graphs), 64 × 896 tokens, median | "
+            f"{host['fp8']['median_us']:.1f} µs (SGLang's FP8 call) | **{host['fp4']['median_us']:.1f} µs** |") in readme
 
 
 def test_benchmarks_gpu_suite_sentence_is_the_log():
@@ -933,3 +985,31 @@ def test_benchmarks_v32_rank_timeline_tables_and_prose_are_the_measured_traces()
     assert sorted(set(pools)) == [4795328, 5219200]
     assert (f"held {4795328:,} tokens with FP8 and {5219200:,} with FP4 (+{100 * (5219200 / 4795328 - 1):.1f} %)"
             .replace(",", " ")) in flat
+
+
+def test_readme_first_screen_figures_are_the_raw_files():
+    """The figures of "Should you turn it on?", each from the raw file (or the format arithmetic) it comes from."""
+    page = _flat(_page("README.md"))
+    first = page[page.index("## Should you turn it on?"):page.index("### Memory:")]
+    bf16, fp8 = _tokens(1152), _tokens(656)
+    assert (f"holds {bf16.gain_replicated * 100:.1f} % more KV tokens (bf16 MLA KV cache, SGLang's default on Hopper) "
+            f"or {fp8.gain_replicated * 100:.1f} % more (FP8 MLA KV cache)") in first
+    (k8, k4), _, printed = _pair("kv_limited_100k_h100")
+    p8, p4 = _pools(printed)
+    per = 100000 + 256  # each request: its 100 000-token prompt and 256 output tokens
+    assert (f"where FP8's pool held {p8 // per} requests of 100K and FP4's {p4 // per}, FP4 gave "
+            f"{100 * (k4['output_throughput'] / k8['output_throughput'] - 1):.1f} % more output tokens/s (H100, MTP off, below)"
+            ) in first
+    t = _long(LONG[1])
+    diffs = [r["fp4_minus_fp8"][0] for c in CONTEXTS for r in t["loss"][c]["topk"].values()]
+    assert f"changed the loss by {min(diffs):+.4f} to {max(diffs):+.4f} nats/token against FP8" in first
+    # The GPU each table row was measured on heads the row; each GPU's table holds only that GPU's rows, and every
+    # end-to-end row names its GPU.
+    lines = _page("README.md").splitlines()
+    for heading, gpu in (("### One H200", "H200"), ("### One H100", "H100"), ("### End to end inside SGLang", None)):
+        start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+        end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("##"))
+        body = [line.split("|")[1].strip() for line in lines[start:end] if line.startswith("| ") and "FP8 index" not in line
+                and not line.startswith("| ---")]
+        labels = {m.group(1) if m else None for m in (re.match(r"(H\d+), ", cell) for cell in body)}
+        assert body and None not in labels and (gpu is None or labels == {gpu}), (heading, body)

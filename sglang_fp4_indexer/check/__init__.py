@@ -30,7 +30,8 @@ index format, the indexer scorer's time FP4 vs FP8 measured on an H200 at the
 nearest measured shape with the asked next_n, the top-k recall of each format
 and the real-model study's loss and passkey numbers at the nearest measured
 context (``tables``: the measured tables shipped in the package), then a
-verdict that decides, with its exit code (``worth_it``, ``main``).
+verdict that leads with the requests FP4 gains ("FP4 fits 5 requests of 128K where FP8 fits 4 (+25 %)") and
+decides, with its exit code (``worth_it``, ``main``); it says "turn it on" only for a measured benefit.
 
 Modules, one job each: ``model`` (the config and what it says), ``findings`` (``run_check``: decision and memory),
 ``trade`` (``worth_it``: gains, costs and the verdict) and ``command`` (options and the printed report). The public

@@ -12,8 +12,9 @@ from typing import Callable
 from ..argtypes import integer, memory_gib
 from ..dcp import DcpCapacity, SHARDED
 from ..gate import Decision
+from ..tables import load_tables
 from .budget import GPUS
-from .cycle import cycle_line
+from .cycle import cycle_line, verify_cycle
 from .model import PACKAGED_MODELS
 from .findings import run_check
 from .trade import _k, _pm, _shape_text, model_indexer_text, worth_it
@@ -23,14 +24,19 @@ __all__ = [
     "main",
     "MAX_NEXT_N",
     "MAX_CONTEXT",
+    "KV_CACHE_DTYPES",
 ]
 
 
 #: Largest --next-n: the paged scorer's ``ops.paged_logits.MAX_NEXT_N`` (restated, not imported: that module
 #: loads Triton, which ``check`` never needs; tests/test_cli_errors.py keeps the two equal).
 MAX_NEXT_N = 8
-#: Largest --context: SGLang keeps positions and lengths as int32.
+#: Largest --context for a config without ``max_position_embeddings``, and the most KV tokens one pool can index
+#: (``--batch`` x ``--context`` per pool): SGLang keeps positions, lengths and token indices as int32.
 MAX_CONTEXT = 2**31 - 1
+#: ``check --kv-cache-dtype`` values: check's own names and SGLang's ``--kv-cache-dtype`` spellings of the same two
+#: MLA KV formats, each to the format it sizes.
+KV_CACHE_DTYPES = {"fp8": "fp8", "fp8_e4m3": "fp8", "bf16": "bf16", "bfloat16": "bf16"}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``check``."""
     parser.add_argument("model", help="local model directory (with config.json) or a Hugging Face config JSON file, "
@@ -46,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GPU whose memory (and compute capability, unless --capability) the KV budget is "
                              f"derived for, and whose measured indexer times --context quotes: {', '.join(GPUS)} "
                              "(H100: the H100 80GB HBM3, SXM; default: the local GPU, else H200)")
-    parser.add_argument("--context", type=integer(1, MAX_CONTEXT), default=None, metavar="N",
+    parser.add_argument("--context", type=integer(1), default=None, metavar="N",
                         help="tokens per request (e.g. 131072), at most the model's positions "
                              "(max_position_embeddings, or --context-length in --sglang-args): adds what FP4 gains "
                              "and costs at that length -- requests that fit, the indexer's time FP4 vs FP8 (measured "
@@ -67,8 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CUDA compute capability to assume, e.g. 9.0 (default: the local GPU, else 9.0); "
                              "without --gpu it names no GPU (unless the local GPU has it), so no time measured "
                              "on one GPU is quoted")
-    parser.add_argument("--kv-cache-dtype", choices=("fp8", "bf16"), default=None,
-                        help="MLA KV cache format for the token counts: FlashMLA FP8 or bf16 (default: the "
+    parser.add_argument("--kv-cache-dtype", choices=tuple(KV_CACHE_DTYPES), default=None,
+                        help="MLA KV cache format for the token counts: FlashMLA FP8 (fp8, or SGLang's name "
+                             "fp8_e4m3) or bf16 (bf16 or bfloat16) (default: the "
                              "--kv-cache-dtype in --sglang-args, else SGLang's default for DSA models on the "
                              "device: fp8 from compute capability 10.0, bf16 below)")
     parser.add_argument("--sglang-args", default="", metavar="FLAGS",
@@ -170,14 +177,15 @@ def _print_sglang_decode(console, w: dict, batch: int, context: int) -> None:
     if run is None:
         return
     if row is None:
-        console.print(f"decode step inside SGLang at {batch} x {_k(context)}: not measured "
-                      f"({w['sglang_decode_why']})")
+        console.print(f"decode step inside SGLang (bench_one_batch on {run['gpu']}) at {batch} x {_k(context)}: not "
+                      f"measured ({w['sglang_decode_why']})")
         return
     f8, f4 = row["fp8"], row["fp4"]
     kern = ""
     if f8["kernel_us"] is not None and f4["kernel_us"] is not None:
-        kern = (f"; GPU kernel time per step FP8 {f8['kernel_us']:.0f} us, FP4 {f4['kernel_us']:.0f} us, of which "
-                f"indexer logits {f8['indexer_us']:.1f} and {f4['indexer_us']:.1f} us")
+        kern = (f"; sum of kernel times per step (not a step time) FP8 "
+                f"{f8['kernel_us']:.0f} us, FP4 {f4['kernel_us']:.0f} us, of which indexer logits "
+                f"{f8['indexer_us']:.1f} and {f4['indexer_us']:.1f} us")
     console.print(f"decode step inside SGLang (bench_one_batch, CUDA graphs, {run['model']}; {run['gpu']}, "
                   f"{run['date']}) at {row['batch']} x {_k(row['context'])}: median FP8 {f8['decode_ms']:.2f} ms, "
                   f"FP4 {f4['decode_ms']:.2f} ms (single steps vary by about 0.2 ms there, so this difference is "
@@ -187,7 +195,8 @@ def _print_sglang_decode(console, w: dict, batch: int, context: int) -> None:
 def _model_line(res: dict) -> str:
     where = (f"the config fields of {res['source']} packaged with sglang-fp4-indexer, {res['file']}" if res["source"]
              else f"config {res['file']}")
-    return f"model: {res['model_text']} ({where}); classified by {res['detection']}"
+    note = f"; {res['config_model_note']}" if res.get("config_model_note") else ""
+    return f"model: {res['model_text']} ({where}); classified by {res['detection']}{note}"
 
 
 def _context_options(args: argparse.Namespace) -> tuple[int | None, int, int]:
@@ -208,6 +217,30 @@ def _context_options(args: argparse.Namespace) -> tuple[int | None, int, int]:
     if context < next_n:
         raise ValueError(f"--context: {context} tokens cannot hold --next-n {next_n} query tokens")
     return context, batch, next_n
+
+
+def _check_request_size(res: dict, context: int, batch: int) -> None:
+    """Refuse a request longer than the model serves, or a batch no KV pool can index, in one line each.
+
+    Raises:
+        ValueError: ``context`` above the model's positions (``res["positions"]``, else ``MAX_CONTEXT``), or a
+            batch whose share per pool (``res["batch_split"]``) needs more than ``MAX_CONTEXT`` KV tokens.
+    """
+    if res["positions"] is not None and context > res["positions"]:
+        raise ValueError(f"--context: {context} tokens is more than this model's {res['positions']} positions "
+                         f"({res['positions_from']}, the longest request SGLang serves); give at most "
+                         f"{res['positions']}")
+    if context > MAX_CONTEXT:
+        raise ValueError(f"--context: {context} tokens is more than the {MAX_CONTEXT} positions SGLang can hold "
+                         "(int32; this config has no max_position_embeddings); give at most "
+                         f"{MAX_CONTEXT}")
+    pools, unit = res.get("batch_split", (1, ""))
+    per_pool = -(-batch // pools)
+    if per_pool * context > MAX_CONTEXT:
+        where = f" per {unit} ({per_pool} of the {batch})" if pools > 1 else ""
+        raise ValueError(f"--batch: {per_pool} requests of {context} tokens{where} need {per_pool * context} KV "
+                         f"tokens, more than one KV pool can index ({MAX_CONTEXT}, int32 token indices); give at "
+                         f"most --batch {MAX_CONTEXT // context * pools}")
 
 
 def _verify_next_n(res: dict, given: int | None, default: int) -> int:
@@ -270,15 +303,13 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
         raise ValueError(f"--sglang-args: cannot split {args.sglang_args!r} into flags ({exc})") from None
     context, batch, next_n = _context_options(args)
     res = run_check(args.model, memory_gib=args.memory_gib, gpu=getattr(args, "gpu", None), capability=args.capability,
-                    kv_cache_dtype=args.kv_cache_dtype, server_flags=flags, announce=announce,
+                    kv_cache_dtype=KV_CACHE_DTYPES.get(args.kv_cache_dtype), server_flags=flags, announce=announce,
                     read_sglang=read_sglang)
     next_n = _verify_next_n(res, getattr(args, "next_n", None), next_n)
     if context is not None and context < next_n:
         raise ValueError(f"--context: {context} tokens cannot hold next_n {next_n} query tokens")
-    if context is not None and res["positions"] is not None and context > res["positions"]:
-        raise ValueError(f"--context: {context} tokens is more than this model's {res['positions']} positions "
-                         f"({res['positions_from']}, the longest request SGLang serves); give at most "
-                         f"{res['positions']}")
+    if context is not None:
+        _check_request_size(res, context, batch)
     d: Decision = res["decision"]
     console = Console(highlight=False)
     console.print(_model_line(res), markup=False)
@@ -328,6 +359,9 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
         console.print("add --context N (and --batch, --next-n) for the time and recall FP4 costs or saves at that length")
     elif d.enabled:
         verdict = worth_it(res, context=context, batch=batch, next_n=next_n)
+        verdict.update(verify_cycle(load_tables(), res, verdict["timing_unmeasured"], heads=verdict["heads"],
+                                    batch=verdict["rank_batch"], context=context, next_n=next_n,
+                                    topk=verdict["model_topk"]))
         _print_worth_it(console, res, verdict, batch, next_n, context)
         return verdict["exit_code"]
     else:

@@ -34,7 +34,9 @@ def verify_cycle(tables: dict, found: dict, unmeasured: str | None, *, heads: in
     sec = tables.get("cycle")
     if not sec:
         return {"cycle": None, "cycle_why": None, "cycle_run": None}
-    shapes = ", ".join(f"{r['batch']} x {_k(r['context'])} next_n {r['next_n']}" for r in sec["rows"])
+    shapes = ", ".join(f"{r['batch']} x {_k(r['context'])} " + ("with MTP off" if r["next_n"] == 1 else
+                                                                 f"verifying {r['next_n']} tokens")
+                       for r in sec["rows"])
     row, why = measured_cycle(tables, batch, context, next_n), None
     dev = found["device_facts"]
     dp, unit = found.get("batch_split", (1, ""))
@@ -46,7 +48,7 @@ def verify_cycle(tables: dict, found: dict, unmeasured: str | None, *, heads: in
         why = unmeasured
     else:
         differs = [text for cond, text in (
-            (unit != "DP-attention rank", "DP attention (one rank's batch and layers), not this parallelism"),
+            (unit != "DP-attention rank", "DP attention, one rank's batch and layers, not this parallelism"),
             (heads != 64, f"64 index heads, not {heads}"),
             (topk != 2048, f"top-2048 selection, not top-{topk}"),
             (found.get("kv_dtype") != "fp8", f"an FP8 MLA KV cache, not {str(found.get('kv_dtype')).upper()}"),

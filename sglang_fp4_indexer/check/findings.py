@@ -66,6 +66,43 @@ def _device(capability: str | None, gpu: str | None = None) -> tuple[DeviceFacts
     return DeviceFacts("cuda", (9, 0), ASSUMED_GPU), "CUDA 9.0 (assumed: no local GPU; --capability to change)"
 
 
+#: Config fields that tell two models apart for ``check``: what it classifies and sizes the model by.
+_SAME_MODEL_KEYS = ("architectures", "num_hidden_layers", "hidden_size", "kv_lora_rank", "qk_rope_head_dim",
+                    "index_n_heads", "index_head_dim", "index_topk", "max_position_embeddings")
+
+
+def _config_file_model(named: str | None, model: str, cfg: dict) -> str | None:
+    """Compare the ``model-path`` of a ``--config`` file in the server flags with the model ``check`` was given.
+
+    Args:
+        named: the file's ``model-path`` (None: no file, or none in it).
+        model: ``check``'s positional model; ``cfg`` its config.
+
+    Returns:
+        None where the file names no model or the same one (the same text, or a config with the same
+        ``_SAME_MODEL_KEYS`` values); a note for the output where the file's model cannot be read here (neither a
+        local path nor a packaged config).
+
+    Raises:
+        ValueError: the file names another model than ``model`` (its config differs in a ``_SAME_MODEL_KEYS``
+            field): check describes one model, so it says which to give instead of ignoring either.
+    """
+    if named is None or named == model:
+        return None
+    try:
+        other, _ = load_hf_config(resolve_model(named)[0])
+    except ValueError:
+        return (f"the --config file's model-path {named} is not read here (no local copy and no packaged config "
+                f"of it): check describes {model}")
+    differs = [key for key in _SAME_MODEL_KEYS if key in cfg and key in other and cfg[key] != other[key]]
+    if differs:
+        shown = "; ".join(f"{key} {other[key]!r} there, {cfg[key]!r} here" for key in differs)
+        raise ValueError(f"--sglang-args: the --config file names model-path {named}, another model than {model} "
+                         f"({shown}); check describes the model it is given: give {named} as check's model, or "
+                         "the same model in both")
+    return None
+
+
 def _server_unmeasured(server: ServerFacts, memory: dict | None = None) -> str | None:
     """Why the measured times (a server that decodes under CUDA graphs, no hierarchical cache) do not hold for
     ``server`` (and the adapter's ``memory`` facts, when read), or None."""
@@ -182,6 +219,7 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
         found, detection = _without_sglang(cfg, flags, why), f"its config keys, SGLang not being importable here: {why}"
     model_facts, server, index_layers, server_kv, context_length, verify, memory = found
     _check_complete(cfg, file, model_facts)
+    config_model_note = _config_file_model((memory or {}).get("config_model_path"), model, cfg)
     gpu_found = gpu_memory(gpu) if memory_gib is None or gpu is not None else None
     if capability is None and gpu_found is not None and gpu_found[1] is not None:
         capability = "%d.%d" % gpu_found[1]
@@ -204,6 +242,7 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
            "positions_from": ("--context-length in --sglang-args" if context_length
                               else "max_position_embeddings in its config.json"),
            "model_refusal": bool(MODEL_REFUSALS.intersection(decision.codes)),
+           "config_model_note": config_model_note,
            "verify_next_n": verify[0], "verify_how": verify[1],
            "server_unmeasured": _server_unmeasured(server, memory),
            "batch_split": _batch_split(memory),

@@ -10,6 +10,8 @@ from .budget import ASSUMED_GPU, UNNAMED_GPU
 
 __all__ = [
     "worth_it",
+    "requests_gain",
+    "MEASURE_SPEED",
     "model_indexer_text",
     "EXIT_FP4_FITS_MORE",
     "EXIT_REFUSED",
@@ -31,6 +33,34 @@ EXIT_FP4_FITS_MORE = 0
 EXIT_REFUSED = 1
 EXIT_SAME_REQUESTS = 3
 EXIT_FITS_NEITHER = 4
+
+
+#: How to measure the indexer's speed where ``check`` has no measured time: the scorer on the user's own GPU.
+MEASURE_SPEED = "sglang-fp4-indexer bench --device cuda --quick"
+#: The same where FP4 also changes SGLang's index-query path (the rotation inside its fused indexer).
+MEASURE_FUSED = (f"the scorer with {MEASURE_SPEED} and the query path with SGLang's profiler on your server, as the "
+                 "user guide's GLM-5.x section shows")
+
+
+def requests_gain(fp8: int, fp4: int, context: int, token_gain: float) -> str:
+    """The gain in the deployer's unit: ``"FP4 fits 5 requests of 128K where FP8 fits 4 (+25 %)"``.
+
+    Args:
+        fp8: requests of ``context`` tokens the FP8 index's pool holds (>= 0).
+        fp4: the same with FP4 (>= ``fp8``).
+        context: tokens per request.
+        token_gain: FP4's extra KV tokens as a fraction of FP8's (0.088 for +8.8 %).
+
+    Returns:
+        One clause; where both hold the same number, the KV-token gain that does not make a request.
+    """
+    many = lambda n: f"{n} request{'' if n == 1 else 's'}"  # noqa: E731
+    if fp4 == fp8:
+        return (f"FP4 fits no more requests of {_k(context)} than FP8 ({fp8} either way; +{token_gain * 100:.1f} % "
+                "KV tokens)")
+    if fp8 == 0:
+        return f"FP4 fits {many(fp4)} of {_k(context)} where FP8 fits none"
+    return f"FP4 fits {many(fp4)} of {_k(context)} where FP8 fits {fp8} (+{(fp4 / fp8 - 1) * 100:.0f} %)"
 
 
 def _pm(ms) -> str:
@@ -121,8 +151,9 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
     if dcp_size > 2:
         return f"only DCP width 2 was measured (on two H200), not DCP {dcp_size}"
     if fused_rotation:
-        return ("with interleaved indexer RoPE the plugin rotates index queries and keys inside SGLang's fused "
-                "indexer, running SGLang's unfused query path there; that path's time on a GPU is not measured")
+        return ("with interleaved indexer RoPE, as in GLM-5.x, FP4 replaces SGLang's fused index-query kernel by "
+                "SGLang's unfused path, where the plugin rotates index queries and keys, so the indexer may be slower "
+                "than with FP8; that path's time on a GPU is not measured")
     return None
 
 
@@ -148,10 +179,10 @@ def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: 
     # The first reason is the shape: where it was never measured, no flag or device would make the row hold.
     row, why = measured_decode(tables, batch, context), None
     dev: DeviceFacts = found["device_facts"]
-    if row is None:
+    if _named_gpu(dev) and not measured_on(sec["gpu"], dev.name):
+        why = f"measured on {sec['gpu']} only, not {dev.name.replace('NVIDIA ', '')}"
+    elif row is None:
         why = f"measured at {shapes} only"
-    elif _named_gpu(dev) and not measured_on(sec["gpu"], dev.name):
-        why = f"measured on {sec['gpu']}, not {dev.name.replace('NVIDIA ', '')}"
     elif unmeasured is not None:
         why = unmeasured
     elif next_n != 1:
@@ -187,6 +218,13 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
       fits only with FP4);
     - ``"same"`` (``EXIT_SAME_REQUESTS``): both fit the same number of
       requests, so FP4 buys only its indexer time, at the measured cost.
+
+    The verdict leads with the gain in requests of ``context`` tokens (``requests_gain``: "FP4 fits 5 requests of
+    128K where FP8 fits 4 (+25 %)"), whichever the decision. It says "turn it on" only for a measured benefit: more
+    requests, or the same number with a measured faster indexer. Where the speed is not measured and the requests
+    are the same, or FP4 runs SGLang's unfused index-query path (the rotation inside its fused indexer, whose speed
+    may be lower), it says the speed is not measured and how to measure it (``MEASURE_SPEED``); where the indexer
+    was measured slower and the requests are the same, it says to keep FP8.
 
     The time is the measured row nearest the shape among rows with the asked
     ``next_n`` (``tables.nearest_timing``), quoted only when it is near
@@ -241,7 +279,6 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         ValueError: ``found`` has no memory rows (not a DSA model), a
             non-positive shape, or ``context < next_n``.
     """
-    from .cycle import verify_cycle  # cycle.py builds on this module's helpers
 
     from ..tables import load_tables, model_indexers, nearest_model_cost, nearest_recall, nearest_timing, timing_is_near
 
@@ -304,24 +341,29 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         "model_cost": model_cost, "topk": topk, "heads": heads,
         **_sglang_decode(tables, found, unmeasured, heads=heads, batch=rank_batch, context=context, next_n=next_n,
                          topk=model_topk),
-        **verify_cycle(tables, found, unmeasured, heads=heads, batch=rank_batch, context=context, next_n=next_n,
-                       topk=model_topk),
     }
+    # The speed: measured faster or slower (``measured_speed``), else not measured and why (``speed_unknown``).
+    measured_speed = speed_unknown = None
     if unmeasured is not None:
-        speed = f"an indexer speed that is not measured for this configuration ({unmeasured})"
+        speed_unknown = f"not measured for this configuration ({unmeasured})"
     elif far is not None:
-        speed = "an indexer speed that is not measured " + (
-            "at this shape" if far["heads"] == heads else f"with {heads} index heads at this shape")
+        speed_unknown = "not measured " + ("at this shape" if far["heads"] == heads
+                                           else f"with {heads} index heads at this shape")
     elif row is None:
-        speed = (f"an indexer time at next_n {next_n} that is not measured (measured: next_n "
-                 f"{', '.join(map(str, measured_n))})")
+        speed_unknown = f"not measured at next_n {next_n} (measured: next_n {', '.join(map(str, measured_n))})"
     elif row["fp8_us"] is not None:
-        fp4, fp8 = row["fp4_us"], row["fp8_us"]
-        speed = f"a {fp8 / fp4:.2f}x faster indexer" if fp4 <= fp8 else f"a {fp4 / fp8:.2f}x slower indexer"
+        measured_speed = row["fp8_us"] / row["fp4_us"]
     elif row.get("fp8_floor_us") and row["fp4_us"] < row["fp8_floor_us"]:
+        measured_speed = float("inf")  # FP4 under FP8's bandwidth floor: faster, by an unmeasured factor
+    else:
+        speed_unknown = "not measured against FP8 at this shape"
+    if measured_speed is None:
+        speed = f"an indexer speed that is {speed_unknown}"
+    elif measured_speed == float("inf"):
         speed = "a faster indexer (FP4 under FP8's bandwidth floor)"
     else:
-        speed = "an indexer time vs FP8 not measured"
+        speed = (f"a {measured_speed:.2f}x faster indexer" if measured_speed >= 1
+                 else f"a {1 / measured_speed:.2f}x slower indexer")
     text = next((r for r in recall if r["workload"] == "text"), recall[0])
     if context <= model_topk:
         cost = f"no cost (top-{model_topk} keeps all {_k(context)} keys, so the selection cannot change)"
@@ -331,28 +373,41 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         cost = (f"{(text['fp8'] - text['fp4']) * 100:.1f} points less top-{topk} recall at "
                 f"{_k(text['context'])} ({text['workload']} workload); {_model_cost_text(model_cost, context, topk)}")
     rf8, rf4 = out["requests_fp8"], out["requests_fp4"]
-    per_rank = (f" per {unit} ({dp} {unit}s, each with its own KV pool: the batch of {batch} is "
+    per_rank = (f", per {unit} ({dp} {unit}s, each with its own KV pool: the batch of {batch} is "
                 f"{rank_batch} per {unit.split()[-1]})" if dp > 1 else "")
+    gain_text = requests_gain(rf8, rf4, context, gain) + per_rank
+    measure = MEASURE_FUSED if found.get("fused_rotation") else f"with {MEASURE_SPEED}"
+    cost_text = (f"measured cost: {cost}" if cost is not None else f"its cost is not measured ({topk_unmeasured})")
     if out["tokens_needed"] > tokens_fp4:
         out["decision"], out["exit_code"] = "neither", EXIT_FITS_NEITHER
-        out["verdict"] = (f"neither format fits the batch{per_rank}: {rank_batch} x {_k(context)} needs "
-                          f"{out['tokens_needed']} KV tokens, FP8 holds {cap.tokens_fp8} ({rf8} such requests), FP4 "
-                          f"{tokens_fp4} ({rf4}); lower --batch or add memory")
+        out["verdict"] = (f"{gain_text}; neither fits the batch asked: {rank_batch} x {_k(context)} needs "
+                          f"{out['tokens_needed']} KV tokens, FP8 holds {cap.tokens_fp8}, FP4 {tokens_fp4}; lower "
+                          "--batch or add memory")
     elif rf4 > rf8:
         only = "; your batch fits only with FP4" if out["tokens_needed"] > cap.tokens_fp8 else ""
         out["decision"], out["exit_code"] = "more", EXIT_FP4_FITS_MORE
-        out["verdict"] = (f"turn FP4 on where KV memory limits you: it fits {rf4 - rf8} more {_k(context)}-token "
-                          f"request{'s' if rf4 - rf8 > 1 else ''}{per_rank} ({rf8} -> {rf4}, +{gain * 100:.1f} % KV "
-                          "tokens)"
-                          f"{only}, with {speed}; "
-                          + (f"measured cost: {cost}" if cost is not None
-                             else f"its cost is not measured ({topk_unmeasured})"))
+        if found.get("fused_rotation") and measured_speed is None:
+            # The one configuration whose speed may be lower with FP4 than with FP8: no "turn it on" unmeasured.
+            out["verdict"] = (f"{gain_text}{only}, but its indexer speed is {speed_unknown}: measure it before "
+                              f"turning FP4 on, {measure}; {cost_text}")
+        else:
+            out["verdict"] = (f"{gain_text}: turn FP4 on where KV memory limits you{only}, with {speed}; "
+                              f"{cost_text}")
     else:
         out["decision"], out["exit_code"] = "same", EXIT_SAME_REQUESTS
-        out["verdict"] = (f"FP4 fits no more {_k(context)}-token requests{per_rank} ({rf8} either way; "
-                          f"+{gain * 100:.1f} % KV "
-                          f"tokens), so it buys only {speed}, "
-                          + (f"at a measured cost of {cost}" if cost is not None
-                             else f"at a cost that is not measured ({topk_unmeasured})") + ": turn it on if that "
-                          f"cost is acceptable")
+        if measured_speed is None:
+            against = ("so no measured gain stands against its measured cost" if cost is not None
+                       else f"and its cost is not measured either ({topk_unmeasured})")
+            measured_cost = f"; {cost_text}" if cost is not None else ""
+            out["verdict"] = (f"{gain_text}, and its indexer speed is {speed_unknown}, {against}: measure the "
+                              f"speed before turning FP4 on, {measure}{measured_cost}")
+        elif measured_speed < 1:
+            out["verdict"] = (f"{gain_text}, and its indexer is {1 / measured_speed:.2f}x slower here: FP4 gains "
+                              f"nothing for this deployment, keep FP8; {cost_text}")
+        elif cost is None:
+            out["verdict"] = (f"{gain_text}, so it buys only {speed}, at a cost that is not measured "
+                              f"({topk_unmeasured})")
+        else:
+            out["verdict"] = (f"{gain_text}, so it buys only {speed}, at a measured cost of {cost}: turn it on if "
+                              "that cost is acceptable")
     return out

@@ -23,7 +23,8 @@ def read_sglang_facts(cfg: dict, model_path: str, flags: list[str]):
     own parser, with a ``--config FILE`` among them merged as SGLang merges it. ``verify`` is
     ``(next_n, how)``: the query rows per request of target verify that the speculative flags give
     (``speculative_next_n``), or ``(None, "")`` without speculative decoding. ``memory`` is ``memory_facts``'s
-    dict: the parallel layout and SGLang's ``--mem-fraction-static`` rule.
+    dict: the parallel layout and SGLang's ``--mem-fraction-static`` rule, and ``config_model_path``, the
+    ``model-path`` of a ``--config`` file among the flags (None without one).
 
     Args:
         cfg: the model's ``config.json`` as a dict.
@@ -63,9 +64,11 @@ def read_sglang_facts(cfg: dict, model_path: str, flags: list[str]):
         model, index_layers = model_facts(cfg), index_layer_count(cfg, layers)
     except Exception as exc:  # noqa: BLE001 -- SGLang (or transformers, huggingface_hub) reading a bad field
         raise _config_error(exc) from None
+    memory = memory_facts(record)
+    memory["config_model_path"] = getattr(record, "_config_model_path", None)
     return (model, server_facts(record), index_layers,
             str(server_field(record, "kv_cache_dtype", "auto")), context_length,
-            speculative_next_n(record, arch), memory_facts(record)), ""
+            speculative_next_n(record, arch), memory), ""
 
 
 def _config_error(exc: Exception) -> ValueError:

@@ -208,7 +208,8 @@ def server_args_from_flags(model_path: str, flags: list[str], *, requested: bool
     the flags is merged as ``prepare_server_args`` merges it (SGLang's own
     ``ConfigArgumentMerger``: the file's values first, the flags after them,
     so a flag wins over the file); ``model_path`` comes last and wins over a
-    ``model-path`` in the file.
+    ``model-path`` in the file, which is recorded as ``_config_model_path`` (None without one, or when it is
+    ``model_path``) for ``check`` to compare.
 
     Args:
         model_path: the ``--model-path`` value.
@@ -234,14 +235,22 @@ def server_args_from_flags(model_path: str, flags: list[str], *, requested: bool
         raise ValueError(f"{given}: SGLang merges a config file only when it is given as --config FILE (two "
                          f"words); it ignores {given}. Write --config {given.split('=', 1)[1]}")
     if "--config" in argv:
-        from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+        import logging
 
+        from sglang.srt.utils import server_args_config_parser as config_parser
+
+        # SGLang logs the file's error before raising it; the error raised here says it once, on one line.
+        log = logging.getLogger(config_parser.__name__)
+        was = log.disabled
+        log.disabled = True
         try:
-            argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+            argv = config_parser.ConfigArgumentMerger(parser).merge_config_with_args(argv)
         except (ValueError, OSError) as exc:  # OSError: SGLang re-raises what open() or PyYAML raised
-            raise ValueError(f"--config: {exc}") from None
+            raise ValueError(f"--config: {' '.join(str(exc).split())}") from None
         except Exception as exc:  # PyYAML's YAMLError: a file that is not YAML
-            raise ValueError(f"--config: SGLang cannot read it: {exc}") from None
+            raise ValueError(f"--config: SGLang cannot read it: {' '.join(str(exc).split())}") from None
+        finally:
+            log.disabled = was
     try:
         ns, unknown = parser.parse_known_args(argv)
     except (argparse.ArgumentError, SystemExit) as exc:
@@ -249,6 +258,10 @@ def server_args_from_flags(model_path: str, flags: list[str], *, requested: bool
     if unknown:
         raise ValueError(f"server flags: SGLang does not know {unknown}")
     record = ServerArgs.from_cli_args(ns)
+    # A --config file's model-path comes before ``model_path`` in the merged flags (the file first): check compares
+    # it with the model it describes instead of letting ``model_path`` silently win.
+    paths = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--model-path"]
+    record._config_model_path = paths[0] if len(paths) > 1 and paths[0] != model_path else None
     # The last of --enable-fp4-indexer / --no-enable-fp4-indexer wins (one destination); a --config file's flags are
     # merged before the command line's, so this covers both.
     given = [a for a in argv if a in (FLAG, NO_FLAG)]
