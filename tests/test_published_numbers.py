@@ -1013,3 +1013,31 @@ def test_readme_first_screen_figures_are_the_raw_files():
                 and not line.startswith("| ---")]
         labels = {m.group(1) if m else None for m in (re.match(r"(H\d+), ", cell) for cell in body)}
         assert body and None not in labels and (gpu is None or labels == {gpu}), (heading, body)
+
+
+def test_readme_verify_cycle_rows_and_sentence_are_the_timeline_summaries():
+    """The README's H200 end-to-end rows and its first-screen sentence, from the timeline summaries (medians over
+    6 traces per format, both run orders) and the KV pool lines the servers printed."""
+    readme = _page("README.md")
+    flat = _flat(readme)
+    mtp = _json("sglang_timeline_v32_rank20_mtp3x4_h200_2026-12-06.json")["shapes"]
+    off = _json("sglang_timeline_v32_rank20_mtp_off_h200_2026-12-06.json")["shapes"]["8x131072"]
+
+    def cells(agg, key, bold):
+        f8, f4 = agg["fp8"][key]["median"] / 1e3, agg["fp4"][key]["median"] / 1e3
+        fp4 = f"{f4:.2f} ms ({f8 / f4:.3f}x)"
+        return f"| {f8:.2f} ms | " + (f"**{fp4}**" if bold else fp4) + " |"
+
+    a8, a1 = mtp["8x131072"], mtp["1x131072"]
+    assert a8["fp8"]["traces"] == a8["fp4"]["traces"] == 6 and "median of 6 traces" in flat
+    assert ("| H200, MTP (3 steps / 4 draft tokens: verify next_n 4), 8 × 128K: busy time per verify cycle, 20 layers "
+            + cells(a8, "busy_us", True)) in readme
+    assert "| H200, the same projected to 61 layers " + cells(a8, "projected_busy_us", True) in readme
+    assert "| H200, the same at 1 × 128K, 20 layers " + cells(a1, "busy_us", False) in readme
+    assert "| H200, MTP off, 8 × 128K: busy time per decode step, 20 layers " + cells(off, "busy_us", False) in readme
+    r = a8["fp8_over_fp4"]
+    assert (f"verify cycle keeps the GPU busy {r['busy_us']:.3f}x less with FP4 (H200, 20 of its 61 layers; "
+            f"{r['projected_busy_us']:.3f}x projected to 61)") in flat
+    text = (RESULTS / "sglang_timeline_v32_rank20_h200_2026-12-06.txt").read_text()
+    assert "#tokens: 4795328, KV size: 70.39 GB" in text and "#tokens: 5219200, KV size: 70.38 GB" in text
+    assert "| 4,795,328 | 5,219,200 (**+8.8 %**) |" in readme and f"{100 * (5219200 / 4795328 - 1):.1f}" == "8.8"
