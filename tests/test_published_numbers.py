@@ -213,7 +213,8 @@ def test_readme_quotes_the_measured_tables():
     lo, hi = _ratio_range(_decode_rows(next_n=1, heads=64), "deepgemm-fp8")
     lo2, hi2 = _ratio_range(_decode_rows(next_n=2, heads=64), "deepgemm-fp8")
     v32 = page[page.index("**DeepSeek-V3.2 (64 index heads), long requests"):page.index("**DeepSeek-V3.2, short requests")]
-    assert f"{lo:.2f}-{hi:.2f}x in decode and {lo2:.2f}-{hi2:.2f}x in MTP target verify at the shapes measured (H200)" in v32
+    assert (f"{lo:.2f}-{hi:.2f}x in decode and {lo2:.2f}-{hi2:.2f}x in MTP target verify at the shapes measured (H200, "
+            "target verify with 2 query tokens;") in _flat(v32)
     h32 = {n: _us(_row(32, 8, 128 * K, n), "deepgemm-fp8") / _us(_row(32, 8, 128 * K, n), "ours") for n in (1, 2, 4)}
     assert max(h32.values()) > hi2 and not any(f"{x:.2f}" in v32 for x in h32.values())
     assert (f"at 32 heads and 8 × 128K on an H200: {h32[1]:.2f}x DeepGEMM FP8 in decode, {h32[2]:.2f}x and "
@@ -222,7 +223,7 @@ def test_readme_quotes_the_measured_tables():
     assert (f"({_us(small, 'deepgemm-fp8') / _us(small, 'ours'):.2f}x at 1 × 4K and "
             f"{_us(chat, 'deepgemm-fp8') / _us(chat, 'ours'):.2f}x at 64 × 4K in decode") in page
     glm52 = dcp_capacity(100 * 2**30, 1, kv_bytes=1152, num_layers=78, num_index_layers=21)
-    assert f"21 of its 78 layers: +{glm52.gain_replicated * 100:.1f} % with a bf16 MLA KV cache" in page
+    assert f"21 of its 78 layers: +{glm52.gain_replicated * 100:.1f} % KV tokens with a bf16 MLA KV cache" in page
     native_rows = [r for r in _decode_rows(next_n=2, heads=64) if r["next_n"] == 2]
     bench_page = _flat(_page("docs/benchmarks.md"))
     assert f"that path is {_deepgemm_native_lead(native_rows)} faster than ours there" in bench_page
@@ -1032,12 +1033,14 @@ def test_readme_verify_cycle_rows_and_sentence_are_the_timeline_summaries():
     assert a8["fp8"]["traces"] == a8["fp4"]["traces"] == 6 and "median of 6 traces" in flat
     assert ("| H200, MTP (3 steps / 4 draft tokens: verify next_n 4), 8 × 128K: busy time per verify cycle, 20 layers "
             + cells(a8, "busy_us", True)) in readme
-    assert "| H200, the same projected to 61 layers " + cells(a8, "projected_busy_us", True) in readme
+    assert ("| H200, the same projected to 61 layers (a step time, not a configuration one H200 can hold: 8 × 128K "
+            "beside 61 layers needs more memory) " + cells(a8, "projected_busy_us", True)) in readme
     assert "| H200, the same at 1 × 128K, 20 layers " + cells(a1, "busy_us", False) in readme
     assert "| H200, MTP off, 8 × 128K: busy time per decode step, 20 layers " + cells(off, "busy_us", False) in readme
     r = a8["fp8_over_fp4"]
-    assert (f"verify cycle keeps the GPU busy {r['busy_us']:.3f}x less with FP4 (H200, 20 of its 61 layers; "
-            f"{r['projected_busy_us']:.3f}x projected to 61)") in flat
+    assert (f"verify cycle took {r['busy_us']:.3f}x less GPU busy time with FP4 (H200, 20 of its 61 layers; "
+            f"{r['projected_busy_us']:.3f}x projected to 61 layers, a batch that beside all 61 layers needs more memory "
+            "than one H200 has)") in flat
     text = (RESULTS / "sglang_timeline_v32_rank20_h200_2026-12-06.txt").read_text()
     assert "#tokens: 4795328, KV size: 70.39 GB" in text and "#tokens: 5219200, KV size: 70.38 GB" in text
     assert "| 4,795,328 | 5,219,200 (**+8.8 %**) |" in readme and f"{100 * (5219200 / 4795328 - 1):.1f}" == "8.8"
