@@ -6,7 +6,8 @@
   ``--enable-fp4-indexer`` in ARGS the FP4 indexer serves, without it the plugin
   passes every call through. Its results go where ``--result-filename`` says.
   ``--indexer-host-time OUT.json`` (this script's option) also writes the host
-  time per indexer decode call, eager calls only (run with ``--disable-cuda-graph``):
+  time per indexer decode call (median, percentiles and every call's time), eager calls only (run with
+  ``--disable-cuda-graph``):
   SGLang runs decode eagerly above its captured batch sizes.
 * ``serving --model DIR --out OUT.jsonl [--fp4] [--input-lens N ...] [SGLang server flags]``:
   ``python -m sglang.launch_server`` on localhost (SGLang loads the plugin itself), then
@@ -377,6 +378,16 @@ def host_time_summary(seconds: list[float]) -> dict:
     return {"calls": len(xs), "median_us": q(0.5), "p10_us": q(0.1), "p90_us": q(0.9)}
 
 
+def host_time_record(seconds: list[float]) -> dict:
+    """What ``--indexer-host-time`` writes: ``host_time_summary`` and every call's host time in call order
+    (``samples_us``, µs), so that a spread can be read again from the raw file.
+
+    Raises:
+        ValueError: as ``host_time_summary``.
+    """
+    return dict(host_time_summary(seconds), samples_us=[t * 1e6 for t in seconds])
+
+
 def _time_paged_calls(store: list[float]) -> None:
     """Wrap SGLang's (already hooked) ``Indexer._get_topk_paged``: host wall time of each eager decode call.
 
@@ -419,7 +430,7 @@ def _one_batch(argv: list[str]) -> int:
     one_batch.cli_main()
     if host_out:
         with open(host_out, "w") as f:
-            json.dump(host_time_summary(times), f)
+            json.dump(host_time_record(times), f)
     return 0
 
 

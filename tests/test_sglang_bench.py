@@ -519,3 +519,12 @@ def test_profile_decode_takes_every_repeat_from_one_prefill(tmp_path):
     with pytest.raises(ValueError, match="repeats"):
         bench.profile_decode("http://127.0.0.1:9", 1, 16, out_dir=str(tmp_path), prefix="x", steps=1,
                              output_len=8, repeats=0)
+
+
+def test_host_time_record_keeps_every_call_beside_the_summary():
+    times = [3e-6, 1e-6, 2e-6, 10e-6]
+    got = bench.host_time_record(times)
+    assert got["samples_us"] == pytest.approx([3.0, 1.0, 2.0, 10.0])  # call order, not sorted
+    assert {k: got[k] for k in ("calls", "median_us")} == {"calls": 4, "median_us": pytest.approx(3.0)}
+    with pytest.raises(ValueError, match="no indexer call"):
+        bench.host_time_record([])
