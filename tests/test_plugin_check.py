@@ -1320,3 +1320,17 @@ def test_the_same_requests_with_an_unmeasured_or_slower_indexer_is_no_turn_it_on
     assert w["verdict"].startswith(f"FP4 fits no more requests of 160K than FP8 ({w['requests_fp8']} either way; ")
     assert ", and its indexer is 2.00x slower here: FP4 gains nothing for this deployment, keep FP8; measured cost: " \
         in w["verdict"] and "turn it on" not in w["verdict"]
+
+
+def test_the_user_guides_dp_attention_mtp_example_prints_the_measured_verify_cycle(capsys):
+    """The user guide's DP-attention + MTP check line, run as written, prints the verify-cycle line it promises."""
+    import shlex
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "user-guide.md").read_text()
+    line = next(ln for ln in guide.splitlines() if ln.startswith("sglang-fp4-indexer check") and "--attn-dp-size" in ln)
+    argv = shlex.split(line.split("#")[0])[2:]  # past the program name and "check"
+    code = main(["check", *argv])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and "verdict: FP4 fits 18 requests of 128K where FP8 fits 17" in out, out  # 100 GiB per rank
+    assert ("MTP verify cycle inside SGLang's server at 8 x 128K per rank, next_n 4 (NVIDIA H200, 2026-12-06; one "
+            "DP-attention rank of DeepSeek-V3.2 with 20 of its 61 layers") in out
