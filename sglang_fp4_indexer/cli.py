@@ -113,10 +113,14 @@ def _run(sub: _Subcommand, args: argparse.Namespace) -> int:
     """Run one subcommand. ``check`` (and ``ab``, which asks the same question first) also gets the adapter's SGLang fact reader: the core decides from fact records
     and never imports the adapter, so this entry point (above both) wires the two together."""
     module = _module(sub)
-    if sub.name in ("check", "ab"):
+    if sub.name == "check":
         from .sglang_plugin.check_facts import read_sglang_facts
 
         return module.main(args, read_sglang=read_sglang_facts)
+    if sub.name == "ab":  # also SGLang's GSM8K answer reader, through the adapter
+        from .sglang_plugin.check_facts import gsm8k_answer_value, read_sglang_facts
+
+        return module.main(args, read_sglang=read_sglang_facts, answer_value=gsm8k_answer_value)
     return module.main(args)
 
 

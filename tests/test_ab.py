@@ -63,11 +63,15 @@ def test_kv_pool_tokens_from_real_server_logs():
 
 
 def test_gsm8k_outcomes_from_sglangs_dump_format():
+    from sglang_fp4_indexer.sglang_plugin.check_facts import gsm8k_answer_value  # SGLang's reader, via the adapter
+
     data = str(FIX / "gsm8k.jsonl")
-    assert quality.gsm8k_outcomes(data, (FIX / "gsm8k_dump_fp8.txt").read_text(), 4) == [1, 1, 0, 1]
-    assert quality.gsm8k_outcomes(data, (FIX / "gsm8k_dump_fp4.txt").read_text(), 4) == [1, 0, 1, 1]
+    assert quality.gsm8k_outcomes(data, (FIX / "gsm8k_dump_fp8.txt").read_text(), 4,
+                                  answer_value=gsm8k_answer_value) == [1, 1, 0, 1]
+    assert quality.gsm8k_outcomes(data, (FIX / "gsm8k_dump_fp4.txt").read_text(), 4,
+                                  answer_value=gsm8k_answer_value) == [1, 0, 1, 1]
     with pytest.raises(ValueError, match="expected blocks 0..3"):
-        quality.gsm8k_outcomes(data, "nothing", 4)
+        quality.gsm8k_outcomes(data, "nothing", 4, answer_value=gsm8k_answer_value)
 
 
 def test_gsm8k_command_is_sglangs_own_on_the_local_file():
@@ -177,7 +181,7 @@ def test_server_flags_after_dashes_reach_the_command(monkeypatch):
 
     seen = {}
 
-    def fake_main(args, read_sglang=None):
+    def fake_main(args, read_sglang=None, answer_value=None):
         seen.update(model=args.model, flags=args.server_flags, out=args.out)
         return 0
 

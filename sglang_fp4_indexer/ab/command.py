@@ -225,7 +225,7 @@ def _bench_lines(path: str) -> list[dict]:
     return lines
 
 
-def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: str, progress,
+def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: str, progress, answer_value,
              run=subprocess.run) -> dict:
     """Quality (first order only) and speed against one running server; the arm's result (without ``kv``)."""
     info = get_json(base + "/server_info", 60.0)
@@ -236,7 +236,8 @@ def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: st
            "gsm8k": None, "passkey": None, "bench": []}
     if with_quality and plan["gsm8k_data"]:
         progress("GSM8K")
-        g = quality.run_gsm8k(base, plan["gsm8k_data"], plan["gsm8k_questions"], arm_dir, run=run)
+        g = quality.run_gsm8k(base, plan["gsm8k_data"], plan["gsm8k_questions"], arm_dir, answer_value=answer_value,
+                              run=run)
         res["commands"].append(g.pop("command"))
         res["gsm8k"] = g
     lengths = [n for n in plan["passkey_lengths"] if n > 0]
@@ -288,8 +289,9 @@ def _environment(mode: str) -> dict:
     return env
 
 
-def run_arms(args, plan: dict, mode: str, out: str, *, run=subprocess.run) -> dict:
-    """Run (or resume) every arm of ``plan``; returns ``{order: {arm: result}}``."""
+def run_arms(args, plan: dict, mode: str, out: str, *, answer_value=None, run=subprocess.run) -> dict:
+    """Run (or resume) every arm of ``plan``; returns ``{order: {arm: result}}``. ``answer_value`` scores GSM8K
+    answers (``quality.gsm8k_outcomes``; needed only when the plan has GSM8K data)."""
     from tqdm import tqdm
 
     orders = args.orders
@@ -314,7 +316,7 @@ def run_arms(args, plan: dict, mode: str, out: str, *, run=subprocess.run) -> di
         with_quality = order == orders[0]
         if mode == "urls":
             res = _measure(args.fp8_url if arm == "fp8" else args.fp4_url, arm_dir, plan, with_quality=with_quality,
-                           out=out, progress=progress, run=run)
+                           out=out, progress=progress, answer_value=answer_value, run=run)
             res["kv"] = {"max_total_num_tokens": res["server_info"].get("max_total_num_tokens")}
         else:
             flags = list(args.server_flags) + (["--config", os.path.abspath(args.config)] if args.config else [])
@@ -324,7 +326,8 @@ def run_arms(args, plan: dict, mode: str, out: str, *, run=subprocess.run) -> di
             log = os.path.join(arm_dir, "server.log")
             progress("launching the server")
             with launched_server(cmd, args.port, log, args.ready_timeout) as base:
-                res = _measure(base, arm_dir, plan, with_quality=with_quality, out=out, progress=progress, run=run)
+                res = _measure(base, arm_dir, plan, with_quality=with_quality, out=out, progress=progress,
+                               answer_value=answer_value, run=run)
             res["commands"].insert(0, cmd)
             with open(log, errors="replace") as f:
                 res["kv"] = kv_pool_tokens(f.read())
@@ -336,10 +339,12 @@ def run_arms(args, plan: dict, mode: str, out: str, *, run=subprocess.run) -> di
     return results
 
 
-def main(args: argparse.Namespace, read_sglang: Callable | None = None, *, run=subprocess.run) -> int:
+def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_value: Callable | None = None, *,
+         run=subprocess.run) -> int:
     """Run the A/B and print its verdict; 0 when every arm finished, 1 when FP4 is refused (nothing run).
 
-    ``read_sglang`` is the adapter's SGLang fact reader that ``check`` uses (``cli`` passes it); ``run`` runs the
+    ``read_sglang`` is the adapter's SGLang fact reader that ``check`` uses, ``answer_value`` its GSM8K answer
+    reader (``cli`` passes both); ``run`` runs the
     SGLang client subprocesses (``subprocess.run``; a parameter for tests).
 
     Raises:
@@ -354,7 +359,9 @@ def main(args: argparse.Namespace, read_sglang: Callable | None = None, *, run=s
         return 1
     os.makedirs(args.out, exist_ok=True)
     plan = _load_plan(args.out, _plan(args, mode))
-    results = run_arms(args, plan, mode, args.out, run=run)
+    if plan["gsm8k_data"] and answer_value is None:
+        raise ValueError("--gsm8k-data: scoring GSM8K needs SGLang's answer reader (run through sglang-fp4-indexer)")
+    results = run_arms(args, plan, mode, args.out, answer_value=answer_value, run=run)
     dummy = dummy_weights(flags, config) or any(
         (r.get("server_info") or {}).get("load_format") == "dummy" for per in results.values() for r in per.values())
     meta = {"mode": mode, "plan": plan, "check": check_text, "dummy_weights": dummy, "environment": _environment(mode)}

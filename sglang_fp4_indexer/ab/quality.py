@@ -61,19 +61,17 @@ def gsm8k_command(base_url: str, data_path: str, questions: int, *, parallel: in
             "--host", host, "--port", str(port), "--temperature", "0"]
 
 
-def gsm8k_outcomes(data_path: str, dump_text: str, questions: int, *, answer_value=None) -> list[int]:
+def gsm8k_outcomes(data_path: str, dump_text: str, questions: int, *, answer_value) -> list[int]:
     """Per-question outcomes (1 right, 0 wrong) of a few-shot GSM8K run, from its state dump.
 
     Each block of ``dump_text`` (``==== i ====`` then the program's text: the few-shot examples, the question
     and the model's answer) is matched to question ``i`` of ``data_path``; the text after that question's
-    ``Question: ...\\nAnswer:`` is the model's answer, read (as the label) by ``answer_value`` -- SGLang's
-    ``sglang.test.few_shot_gsm8k.get_answer_value`` by default (imported when called).
+    ``Question: ...\\nAnswer:`` is the model's answer, read (as the label) by ``answer_value``: SGLang's
+    ``get_answer_value``, which the adapter hands in (``sglang_plugin.check_facts.gsm8k_answer_value``).
 
     Raises:
         ValueError: the dump does not hold ``questions`` blocks, or a block lacks its question's text.
     """
-    if answer_value is None:
-        from sglang.test.few_shot_gsm8k import get_answer_value as answer_value
     with open(data_path) as f:
         lines = [json.loads(x) for x in f if x.strip() and not x.startswith("#")][:questions]
     blocks = re.split(r"^={40} (\d+) ={40}\n", dump_text, flags=re.M)
@@ -164,9 +162,10 @@ def run_passkey(base_url: str, prompts: list[dict], timeout: float = 1800.0) -> 
     return out
 
 
-def run_gsm8k(base_url: str, data_path: str, questions: int, workdir: str, *, parallel: int = 64,
+def run_gsm8k(base_url: str, data_path: str, questions: int, workdir: str, *, answer_value, parallel: int = 64,
               run=subprocess.run) -> dict:
-    """SGLang's few-shot GSM8K against ``base_url`` in ``workdir`` (its dump and output stay there).
+    """SGLang's few-shot GSM8K against ``base_url`` in ``workdir`` (its dump and output stay there), each question
+    scored by ``answer_value`` (``gsm8k_outcomes``).
 
     Returns:
         dict: ``command``, ``accuracy_printed`` (SGLang's own ``Accuracy:`` line), ``outcomes`` (per question).
@@ -182,5 +181,5 @@ def run_gsm8k(base_url: str, data_path: str, questions: int, workdir: str, *, pa
         raise RuntimeError(f"few_shot_gsm8k exited with {p.returncode}: {(p.stdout + p.stderr)[-500:]}")
     m = re.search(r"^Accuracy: ([0-9.]+)", p.stdout, re.M)
     with open(os.path.join(workdir, GSM8K_DUMP)) as f:
-        outcomes = gsm8k_outcomes(data_path, f.read(), questions)
+        outcomes = gsm8k_outcomes(data_path, f.read(), questions, answer_value=answer_value)
     return {"command": cmd, "accuracy_printed": float(m.group(1)) if m else None, "outcomes": outcomes}

@@ -12,7 +12,19 @@ import warnings
 from .facts import index_layer_count, model_facts, server_facts, server_field
 from .server_args import server_args_from_flags
 
-__all__ = ["read_sglang_facts", "speculative_next_n", "sglang_import_error", "memory_facts"]
+__all__ = ["read_sglang_facts", "speculative_next_n", "sglang_import_error", "memory_facts", "gsm8k_answer_value"]
+
+
+def gsm8k_answer_value(text: str):
+    """SGLang's own GSM8K answer reader (``sglang.test.few_shot_gsm8k.get_answer_value``): the last number of
+    ``text``, commas dropped, or SGLang's invalid marker; ``ab`` scores each question with it (``cli`` passes it).
+
+    Raises:
+        ImportError: SGLang is not installed.
+    """
+    from sglang.test.few_shot_gsm8k import get_answer_value
+
+    return get_answer_value(text)
 
 
 def read_sglang_facts(cfg: dict, model_path: str, flags: list[str]):
