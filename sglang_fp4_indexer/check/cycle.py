@@ -11,7 +11,7 @@ anywhere else ``check`` says it was not measured and why.
 from __future__ import annotations
 
 from ..tables import measured_cycle
-from .trade import _k, _named_gpu, measured_on
+from .trade import _k, unquoted_reason
 
 __all__ = ["verify_cycle", "cycle_line"]
 
@@ -37,24 +37,14 @@ def verify_cycle(tables: dict, found: dict, unmeasured: str | None, *, heads: in
     shapes = ", ".join(f"{r['batch']} x {_k(r['context'])} " + ("with MTP off" if r["next_n"] == 1 else
                                                                  f"verifying {r['next_n']} tokens")
                        for r in sec["rows"])
-    row, why = measured_cycle(tables, batch, context, next_n), None
-    dev = found["device_facts"]
-    dp, unit = found.get("batch_split", (1, ""))
-    if _named_gpu(dev) and not measured_on(sec["gpu"], dev.name):
-        why = f"measured on {sec['gpu']} only, not {dev.name.replace('NVIDIA ', '')}"
-    elif row is None:
-        why = f"measured at {shapes} per rank only"
-    elif unmeasured is not None:
-        why = unmeasured
-    else:
-        differs = [text for cond, text in (
-            (unit != "DP-attention rank", "DP attention, one rank's batch and layers, not this parallelism"),
-            (heads != 64, f"64 index heads, not {heads}"),
-            (topk != 2048, f"top-2048 selection, not top-{topk}"),
-            (found.get("kv_dtype") != "fp8", f"an FP8 MLA KV cache, not {str(found.get('kv_dtype')).upper()}"),
-            (found.get("dcp_size", 1) != 1, f"no DCP, not DCP {found.get('dcp_size')}")) if cond]
-        if differs:
-            why = "measured with " + "; ".join(differs)
+    row = measured_cycle(tables, batch, context, next_n)
+    _, unit = found.get("batch_split", (1, ""))
+    why = unquoted_reason(sec["gpu"], found["device_facts"], row, f"{shapes} per rank", unmeasured, (
+        (unit != "DP-attention rank", "DP attention, one rank's batch and layers, not this parallelism"),
+        (heads != 64, f"64 index heads, not {heads}"),
+        (topk != 2048, f"top-2048 selection, not top-{topk}"),
+        (found.get("kv_dtype") != "fp8", f"an FP8 MLA KV cache, not {str(found.get('kv_dtype')).upper()}"),
+        (found.get("dcp_size", 1) != 1, f"no DCP, not DCP {found.get('dcp_size')}")))
     if why is not None:
         row = None
     return {"cycle": row, "cycle_why": why, "cycle_run": {k: sec[k] for k in ("gpu", "date", "stack")}}

@@ -165,6 +165,24 @@ def _gemm_and_gpus(sec: dict, found: dict) -> str:
             f"not --fp8-gemm-backend {asked} at --tp-size {found['tp_size']}")
 
 
+def unquoted_reason(gpu: str, dev: DeviceFacts, row: dict | None, shapes: str, unmeasured: str | None,
+                    checks) -> str | None:
+    """Why a whole-step row measured inside SGLang on ``gpu`` is not quoted for this deployment, or None.
+
+    In order: another named GPU; no row at this shape (``shapes``: what was measured); ``unmeasured`` (the
+    configuration's own reason); then every ``(differs, text)`` of ``checks`` that holds, joined as "measured with
+    ...". The shape comes before the flags: where it was never measured, no flag or device would make a row hold.
+    """
+    if _named_gpu(dev) and not measured_on(gpu, dev.name):
+        return f"measured on {gpu} only, not {dev.name.replace('NVIDIA ', '')}"
+    if row is None:
+        return f"measured at {shapes} only"
+    if unmeasured is not None:
+        return unmeasured
+    differs = [text for cond, text in checks if cond]
+    return "measured with " + "; ".join(differs) if differs else None
+
+
 def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: int, batch: int, context: int,
                    next_n: int, topk: int) -> dict:
     """``sglang_decode`` (the SGLang-measured decode row of exactly this shape, for server flags with the runs'
@@ -176,30 +194,18 @@ def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: 
     if not sec:
         return {"sglang_decode": None, "sglang_decode_why": None, "sglang_decode_run": None}
     shapes = ", ".join(f"{r['batch']} x {_k(r['context'])}" for r in sec["rows"])
-    # The first reason is the shape: where it was never measured, no flag or device would make the row hold.
-    row, why = measured_decode(tables, batch, context), None
-    dev: DeviceFacts = found["device_facts"]
-    if _named_gpu(dev) and not measured_on(sec["gpu"], dev.name):
-        why = f"measured on {sec['gpu']} only, not {dev.name.replace('NVIDIA ', '')}"
-    elif row is None:
-        why = f"measured at {shapes} only"
-    elif unmeasured is not None:
-        why = unmeasured
-    elif next_n != 1:
-        why = f"measured with MTP off, not at next_n {next_n}"
-    else:
-        # The SGLang runs' model selects DSA's top-2048, the tables' top-k (make-model's v32-layers config).
-        run_topk = int(tables["recall"]["topk"])
-        differs = [text for cond, text in (
-            (heads != sec["index_heads"], f"{sec['index_heads']} index heads, not {heads}"),
-            (topk != run_topk, f"top-{run_topk} selection, not top-{topk}"),
-            (found.get("kv_dtype") != sec["kv_cache_dtype"],
-             f"an {sec['kv_cache_dtype'].upper()} MLA KV cache, not {str(found.get('kv_dtype')).upper()}"),
-            (found["dcp_size"] != 1, f"no DCP, not DCP {found['dcp_size']}"),
-            ((found["fp8_gemm_backend"], found["tp_size"]) != (sec["fp8_gemm_backend"], sec["tp_size"]),
-             _gemm_and_gpus(sec, found))) if cond]
-        if differs:
-            why = "measured with " + "; ".join(differs)
+    row = measured_decode(tables, batch, context)
+    # The SGLang runs' model selects DSA's top-2048, the tables' top-k (make-model's v32-layers config).
+    run_topk = int(tables["recall"]["topk"])
+    why = unquoted_reason(sec["gpu"], found["device_facts"], row, shapes, unmeasured, (
+        (next_n != 1, f"MTP off, not at next_n {next_n}"),
+        (heads != sec["index_heads"], f"{sec['index_heads']} index heads, not {heads}"),
+        (topk != run_topk, f"top-{run_topk} selection, not top-{topk}"),
+        (found.get("kv_dtype") != sec["kv_cache_dtype"],
+         f"an {sec['kv_cache_dtype'].upper()} MLA KV cache, not {str(found.get('kv_dtype')).upper()}"),
+        (found["dcp_size"] != 1, f"no DCP, not DCP {found['dcp_size']}"),
+        ((found["fp8_gemm_backend"], found["tp_size"]) != (sec["fp8_gemm_backend"], sec["tp_size"]),
+         _gemm_and_gpus(sec, found))))
     if why is not None:
         row = None
     run = {k: sec[k] for k in ("gpu", "date", "model")}
