@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the DeepGEMM source packed by scripts/pack_deepgemm.sh on the GPU machine.
 #
-#   bash scripts/build_deepgemm.sh [ARCHIVE] [DEST]    # defaults: .peers/deepgemm.tar.gz, /tmp/deepgemm
+#   bash scripts/build_deepgemm.sh [ARCHIVE] [DEST]    # defaults: .peers/deepgemm.tar.xz, /tmp/deepgemm
 #
 # Prints the folder to put on the benchmark's peer path (SGLANG_FP4_INDEXER_PEER_SITE)
 # as its last line; exits non-zero when the build fails (its log: DEST/build.log).
@@ -9,7 +9,7 @@
 # builds a module that crashes in std::regex at import.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ARCHIVE="${1:-.peers/deepgemm.tar.gz}"
+ARCHIVE="${1:-.peers/deepgemm.tar.xz}"
 DEST="${2:-/tmp/deepgemm}"
 PY="${PYTHON:-python3}"
 [ -f "$ARCHIVE" ] || { echo "no DeepGEMM archive at $ARCHIVE (scripts/pack_deepgemm.sh makes it)" >&2; exit 3; }
@@ -18,7 +18,8 @@ STAMP="$DEST/DeepGEMM/.built-from"
 SUM="$(sha256sum "$ARCHIVE" | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SUM" ]; then echo "$DEST/DeepGEMM"; exit 0; fi
 rm -rf "$DEST"; mkdir -p "$DEST"
-tar -xzf "$ARCHIVE" -C "$DEST"
+# Python's tarfile reads the xz archive (no xz binary needed on the machine).
+"$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' "$ARCHIVE" "$DEST"
 cd "$DEST/DeepGEMM"
 # The archive holds CUTLASS's cute/cutlass headers once, under deep_gemm/include; setup.py reads them from
 # third-party/cutlass/include as well (archives packed before this held both copies).

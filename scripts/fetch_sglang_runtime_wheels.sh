@@ -2,7 +2,7 @@
 # Download what SGLang's own model runner needs on a GPU machine that has torch 2.11 / CUDA 13 and
 # Python 3.12 but neither SGLang nor a network, in two folders: .peers/sglang-runtime/part1 (SGLang, slimmed, and
 # the small wheels the image lacks; 27 MB) and .peers/sglang-runtime/part2 (sglang-kernel, slimmed, and
-# FlashMLA; 25 MB). Both, the checkout and .peers/deepgemm.tar.gz travel in one call (<= 64 MiB);
+# FlashMLA; 25 MB). Both, the checkout and .peers/deepgemm.tar.xz travel in one call (<= 64 MiB);
 # scripts/sglang_gpu_check.sh installs them with pip --no-deps --no-index --target.
 #
 #   bash scripts/fetch_sglang_runtime_wheels.sh

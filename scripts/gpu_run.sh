@@ -9,7 +9,7 @@
 #   bash scripts/gpu_run.sh tests [PYTEST ARGS...]  # pytest -m gpu only (TEST_LIMIT default 560 s); the files or
 #                                           # -k/--deselect given split the GPU tests over calls that each fit
 # With .peers/ in the checkout the peers run: scripts/fetch_peer_wheels.sh fills .peers/whl (SGLang's
-# Triton FP4 scorer), scripts/pack_deepgemm.sh writes .peers/deepgemm.tar.gz (DeepGEMM's FP8
+# Triton FP4 scorer), scripts/pack_deepgemm.sh writes .peers/deepgemm.tar.xz (DeepGEMM's FP8
 # scorers, built here by scripts/build_deepgemm.sh while the GPU tests run).
 # Environment: OUT (output folder; default ./out), PYTHON (default python3),
 # TEST_LIMIT / BENCH_LIMIT / PREFILL_LIMIT (seconds; quick mode's add up to under 10 minutes).
@@ -50,10 +50,10 @@ if ls .peers/whl/*.whl >/dev/null 2>&1; then
 fi
 
 # 1b. DeepGEMM from source, in the background (about 75 s on 16 cores).
-DG="no DeepGEMM archive (.peers/deepgemm.tar.gz): DeepGEMM's scorers will be unavailable"
+DG="no DeepGEMM archive (.peers/deepgemm.tar.xz): DeepGEMM's scorers will be unavailable"
 DG_PID=
-if [ -f .peers/deepgemm.tar.gz ]; then
-  bash scripts/build_deepgemm.sh .peers/deepgemm.tar.gz /tmp/deepgemm >"$OUTDIR/deepgemm_build.txt" 2>&1 &
+if [ -f .peers/deepgemm.tar.xz ]; then
+  bash scripts/build_deepgemm.sh .peers/deepgemm.tar.xz /tmp/deepgemm >"$OUTDIR/deepgemm_build.txt" 2>&1 &
   DG_PID=$!
 fi
 

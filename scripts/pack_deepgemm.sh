@@ -9,7 +9,7 @@
 # FMT_GIT_DIR: one of github.com/fmtlib/fmt (the commit DeepGEMM pins as its
 # submodule is used when present). CUTLASS/CuTe headers come from the
 # sgl-deep-gemm wheel on PyPI (its deep_gemm/include/ holds cute/ and cutlass/).
-# Output: .peers/deepgemm.tar.gz (git-ignored, ~3 MB): take it along with the checkout to the
+# Output: .peers/deepgemm.tar.xz (git-ignored, ~1.3 MB, xz): take it along with the checkout to the
 # GPU machine; scripts/gpu_run.sh builds it there (scripts/build_deepgemm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +52,6 @@ PYEOF
 # the GPU machine, so the archive holds them once (a second copy added 2.5 MiB to a call that carries at most 64 MiB).
 echo "DeepGEMM $DG_COMMIT, fmt $(git --git-dir="$FMT" rev-parse "$FMT_REV"), cute/cutlass from sgl-deep-gemm $WHEEL_VERSION" \
   > "$STAGE/DeepGEMM/PACKED_FROM"
-tar -C "$STAGE" -czf .peers/deepgemm.tar.gz DeepGEMM
+tar -C "$STAGE" -cJf .peers/deepgemm.tar.xz DeepGEMM
 cat "$STAGE/DeepGEMM/PACKED_FROM"
-du -h .peers/deepgemm.tar.gz
+du -h .peers/deepgemm.tar.xz

@@ -4,7 +4,7 @@
 # scripts/fetch_sglang_runtime_wheels.sh, DeepGEMM from scripts/pack_deepgemm.sh.
 #
 # The slimmed wheels, DeepGEMM's sources and the checkout fit one call while the checkout stays under about 12 MB
-# (carry .peers/sglang-runtime/part1, .peers/sglang-runtime/part2 and .peers/deepgemm.tar.gz, and .peers/jit-cache
+# (carry .peers/sglang-runtime/part1, .peers/sglang-runtime/part2 and .peers/deepgemm.tar.xz, and .peers/jit-cache
 # where an earlier call brought JIT caches back); past that, carry part2 in the next call: each call installs the
 # parts it finds and a warm machine keeps them. The steps can follow each other in one command or in calls that
 # follow each other while the machine keeps /tmp:
@@ -24,6 +24,8 @@
 #                                              # then FP8, on the tiny model (scripts/hicache_radix_gpu.py)
 #   bash scripts/sglang_gpu_check.sh soak      # thousands of requests that disconnect, abort and retract, FP4 then
 #                                              # FP8, with the checks of scripts/soak.py (tiny model, MTP on)
+#   bash scripts/sglang_gpu_check.sh ab        # `sglang-fp4-indexer ab` end to end (both arms, both orders) on the
+#                                              # tiny model with MTP (AB_SIZE=v32-layers: the real-size layers)
 #   bash scripts/sglang_gpu_check.sh server    # one request to launch_server with --enable-fp4-indexer
 #   bash scripts/sglang_gpu_check.sh pd        # PD disaggregation on one GPU (scripts/pd_gpu.py): FP4 prefill ->
 #                                              # FP4 decode over Mooncake TCP against a plain FP4 server, then FP8
@@ -89,8 +91,8 @@ if [ ! -f "$WORK/plugin.installed" ] || [ sglang_fp4_indexer -nt "$WORK/plugin.i
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site . \
     >>"$WORK/logs/pip.log" 2>&1 && touch "$WORK/plugin.installed" || echo "plugin install failed (logs/pip.log)"
 fi
-if [ -f .peers/deepgemm.tar.gz ] && [ ! -f "$WORK/deepgemm.site" ]; then
-  bash scripts/build_deepgemm.sh .peers/deepgemm.tar.gz /tmp/deepgemm >"$WORK/logs/deepgemm_build.log" 2>&1 \
+if [ -f .peers/deepgemm.tar.xz ] && [ ! -f "$WORK/deepgemm.site" ]; then
+  bash scripts/build_deepgemm.sh .peers/deepgemm.tar.xz /tmp/deepgemm >"$WORK/logs/deepgemm_build.log" 2>&1 \
     && tail -n 1 "$WORK/logs/deepgemm_build.log" >"$WORK/deepgemm.site" || echo "DeepGEMM build failed"
 fi
 # The test-only top-k trace plugin (scripts/topk_trace): registers nothing unless FP4_INDEXER_TOPK_TRACE_DIR is set.
@@ -364,31 +366,66 @@ case "$STEP" in
   soak)
     # Under pressure (scripts/soak.py): launch_server on the tiny model with MTP (EAGLE 3 steps / 4 draft tokens), the
     # radix cache and CUDA graphs on, and a KV pool of SOAK_POOL_TOKENS (default 262144) so that SGLang retracts
-    # decode requests; then SOAK_REQUESTS (default 3000) requests of 100 to 60K tokens, a third behind shared
-    # prefixes, some disconnecting and some aborted, the bad inputs, and the checks. FP4 then FP8 (SOAK_FORMATS);
-    # SOAK_HICACHE=1 adds SGLang's hierarchical cache (eviction to host memory and reload). SOAK_LIMIT bounds each.
-    # Not yet run on a GPU.
+    # decode requests; then SOAK_REQUESTS (default 3000) requests of 100 to SOAK_MAX_LEN (default 60000) tokens,
+    # SOAK_CONCURRENCY (default 32) at a time, a third behind shared prefixes, some disconnecting and some aborted,
+    # the bad inputs, and the checks. FP4 then FP8 (SOAK_FORMATS); SOAK_HICACHE=1 adds SGLang's hierarchical cache
+    # (eviction to host memory and reload). SOAK_LIMIT (default 1500 s) bounds each format; no request is sent
+    # after SOAK_LIMIT - 200 s. The test-only trace plugin keeps every SOAK_TRACE_EVERY-th batch (default 20) with
+    # layer 0's scorer inputs and pages, which soak.py check holds to the fp64 oracle.
     HICACHE=(); [ "${SOAK_HICACHE:-0}" = 1 ] && HICACHE=(--enable-hierarchical-cache --hicache-ratio 2)
+    tag=soak; [ "${SOAK_HICACHE:-0}" = 1 ] && tag=soak_hicache
     for fmt in ${SOAK_FORMATS:-fp4 fp8}; do
-      log="$WORK/logs/soak_server_$fmt.log"
-      "$PY" -m sglang.launch_server --model-path "$M" --host 127.0.0.1 --port 30791 --load-format dummy \
+      log="$WORK/logs/${tag}_server_$fmt.log"
+      rm -rf "$WORK/trace_${tag}_$fmt"
+      FP4_INDEXER_TOPK_TRACE_DIR="$WORK/trace_${tag}_$fmt" FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS=0 \
+        FP4_INDEXER_TOPK_TRACE_EVERY="${SOAK_TRACE_EVERY:-20}" \
+        "$PY" -m sglang.launch_server --model-path "$M" --host 127.0.0.1 --port 30791 --load-format dummy \
         --kv-cache-dtype fp8_e4m3 --max-total-tokens "${SOAK_POOL_TOKENS:-262144}" --random-seed 0 \
         --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 \
         --speculative-num-draft-tokens 4 --disable-prefill-cuda-graph --cuda-graph-max-bs-decode 32 \
         ${HICACHE[@]+"${HICACHE[@]}"} $([ $fmt = fp4 ] && echo --enable-fp4-indexer) >"$log" 2>&1 &
       spid=$!
+      t0=$SECONDS
       for _ in $(seq 1 "${SOAK_READY_S:-400}"); do
         "$PY" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:30791/health', timeout=2)" \
           >/dev/null 2>&1 && break
         kill -0 $spid 2>/dev/null || break
         sleep 1
       done
-      stage "soak_$fmt" "${SOAK_LIMIT:-1500}" "$PY" scripts/soak.py load --url http://127.0.0.1:30791 \
-        --out "$OUTDIR/soak_$fmt.json" --requests "${SOAK_REQUESTS:-3000}" --time-limit $(( ${SOAK_LIMIT:-1500} - 200 ))
+      echo "${tag}_${fmt} server ready after $((SECONDS - t0)) s" | tee -a "$WORK/stages.txt"
+      stage "${tag}_$fmt" "${SOAK_LIMIT:-1500}" "$PY" scripts/soak.py load --url http://127.0.0.1:30791 \
+        --out "$OUTDIR/${tag}_$fmt.json" --requests "${SOAK_REQUESTS:-3000}" --concurrency "${SOAK_CONCURRENCY:-32}" \
+        --max-len "${SOAK_MAX_LEN:-60000}" --time-limit $(( ${SOAK_LIMIT:-1500} - 200 ))
       kill $spid 2>/dev/null; wait $spid 2>/dev/null
-      "$PY" scripts/soak.py check "$OUTDIR/soak_$fmt.json" --log "$log" --json "$OUTDIR/soak_checks_$fmt.json" \
-        >>"$OUTDIR/table.txt" 2>&1 || echo "soak $fmt: a check failed (table.txt)"
+      echo "## ${tag} ${fmt}: $(head -c 300 "$OUTDIR/${tag}_$fmt.json" >/dev/null 2>&1 && echo load written || echo no load)" >>"$OUTDIR/table.txt"
+      "$PY" scripts/soak.py check "$OUTDIR/${tag}_$fmt.json" --log "$log" --trace "$WORK/trace_${tag}_$fmt" \
+        --draft-tokens 4 --json "$OUTDIR/${tag}_checks_$fmt.json" >>"$OUTDIR/table.txt" 2>&1 \
+        || echo "${tag} $fmt: a check failed (table.txt)"
+      gzip -c "$log" >"$OUTDIR/$(basename "$log").gz" 2>/dev/null
     done
+    ;;
+  ab)
+    # `sglang-fp4-indexer ab` end to end, as a deployer runs it, on AB_SIZE (default tiny; v32-layers: the real-size
+    # layers) with dummy weights (its quality figures mean nothing there, and its report says so): both orders
+    # (AB_ORDERS), GSM8K from AB_GSM8K (default .peers/gsm8k_test_head60.jsonl, the first 60 lines of GSM8K's
+    # test.jsonl; left out when absent), AB_QUESTIONS questions, passkey at the input length, a serving benchmark of
+    # AB_INPUT_LEN (default 4096) in / AB_OUTPUT_LEN (default 64) out at concurrency 8, and a KV-limited load at
+    # AB_KV_CONCURRENCY (default 64) on a pool capped at AB_POOL_TOKENS (default 131072: 31 such requests). MTP as the
+    # shipped config (EAGLE 3 steps / 4 draft tokens). The report and each arm's result land in $OUT/ab_<size>.
+    AB_SIZE="${AB_SIZE:-tiny}"
+    if [ "$AB_SIZE" != tiny ]; then
+      M="$WORK/$AB_SIZE"
+      "$PY" scripts/sglang_one_batch.py make-model "$M" --size "$AB_SIZE" >/dev/null
+    fi
+    GSM=(); [ -f "${AB_GSM8K:-.peers/gsm8k_test_head60.jsonl}" ] && GSM=(--gsm8k-data "${AB_GSM8K:-.peers/gsm8k_test_head60.jsonl}" --gsm8k-questions "${AB_QUESTIONS:-40}")
+    stage "ab_$AB_SIZE" "${AB_LIMIT:-560}" "$PY" -m sglang_fp4_indexer.cli ab "$M" --out "$OUTDIR/ab_$AB_SIZE" \
+      --orders "${AB_ORDERS:-fp8-first,fp4-first}" --input-lens "${AB_INPUT_LEN:-4096}" --output-len "${AB_OUTPUT_LEN:-64}" \
+      --concurrency 8 --prompts 16 --kv-limited-concurrency "${AB_KV_CONCURRENCY:-64}" ${GSM[@]+"${GSM[@]}"} \
+      --passkey-trials 2 --port 30793 --ready-timeout 400 -- \
+      --load-format dummy --kv-cache-dtype fp8_e4m3 --max-total-tokens "${AB_POOL_TOKENS:-131072}" --random-seed 0 \
+      --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 \
+      --disable-prefill-cuda-graph --cuda-graph-max-bs-decode 32
+    cp "$WORK/logs/ab_$AB_SIZE.log" "$OUTDIR/ab_$AB_SIZE/ab_command.log" 2>/dev/null
     ;;
   server)
     # A fresh machine compiles SGLang's and DeepGEMM's JIT kernels while it captures the first decode graph

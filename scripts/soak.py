@@ -14,14 +14,23 @@ is the client and the checks, and talks to the server over HTTP only (it imports
   random delay (``--abort-frac``), and a fraction ask for log-probabilities with the top 5
   (``--logprob-frac``), which must all be finite. Then the bad inputs a deployer sends (``bad_inputs``).
   The load is bounded in requests and in time (``--time-limit``) and talks only to ``--url``.
-* ``check OUT.json [--log SERVER.log] [--json CHECKS.json]``: the checks, as a table; exit 1 when one fails.
+* ``check OUT.json [--log SERVER.log] [--trace DIR --draft-tokens N] [--json CHECKS.json]``: the checks, as a
+  table; exit 1 when one fails. ``--trace``: the test-only top-k trace plugin's records of the run
+  (``scripts/topk_trace``, a sample of batches with ``FP4_INDEXER_TOPK_TRACE_EVERY``, layer 0's scorer inputs
+  and pages with ``FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS=0``), checked by ``scripts/sglang_one_batch.py``'s
+  ``check_trace`` and ``oracle_check``.
 
 What the checks hold a server to (``checks``): no request failed with a server error (HTTP 5xx or SGLang's
 error chunk) and every finished request's log-probabilities are finite; the probes gave the same tokens before
 and after the load; the server answered ``/health`` after the load and after each bad input, and each bad
-input got an answer (SGLang's error for what it refuses); and, from the server's log, no traceback and no
-pool leak SGLang's own invariant checker reports (``memory leak detected``), with the retractions SGLang
-logged counted (``retract``).
+input got an answer (SGLang's error for what it refuses); the KV pool, read from SGLang's ``/v1/loads`` after
+``/flush_cache`` before the load and again after it has drained, has as many free tokens afterwards as before and
+none in use (the FP4 pool's payload and scale planes live in the same pages, allocated by the same allocator, so
+one count covers both); from the server's log, no traceback and no pool leak SGLang's own invariant checker
+reports (``memory leak detected``; it checks available + evictable + protected = total each time the scheduler
+goes idle), with the retractions SGLang logged counted (``retract``); and, with ``--trace``, every sampled top-k
+row valid (``min(top-k, keys)`` distinct entries, each a key the row may see) and the oracle layer's sampled rows
+equal to an fp64 oracle's top-k within the scorer's error bound, on the cache pages the server held then.
 """
 
 from __future__ import annotations
@@ -44,13 +53,16 @@ SHARED_PREFIXES = 4
 
 
 def _post(url: str, body: dict, timeout: float) -> tuple[int, bytes]:
-    """POST ``body`` as JSON; ``(status, body bytes)``, HTTP errors included (never raises for a status)."""
+    """POST ``body`` as JSON; ``(status, body bytes)``, HTTP errors included (never raises for a status);
+    ``(0, b"")`` when the server does not answer."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+    except OSError:
+        return 0, b""
 
 
 def _get(url: str, timeout: float = 30.0) -> tuple[int, bytes]:
@@ -232,6 +244,64 @@ def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: i
             "errors": [r["detail"] for r in results if r["outcome"] == "error"][:20]}
 
 
+def pool_state(base: str, settle_s: float = 20.0) -> dict:
+    """The KV pool once nothing runs: ``/flush_cache`` (the radix cache's pages back to the free list), then
+    SGLang's ``/v1/loads`` polled until it reports no running or waiting request and no token in use, or
+    ``settle_s`` seconds pass.
+
+    Returns:
+        dict: ``max_total_num_tokens``, ``num_used_tokens``, ``free_tokens`` (their difference),
+        ``num_running_reqs``, ``num_waiting_reqs``, ``flushed`` (``/flush_cache`` answered 200); ``{"error": ...}``
+        when ``/v1/loads`` does not answer with a load.
+    """
+    flushed = _post(base + "/flush_cache", {}, 60.0)[0] == 200
+    deadline = time.time() + settle_s
+    while True:
+        status, raw = _get(base + "/v1/loads")
+        try:
+            load = (json.loads(raw).get("loads") or [None])[0] if status == 200 else None
+        except ValueError:
+            load = None
+        if not isinstance(load, dict):
+            out = {"error": f"/v1/loads: HTTP {status}: {raw[:200]!r}"}
+        else:
+            out = {k: int(load.get(k) or 0) for k in ("max_total_num_tokens", "num_used_tokens", "num_running_reqs",
+                                                      "num_waiting_reqs")}
+            out["free_tokens"] = out["max_total_num_tokens"] - out["num_used_tokens"]
+        out["flushed"] = flushed
+        idle = "error" not in out and out["num_used_tokens"] == 0 and out["num_running_reqs"] == 0 \
+            and out["num_waiting_reqs"] == 0
+        if idle or time.time() > deadline:
+            return out
+        time.sleep(1.0)
+
+
+def trace_summary(trace_dir: str, draft_tokens: int) -> dict:
+    """The sampled top-k rows of a soak (the trace plugin's records under ``trace_dir``) through
+    ``scripts/sglang_one_batch.py``'s ``check_trace`` (each row's count, range and duplicates) and ``oracle_check``
+    (the oracle layer's rows against the fp64 oracle on the pages the server held).
+
+    Returns:
+        dict: ``records``, ``valid`` (per mode: calls, rows, stale, count / duplicate / out_of_range /
+        missing_rows failures) and ``oracle`` (per mode: calls, rows, failed, stale, worst_margin).
+
+    Raises:
+        FileNotFoundError: ``trace_dir`` holds no record.
+    """
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (here, os.path.join(here, "topk_trace")):
+        if d not in sys.path:
+            sys.path.insert(0, d)
+    import sglang_one_batch as tool
+    from fp4_indexer_topk_trace import read_trace
+
+    records = read_trace(trace_dir)
+    valid = tool.check_trace(records, draft_tokens)["modes"]
+    return {"records": len(records), "valid": valid, "oracle": tool.oracle_check(records, draft_tokens)}
+
+
 def log_counts(text: str) -> dict:
     """What a server's log says about the run: tracebacks, SGLang's pool-leak reports (its invariant checker's
     ``memory leak detected``), retraction lines, and HiCache's eviction to and loads from host memory."""
@@ -241,9 +311,10 @@ def log_counts(text: str) -> dict:
             "hicache_lines": sum(1 for ln in low.splitlines() if "hicache" in ln and ("evict" in ln or "load" in ln))}
 
 
-def checks(run: dict, log_text: str | None = None) -> list[dict]:
-    """The soak's checks (module docstring) on ``load``'s JSON (and the server log's text, when given): rows of
-    ``check``, ``ok``, ``detail``."""
+def checks(run: dict, log_text: str | None = None, trace: dict | None = None) -> list[dict]:
+    """The soak's checks (module docstring) on ``load``'s JSON (and the server log's text, and ``trace_summary``'s
+    result, when given): rows of ``check``, ``ok``, ``detail``. A run without a pool reading (``pool_before`` /
+    ``pool_after``) fails the pool row: nothing passes unread."""
     c = run["load"]["counts"]
     rows = [
         {"check": "no request failed with a server error", "ok": c.get("error", 0) == 0,
@@ -258,6 +329,30 @@ def checks(run: dict, log_text: str | None = None) -> list[dict]:
         ok = b["healthy"] and 0 < b["status"] < 500 and b.get("finite", True)
         rows.append({"check": f"bad input, {b['input']}: an answer, server healthy", "ok": ok,
                      "detail": f"HTTP {b['status']}: {b['answer'][:80]}"})
+    before, after = run.get("pool_before") or {}, run.get("pool_after") or {}
+    read = "error" not in before and "error" not in after and before.get("max_total_num_tokens", 0) > 0
+    rows.append({"check": "KV pool: as many free tokens after the load as before, none in use",
+                 "ok": read and after.get("free_tokens") == before.get("free_tokens")
+                 and after.get("num_used_tokens") == 0 and after.get("max_total_num_tokens")
+                 == before.get("max_total_num_tokens"),
+                 "detail": f"before {before}, after {after}" if read else f"not read: before {before}, after {after}"})
+    if trace is not None:
+        valid, oracle = trace.get("valid") or {}, trace.get("oracle") or {}
+        rows_seen = sum(m["rows"] for m in valid.values())
+        bad = {mode: {k: m[k] for k in ("count", "duplicate", "out_of_range", "missing_rows") if m.get(k)}
+               for mode, m in valid.items()}
+        bad = {mode: v for mode, v in bad.items() if v}
+        rows.append({"check": "sampled top-k rows valid (count, range, no duplicates)", "ok": rows_seen > 0 and not bad,
+                     "detail": f"{trace.get('records', 0)} batches sampled, " + ", ".join(
+                         f"{mode}: {m['rows']} rows in {m['calls']} calls ({m['stale']} stale)"
+                         for mode, m in valid.items()) + (f"; failures {bad}" if bad else "")})
+        o_rows = sum(m["rows"] for m in oracle.values())
+        o_failed = sum(m["failed"] for m in oracle.values())
+        worst = min((m["worst_margin"] for m in oracle.values() if m["rows"]), default=float("nan"))
+        rows.append({"check": "sampled rows = fp64 oracle top-k on the server's pages (within the bound)",
+                     "ok": o_rows > 0 and o_failed == 0,
+                     "detail": ", ".join(f"{mode}: {m['rows']} rows, {m['failed']} failed" for mode, m in oracle.items())
+                     + f"; worst margin {worst:.4g}"})
     if log_text is not None:
         lc = log_counts(log_text)
         rows.append({"check": "server log: no traceback, no pool leak SGLang reports", "ok": lc["tracebacks"] == 0
@@ -286,6 +381,7 @@ def _load_cmd(argv: list[str]) -> int:
     base = o.url.rstrip("/")
     run = {"url": base, "info_before": json.loads(_get(base + "/get_server_info")[1] or b"{}"),
            "probes_before": probes(base)}
+    run["pool_before"] = pool_state(base)
     try:
         run["load"] = load(base, requests=o.requests, concurrency=o.concurrency, min_len=o.min_len,
                            max_len=o.max_len, output_len=o.output_len, shared_frac=o.shared_frac,
@@ -296,6 +392,7 @@ def _load_cmd(argv: list[str]) -> int:
     run["healthy_after"] = _get(base + "/health")[0] == 200
     run["probes_after"] = probes(base)
     run["bad_inputs"] = bad_inputs(base, o.context_len)
+    run["pool_after"] = pool_state(base)
     run["info_after"] = json.loads(_get(base + "/get_server_info")[1] or b"{}")
     with open(o.out, "w") as f:
         json.dump(run, f, indent=1, default=str)
@@ -307,10 +404,18 @@ def _check_cmd(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="soak.py check")
     p.add_argument("run", help="what `load` wrote")
     p.add_argument("--log", help="the server's log")
+    p.add_argument("--trace", help="the top-k trace plugin's folder for this run (sampled rows, oracle layer)")
+    p.add_argument("--draft-tokens", type=int, default=4, help="the server's --speculative-num-draft-tokens")
     p.add_argument("--json")
     o = p.parse_args(argv)
     run = json.load(open(o.run))
-    rows = checks(run, open(o.log, errors="replace").read() if o.log else None)
+    trace = None
+    if o.trace:
+        try:
+            trace = trace_summary(o.trace, o.draft_tokens)
+        except FileNotFoundError as e:
+            trace = {"records": 0, "valid": {}, "oracle": {}, "error": str(e)}
+    rows = checks(run, open(o.log, errors="replace").read() if o.log else None, trace)
     if o.json:
         with open(o.json, "w") as f:
             json.dump(rows, f, indent=1)

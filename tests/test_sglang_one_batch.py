@@ -546,3 +546,33 @@ def test_oracle_row_counts_the_init_and_local_tokens_sglang_forces_as_chosen():
     assert tool.oracle_row(q, w, keys, scales, slots, rows[0], forced=forced)["ok"]
     exact = _served(cache, rows[0], q, w, n)
     assert not tool.oracle_row(q, w, keys, scales, exact, rows[0], forced=forced)["ok"]
+
+
+def test_trace_plugin_saves_every_nth_batch_and_names_a_bad_every(tmp_path, monkeypatch):
+    """``FP4_INDEXER_TOPK_TRACE_EVERY=2``: of three batches with an eager top-k call each, the first and the third
+    are saved and every batch's calls are taken (none is carried into the next); a value below 1 is named."""
+    import sys
+    from types import SimpleNamespace as NS
+
+    monkeypatch.syspath_prepend(str(_TRACE_DIR))
+    sys.modules.pop("fp4_indexer_topk_trace", None)
+    import fp4_indexer_topk_trace as trace
+
+    monkeypatch.setenv(trace.ENV, str(tmp_path))
+    monkeypatch.setenv(trace.EVERY_ENV, "2")
+    assert trace.every() == 2
+    table = torch.zeros(2, 64, dtype=torch.int32)
+    batch = NS(reqs=[NS(origin_input_ids=[0] * 20, output_ids=[0] * 3, kv=NS(req_pool_idx=1))],
+               forward_mode=NS(name="DECODE"))
+    for step in range(3):
+        trace._state["eager"].append({"layer": 0, "mode": "DECODE", "rows": 1, "graph": False,
+                                      "topk": torch.full((1, 4), step, dtype=torch.int32),
+                                      "pos": torch.tensor([22 + step])})
+        trace._after_run_batch(None, NS(req_to_token_pool=NS(req_to_token=table)), batch)
+        assert trace._state["eager"] == []
+    saved = trace.read_trace(str(tmp_path))
+    assert [int(r["calls"][0]["topk"][0, 0]) for r in saved] == [0, 2]
+    for bad in ("0", "x"):
+        monkeypatch.setenv(trace.EVERY_ENV, bad)
+        with pytest.raises(ValueError, match="FP4_INDEXER_TOPK_TRACE_EVERY: expected an int >= 1"):
+            trace.every()

@@ -24,10 +24,15 @@ _spec.loader.exec_module(soak)
 CONTEXT = 20000
 
 
+POOL = 100000
+
+
 def _standin(fault=None):
     """The stand-in server. ``fault``: ``"nan"`` (a NaN log-probability), ``"drift"`` (the probes' answers change
-    once the load has run), ``"error"`` (every 7th streamed request gets SGLang's error chunk)."""
-    state = {"aborted": set(), "generated": 0, "lock": threading.Lock()}
+    once the load has run), ``"error"`` (every 7th streamed request gets SGLang's error chunk), ``"leak"`` (each
+    disconnected request keeps 64 tokens of the KV pool, as a page freed on no path would). ``/v1/loads``
+    answers as SGLang's does in the fields the script reads, from the tokens the stand-in holds."""
+    state = {"aborted": set(), "generated": 0, "lock": threading.Lock(), "held": 0}
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"
@@ -46,7 +51,10 @@ def _standin(fault=None):
             if self.path == "/health":
                 self._send(200, {})
             elif self.path == "/get_server_info":
-                self._send(200, {"max_total_num_tokens": 100000})
+                self._send(200, {"max_total_num_tokens": POOL})
+            elif self.path == "/v1/loads":
+                self._send(200, {"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0,
+                                            "num_used_tokens": state["held"], "max_total_num_tokens": POOL}]})
             else:
                 self._send(404, {})
 
@@ -54,6 +62,8 @@ def _standin(fault=None):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.path == "/abort_request":
                 state["aborted"].add(body.get("rid"))
+                return self._send(200, {})
+            if self.path == "/flush_cache":
                 return self._send(200, {})
             ids = body.get("input_ids") or []
             if not ids and "text" in body:
@@ -87,6 +97,9 @@ def _standin(fault=None):
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()
                 except OSError:  # the client left
+                    if fault == "leak":
+                        with state["lock"]:
+                            state["held"] += 64
                     return
             self.wfile.write(b"data: [DONE]\n\n")
 
@@ -99,7 +112,7 @@ def _run(fault=None, **kw):
     srv = _standin(fault)
     base = f"http://127.0.0.1:{srv.server_port}"
     try:
-        run = {"probes_before": soak.probes(base, output_len=4)}
+        run = {"probes_before": soak.probes(base, output_len=4), "pool_before": soak.pool_state(base, settle_s=0)}
         args = dict(requests=60, concurrency=8, min_len=10, max_len=2000, output_len=40, shared_frac=1 / 3,
                     disconnect_frac=0.2, abort_frac=0.2, logprob_frac=0.3, seed=3, time_limit=120.0,
                     abort_within_s=0.1)
@@ -108,6 +121,7 @@ def _run(fault=None, **kw):
         run["healthy_after"] = soak._get(base + "/health")[0] == 200
         run["probes_after"] = soak.probes(base, output_len=4)
         run["bad_inputs"] = soak.bad_inputs(base, CONTEXT)
+        run["pool_after"] = soak.pool_state(base, settle_s=0)
     finally:
         srv.shutdown()
     return run
@@ -135,11 +149,24 @@ def test_a_well_behaved_server_passes_and_every_kind_of_client_shows_up():
     ("nan", "every log-probability finite"),
     ("drift", "probes give the same tokens before and after the load"),
     ("error", "no request failed with a server error"),
+    ("leak", "KV pool: as many free tokens after the load as before, none in use"),
 ])
 def test_each_planted_fault_fails_its_check(fault, check):
     ok = _ok(soak.checks(_run(fault)))
     assert ok[check] is False
     assert sum(1 for v in ok.values() if not v) >= 1
+
+
+def test_the_pool_is_read_before_and_after_and_an_unread_pool_fails():
+    run = _run(requests=5, disconnect_frac=0.0, abort_frac=0.0)
+    assert run["pool_before"] == run["pool_after"] == {"max_total_num_tokens": POOL, "num_used_tokens": 0,
+                                                        "num_running_reqs": 0, "num_waiting_reqs": 0,
+                                                        "free_tokens": POOL, "flushed": True}
+    check = "KV pool: as many free tokens after the load as before, none in use"
+    assert _ok(soak.checks(run))[check] is True
+    for missing in ({"error": "/v1/loads: HTTP 404"}, None):
+        assert _ok(soak.checks(dict(run, pool_after=missing)))[check] is False
+    assert soak.pool_state("http://127.0.0.1:9", settle_s=0)["error"].startswith("/v1/loads: HTTP 0")
 
 
 def test_a_leak_or_a_traceback_in_the_servers_log_fails():
@@ -155,3 +182,58 @@ def test_bad_load_arguments_are_named():
     with pytest.raises(ValueError, match="min_len"):
         soak.load("http://127.0.0.1:9", requests=1, concurrency=1, min_len=5, max_len=2, output_len=1, shared_frac=0,
                   disconnect_frac=0, abort_frac=0, logprob_frac=0, seed=0, time_limit=1)
+
+
+# --- the sampled top-k rows: the trace plugin's records through check_trace and oracle_check -------------------
+
+_TOOL_PATH = Path(__file__).resolve().parents[1] / "tests" / "test_sglang_one_batch.py"
+_tspec = importlib.util.spec_from_file_location("_soak_one_batch_tests", _TOOL_PATH)
+one_batch_tests = importlib.util.module_from_spec(_tspec)
+_tspec.loader.exec_module(one_batch_tests)
+tool = one_batch_tests.tool
+
+
+def _trace(fault=None):
+    """``trace_summary``'s result for one sampled target-verify batch (two requests, 2 draft tokens) as the trace
+    plugin saves it, with its oracle call on request 0's FP4 pages, and ``fault`` planted in what the server held:
+    ``"skipped_store"`` (the store left the slot of the row's best key unwritten: that page holds zeros there, while
+    the scorer saw the key), ``"stale_schedule"`` (the rows were scored with the other request's key count, as a
+    schedule kept after the batch shrank would: keys past it never considered)."""
+    rec = one_batch_tests._oracle_record()
+    call = rec["oracle_calls"][0]
+    if fault == "skipped_store":  # FP4 page: payload plane (64 keys x 64 bytes of E2M1), then the scale plane
+        best = int(call["topk"][0, 0])  # the row's best key, as a KV slot
+        page = int((call["block_table"][0] == best // 64).nonzero()[0])
+        call["pages"][page, (best % 64) * 64: (best % 64 + 1) * 64] = 0
+    if fault == "stale_schedule":
+        cache, rows, q, w = one_batch_tests._oracle_request(2902)
+        for r in range(2):
+            s = one_batch_tests._served(cache, rows[0], q, w, 2401)  # the other request's length
+            call["topk"][r] = -1
+            call["topk"][r, : s.numel()] = s
+    return {"records": 1, "valid": {}, "oracle": tool.oracle_check([rec], draft_tokens=2)}
+
+
+@pytest.mark.parametrize("fault", [None, "skipped_store", "stale_schedule"])
+def test_the_oracle_row_fails_a_skipped_store_and_a_stale_schedule(fault):
+    run = _run(requests=3, disconnect_frac=0.0, abort_frac=0.0)
+    trace = _trace(fault)
+    trace["valid"] = {"DECODE": {"calls": 3, "rows": 12, "stale": 0, "count": 0, "duplicate": 0, "out_of_range": 0,
+                                 "missing_rows": 0}}
+    ok = _ok(soak.checks(run, trace=trace))
+    check = "sampled rows = fp64 oracle top-k on the server's pages (within the bound)"
+    assert ok[check] is (fault is None), trace["oracle"]
+    assert ok["sampled top-k rows valid (count, range, no duplicates)"] is True
+
+
+def test_invalid_sampled_rows_or_no_sampled_rows_fail():
+    run = _run(requests=3, disconnect_frac=0.0, abort_frac=0.0)
+    check = "sampled top-k rows valid (count, range, no duplicates)"
+    good = {"calls": 3, "rows": 12, "stale": 0, "count": 0, "duplicate": 0, "out_of_range": 0, "missing_rows": 0}
+    trace = {"records": 1, "oracle": {}, "valid": {"DECODE": good}}
+    assert _ok(soak.checks(run, trace=trace))[check] is True
+    for bad in ({"duplicate": 1}, {"out_of_range": 2}, {"count": 1}):
+        assert _ok(soak.checks(run, trace=dict(trace, valid={"DECODE": dict(good, **bad)})))[check] is False
+    assert _ok(soak.checks(run, trace={"records": 0, "valid": {}, "oracle": {}}))[check] is False
+    assert _ok(soak.checks(run, trace={"records": 0, "valid": {}, "oracle": {}}))[
+        "sampled rows = fp64 oracle top-k on the server's pages (within the bound)"] is False

@@ -32,6 +32,10 @@ cache pages the batch's first request reads, copied out of the pool the call sco
 pool for draft passes). ``scripts/sglang_one_batch.py trace-check --oracle`` recomputes those rows' top-k
 from those pages in fp64 and holds the server's to it within the scorer's error bound.
 
+With ``FP4_INDEXER_TOPK_TRACE_EVERY=N`` (default 1), only every N-th batch the hook sees is saved (its pages
+copied, its record written); the others' slots are read and poisoned as usual, so that a long run (the soak)
+keeps a sample of its batches without writing each.
+
 ``read_trace(DIR)`` loads the records, ``decode_rows`` gives a one-request trace's decode rows as token
 positions; ``scripts/sglang_one_batch.py trace-check`` checks them.
 """
@@ -51,8 +55,11 @@ ORACLE_ENV = "FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS"
 #: Captured paged-scorer calls the oracle arena holds, and the page-table columns it keeps (160K tokens).
 ORACLE_SLOTS = 64
 MAX_PAGES = 2560
+#: Save every N-th batch (default 1: every one).
+EVERY_ENV = "FP4_INDEXER_TOPK_TRACE_EVERY"
 
-_state = {"slots": [], "eager": [], "n": 0, "capture_seq": 0, "oracle_slots": [], "oracle_eager": [], "pools": {}}
+_state = {"slots": [], "eager": [], "n": 0, "capture_seq": 0, "oracle_slots": [], "oracle_eager": [], "pools": {},
+          "batches": 0}
 
 
 def register() -> None:
@@ -80,6 +87,22 @@ def oracle_layers() -> set[int]:
         return {int(v) for v in text.split(",") if v.strip()}
     except ValueError:
         raise ValueError(f"{ORACLE_ENV}: expected comma-separated layer ids, got {text!r}") from None
+
+
+def every() -> int:
+    """Every how many batches one is saved (``FP4_INDEXER_TOPK_TRACE_EVERY``; 1 when unset).
+
+    Raises:
+        ValueError: a value that is not an int >= 1.
+    """
+    text = os.environ.get(EVERY_ENV, "").strip() or "1"
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{EVERY_ENV}: expected an int >= 1 (save every N-th batch), got {text!r}")
+    return n
 
 
 def _capturing() -> bool:
@@ -201,10 +224,11 @@ def _after_paged(result, self, forward_batch, layer_id, q_fp8, weights, metadata
     return None
 
 
-def _oracle_calls() -> list[dict]:
+def _oracle_calls(keep: bool = True) -> list[dict]:
     """The oracle calls written since the last batch (eager ones and every arena slot written), on the CPU, each
     with the cache pages its first request reads (``pages``: uint8 ``[pages, page bytes]``, in the order of its
-    page-table row, as many as the call's longest row needs); the slots are poisoned again."""
+    page-table row, as many as the call's longest row needs); the slots are poisoned again. ``keep`` False: only
+    the poisoning (a batch left out of the sample), and ``[]``."""
     import torch
 
     calls = list(_state["oracle_eager"])
@@ -221,6 +245,8 @@ def _oracle_calls() -> list[dict]:
                           "topk": _state["oracle_topk"][k, :r].clone(), "pos": _state["oracle_pos"][k, :r].clone()})
         if written:
             _state["oracle_lens"][written] = POISON
+    if not keep:
+        return []
     out = []
     for c in calls:
         pool = _state["pools"].get((c["mode"], c["layer"]))
@@ -244,7 +270,9 @@ def _after_run_batch(result, self, batch, *args, **kwargs):
         return None
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    oracle = _oracle_calls() if oracle_layers() else []
+    _state["batches"] += 1
+    keep = (_state["batches"] - 1) % every() == 0
+    oracle = _oracle_calls(keep) if oracle_layers() else []
     calls = [dict(c, topk=c["topk"].cpu(), pos=c["pos"].cpu()) for c in _state["eager"]]
     _state["eager"].clear()
     if _state["slots"]:
@@ -257,7 +285,7 @@ def _after_run_batch(result, self, batch, *args, **kwargs):
         if written:
             arena_topk[written] = POISON
             arena_pos[written] = POISON
-    if not calls and not oracle:
+    if not keep or (not calls and not oracle):
         return None
     req_to_token = self.req_to_token_pool.req_to_token
     reqs = list(getattr(batch, "reqs", []) or [])
