@@ -626,7 +626,7 @@ def page_keys(pages, length: int, page_size: int = 64):
 
 
 def oracle_row(q, weights, keys, scales, topk_slots, page_ids, k: int = TOPK, page_size: int = 64,
-               forced: dict | None = None) -> dict:
+               forced: dict | None = None, unstable: int = 0) -> dict:
     """Hold one served top-k row to the fp64 oracle on the keys the server held, within the scorer's bound.
 
     The oracle logit of key j is ``sum_h w_h relu(q_h . k_j)`` (``reference.logits_from_keys``); the scorer may
@@ -644,6 +644,9 @@ def oracle_row(q, weights, keys, scales, topk_slots, page_ids, k: int = TOPK, pa
         forced: ``{"init": a, "local": b}``: the first ``a`` and last ``b`` keys, which SGLang's
             ``_mask_init_and_local_tokens`` puts in every top-k (``index_init_tokens`` / ``index_local_tokens`` of
             the model's config; 0 for DeepSeek-V3.2), count as chosen before any other.
+        unstable: the row's last ``unstable`` keys, whose bytes in ``keys`` may differ from what the scorer read
+            (``oracle_check`` says when): they constrain nothing (chosen or not, either is accepted); every other
+            key is held to the bound as above.
 
     Returns:
         dict: ``ok``, ``count`` (served entries), ``expected`` (min(k, n)), ``outside`` (entries that are no
@@ -675,8 +678,13 @@ def oracle_row(q, weights, keys, scales, topk_slots, page_ids, k: int = TOPK, pa
     chosen = torch.zeros(n, dtype=torch.bool)
     inside = torch.tensor([p for p in pos if 0 <= p < n], dtype=torch.long)
     chosen[inside] = True
-    lo = float((ref + bound)[chosen].min()) if bool(chosen.any()) else float("inf")
-    hi = float((ref - bound)[~chosen].max()) if bool((~chosen).any()) else float("-inf")
+    free = torch.zeros(n, dtype=torch.bool)
+    if unstable > 0:
+        free[max(0, n - unstable):] = True
+    upper = torch.where(free, torch.full_like(ref, float("inf")), ref + bound)
+    lower = torch.where(free, torch.full_like(ref, float("-inf")), ref - bound)
+    lo = float(upper[chosen].min()) if bool(chosen.any()) else float("inf")
+    hi = float(lower[~chosen].max()) if bool((~chosen).any()) else float("-inf")
     margin = lo - hi
     ok = outside == 0 and len(served) == expected and int(chosen.sum()) == expected and margin >= 0
     return {"ok": ok, "count": len(served), "expected": expected, "outside": outside, "margin": margin}
@@ -685,6 +693,12 @@ def oracle_row(q, weights, keys, scales, topk_slots, page_ids, k: int = TOPK, pa
 def oracle_check(records: list[dict], draft_tokens: int) -> dict:
     """``oracle_row`` for every recorded row of the first request of each oracle call (``oracle_calls`` of the
     trace plugin's records, written with ``FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS``), per mode.
+
+    The pages are copied after SGLang's scheduled batch, and SGLang's EAGLE worker runs a batch as draft (draft
+    decode), verify, then draft extend, which rewrites the draft model's keys at the draft tokens' positions after
+    the draft decode passes read them. A draft decode row's last ``draft_tokens`` keys are therefore ``unstable``
+    for ``oracle_row`` (they hold draft extend's bytes, not necessarily those the scorer read); every other key of
+    every row, and every key of the target verify and draft extend rows, is held to the bound.
 
     A call's rows of the first request are its first ``rows_per_request(mode)``, read against its page-table row
     ``block_table[0]`` (one row per request); a call whose rows are not at the batch's positions (``_positions_of_batch``: capture warm-ups, stale slots) is skipped
@@ -717,7 +731,7 @@ def oracle_check(records: list[dict], draft_tokens: int) -> dict:
                 n = int(c["lens"][r])
                 keys, scales = page_keys(c["pages"], n)
                 got = oracle_row(q[r], c["weights"][r], keys, scales, c["topk"][r], c["block_table"][0],
-                                 forced=c.get("forced"))
+                                 forced=c.get("forced"), unstable=draft_tokens if mode == "DECODE" else 0)
                 st["rows"] += 1
                 st["failed"] += not got["ok"]
                 st["worst_margin"] = min(st["worst_margin"], got["margin"])

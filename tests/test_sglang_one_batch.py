@@ -576,3 +576,72 @@ def test_trace_plugin_saves_every_nth_batch_and_names_a_bad_every(tmp_path, monk
         monkeypatch.setenv(trace.EVERY_ENV, bad)
         with pytest.raises(ValueError, match="FP4_INDEXER_TOPK_TRACE_EVERY: expected an int >= 1"):
             trace.every()
+
+
+@pytest.mark.sglang
+def test_trace_plugins_oracle_hook_wraps_an_around_hook_registered_after_it(monkeypatch):
+    """SGLang's real HookRegistry: an AROUND hook that never calls the function it wraps (as sglang-fp4-indexer's on
+    ``Indexer._get_topk_paged``) registered after the trace plugin's ``register_last`` still has the trace's AFTER
+    hook around it once ``apply_hooks`` runs; a plain AFTER registration before it would never run."""
+    import sys
+    import types
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    monkeypatch.syspath_prepend(str(_TRACE_DIR))
+    sys.modules.pop("fp4_indexer_topk_trace", None)
+    import fp4_indexer_topk_trace as trace
+
+    mod = types.ModuleType("_trace_order_target")
+
+    class Indexer:
+        def paged(self, x):
+            return ("sglang", x)
+
+    mod.Indexer = Indexer
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setattr(HookRegistry, "_hooks", type(HookRegistry._hooks)(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    monkeypatch.setattr(HookRegistry, "apply_hooks", HookRegistry.__dict__["apply_hooks"])
+    seen, inner_seen = [], []
+    target = f"{mod.__name__}.Indexer.paged"
+    HookRegistry.register(target, lambda result, *a, **k: inner_seen.append(result), HookType.AFTER)  # the old way
+    trace.register_last(target, lambda result, *a, **k: seen.append(result))
+    HookRegistry.register(target, lambda original, self, x: ("fp4", x), HookType.AROUND)  # never calls original
+    HookRegistry.apply_hooks()
+    assert Indexer().paged(3) == ("fp4", 3)
+    assert seen == [("fp4", 3)] and inner_seen == []
+    assert HookRegistry.__dict__["apply_hooks"].__func__.__qualname__ == "HookRegistry.apply_hooks"  # restored
+
+
+def test_oracle_row_lets_only_the_unstable_newest_keys_differ():
+    """A draft decode row scored before draft extend rewrote its newest keys: the served top-k (exact on the keys the
+    scorer read) fails against the rewritten pages unless those keys are ``unstable``; an older key rewritten
+    still fails."""
+    from sglang_fp4_indexer import reference
+
+    n = 2902
+    cache, rows, q, w = _oracle_request(n)
+    keys, scales = tool.page_keys(cache[rows[0]], n)
+    ref = reference.logits_from_keys(q, w, keys)
+    served = _served(cache, rows[0], q, w, n)
+    # Draft extend rewrote the newest key (on its page, in place) with the bytes of the lowest-scoring key when the
+    # served row chose it, else of the highest-scoring one: either way the served row is wrong on those pages.
+    new = n - 1
+    chosen_newest = bool(ref[new] >= ref.kthvalue(n - 2048 + 1).values)
+    low = int(torch.argmin(ref)) if chosen_newest else int(torch.argmax(ref))
+    pages = cache[rows[0]].clone()
+    for plane, width in ((0, 64), (64 * 64, 4)):  # payload plane, then scale plane
+        src = pages[low // 64, plane + (low % 64) * width: plane + (low % 64 + 1) * width].clone()
+        pages[new // 64, plane + (new % 64) * width: plane + (new % 64 + 1) * width] = src
+    rewritten, rs = tool.page_keys(pages, n)
+    assert not tool.oracle_row(q, w, rewritten, rs, served, rows[0])["ok"]
+    assert tool.oracle_row(q, w, rewritten, rs, served, rows[0], unstable=4)["ok"]
+    old = int(ref[: n - 4].argmax())  # an older key of the top-k, rewritten with the lowest-scoring key's bytes
+    low = int(torch.argmin(ref))
+    pages2 = cache[rows[0]].clone()
+    for plane, width in ((0, 64), (64 * 64, 4)):
+        src = pages2[low // 64, plane + (low % 64) * width: plane + (low % 64 + 1) * width].clone()
+        pages2[old // 64, plane + (old % 64) * width: plane + (old % 64 + 1) * width] = src
+    k2, s2 = tool.page_keys(pages2, n)
+    assert not tool.oracle_row(q, w, k2, s2, served, rows[0], unstable=4)["ok"]

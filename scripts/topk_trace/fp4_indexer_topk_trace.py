@@ -72,8 +72,27 @@ def register() -> None:
                           _after_indexer, HookType.AFTER)
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.run_batch", _after_run_batch, HookType.AFTER)
     if oracle_layers():
-        HookRegistry.register("sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._get_topk_paged",
-                              _after_paged, HookType.AFTER)
+        register_last("sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._get_topk_paged", _after_paged)
+
+
+def register_last(target: str, hook) -> None:
+    """Register ``hook`` as an AFTER hook on ``target`` when SGLang applies the hooks, after every plugin has
+    registered its own, so that it wraps outermost whatever order SGLang loads the plugins in.
+
+    sglang-fp4-indexer's AROUND hook on ``Indexer._get_topk_paged`` serves the FP4 cache without calling the
+    function it wraps; an AFTER hook registered before it sits inside it and never runs with FP4 on. SGLang's
+    ``load_plugins`` calls ``HookRegistry.apply_hooks`` once, after all plugins: this wraps that call once.
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    original = HookRegistry.__dict__["apply_hooks"]
+
+    def apply_hooks(cls, *args, **kwargs):
+        HookRegistry.register(target, hook, HookType.AFTER)
+        HookRegistry.apply_hooks = original
+        return original.__func__(cls, *args, **kwargs)
+
+    HookRegistry.apply_hooks = classmethod(apply_hooks)
 
 
 def oracle_layers() -> set[int]:
