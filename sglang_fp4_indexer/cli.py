@@ -137,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         The subcommand's exit code; 2 on a usage error (argparse's convention,
-        also used for a ``ValueError`` raised by the subcommand on bad options).
+        also used for a ``ValueError`` raised by the subcommand on bad options); 1, with one line, when ``ab``
+        stops on a ``RuntimeError`` (a server that does not start, an SGLang client that fails).
     """
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -159,6 +160,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(_run(args._subcommand, args))
     except ValueError as exc:
         parser.exit(2, f"{parser.prog} {args.command}: error: {exc}\n")
+    except RuntimeError as exc:
+        if args.command != "ab":
+            raise
+        # A server that does not start or an SGLang client that fails: one line, the finished arms kept.
+        parser.exit(1, f"{parser.prog} ab: stopped: {exc}\n(the arms finished so far are kept in {args.out}; the "
+                       "same command resumes there)\n")
 
 
 if __name__ == "__main__":

@@ -191,6 +191,24 @@ def test_server_flags_after_dashes_reach_the_command(monkeypatch):
     assert seen == {"model": "/m", "flags": ["--tp-size", "8", "--load-format", "dummy"], "out": "d"}
 
 
+def test_a_server_that_does_not_start_stops_the_run_in_one_line(monkeypatch, capsys):
+    """``ab``'s RuntimeError (here: what ``launched_server`` raises when launch_server exits) reaches the user as
+    one line naming it and where the finished arms are, exit 1; any other command's RuntimeError is not caught."""
+    from sglang_fp4_indexer.ab import command
+
+    def fake_main(args, read_sglang=None, answer_value=None):
+        raise RuntimeError("launch_server exited with 1 (log: d/fp8-first/fp8/server.log)")
+
+    monkeypatch.setattr(command, "main", fake_main)
+    monkeypatch.setattr("sglang_fp4_indexer.ab.main", fake_main, raising=False)
+    with pytest.raises(SystemExit) as e:
+        cli_main(["ab", "/m", "--out", "d", "--", "--tp-size", "8"])
+    assert e.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["sglang-fp4-indexer ab: stopped: launch_server exited with 1 (log: d/fp8-first/fp8/server.log)",
+                   "(the arms finished so far are kept in d; the same command resumes there)"]
+
+
 def test_refuses_a_model_fp4_would_not_serve_before_anything_runs(tmp_path):
     """A Llama config: the plugin's own check (through SGLang's classifier) says no DSA indexer; one line, exit 1,
     no output folder."""
