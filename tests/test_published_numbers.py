@@ -999,7 +999,7 @@ def test_readme_first_screen_figures_are_the_raw_files():
     p8, p4 = _pools(printed)
     per = 100000 + 256  # each request: its 100 000-token prompt and 256 output tokens
     assert (f"where FP8's pool held {p8 // per} requests of 100K and FP4's {p4 // per}, FP4 gave "
-            f"{100 * (k4['output_throughput'] / k8['output_throughput'] - 1):.1f} % more output tokens/s (H100, MTP off, below)"
+            f"{100 * (k4['output_throughput'] / k8['output_throughput'] - 1):.1f} % more output tokens/s (H100, 3 of DeepSeek-V3.2's layers with dummy weights, MTP off, below)"
             ) in first
     t = _long(LONG[1])
     diffs = [r["fp4_minus_fp8"][0] for c in CONTEXTS for r in t["loss"][c]["topk"].values()]
