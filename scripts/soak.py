@@ -14,6 +14,7 @@ is the client and the checks, and talks to the server over HTTP only (it imports
   random delay (``--abort-frac``), and a fraction ask for log-probabilities with the top 5
   (``--logprob-frac``), which must all be finite. Then the bad inputs a deployer sends (``bad_inputs``).
   The load is bounded in requests and in time (``--time-limit``) and talks only to ``--url``.
+* ``table LABEL=RUN.json,CHECKS.json,SERVER.log ...``: the docs' table (``summary_rows``), one column per run.
 * ``check OUT.json [--log SERVER.log] [--trace DIR --draft-tokens N] [--json CHECKS.json]``: the checks, as a
   table; exit 1 when one fails. ``--trace``: the test-only top-k trace plugin's records of the run
   (``scripts/topk_trace``, a sample of batches with ``FP4_INDEXER_TOPK_TRACE_EVERY``, layer 0's scorer inputs
@@ -36,6 +37,7 @@ equal to an fp64 oracle's top-k within the scorer's error bound, on the cache pa
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import random
@@ -424,11 +426,72 @@ def _check_cmd(argv: list[str]) -> int:
     return 0 if all(r["ok"] for r in rows) else 1
 
 
+def summary_rows(runs: dict[str, dict], logs: dict[str, str], checks_by_arm: dict[str, list[dict]]) -> list[tuple]:
+    """The soak's table for the docs, one column per arm (e.g. ``{"FP8": run, "FP4": run}``): what the load did,
+    what the server logged, the pool before and after, and how many checks passed. Rows of ``(label, value per
+    arm...)``; every value is read from the run's JSON, the server log's text (``log_counts``) or the checks."""
+    arms = list(runs)
+
+    def col(fn):
+        return tuple(fn(a) for a in arms)
+
+    def count(a, key):
+        return runs[a]["load"]["counts"].get(key, 0)
+
+    def pool(a, when):
+        p = runs[a].get(f"pool_{when}") or {}
+        return "not read" if "error" in p or not p else f"{p['free_tokens']:,} free of {p['max_total_num_tokens']:,}"
+
+    def passed(a):
+        rows = checks_by_arm[a]
+        return f"{sum(r['ok'] for r in rows)} of {len(rows)}"
+
+    lc = {a: log_counts(logs[a]) for a in arms}
+    rows = [
+        ("requests sent", col(lambda a: sum(v for k, v in runs[a]["load"]["counts"].items() if k != "not sent (time limit)"))),
+        ("completed", col(lambda a: count(a, "completed"))),
+        ("disconnected by the client (prefill or decode)", col(lambda a: count(a, "disconnected"))),
+        ("aborted through /abort_request", col(lambda a: count(a, "aborted"))),
+        ("server errors", col(lambda a: count(a, "error"))),
+        ("seconds of load", col(lambda a: f"{runs[a]['load']['seconds']:.0f}")),
+        ("server log lines on retraction", col(lambda a: lc[a]["retraction_lines"])),
+        ("tracebacks / pool leaks SGLang reported", col(lambda a: f"{lc[a]['tracebacks']} / {lc[a]['leaks']}")),
+        ("KV pool before the load (after /flush_cache)", col(lambda a: pool(a, "before"))),
+        ("KV pool after the load (after /flush_cache)", col(lambda a: pool(a, "after"))),
+        ("probes identical before and after", col(lambda a: "yes" if runs[a]["probes_before"] == runs[a]["probes_after"] else "no")),
+        ("checks passed", col(passed)),
+    ]
+    return rows
+
+
+def _table_cmd(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="soak.py table")
+    p.add_argument("arms", nargs="+", metavar="LABEL=RUN.json,CHECKS.json,SERVER.log",
+                   help="one per column, e.g. FP8=soak_fp8.json,soak_checks_fp8.json,soak_server_fp8.log")
+    o = p.parse_args(argv)
+    runs, logs, checks_by_arm = {}, {}, {}
+    for spec in o.arms:
+        label, _, files = spec.partition("=")
+        try:
+            run, chk, log = files.split(",")
+        except ValueError:
+            p.error(f"arms: expected LABEL=RUN.json,CHECKS.json,SERVER.log, got {spec!r}")
+        runs[label] = json.load(open(run))
+        checks_by_arm[label] = json.load(open(chk))
+        logs[label] = (gzip.open if log.endswith(".gz") else open)(log, "rt", errors="replace").read()
+    print("| | " + " | ".join(runs) + " |")
+    print("| --- |" + " --- |" * len(runs))
+    for label, vals in summary_rows(runs, logs, checks_by_arm):
+        print(f"| {label} | " + " | ".join(str(v) for v in vals) + " |")
+    return 0
+
+
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("load", "check"):
+    cmds = {"load": _load_cmd, "check": _check_cmd, "table": _table_cmd}
+    if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         print(__doc__)
         return 2
-    return _load_cmd(sys.argv[2:]) if sys.argv[1] == "load" else _check_cmd(sys.argv[2:])
+    return cmds[sys.argv[1]](sys.argv[2:])
 
 
 if __name__ == "__main__":

@@ -237,3 +237,18 @@ def test_invalid_sampled_rows_or_no_sampled_rows_fail():
     assert _ok(soak.checks(run, trace={"records": 0, "valid": {}, "oracle": {}}))[check] is False
     assert _ok(soak.checks(run, trace={"records": 0, "valid": {}, "oracle": {}}))[
         "sampled rows = fp64 oracle top-k on the server's pages (within the bound)"] is False
+
+
+def test_the_docs_table_reads_every_value_from_the_run(tmp_path):
+    run = _run(requests=20, disconnect_frac=0.2, abort_frac=0.0)
+    log = "x\nretract 3 requests\nKV cache pool is full. Retract requests.\n"
+    rows = dict(soak.summary_rows({"FP4": run}, {"FP4": log}, {"FP4": soak.checks(run, log)}))
+    c = run["load"]["counts"]
+    assert rows["requests sent"] == (20,) and rows["completed"] == (c.get("completed", 0),)
+    assert rows["disconnected by the client (prefill or decode)"] == (c.get("disconnected", 0),)
+    assert rows["server log lines on retraction"] == (2,)
+    assert rows["KV pool after the load (after /flush_cache)"] == (f"{POOL:,} free of {POOL:,}",)
+    assert rows["probes identical before and after"] == ("yes",)
+    n = len(soak.checks(run, log))
+    assert rows["checks passed"] == (f"{n} of {n}",)
+    assert rows["KV pool before the load (after /flush_cache)"] == rows["KV pool after the load (after /flush_cache)"]
