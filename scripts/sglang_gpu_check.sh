@@ -370,7 +370,7 @@ case "$STEP" in
     # SOAK_CONCURRENCY (default 32) at a time, a third behind shared prefixes, some disconnecting and some aborted,
     # the bad inputs, and the checks. FP4 then FP8 (SOAK_FORMATS); SOAK_HICACHE=1 adds SGLang's hierarchical cache
     # (eviction to host memory and reload). SOAK_LIMIT (default 1500 s) bounds each format; no request is sent
-    # after SOAK_LIMIT - 200 s. The test-only trace plugin keeps every SOAK_TRACE_EVERY-th batch (default 20) with
+    # after SOAK_SEND_S seconds (default SOAK_LIMIT - 200). The test-only trace plugin keeps every SOAK_TRACE_EVERY-th batch (default 20) with
     # layer 0's scorer inputs and pages, which soak.py check holds to the fp64 oracle.
     HICACHE=(); [ "${SOAK_HICACHE:-0}" = 1 ] && HICACHE=(--enable-hierarchical-cache --hicache-ratio 2)
     tag=soak; [ "${SOAK_HICACHE:-0}" = 1 ] && tag=soak_hicache
@@ -395,7 +395,7 @@ case "$STEP" in
       echo "${tag}_${fmt} server ready after $((SECONDS - t0)) s" | tee -a "$WORK/stages.txt"
       stage "${tag}_$fmt" "${SOAK_LIMIT:-1500}" "$PY" scripts/soak.py load --url http://127.0.0.1:30791 \
         --out "$OUTDIR/${tag}_$fmt.json" --requests "${SOAK_REQUESTS:-3000}" --concurrency "${SOAK_CONCURRENCY:-32}" \
-        --max-len "${SOAK_MAX_LEN:-60000}" --time-limit $(( ${SOAK_LIMIT:-1500} - 200 ))
+        --max-len "${SOAK_MAX_LEN:-60000}" --time-limit "${SOAK_SEND_S:-$(( ${SOAK_LIMIT:-1500} - 200 ))}"
       kill $spid 2>/dev/null; wait $spid 2>/dev/null
       echo "## ${tag} ${fmt}: $(head -c 300 "$OUTDIR/${tag}_$fmt.json" >/dev/null 2>&1 && echo load written || echo no load)" >>"$OUTDIR/table.txt"
       "$PY" scripts/soak.py check "$OUTDIR/${tag}_$fmt.json" --log "$log" --trace "$WORK/trace_${tag}_$fmt" \
