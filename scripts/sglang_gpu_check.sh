@@ -372,8 +372,13 @@ case "$STEP" in
     # (eviction to host memory and reload). SOAK_LIMIT (default 1500 s) bounds each format; no request is sent
     # after SOAK_SEND_S seconds (default SOAK_LIMIT - 200). The test-only trace plugin keeps every SOAK_TRACE_EVERY-th batch (default 20) with
     # layer 0's scorer inputs and pages, which soak.py check holds to the fp64 oracle.
+    # SOAK_SIZE=v32-layers: DeepSeek-V3.2's real-size layers (3 of them) instead of the tiny model, for a shorter run.
     HICACHE=(); [ "${SOAK_HICACHE:-0}" = 1 ] && HICACHE=(--enable-hierarchical-cache --hicache-ratio 2)
     tag=soak; [ "${SOAK_HICACHE:-0}" = 1 ] && tag=soak_hicache
+    if [ "${SOAK_SIZE:-tiny}" != tiny ]; then
+      M="$WORK/$SOAK_SIZE"; tag="${tag}_$SOAK_SIZE"
+      "$PY" scripts/sglang_one_batch.py make-model "$M" --size "$SOAK_SIZE" >/dev/null
+    fi
     for fmt in ${SOAK_FORMATS:-fp4 fp8}; do
       log="$WORK/logs/${tag}_server_$fmt.log"
       rm -rf "$WORK/trace_${tag}_$fmt"
