@@ -10,7 +10,10 @@
 #                                           # -k/--deselect given split the GPU tests over calls that each fit
 # With .peers/ in the checkout the peers run: scripts/fetch_peer_wheels.sh fills .peers/whl (SGLang's
 # Triton FP4 scorer), scripts/pack_deepgemm.sh writes .peers/deepgemm.tar.xz (DeepGEMM's FP8
-# scorers, built here by scripts/build_deepgemm.sh while the GPU tests run).
+# scorers, built here by scripts/build_deepgemm.sh while the GPU tests run),
+# scripts/pack_deepgemm_multicast.sh writes .peers/deepgemm-multicast.tar.xz (the headers of DeepGEMM's newer
+# SM90 kernel, peer deepgemm-fp8-sm90-multicast: unpacked to /tmp/deepgemm-mc, its launchers built with nvcc
+# by sglang_fp4_indexer.ops.deepgemm_sm90_paged in the background, likewise).
 # Environment: OUT (output folder; default ./out), PYTHON (default python3),
 # TEST_LIMIT / BENCH_LIMIT / PREFILL_LIMIT (seconds; quick mode's add up to under 10 minutes).
 set -uo pipefail
@@ -57,6 +60,23 @@ if [ -f .peers/deepgemm.tar.xz ]; then
   DG_PID=$!
 fi
 
+# 1c. The headers of DeepGEMM's newer SM90 kernel -> /tmp/deepgemm-mc, its launchers built in the background
+#     (next_n 1/2/4 x H 32/64, about 10-30 s); the bench finds them through these two variables.
+MC="no .peers/deepgemm-multicast.tar.xz (scripts/pack_deepgemm_multicast.sh): deepgemm-fp8-sm90-multicast will be unavailable"
+MC_PID=
+if [ -f .peers/deepgemm-multicast.tar.xz ]; then
+  rm -rf /tmp/deepgemm-mc && mkdir -p /tmp/deepgemm-mc
+  if "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+       .peers/deepgemm-multicast.tar.xz /tmp/deepgemm-mc 2>/tmp/deepgemm-mc.txt; then
+    export SGLANG_FP4_INDEXER_DEEPGEMM_SM90_INCLUDE=/tmp/deepgemm-mc/deepgemm-multicast/include
+    export SGLANG_FP4_INDEXER_DEEPGEMM_SM90_BUILD=/tmp/deepgemm-mc/build
+    "$PY" -m sglang_fp4_indexer.ops.deepgemm_sm90_paged build >/tmp/deepgemm-mc.txt 2>&1 &
+    MC_PID=$!
+  else
+    MC="could not unpack .peers/deepgemm-multicast.tar.xz: $(tail -n 1 /tmp/deepgemm-mc.txt)"
+  fi
+fi
+
 # 2. GPU tests.
 TESTS="skipped ($MODE mode)"
 if [ "$RUN_TESTS" = 1 ]; then
@@ -75,6 +95,17 @@ if [ -n "$DG_PID" ]; then
   else
     DG="DeepGEMM build failed (see deepgemm_build.txt): DeepGEMM's scorers will be unavailable"
     cp /tmp/deepgemm/build.log "$OUTDIR/deepgemm_build.log" 2>/dev/null
+  fi
+fi
+
+if [ -n "$MC_PID" ]; then
+  # Its log comes back only when a build failed (a call brings back at most 8 files).
+  if wait "$MC_PID"; then
+    MC="launchers built with nvcc in /tmp/deepgemm-mc/build against $(cut -d' ' -f1-3 /tmp/deepgemm-mc/deepgemm-multicast/PACKED_FROM 2>/dev/null)"
+  else
+    cp /tmp/deepgemm-mc.txt "$OUTDIR/deepgemm_mc_build.txt"
+    cat /tmp/deepgemm-mc/build/*/build_n*_h*.log >>"$OUTDIR/deepgemm_mc_build.txt" 2>/dev/null
+    MC="launcher build failed (deepgemm_mc_build.txt; the peer's rows say why): $(grep -m1 FAILED /tmp/deepgemm-mc.txt | cut -c1-200)"
   fi
 fi
 
@@ -103,6 +134,7 @@ fi
 echo "== device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 echo "== peer: $PEER"
 echo "== DeepGEMM: $DG"
+echo "== DeepGEMM SM90 multicast: $MC"
 echo "== pytest -m gpu: $TESTS"
 if [ "$RUN_TESTS" = 1 ]; then grep -E "^(FAILED|ERROR) " "$OUTDIR/pytest_gpu.log" | head -n 15; fi
 bench_status() {  # name rc limit log seconds

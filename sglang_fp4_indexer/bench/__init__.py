@@ -1,7 +1,7 @@
 """``sglang-fp4-indexer bench``: the benchmark harness and its peers.
 
 Times, side by side, per scorer shape: this project's paged FP4 scorer,
-SGLang's own Triton FP4 scorer and DeepGEMM's FP8 scorer (each when it can
+SGLang's own Triton FP4 scorer and DeepGEMM's FP8 scorers (each when it can
 run, else ``unavailable: <reason>``), against the HBM floor measured in the
 same run, and checks every timed output against the torch oracle; also the
 store op against its floor and the CTA planner against its 5 us target.
@@ -44,9 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated HxBATCHxCONTEXTxNEXT_N shapes (K = 1024, e.g. 64x8x128Kx1) "
                              "and/or set names quick, full, cpu (default: full on a GPU, cpu on the CPU; "
                              "quick and full are refused on the CPU)")
-    parser.add_argument("--scorers", default="ours,sglang,deepgemm,deepgemm-native", metavar="LIST",
+    parser.add_argument("--scorers", default="ours,sglang,deepgemm,deepgemm-native,deepgemm-multicast",
+                        metavar="LIST",
                         help="scorers to time: ours, sglang (SGLang's Triton FP4), deepgemm (DeepGEMM FP8 as "
-                             "SGLang calls it on this GPU), deepgemm-native (DeepGEMM FP8 with its native next_n)")
+                             "SGLang calls it on this GPU), deepgemm-native (DeepGEMM FP8 with its native next_n), "
+                             "deepgemm-multicast (DeepGEMM's newer SM90 FP8 kernel, next_n 4 on a 2-CTA cluster, "
+                             "through this project's launcher)")
     parser.add_argument("--impl", default=None, metavar="LIST",
                         help="paged_logits impl variants to time as separate 'ours' columns (default: the op's default)")
     parser.add_argument("--store-tokens", type=int, default=None, metavar="N",

@@ -19,6 +19,10 @@ peer that cannot be loaded):
 * DeepGEMM's ``fp8_paged_mqa_logits`` (what SGLang runs on H200 today), from
   the ``deep_gemm`` package when it imports.
 
+(The third DeepGEMM column, its newer SM90 kernel, is no Python package: its
+headers are named by ``$SGLANG_FP4_INDEXER_DEEPGEMM_SM90_INCLUDE`` and
+``ops.deepgemm_sm90_paged`` builds and calls this project's launcher for it.)
+
 Nothing here is imported by the core modules; SGLang is imported lazily and
 only by the benchmark.
 """

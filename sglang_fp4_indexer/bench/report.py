@@ -251,9 +251,10 @@ PLOT_SCORERS = (
     ("sglang-triton-fp4", "SGLang Triton FP4", "#2ca02c"),
     ("deepgemm-fp8", "DeepGEMM FP8, as SGLang 0.5.23 calls it", "#d62728"),
     ("deepgemm-fp8-native", "DeepGEMM FP8, native next_n", "#ff9896"),
+    ("deepgemm-fp8-sm90-multicast", "DeepGEMM FP8, newer SM90 kernel (2-CTA next_n 4)", "#9467bd"),
 )
 #: Scorers whose time over ours is annotated.
-_RATIO_OF = ("deepgemm-fp8", "deepgemm-fp8-native", "sglang-triton-fp4")
+_RATIO_OF = ("deepgemm-fp8", "deepgemm-fp8-native", "deepgemm-fp8-sm90-multicast", "sglang-triton-fp4")
 
 
 def _shape_label(row: dict) -> str:

@@ -14,7 +14,9 @@ first "ours" scorer over each other scorer (``t_other / t_ours``).
 
 A scorer that raises while being prepared, timed or checked is recorded as
 ``error: ...`` and the run goes on; a failed check is recorded as such. The
-report's ``failures`` counts both.
+report's ``failures`` counts both. A scorer that cannot score a shape at all
+(``Scorer.shape_reason``: a peer built for other next_n or head counts) is
+recorded ``unavailable`` in that row, with its ``reason``, and is no failure.
 """
 
 from __future__ import annotations
@@ -371,6 +373,11 @@ def run_benchmark(
         for sc in config.scorers:
             if not available[sc.name]:
                 row["results"][sc.name] = {"status": "unavailable"}
+                continue
+            why = sc.shape_reason(shape)
+            if why is not None:  # a peer that cannot score this shape: its cell is n/a, not a failure
+                row["results"][sc.name] = {"status": "unavailable", "reason": why}
+                log(f"[{idx}/{len(config.shapes)}] {shape.label} {sc.name}: unavailable at this shape: {why}")
                 continue
             res = _run_scorer(sc, inputs, expected, l2, bandwidth, dev, mma[0])
             row["results"][sc.name] = res

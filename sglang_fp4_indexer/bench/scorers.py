@@ -23,6 +23,11 @@
   of two so the copy is exact (checked when built), its schedule from
   ``get_paged_mqa_logits_metadata`` planned once outside the graph,
   ``clean_logits=False`` as SGLang calls it.
+* ``DeepGemmSm90MulticastScorer``: DeepGEMM's newer SM90 paged kernel (the vLLM 0.34.0 header that takes
+  next_n 4 on a cluster of 2 CTAs) through this project's launcher, ``ops.deepgemm_sm90_paged``, on the same
+  FP8 copy; next_n 1, 2 and 4 natively, H 32 and 64; its schedule planned once outside the graph
+  (``plan_schedule``, checked by ``schedule_problem``), its logits preallocated with rows padded to 256
+  columns and poisoned with NaN; its first call waited for with a time limit (``first_call_watchdog``).
 
 A peer that cannot run says why (``unavailable_reason``) and the benchmark
 prints ``unavailable: <reason>`` in its place.
@@ -30,6 +35,9 @@ prints ``unavailable: <reason>`` in its place.
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -50,6 +58,8 @@ __all__ = [
     "OursScorer",
     "SGLangFP4Scorer",
     "DeepGemmFP8Scorer",
+    "DeepGemmSm90MulticastScorer",
+    "first_call_watchdog",
     "SCORER_NAMES",
     "make_scorers",
     "fp8_index_cache_from_fp4",
@@ -98,6 +108,10 @@ class Scorer:
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """``None`` when it can run on ``device``, else why not (shown as ``unavailable: <reason>``)."""
+        return None
+
+    def shape_reason(self, shape: ScorerShape) -> str | None:
+        """``None`` when it can score ``shape``, else why not (that row's cell is ``unavailable``, no failure)."""
         return None
 
     def prepare(self, inputs: ScorerInputs, l2_bytes: int | None) -> PreparedScorer:
@@ -322,6 +336,97 @@ class DeepGemmFP8Scorer(_PeerScorer):
         return PreparedScorer(fn, sets, DEEPGEMM_REL, False, case)
 
 
+#: Environment variable: seconds ``first_call_watchdog`` waits for a peer's first call (default 30).
+WATCHDOG_ENV = "SGLANG_FP4_INDEXER_PEER_WATCHDOG_S"
+#: Exit status of a benchmark stopped by ``first_call_watchdog``.
+HANG_EXIT = 3
+
+
+def first_call_watchdog(fn: Callable[[int], torch.Tensor], device: torch.device, what: str,
+                        seconds: float | None = None) -> None:
+    """Run ``fn(0)`` once on ``device`` and wait for it at most ``seconds`` (default ``$WATCHDOG_ENV`` or 30).
+
+    A kernel that never finishes (a TMA transaction count or schedule the launcher got wrong) would hang every
+    later CUDA call of the process, the benchmark's own checks included, until the run's outer time limit.
+    So the first call of a peer whose launcher is this project's is waited for by polling an event: past the
+    limit one line goes to stderr and the process exits at once with status ``HANG_EXIT`` (3), which ends the
+    hung kernel with the process's context (the report written after the last finished shape stays).
+
+    Raises:
+        whatever ``fn`` raises (a launch refused with a message is an error, not a hang).
+    """
+    limit = float(os.environ.get(WATCHDOG_ENV) or 30) if seconds is None else seconds
+    torch.cuda.synchronize(device)
+    fn(0)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(device))
+    t0 = time.monotonic()
+    while not done.query():
+        if time.monotonic() - t0 > limit:
+            sys.stdout.flush()
+            print(f"sglang-fp4-indexer bench: {what}: its first call did not finish in {limit:g} s (a hung kernel); "
+                  f"stopping the benchmark (exit {HANG_EXIT})", file=sys.stderr, flush=True)
+            os._exit(HANG_EXIT)
+        time.sleep(0.002)
+
+
+class DeepGemmSm90MulticastScorer(Scorer):
+    """DeepGEMM's newer SM90 paged kernel through ``ops.deepgemm_sm90_paged`` on an exact FP8 copy (module docstring).
+
+    Available on an SM90 GPU with nvcc and the packed headers (``ops.deepgemm_sm90_paged.unavailable_reason``);
+    shapes of another next_n or head count are ``unavailable`` in their row (``shape_reason``).
+    """
+
+    name = "deepgemm-fp8-sm90-multicast"
+    key_bytes = FP8_INDEX_BYTES_PER_TOKEN
+    label = ("DeepGEMM sm90_fp8_paged_mqa_logits, vLLM 0.34.0's header (next_n 4 on a 2-CTA cluster), this "
+             "project's launcher (FP8 cache, 132 B/key, native next_n 1/2/4)")
+
+    def __init__(self):
+        self._reasons: dict[str, str | None] = {}
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        from ..ops import deepgemm_sm90_paged as dg90
+
+        key = str(device)
+        if key not in self._reasons:
+            self._reasons[key] = dg90.unavailable_reason(device)
+        return self._reasons[key]
+
+    def shape_reason(self, shape: ScorerShape) -> str | None:
+        from ..ops import deepgemm_sm90_paged as dg90
+
+        return dg90.config_problem(shape.next_n, shape.heads)
+
+    def prepare(self, inputs: ScorerInputs, l2_bytes: int | None) -> PreparedScorer:
+        from ..ops import deepgemm_sm90_paged as dg90
+
+        shape, dev = inputs.shape, inputs.device
+        case = _case_bytes(shape, self.key_bytes)
+        sets = min(len(inputs.caches), rotation_sets(case, l2_bytes))
+        first = fp8_index_cache_from_fp4(inputs.caches[0])
+        kv = [first] + [first.clone() for _ in range(sets - 1)]
+        lens = expand_context_lens(inputs.context_lens, shape.next_n).to(torch.int32).contiguous()
+        q, w, bt, width = inputs.q.contiguous(), inputs.weights, inputs.block_table, inputs.width
+        num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        schedule = dg90.plan_schedule(lens, num_sms // dg90.kv_multicast(shape.next_n))
+        why = (dg90.schedule_problem(schedule, lens, max_keys=bt.shape[1] * PAGE_SIZE)
+               or dg90.table_problem(bt, lens, first.shape[0]))
+        if why:
+            raise RuntimeError(f"{self.name}: {why}")
+        max_context = int(lens.max())
+        outs = [dg90.padded_logits(shape.rows, width, dev, fill=float("nan")) for _ in range(sets)]
+        for c in kv:
+            dg90.validate_call(q, c, w, lens, bt, schedule, outs[0], max_context)
+        score = dg90.launcher(dev, shape.next_n, shape.heads)
+
+        def fn(s: int) -> torch.Tensor:
+            return score(q, kv[s], w, lens, bt, schedule, outs[s], max_context, validate=False)
+
+        first_call_watchdog(fn, dev, f"{self.name} at {shape.label}")
+        return PreparedScorer(fn, sets, DEEPGEMM_REL, False, case)
+
+
 #: Largest next_n DeepGEMM's SM90 paged scorer takes in one call; above it the
 #: rows are scored one per "request", as SGLang does on Hopper.
 DEEPGEMM_SM90_MAX_NEXT_N = 2
@@ -359,7 +464,7 @@ def deepgemm_paged_inputs(
 
 
 #: Scorer names accepted by ``--scorers``.
-SCORER_NAMES = ("ours", "sglang", "deepgemm", "deepgemm-native")
+SCORER_NAMES = ("ours", "sglang", "deepgemm", "deepgemm-native", "deepgemm-multicast")
 
 
 def make_scorers(names: list[str], impls: list[str] | None = None) -> list[Scorer]:
@@ -391,4 +496,6 @@ def make_scorers(names: list[str], impls: list[str] | None = None) -> list[Score
         scorers.append(DeepGemmFP8Scorer())
     if "deepgemm-native" in names:
         scorers.append(DeepGemmFP8Scorer(native=True))
+    if "deepgemm-multicast" in names:
+        scorers.append(DeepGemmSm90MulticastScorer())
     return scorers
