@@ -678,7 +678,11 @@ class Launcher:
     def args(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
              block_table: torch.Tensor, schedule: torch.Tensor, logits: torch.Tensor, max_context: int,
              stream: int) -> list[int]:
-        """The launcher's argument values (``ARG_NAMES`` order) for tensors ``validate_call`` accepted."""
+        """The launcher's argument values, in ``ARG_NAMES`` order, for tensors ``validate_call`` accepted.
+
+        Pointers are the tensors' ``data_ptr()``; strides in elements (the page stride in bytes);
+        ``max_context`` in keys; ``stream`` a ``cudaStream_t`` as an int. Never raises for such tensors.
+        """
         batch = context_lens.shape[0]
         return [ARG_VERSION, self.next_n, self.heads, batch, q.data_ptr(), kv_cache.data_ptr(), kv_cache.shape[0],
                 kv_cache.stride(0) * kv_cache.element_size(), weights.data_ptr(), weights.stride(0),
