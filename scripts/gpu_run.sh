@@ -13,7 +13,7 @@
 # scorers, built here by scripts/build_deepgemm.sh while the GPU tests run),
 # scripts/pack_deepgemm_multicast.sh writes .peers/deepgemm-multicast.tar.xz (the headers of DeepGEMM's newer
 # SM90 kernel, peer deepgemm-fp8-sm90-multicast: unpacked to /tmp/deepgemm-mc, its launchers built with nvcc
-# by sglang_fp4_indexer.ops.deepgemm_sm90_paged in the background, likewise).
+# by sglang_fp4_indexer.bench.deepgemm_sm90_paged in the background, likewise).
 # Environment: OUT (output folder; default ./out), PYTHON (default python3),
 # TEST_LIMIT / BENCH_LIMIT / PREFILL_LIMIT (seconds; quick mode's add up to under 10 minutes).
 set -uo pipefail
@@ -70,7 +70,7 @@ if [ -f .peers/deepgemm-multicast.tar.xz ]; then
        .peers/deepgemm-multicast.tar.xz /tmp/deepgemm-mc 2>/tmp/deepgemm-mc.txt; then
     export SGLANG_FP4_INDEXER_DEEPGEMM_SM90_INCLUDE=/tmp/deepgemm-mc/deepgemm-multicast/include
     export SGLANG_FP4_INDEXER_DEEPGEMM_SM90_BUILD=/tmp/deepgemm-mc/build
-    "$PY" -m sglang_fp4_indexer.ops.deepgemm_sm90_paged build >/tmp/deepgemm-mc.txt 2>&1 &
+    "$PY" -m sglang_fp4_indexer.bench.deepgemm_sm90_paged build >/tmp/deepgemm-mc.txt 2>&1 &
     MC_PID=$!
   else
     MC="could not unpack .peers/deepgemm-multicast.tar.xz: $(tail -n 1 /tmp/deepgemm-mc.txt)"

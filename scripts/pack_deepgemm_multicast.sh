@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pack the headers of DeepGEMM's newer SM90 paged MQA-logits kernel (next_n 4 on a 2-CTA cluster) for the
-# benchmark peer deepgemm-fp8-sm90-multicast (sglang_fp4_indexer/ops/deepgemm_sm90_paged.py), which builds
+# benchmark peer deepgemm-fp8-sm90-multicast (sglang_fp4_indexer/bench/deepgemm_sm90_paged.py), which builds
 # this project's own launcher against them with nvcc on the GPU machine (no network there).
 #
 #   bash scripts/pack_deepgemm_multicast.sh [VLLM_WHEEL]

@@ -29,7 +29,7 @@ import torch
 from sglang_fp4_indexer.bench import scorers as sc
 from sglang_fp4_indexer.bench.runner import BenchConfig, run_benchmark
 from sglang_fp4_indexer.bench.shapes import ScorerShape
-from sglang_fp4_indexer.ops import deepgemm_sm90_paged as dg90
+from sglang_fp4_indexer.bench import deepgemm_sm90_paged as dg90
 from sglang_fp4_indexer.pool import PAGE_SIZE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -485,7 +485,7 @@ def test_gpu_run_unpacks_the_archive_and_names_the_headers():
     assert ".peers/deepgemm-multicast.tar.xz" in text
     for var in (dg90.INCLUDE_ENV, dg90.BUILD_DIR_ENV):
         assert f"export {var}=" in text
-    assert "sglang_fp4_indexer.ops.deepgemm_sm90_paged build" in text
+    assert "sglang_fp4_indexer.bench.deepgemm_sm90_paged build" in text
 
 
 # ---------------------------------------------------------------- the bench peer

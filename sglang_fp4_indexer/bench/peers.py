@@ -21,7 +21,7 @@ peer that cannot be loaded):
 
 (The third DeepGEMM column, its newer SM90 kernel, is no Python package: its
 headers are named by ``$SGLANG_FP4_INDEXER_DEEPGEMM_SM90_INCLUDE`` and
-``ops.deepgemm_sm90_paged`` builds and calls this project's launcher for it.)
+``bench.deepgemm_sm90_paged`` builds and calls this project's launcher for it.)
 
 Nothing here is imported by the core modules; SGLang is imported lazily and
 only by the benchmark.

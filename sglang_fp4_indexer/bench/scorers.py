@@ -24,7 +24,7 @@
   ``get_paged_mqa_logits_metadata`` planned once outside the graph,
   ``clean_logits=False`` as SGLang calls it.
 * ``DeepGemmSm90MulticastScorer``: DeepGEMM's newer SM90 paged kernel (the vLLM 0.34.0 header that takes
-  next_n 4 on a cluster of 2 CTAs) through this project's launcher, ``ops.deepgemm_sm90_paged``, on the same
+  next_n 4 on a cluster of 2 CTAs) through this project's launcher, ``bench.deepgemm_sm90_paged``, on the same
   FP8 copy; next_n 1, 2 and 4 natively, H 32 and 64; its schedule planned once outside the graph
   (``plan_schedule``, checked by ``schedule_problem``), its logits preallocated with rows padded to 256
   columns and poisoned with NaN; its first call waited for with a time limit (``first_call_watchdog``).
@@ -371,9 +371,9 @@ def first_call_watchdog(fn: Callable[[int], torch.Tensor], device: torch.device,
 
 
 class DeepGemmSm90MulticastScorer(Scorer):
-    """DeepGEMM's newer SM90 paged kernel through ``ops.deepgemm_sm90_paged`` on an exact FP8 copy (module docstring).
+    """DeepGEMM's newer SM90 paged kernel through ``bench.deepgemm_sm90_paged`` on an exact FP8 copy (module docstring).
 
-    Available on an SM90 GPU with nvcc and the packed headers (``ops.deepgemm_sm90_paged.unavailable_reason``);
+    Available on an SM90 GPU with nvcc and the packed headers (``bench.deepgemm_sm90_paged.unavailable_reason``);
     shapes of another next_n or head count are ``unavailable`` in their row (``shape_reason``).
     """
 
@@ -386,7 +386,7 @@ class DeepGemmSm90MulticastScorer(Scorer):
         self._reasons: dict[str, str | None] = {}
 
     def unavailable_reason(self, device: torch.device) -> str | None:
-        from ..ops import deepgemm_sm90_paged as dg90
+        from . import deepgemm_sm90_paged as dg90
 
         key = str(device)
         if key not in self._reasons:
@@ -394,12 +394,12 @@ class DeepGemmSm90MulticastScorer(Scorer):
         return self._reasons[key]
 
     def shape_reason(self, shape: ScorerShape) -> str | None:
-        from ..ops import deepgemm_sm90_paged as dg90
+        from . import deepgemm_sm90_paged as dg90
 
         return dg90.config_problem(shape.next_n, shape.heads)
 
     def prepare(self, inputs: ScorerInputs, l2_bytes: int | None) -> PreparedScorer:
-        from ..ops import deepgemm_sm90_paged as dg90
+        from . import deepgemm_sm90_paged as dg90
 
         shape, dev = inputs.shape, inputs.device
         case = _case_bytes(shape, self.key_bytes)

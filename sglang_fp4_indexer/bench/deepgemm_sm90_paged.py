@@ -758,14 +758,14 @@ def launcher(device: torch.device, next_n: int, heads: int) -> Launcher:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sglang_fp4_indexer.ops.deepgemm_sm90_paged build``: build every (next_n, heads) now.
+    """``python -m sglang_fp4_indexer.bench.deepgemm_sm90_paged build``: build every (next_n, heads) now.
 
     Prints one line per configuration (the library, or why not) and returns 0 when all built, else 1 (2 on a
     usage error). scripts/gpu_run.sh runs it in the background before the benchmark.
     """
     argv = sys.argv[1:] if argv is None else argv
     if argv != ["build"]:
-        print("usage: python -m sglang_fp4_indexer.ops.deepgemm_sm90_paged build", file=sys.stderr)
+        print("usage: python -m sglang_fp4_indexer.bench.deepgemm_sm90_paged build", file=sys.stderr)
         return 2
     results = build_all()
     for (n, h), res in sorted(results.items()):
