@@ -1044,3 +1044,22 @@ def test_readme_verify_cycle_rows_and_sentence_are_the_timeline_summaries():
     text = (RESULTS / "sglang_timeline_v32_rank20_h200_2026-12-06.txt").read_text()
     assert "#tokens: 4795328, KV size: 70.39 GB" in text and "#tokens: 5219200, KV size: 70.38 GB" in text
     assert "| 4,795,328 | 5,219,200 (**+8.8 %**) |" in readme and f"{100 * (5219200 / 4795328 - 1):.1f}" == "8.8"
+
+
+def test_user_guide_first_oracle_run_is_the_raw_file():
+    """The first GPU run of ``trace-check --oracle`` as the user guide tells it: FP4 recorded no oracle row, FP8 draft
+    decode missed in 28 of 30 rows by at most 1.1e-20, FP8 target verify and draft extend passed on 60 rows each."""
+    checks = {c["check"]: c for c in _json("sglang_mtp3_oracle_first_h100_2026-12-06.json")["checks"]}
+    pre = "EAGLE 3 step(s), 4 draft tokens, "
+    oracle = "top-k = fp64 oracle on the server's pages, within the scorer's bound"
+    for mode in ("draft decode", "draft extend", "target verify"):
+        assert checks[f"{pre}FP4: {mode} {oracle}"]["detail"].startswith("0 rows of the first request in 0 calls")
+    dd = checks[f"{pre}FP8: draft decode {oracle}"]
+    m = re.search(r"(\d+) rows of the first request .* (\d+) failed, worst margin (\S+)", dd["detail"])
+    assert (int(m.group(1)), int(m.group(2))) == (30, 28) and f"{-float(m.group(3)):.1e}" == "1.1e-20"
+    for mode in ("draft extend", "target verify"):
+        c = checks[f"{pre}FP8: {mode} {oracle}"]
+        assert c["ok"] and c["detail"].startswith("60 rows of the first request")
+    text = _flat(_page("docs/user-guide.md"))
+    assert "28 of 30 FP8 draft decode rows missed by up to 1.1e-20" in text
+    assert "FP8 target verify (60 rows) and draft extend (60 rows) passed the oracle there" in text
