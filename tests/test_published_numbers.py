@@ -270,6 +270,9 @@ def test_readme_times_are_all_measured_ones():
     for fmt in ("fp8", "fp4"):  # the eager host time per indexer call inside SGLang (H100)
         measured.add(f"{_json(f'sglang_eager_host_v32_layers_64x896_h100_{fmt}_2026-12-05.json')['median_us']:.1f}")
     measured |= {f"{us:.1f}" for per in _h100_scorer_per_layer().values() for us in per}  # inside SGLang (H100)
+    for name in _MC:  # the H100 runs against DeepGEMM's newer SM90 kernel
+        for r in _json(name)["rows"]:
+            measured |= {f"{res['seconds'] * 1e6:.1f}" for res in r["results"].values() if res.get("status") == "ok"}
     quoted = re.findall(r"([\d.]+)(?: / ([\d.]+))? µs", _page("README.md"))
     quoted = [q for pair in quoted for q in pair if q]
     assert quoted and [q for q in quoted if q not in measured] == []
@@ -1063,3 +1066,54 @@ def test_user_guide_first_oracle_run_is_the_raw_file():
     text = _flat(_page("docs/user-guide.md"))
     assert "28 of 30 FP8 draft decode rows missed by up to 1.1e-20" in text
     assert "FP8 target verify (60 rows) and draft extend (60 rows) passed the oracle there" in text
+
+
+_MC = ("bench_h100_sm90_multicast_n4n2_2026-12-06.json", "bench_h100_sm90_multicast_shapes_2026-12-06.json",
+       "bench_h100_sm90_multicast_repeat_2026-12-06.json")
+
+
+def _mc_rows():
+    """(label, tag, row) of the three H100 runs with DeepGEMM's newer SM90 kernel, in file order."""
+    out = []
+    for i, name in enumerate(_MC):
+        run = _json(name)
+        assert run["meta"]["device"] == "NVIDIA H100 80GB HBM3" and run["failures"] in (0, [], None)
+        for row in run["rows"]:
+            assert all(r.get("check", {}).get("ok") for r in row["results"].values()), row["label"]
+            out.append((row["label"], "again" if i == 2 else "first", row))
+    return out
+
+
+def test_benchmarks_newer_sm90_kernel_table_is_the_raw_files():
+    """Each line of the H100 table against DeepGEMM's newer SM90 kernel, rebuilt from its raw row."""
+    page = _page("docs/benchmarks.md")
+
+    def cell(us, ours):
+        ratio = us / ours
+        return f"{us * 1e6:.1f} ({ratio:.2f})" if ratio >= 1 else f"{us * 1e6:.1f} (**{ratio:.2f}**)"
+
+    rows = _mc_rows()
+    assert len(rows) == 12
+    for label, tag, r in rows:
+        h, bc, n, _ = label.split()
+        b, c = bc.split("x")
+        res = r["results"]
+        ours = res["ours"]["seconds"]
+        binds = "TC" if res["ours"]["binds"] == "tensor cores" else "HBM"
+        line = (f"| {h} {b} × {c} next_n {n[1:]}{' (again)' if tag == 'again' else ''} | {r['fp4_floor_s'] * 1e6:.1f} / "
+                f"{r['tensor_core_floor_s'] * 1e6:.1f} | {ours * 1e6:.1f} ({res['ours']['pct_roofline']:.0f} %, {binds}) | "
+                f"{cell(res['deepgemm-fp8']['seconds'], ours)} | {cell(res['deepgemm-fp8-native']['seconds'], ours)} | "
+                f"{cell(res['deepgemm-fp8-sm90-multicast']['seconds'], ours)} |")
+        assert line in page, line
+    rates = [_json(n)["meta"]["fp8_mma_flops_per_s"] for n in _MC]
+    assert f"({min(rates) / 1e12:.0f}-{max(rates) / 1e12:.0f} TFLOP/s" in page
+
+
+def test_readme_newer_sm90_kernel_sentence_is_the_raw_files():
+    rows = {(label, tag): r for label, tag, r in _mc_rows()}
+    big, one = rows[("H64 8x128K n4 w160K", "first")]["results"], rows[("H64 1x128K n4 w160K", "first")]["results"]
+    us = lambda res, k: res[k]["seconds"] * 1e6  # noqa: E731
+    text = _flat(_page("README.md"))
+    assert (f"is level with ours at 8 × 128K ({us(big, 'deepgemm-fp8-sm90-multicast'):.1f} against {us(big, 'ours'):.1f} µs) "
+            f"and faster at 1 × 128K ({us(one, 'deepgemm-fp8-sm90-multicast'):.1f} against {us(one, 'ours'):.1f} µs) on an H100"
+            ) in text
