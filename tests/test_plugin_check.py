@@ -1161,6 +1161,11 @@ def test_check_quotes_the_verify_cycle_measured_for_a_dp_attention_rank_with_mtp
             "DP-attention rank of DeepSeek-V3.2 with 20 of its 61 layers, dummy weights;") in out
     assert (f"the GPU's busy time FP8 {ms['fp8']:.2f} ms, FP4 {ms['fp4']:.2f} ms ({ms['fp8'] / ms['fp4']:.3f}x); "
             f"projected to 61 layers {ms61['fp8']:.2f} / {ms61['fp4']:.2f} ms ({ms61['fp8'] / ms61['fp4']:.3f}x)") in out
+    # What FP8 was there: SGLang 0.5.23's row-by-row call, and where a native next_n kernel is measured.
+    assert ("FP8 there is DeepGEMM as SGLang 0.5.23 calls it on Hopper, one query row at a time: a DeepGEMM kernel "
+            "that takes the verify rows natively would shorten FP8's side") in " ".join(out.split())
+    bench = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
+    assert "### Against DeepGEMM's newer SM90 kernel" in bench
 
 
 @pytest.mark.parametrize("extra, batch, why", [

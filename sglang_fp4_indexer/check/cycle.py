@@ -63,4 +63,7 @@ def cycle_line(w: dict, batch: int, context: int, next_n: int) -> str | None:
             f"({run['gpu']}, {run['date']}; one DP-attention rank of DeepSeek-V3.2 with {row['layers']} of its "
             f"{row['full_depth']} layers, dummy weights; {run['stack']}): the GPU's busy time FP8 {row['fp8_ms']:.2f} "
             f"ms, FP4 {row['fp4_ms']:.2f} ms ({row['fp8_ms'] / row['fp4_ms']:.3f}x); projected to {row['full_depth']} "
-            f"layers {row['fp8_61_ms']:.2f} / {row['fp4_61_ms']:.2f} ms ({row['fp8_61_ms'] / row['fp4_61_ms']:.3f}x)")
+            f"layers {row['fp8_61_ms']:.2f} / {row['fp4_61_ms']:.2f} ms ({row['fp8_61_ms'] / row['fp4_61_ms']:.3f}x)"
+            + ("; FP8 there is DeepGEMM as SGLang 0.5.23 calls it on Hopper, one query row at a time: a DeepGEMM kernel "
+               "that takes the verify rows natively would shorten FP8's side (docs/benchmarks.md, \"Against DeepGEMM's "
+               "newer SM90 kernel\")" if row["next_n"] > 1 else ""))
