@@ -3,7 +3,7 @@
 # (scripts/sglang_one_batch.py says what runs and what is checked). Wheels from
 # scripts/fetch_sglang_runtime_wheels.sh, DeepGEMM from scripts/pack_deepgemm.sh.
 #
-# The slimmed wheels, DeepGEMM's sources and the checkout fit one call while the checkout stays under about 12 MB
+# The slimmed wheels, DeepGEMM's sources (xz) and the checkout fit one call while the checkout stays under about 13.5 MB
 # (carry .peers/sglang-runtime/part1, .peers/sglang-runtime/part2 and .peers/deepgemm.tar.xz, and .peers/jit-cache
 # where an earlier call brought JIT caches back); past that, carry part2 in the next call: each call installs the
 # parts it finds and a warm machine keeps them. The steps can follow each other in one command or in calls that
