@@ -389,7 +389,10 @@ def _include_dir(tmp_path_factory) -> Path | None:
     return None
 
 
+@pytest.mark.gpu  # runs where gpu_run.sh unpacks the headers (not in the repository) and nvcc is: the device machine
 def test_library_builds_and_refuses_bad_arguments_before_any_device_call(tmp_path_factory, monkeypatch):
+    """The launcher library builds from the packed headers and refuses each bad argument with its message before any
+    device call (no GPU needed, but the headers and nvcc are only on the device machine)."""
     inc = _include_dir(tmp_path_factory)
     if inc is None or dg90.find_nvcc() is None:
         pytest.skip(f"needs nvcc and the headers (${dg90.INCLUDE_ENV} or {dg90.ARCHIVE})")
