@@ -402,7 +402,7 @@ case "$STEP" in
         --out "$OUTDIR/${tag}_$fmt.json" --requests "${SOAK_REQUESTS:-3000}" --concurrency "${SOAK_CONCURRENCY:-32}" \
         --max-len "${SOAK_MAX_LEN:-60000}" --time-limit "${SOAK_SEND_S:-$(( ${SOAK_LIMIT:-1500} - 200 ))}"
       kill $spid 2>/dev/null; wait $spid 2>/dev/null
-      echo "## ${tag} ${fmt}: $(head -c 300 "$OUTDIR/${tag}_$fmt.json" >/dev/null 2>&1 && echo load written || echo no load)" >>"$OUTDIR/table.txt"
+      echo "## ${tag} ${fmt}: $([ -s "$OUTDIR/${tag}_$fmt.json" ] && echo load written || echo no load)" >>"$OUTDIR/table.txt"
       "$PY" scripts/soak.py check "$OUTDIR/${tag}_$fmt.json" --log "$log" --trace "$WORK/trace_${tag}_$fmt" \
         --draft-tokens 4 --json "$OUTDIR/${tag}_checks_$fmt.json" >>"$OUTDIR/table.txt" 2>&1 \
         || echo "${tag} $fmt: a check failed (table.txt)"

@@ -292,9 +292,14 @@ def _after_run_batch(result, self, batch, *args, **kwargs):
     _state["batches"] += 1
     keep = (_state["batches"] - 1) % every() == 0
     oracle = _oracle_calls(keep) if oracle_layers() else []
-    calls = [dict(c, topk=c["topk"].cpu(), pos=c["pos"].cpu()) for c in _state["eager"]]
+    calls = [dict(c, topk=c["topk"].cpu(), pos=c["pos"].cpu()) for c in _state["eager"]] if keep else []
     _state["eager"].clear()
-    if _state["slots"]:
+    if _state["slots"] and not keep:  # a batch left out of the sample: poison what it wrote, copy nothing out
+        arena_topk, arena_pos = _state["arena_topk"], _state["arena_pos"]
+        written = arena_pos[:, 0] != POISON
+        arena_topk.masked_fill_(written[:, None, None], POISON)
+        arena_pos.masked_fill_(written[:, None], POISON)
+    elif _state["slots"]:
         arena_topk, arena_pos = _state["arena_topk"], _state["arena_pos"]
         written = (arena_pos[:, 0] != POISON).nonzero().flatten().tolist()
         for k in written:
