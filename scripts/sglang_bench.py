@@ -21,10 +21,11 @@
 * ``serving-table --fp8 FP8.jsonl --fp4 FP4.jsonl [--json OUT]``: the two ``serving`` runs side by side, per
   input length: requests completed, output tokens/s, median TPOT and TTFT, and the accepted length where MTP
   was on (``serving_table``).
-* ``timeline TRACE.json.gz [...] --steps N [--layers L] [--json OUT]``: the same traces on the GPU's timeline
+* ``timeline TRACE.json.gz [WALL.json ...] --steps N [--layers L] [--json OUT]``: the same traces on the GPU's timeline
   (``timeline``): per cycle the busy time (union of kernel intervals: kernels on SGLang's two streams counted
   once), the span, each category's time alone (the indexer's exposed part), a layer's time, and with ``--layers``
-  the cycle projected to 61 layers; per shape FP8 and FP4 as median [min-max] over traces, and FP8 / FP4.
+  the cycle projected to 61 layers; per shape FP8 and FP4 as median [min-max] over traces, and FP8 / FP4; with
+  the serving-profile wall records (``--wall-s``), the wall time per cycle a streaming client saw.
 * ``profile-table TRACE.json.gz [...] [--json OUT]``: a torch-profiler trace
   (``bench_one_batch --profile``) summed by kernel category (``CATEGORIES``): GPU
   time per decode step in each, and its share.
@@ -223,6 +224,31 @@ def _quartiles(values: list[float]) -> dict:
     return {"n": len(values), "median": med, "q1": q1, "q3": q3}
 
 
+def wall_stats(record: dict) -> dict:
+    """The wall time per cycle a streaming client saw (``profile_decode``'s ``wall_path`` record).
+
+    Per request, the intervals between consecutive chunks inside the timed window (the first chunk of the window
+    starts the first interval, so a window's edge is never counted as an interval), pooled over the requests:
+    ``ms_per_cycle`` (``n``, ``median``, ``q1``, ``q3``, milliseconds) and ``tokens_per_cycle`` (the mean increase
+    of SGLang's ``completion_tokens`` per chunk: with MTP the accepted length plus one, ``None`` where the chunks
+    did not carry it).
+
+    Raises:
+        ValueError: the record holds no two chunks of one request (nothing to time).
+    """
+    intervals, tokens = [], []
+    for chunks in record["requests"]:
+        for (t_a, n_a), (t_b, n_b) in zip(chunks, chunks[1:]):
+            intervals.append(1e3 * (t_b - t_a))
+            if n_a is not None and n_b is not None:
+                tokens.append(n_b - n_a)
+    if not intervals:
+        raise ValueError(f"wall record of {record.get('batch')} x {record.get('input_len')}: no two chunks of one "
+                         f"request in the {record.get('window_s', 0):.1f} s window")
+    return {"ms_per_cycle": _quartiles(intervals),
+            "tokens_per_cycle": sum(tokens) / len(tokens) if tokens else None}
+
+
 def timeline(path: str, steps: int, layers: int | None = None, full_depth: int = 61) -> dict:
     """Where a decode (or MTP verify) cycle's time goes on the GPU's timeline, never summing kernels that overlap.
 
@@ -296,13 +322,22 @@ _SUMMARY_FIELDS = (
 )
 
 
-def timeline_summary(paths: list[str], steps: int, layers: int | None = None, full_depth: int = 61) -> dict:
+#: A serving-profile wall record's file name (``--wall-s``): format, batch, input length.
+_WALL_NAME = re.compile(r"^(fp8|fp4)_(\d+)x(\d+)\.wall\.json$")
+
+
+def timeline_summary(paths: list[str], steps: int, layers: int | None = None, full_depth: int = 61,
+                     walls: list[str] | None = None) -> dict:
     """``timeline`` for every trace, grouped by shape and format, with the spread over traces and FP8 / FP4.
 
     Args:
         paths: serving-profile traces named ``FMT_BATCHxINPUT[_rK].trace.json.gz``; the folder a trace lies in
             names its run (e.g. one server of a run order), kept in each row as ``run``.
         steps, layers, full_depth: as ``timeline``.
+        walls: serving-profile wall records ``FMT_BATCHxINPUT.wall.json`` (``wall_stats``), one per server and
+            shape: per shape and format ``wall_ms_per_cycle`` (median, minimum and maximum over the servers of
+            each server's median interval between streamed chunks) and ``tokens_per_cycle`` (their mean), and
+            the FP8 / FP4 ratio of the wall medians in ``fp8_over_fp4``.
 
     Returns:
         dict: ``rows`` (one per trace: run, format, batch, input, repeat and the ``_SUMMARY_FIELDS`` values) and
@@ -310,7 +345,8 @@ def timeline_summary(paths: list[str], steps: int, layers: int | None = None, fu
         and the number of traces; and ``fp8_over_fp4``, the ratio of the medians, > 1 where FP4 is faster).
 
     Raises:
-        ValueError: a file name does not read as ``FMT_BATCHxINPUT[_rK].trace.json.gz``; as ``timeline``.
+        ValueError: a file name does not read as ``FMT_BATCHxINPUT[_rK].trace.json.gz`` (a wall record's as
+            ``FMT_BATCHxINPUT.wall.json``); as ``timeline`` and ``wall_stats``.
     """
     import statistics
 
@@ -341,7 +377,33 @@ def timeline_summary(paths: list[str], steps: int, layers: int | None = None, fu
                                    for key, _ in _SUMMARY_FIELDS
                                    if key in agg["fp8"] and key in agg["fp4"] and agg["fp4"][key]["median"]}
         out[shape] = agg
-    return {"steps": steps, "layers": layers, "full_depth": full_depth, "rows": rows, "shapes": out}
+    wall_rows = []
+    for path in walls or []:
+        m = _WALL_NAME.match(os.path.basename(path))
+        if not m:
+            raise ValueError(f"{path}: expected a name FMT_BATCHxINPUT.wall.json (FMT fp8 or fp4)")
+        with open(path) as f:
+            st = wall_stats(json.load(f))
+        wall_rows.append({"run": os.path.basename(os.path.dirname(os.path.abspath(path))), "format": m[1],
+                          "batch": int(m[2]), "input": int(m[3]), "path": path,
+                          "ms_per_cycle": st["ms_per_cycle"], "tokens_per_cycle": st["tokens_per_cycle"]})
+    for shape in sorted({f"{r['batch']}x{r['input']}" for r in wall_rows}):
+        agg = out.setdefault(shape, {})
+        for fmt in ("fp8", "fp4"):
+            rs = [r for r in wall_rows if f"{r['batch']}x{r['input']}" == shape and r["format"] == fmt]
+            if not rs:
+                continue
+            meds = [r["ms_per_cycle"]["median"] for r in rs]
+            toks = [r["tokens_per_cycle"] for r in rs if r["tokens_per_cycle"] is not None]
+            agg.setdefault(fmt, {"traces": 0, "runs": []})
+            agg[fmt]["wall_servers"] = len(rs)
+            agg[fmt]["wall_ms_per_cycle"] = {"median": statistics.median(meds), "min": min(meds), "max": max(meds)}
+            agg[fmt]["tokens_per_cycle"] = sum(toks) / len(toks) if toks else None
+        if "wall_ms_per_cycle" in agg.get("fp8", {}) and "wall_ms_per_cycle" in agg.get("fp4", {}):
+            agg.setdefault("fp8_over_fp4", {})["wall_ms_per_cycle"] = (
+                agg["fp8"]["wall_ms_per_cycle"]["median"] / agg["fp4"]["wall_ms_per_cycle"]["median"])
+    return {"steps": steps, "layers": layers, "full_depth": full_depth, "rows": rows, "wall_rows": wall_rows,
+            "shapes": out}
 
 
 def print_timeline_summary(summary: dict) -> None:
@@ -360,6 +422,16 @@ def print_timeline_summary(summary: dict) -> None:
                 cells.append(f"{v['median']:9.1f} [{v['min']:.1f}-{v['max']:.1f}]" if v else f"{'-':>9}")
             ratio = agg.get("fp8_over_fp4", {}).get(key)
             print(f"  {key:<20}" + "".join(f"{c:>30}" for c in cells) + (f"   {ratio:.3f}x" if ratio else ""))
+        if any("wall_ms_per_cycle" in agg.get(f, {}) for f in ("fp8", "fp4")):
+            cells = []
+            for fmt in ("fp8", "fp4"):
+                v = agg.get(fmt, {}).get("wall_ms_per_cycle")
+                cells.append(f"{v['median']:9.3f} [{v['min']:.3f}-{v['max']:.3f}]" if v else f"{'-':>9}")
+            ratio = agg.get("fp8_over_fp4", {}).get("wall_ms_per_cycle")
+            print(f"  {'wall_ms_per_cycle':<20}" + "".join(f"{c:>30}" for c in cells)
+                  + (f"   {ratio:.3f}x" if ratio else "") + "   (client, between streamed chunks; per server median)")
+            toks = [agg.get(f, {}).get("tokens_per_cycle") for f in ("fp8", "fp4")]
+            print(f"  {'tokens_per_cycle':<20}" + "".join(f"{(f'{t:.2f}' if t is not None else '-'):>30}" for t in toks))
 
 
 def host_time_summary(seconds: list[float]) -> dict:
@@ -511,7 +583,8 @@ class TraceUnreadable(RuntimeError):
 
 def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefix: str, steps: int,
                    output_len: int, seed: int = 0, timeout: float = 600.0,
-                   activities: tuple[str, ...] = ("CPU", "GPU"), repeats: int = 1) -> str | list[str]:
+                   activities: tuple[str, ...] = ("CPU", "GPU"), repeats: int = 1,
+                   wall_s: float = 0.0, wall_path: str | None = None) -> str | list[str]:
     """Profile ``steps`` decode batches of a running server while ``batch`` requests of ``input_len`` random
     token ids decode together; returns the trace's path (``repeats`` > 1: the list of the traces' paths).
 
@@ -521,6 +594,12 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
     other while the same requests keep decoding (one prefill for all of them), the k-th trace under the prefix
     ``PREFIX_rk``. Whatever happens, the requests are then aborted (``/abort_request``, all of them), so none of
     them joins a later shape's batches.
+
+    With ``wall_s`` > 0 and a ``wall_path``, before the first profile the client times ``wall_s`` seconds of the
+    streamed chunks (SGLang streams one chunk per request and decode batch, or MTP verify cycle, at its default
+    stream interval 1): each chunk's arrival (``time.monotonic``, seconds) and SGLang's ``completion_tokens`` so
+    far, per request, written to ``wall_path`` as JSON (``wall_stats`` reads it): the wall time per cycle as a
+    client sees it, host and scheduler included, with no profiler running.
 
     Raises:
         TraceUnreadable: the trace was written whole but cannot be read (``TraceUnreadable``).
@@ -534,6 +613,7 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
     import urllib.request
 
     tokens = [0] * batch
+    arrivals: list[list[tuple[float, int | None]]] = [[] for _ in range(batch)]
     errors: list[str] = []
     stop = threading.Event()
 
@@ -556,6 +636,8 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
                         errors.append(f"request {i}: {json.dumps(chunk['error'])[:300]}")
                         return
                     tokens[i] += 1
+                    meta = chunk.get("meta_info") if isinstance(chunk, dict) else None
+                    arrivals[i].append((time.monotonic(), meta.get("completion_tokens") if isinstance(meta, dict) else None))
             if not stop.is_set():
                 errors.append(f"request {i}: the stream ended after {tokens[i]} chunks, before the profile")
         except Exception as e:  # noqa: BLE001 -- any failure of a request thread is reported by the main thread
@@ -580,6 +662,16 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
         while min(tokens) < 2:
             check("not all requests decoding", deadline)
             time.sleep(0.2)
+        if wall_s > 0 and wall_path:
+            t0 = time.monotonic()
+            while time.monotonic() < t0 + wall_s:
+                check("no wall time", deadline)
+                time.sleep(0.05)
+            t1 = time.monotonic()
+            record = {"batch": batch, "input_len": input_len, "window_s": t1 - t0,
+                      "requests": [[(t - t0, n) for t, n in list(a) if t0 <= t <= t1] for a in arrivals]}
+            with open(wall_path, "w") as f:
+                json.dump(record, f)
         for name in prefixes:
             pattern = os.path.join(out_dir, f"{name}-*DECODE.trace.json.gz")
             before = set(glob.glob(pattern))
@@ -677,6 +769,9 @@ def _serving_profile(argv: list[str]) -> int:
                    help="traces per shape, one after the other while the same requests decode (names FMT_BxL_rK)")
     p.add_argument("--activities", nargs="+", default=["CPU", "GPU"], choices=["CPU", "GPU"],
                    help="what SGLang's profiler records (the tables read GPU kernels only)")
+    p.add_argument("--wall-s", type=float, default=0.0,
+                   help="seconds of streamed chunks timed at the client before the first trace, into "
+                        "FMT_BATCHxINPUT.wall.json (the wall time per cycle; 0: none)")
     opts, server_args = p.parse_known_args(argv)
     try:
         shapes = parse_shapes(opts.shapes)
@@ -686,6 +781,8 @@ def _serving_profile(argv: list[str]) -> int:
         p.error(f"--steps: expected >= 1, got {opts.steps}")
     if opts.repeats < 1:
         p.error(f"--repeats: expected >= 1, got {opts.repeats}")
+    if opts.wall_s < 0:
+        p.error(f"--wall-s: expected >= 0 seconds, got {opts.wall_s}")
     fmt = "fp4" if opts.fp4 else "fp8"
     os.makedirs(opts.out_dir, exist_ok=True)
     raw = os.path.join(opts.out_dir, f"raw_{fmt}")
@@ -697,7 +794,8 @@ def _serving_profile(argv: list[str]) -> int:
             try:
                 profile_shape(base, b, il, name=name, raw=raw, out_dir=opts.out_dir, steps=opts.steps,
                               output_len=opts.output_len, timeout=opts.timeout, repeats=opts.repeats,
-                              activities=tuple(opts.activities))
+                              activities=tuple(opts.activities), wall_s=opts.wall_s,
+                              wall_path=os.path.join(opts.out_dir, f"{name}.wall.json"))
             except RuntimeError as e:
                 print(f"{name}: {e}", file=sys.stderr)
                 rc = 1
@@ -741,14 +839,17 @@ def _serving_table(argv: list[str]) -> int:
 
 def _timeline(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="sglang_bench.py timeline")
-    p.add_argument("traces", nargs="+", help="serving-profile traces, FMT_BATCHxINPUT[_rK].trace.json.gz")
+    p.add_argument("traces", nargs="+", help="serving-profile traces, FMT_BATCHxINPUT[_rK].trace.json.gz, and "
+                   "wall records FMT_BATCHxINPUT.wall.json")
     p.add_argument("--steps", type=int, required=True, help="decode (or MTP verify) cycles in each trace")
     p.add_argument("--layers", type=int, help="the served model's decoder layers (projects to --full-depth)")
     p.add_argument("--full-depth", type=int, default=61, help="layers of the model projected to (V3.2: 61)")
     p.add_argument("--json")
     opts = p.parse_args(argv)
     try:
-        summary = timeline_summary(opts.traces, opts.steps, opts.layers, opts.full_depth)
+        walls = [t for t in opts.traces if t.endswith(".wall.json")]
+        traces = [t for t in opts.traces if not t.endswith(".wall.json")]
+        summary = timeline_summary(traces, opts.steps, opts.layers, opts.full_depth, walls)
     except ValueError as e:
         p.error(str(e))
     if opts.json:

@@ -295,20 +295,24 @@ case "$STEP" in
     # FP8-first and FP4-first runs stay apart and are all read); PROFILE_REPEATS traces per shape while the same
     # requests decode; then the busy time, span, the indexer's exposed time and a layer's time per cycle over every
     # run's traces, FP8 against FP4. PROFILE_SIZE / PROFILE_LAYERS choose the model (make-model: v32-rank with
-    # PROFILE_LAYERS layers is a DP-attention + EP8 rank of V3.2 cut to that depth; the timeline projects to 61),
+    # PROFILE_LAYERS layers is a DP-attention + EP8 rank of V3.2 cut to that depth; the timeline projects to 61;
+    # PROFILE_EP=16 or 32: a rank of an EP16 / EP32 deployment, 256 / EP routed experts per MoE layer),
+    # PROFILE_WALL seconds of streamed chunks timed at the client before each shape's first trace (the wall time
+    # per cycle, sglang_bench.py wall; default 4, 0 for none),
     # PROFILE_MEM_FRACTION SGLang's --mem-fraction-static, PROFILE_ACTIVITIES the profiler's activities.
     SIZE="${PROFILE_SIZE:-v32-layers}"
-    M2="$WORK/$SIZE${PROFILE_LAYERS:+-$PROFILE_LAYERS}"
-    "$PY" scripts/sglang_one_batch.py make-model "$M2" --size "$SIZE" ${PROFILE_LAYERS:+--layers "$PROFILE_LAYERS"} >/dev/null
+    M2="$WORK/$SIZE${PROFILE_LAYERS:+-$PROFILE_LAYERS}${PROFILE_EP:+-ep$PROFILE_EP}"
+    "$PY" scripts/sglang_one_batch.py make-model "$M2" --size "$SIZE" ${PROFILE_LAYERS:+--layers "$PROFILE_LAYERS"} \
+      ${PROFILE_EP:+--ep "$PROFILE_EP"} >/dev/null
     SHAPES="${PROFILE_SHAPES:-1:131072 8:65536}"
     MAXBS=1; for shape in $SHAPES; do [ "${shape%%:*}" -gt $MAXBS ] && MAXBS=${shape%%:*}; done
     LIMIT="${PROFILE_LIMIT:-540}"
     TRACEDIR="$WORK/prof_serving${PROFILE_RUN:+/$PROFILE_RUN}"
     for fmt in ${SERVE_FORMATS:-fp8 fp4}; do
-      rm -f "$TRACEDIR/${fmt}_"*.trace.json.gz  # never a trace of an earlier run in this run's table
+      rm -f "$TRACEDIR/${fmt}_"*.trace.json.gz "$TRACEDIR/${fmt}_"*.wall.json  # never an earlier run's in this run's table
       stage "profile_${PROFILE_RUN:+${PROFILE_RUN}_}$fmt" "$LIMIT" "$PY" scripts/sglang_bench.py serving-profile --model "$M2" \
         --out-dir "$TRACEDIR" --shapes $SHAPES --steps "${PROFILE_STEPS:-5}" $([ $fmt = fp4 ] && echo --fp4) \
-        --repeats "${PROFILE_REPEATS:-1}" --activities ${PROFILE_ACTIVITIES:-CPU GPU} \
+        --repeats "${PROFILE_REPEATS:-1}" --activities ${PROFILE_ACTIVITIES:-CPU GPU} --wall-s "${PROFILE_WALL:-4}" \
         --ready-timeout $((LIMIT - 90)) --timeout 180 \
         --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton \
         --mem-fraction-static "${PROFILE_MEM_FRACTION:-0.5}" \
@@ -337,15 +341,20 @@ case "$STEP" in
       fi
     done
     if [ -n "${PROFILE_RUN:-}" ]; then  # every run's traces of this model so far, on the GPU's timeline
-      ALL=(); while IFS= read -r t; do ALL+=("$t"); done < <(find "$WORK/prof_serving" -mindepth 2 -name 'fp[48]_*.trace.json.gz' ! -name '*unreadable*' | sort)
+      ALL=(); while IFS= read -r t; do ALL+=("$t"); done < <(find "$WORK/prof_serving" -mindepth 2 \( -name 'fp[48]_*.trace.json.gz' -o -name 'fp[48]_*.wall.json' \) ! -name '*unreadable*' | sort)
       [ ${#ALL[@]} -gt 0 ] && "$PY" scripts/sglang_bench.py timeline --steps "${PROFILE_STEPS:-5}" \
         ${PROFILE_LAYERS:+--layers "$PROFILE_LAYERS"} "${ALL[@]}" --json "$OUTDIR/timeline.json" \
         >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log" || echo "timeline failed (logs/compare.log)"
     fi
-    (cd "$WORK/prof_serving" 2>/dev/null && find . -name '*.trace.json.gz' | tar -czf "$OUTDIR/serving_profile_traces.tar.gz" -T - 2>/dev/null) \
-      || rm -f "$OUTDIR/serving_profile_traces.tar.gz"
-    [ "$(stat -c %s "$OUTDIR/serving_profile_traces.tar.gz" 2>/dev/null || echo 0)" -le 15000000 ] \
-      || rm -f "$OUTDIR/serving_profile_traces.tar.gz"
+    # The traces (each server's first repeat only where all of them exceed 15 MB) and the wall records.
+    for pick in '*.trace.json.gz' '*_r1.trace.json.gz'; do
+      (cd "$WORK/prof_serving" 2>/dev/null && find . -name "$pick" | tar -czf "$OUTDIR/serving_profile_traces.tar.gz" -T - 2>/dev/null) \
+        || rm -f "$OUTDIR/serving_profile_traces.tar.gz"
+      [ "$(stat -c %s "$OUTDIR/serving_profile_traces.tar.gz" 2>/dev/null || echo 0)" -le 15000000 ] && break
+      rm -f "$OUTDIR/serving_profile_traces.tar.gz"
+    done
+    (cd "$WORK/prof_serving" 2>/dev/null && find . -name '*.wall.json' | tar -czf "$OUTDIR/serving_profile_walls.tar.gz" -T - 2>/dev/null) \
+      || rm -f "$OUTDIR/serving_profile_walls.tar.gz"
     ;;
   hicache)
     # SGLang's radix cache (prefix reuse) and hierarchical cache (eviction to host memory and reload) with the

@@ -12,7 +12,7 @@ heads x 128, top-2048), so every indexer kernel runs at its serving shape.
 
 Subcommands:
 
-* ``make-model DIR [--size tiny|tiny-interleaved|v32-layers|v32-rank] [--layers N]``: the model's ``config.json`` and a
+* ``make-model DIR [--size tiny|tiny-interleaved|v32-layers|v32-rank] [--layers N] [--ep N]``: the model's ``config.json`` and a
   word-level tokenizer (``tokenizers``) of its vocabulary; ``v32-layers`` has
   DeepSeek-V3.2's per-layer sizes on three layers and its MTP layer (``V32_LAYERS_CONFIG``).
 * ``run --model DIR --out FILE.pt [--fp4] [--eager] [SGLang server flags]``:
@@ -111,16 +111,26 @@ COMMON_SERVER_ARGS = (
 )
 
 
-def make_model(directory: str, size: str = "tiny", layers: int | None = None) -> None:
+#: DeepSeek-V3.2's routed experts (all ranks together); ``--ep N`` gives a rank 256 / N of them.
+V32_ROUTED_EXPERTS = 256
+
+
+def make_model(directory: str, size: str = "tiny", layers: int | None = None, ep: int | None = None) -> None:
     """Write a DeepSeek-V3.2 ``config.json`` (``MODEL_SIZES[size]``) and a word-level tokenizer into ``directory``.
 
     The tokenizer maps ``t<i>`` to id ``i`` (ids 0 and 1 are ``<bos>`` / ``<eos>``);
     the runs feed token ids directly, the tokenizer only satisfies SGLang's loader.
     ``layers`` (decoder layers, the MTP layer not counted) replaces the size's layer count; the dense layers
     (``first_k_dense_replace``) stay first, as many as the size has, at most ``layers``.
+    ``ep`` (the v32 sizes only) is the expert-parallel degree of the deployment the rank belongs to: its MoE layers
+    hold ``256 / ep`` of V3.2's routed experts (EP8: 32, the sizes' own; EP16: 16, the smallest H100 deployment
+    that holds V3.2's FP8 weights, two nodes of 8) plus the shared one, still top-8: a rank's expert work per
+    step is its own batch's 8 routes per token whatever ``ep`` is (all-to-all brings it the other ranks' tokens
+    for its experts), so only the expert weights it holds and reads change.
 
     Raises:
-        ValueError: ``size`` is not a key of ``MODEL_SIZES``, or ``layers`` is given and not 1..61.
+        ValueError: ``size`` is not a key of ``MODEL_SIZES``, ``layers`` is given and not 1..61, or ``ep`` is given
+            for a size that is not a v32 size or is not one of 8, 16, 32.
     """
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -131,6 +141,12 @@ def make_model(directory: str, size: str = "tiny", layers: int | None = None) ->
         if not 1 <= layers <= 61:
             raise ValueError(f"layers: expected 1..61 decoder layers (DeepSeek-V3.2 has 61), got {layers}")
         config.update(num_hidden_layers=layers, first_k_dense_replace=min(config["first_k_dense_replace"], layers))
+    if ep is not None:
+        if not size.startswith("v32-"):
+            raise ValueError(f"ep: only the v32 sizes hold V3.2's experts, got size {size!r}")
+        if ep not in (8, 16, 32):
+            raise ValueError(f"ep: expected 8, 16 or 32 (a rank keeps at least top-8 experts), got {ep}")
+        config.update(n_routed_experts=V32_ROUTED_EXPERTS // ep)
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
@@ -1038,9 +1054,11 @@ def main() -> int:
         mp.add_argument("directory")
         mp.add_argument("--size", choices=sorted(MODEL_SIZES), default="tiny")
         mp.add_argument("--layers", type=int, help="decoder layers (1..61), the size's own count when left out")
+        mp.add_argument("--ep", type=int, help="v32 sizes: the deployment's expert-parallel degree (8, 16 or 32; "
+                        "the rank holds 256 / EP routed experts); EP8 when left out")
         mo = mp.parse_args(rest)
         try:
-            make_model(mo.directory, mo.size, mo.layers)
+            make_model(mo.directory, mo.size, mo.layers, mo.ep)
         except ValueError as e:
             mp.error(str(e))
         return 0

@@ -280,7 +280,8 @@ def _standin_server(state, *, fail_second=False, trace_text=None):
                 for k in range(200):
                     if state["aborts"] != aborts:
                         break
-                    self.wfile.write(f'data: {{"text":"","output_ids":[{k}]}}\n\n'.encode())
+                    meta = f'"meta_info":{{"completion_tokens":{2 * k + 1}}}'  # 2 tokens a chunk, as MTP may
+                    self.wfile.write(f'data: {{"text":"","output_ids":[{k}],{meta}}}\n\n'.encode())
                     self.wfile.flush()
                     time.sleep(0.02)
                 self.wfile.write(b"data: [DONE]\n\n")
@@ -519,6 +520,68 @@ def test_profile_decode_takes_every_repeat_from_one_prefill(tmp_path):
     with pytest.raises(ValueError, match="repeats"):
         bench.profile_decode("http://127.0.0.1:9", 1, 16, out_dir=str(tmp_path), prefix="x", steps=1,
                              output_len=8, repeats=0)
+
+
+def test_profile_decode_times_the_streamed_chunks_before_the_first_profile(tmp_path):
+    """wall_s: the client times the chunks (one every 20 ms per request in the stand-in, 2 tokens each) for that
+    long before the profile is asked for; wall_stats reads the cycle time and the tokens per cycle off the record."""
+    import threading
+
+    state = {"started": 0, "profile_at": None, "aborted": threading.Event(), "bodies": []}
+    srv = _standin_server(state)
+    wall = tmp_path / "fp4_2x16.wall.json"
+    try:
+        (tmp_path / "raw").mkdir()
+        bench.profile_decode(f"http://127.0.0.1:{srv.server_port}", 2, 16, out_dir=str(tmp_path / "raw"),
+                             prefix="fp4_2x16", steps=3, output_len=64, timeout=30, wall_s=0.6, wall_path=str(wall))
+    finally:
+        srv.shutdown()
+    record = json.loads(wall.read_text())
+    assert (record["batch"], record["input_len"]) == (2, 16) and record["window_s"] >= 0.6
+    assert all(0 <= t <= record["window_s"] for chunks in record["requests"] for t, _ in chunks)
+    st = bench.wall_stats(record)
+    # 20 ms sleeps between chunks; a loaded CI machine may stretch them, never shorten them.
+    assert 19.0 <= st["ms_per_cycle"]["median"] <= 60.0 and st["ms_per_cycle"]["n"] >= 10
+    assert st["tokens_per_cycle"] == 2.0
+    # the profile came after the window, from the first decoded chunk of the late request on
+    assert state["profile_at"] >= 1.5 + 0.6
+
+
+def test_wall_stats_pools_the_intervals_of_every_request_and_refuses_an_empty_window():
+    rec = {"batch": 2, "input_len": 8, "window_s": 1.0,
+           "requests": [[(0.0, 10), (0.010, 12), (0.030, 13)], [(0.005, 4), (0.045, 8)], [(0.5, 1)]]}
+    st = bench.wall_stats(rec)
+    # intervals 10, 20 and 40 ms; token steps 2, 1, 4
+    assert st["ms_per_cycle"]["n"] == 3 and st["ms_per_cycle"]["median"] == pytest.approx(20.0)
+    assert st["tokens_per_cycle"] == pytest.approx(7 / 3)
+    assert bench.wall_stats({"requests": [[(0.0, None), (0.01, None)]]})["tokens_per_cycle"] is None
+    with pytest.raises(ValueError, match="no two chunks"):
+        bench.wall_stats({"batch": 1, "input_len": 8, "window_s": 2.0, "requests": [[(0.1, 3)], []]})
+
+
+def test_timeline_summary_adds_the_client_wall_time_per_shape(tmp_path, capsys):
+    def write(path, step_ms):
+        path.parent.mkdir(exist_ok=True)
+        chunks = [(k * step_ms / 1e3, k + 1) for k in range(5)]
+        path.write_text(json.dumps({"batch": 2, "input_len": 64, "window_s": 1.0, "requests": [chunks, chunks]}))
+        return str(path)
+
+    walls = [write(tmp_path / "s1" / "fp8_2x64.wall.json", 30.0), write(tmp_path / "s2" / "fp4_2x64.wall.json", 24.0),
+             write(tmp_path / "s3" / "fp8_2x64.wall.json", 32.0)]
+    traces = [_planted_trace(tmp_path / "s1" / "fp8_2x64.trace.json.gz", scale=2.0),
+              _planted_trace(tmp_path / "s2" / "fp4_2x64.trace.json.gz")]
+    s = bench.timeline_summary(traces, steps=2, walls=walls)
+    agg = s["shapes"]["2x64"]
+    assert agg["fp8"]["wall_ms_per_cycle"] == {"median": pytest.approx(31.0), "min": pytest.approx(30.0),
+                                               "max": pytest.approx(32.0)}
+    assert agg["fp8"]["wall_servers"] == 2 and agg["fp4"]["tokens_per_cycle"] == 1.0
+    assert agg["fp8_over_fp4"]["wall_ms_per_cycle"] == pytest.approx(31.0 / 24.0)
+    assert agg["fp8_over_fp4"]["busy_us"] == pytest.approx(2.0)  # the traces' fields are kept
+    assert [(r["run"], r["format"]) for r in s["wall_rows"]] == [("s1", "fp8"), ("s2", "fp4"), ("s3", "fp8")]
+    bench.print_timeline_summary(s)
+    assert f"{31 / 24:.3f}x" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="FMT_BATCHxINPUT.wall.json"):
+        bench.timeline_summary([], steps=1, walls=[write(tmp_path / "bf16_2x64.wall.json", 1.0)])
 
 
 def test_host_time_record_keeps_every_call_beside_the_summary():

@@ -369,6 +369,20 @@ def test_make_model_cuts_a_v32_rank_to_the_layers_asked_and_keeps_the_dense_ones
         tool.make_model(str(tmp_path / "bad"), "v32-rank", layers=62)
 
 
+def test_make_model_ep_gives_the_rank_its_share_of_the_256_routed_experts(tmp_path):
+    import json
+
+    for ep, experts in ((8, 32), (16, 16), (32, 8)):
+        tool.make_model(str(tmp_path / f"ep{ep}"), "v32-rank", ep=ep)
+        cfg = json.loads((tmp_path / f"ep{ep}" / "config.json").read_text())
+        assert (cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg["n_shared_experts"]) == (experts, 8, 1)
+        assert cfg["num_hidden_layers"] == 61
+    with pytest.raises(ValueError, match="ep: expected 8, 16 or 32"):
+        tool.make_model(str(tmp_path / "bad"), "v32-rank", ep=64)
+    with pytest.raises(ValueError, match="ep: only the v32 sizes"):
+        tool.make_model(str(tmp_path / "bad"), "tiny", ep=16)
+
+
 # --- the oracle on the pages the server held: ``oracle_row`` / ``oracle_check`` ------------------------------
 
 def _oracle_request(n=2902, heads=64, seed=0):
