@@ -1166,6 +1166,23 @@ def test_check_quotes_the_verify_cycle_measured_for_a_dp_attention_rank_with_mtp
             "that takes the verify rows natively would shorten FP8's side") in " ".join(out.split())
     bench = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
     assert "### Against DeepGEMM's newer SM90 kernel" in bench
+    # The verdict names that gain beside the indexer's, from the same row.
+    verdict = " ".join(out.split("verdict:")[1].split())
+    assert (f"and a {ms['fp8'] / ms['fp4']:.3f}x shorter MTP verify cycle (GPU busy time inside SGLang's server, "
+            "NVIDIA H200, 20 of 61 layers)") in verdict
+
+
+def test_cycle_gain_text_says_shorter_or_longer_and_the_depth_measured():
+    from sglang_fp4_indexer.check.trade import cycle_gain_text
+
+    run = {"gpu": "NVIDIA H100 80GB HBM3", "date": "d", "stack": "s"}
+    row = {"batch": 4, "context": 131072, "next_n": 4, "layers": 61, "full_depth": 61, "fp8_ms": 30.0, "fp4_ms": 25.0}
+    assert cycle_gain_text(row, run) == ("a 1.200x shorter MTP verify cycle (GPU busy time inside SGLang's server, "
+                                         "NVIDIA H100 80GB HBM3, all 61 layers)")
+    slower = dict(row, next_n=1, layers=20, fp8_ms=10.0, fp4_ms=12.5)
+    assert cycle_gain_text(slower, run) == ("a 1.250x longer decode step (GPU busy time inside SGLang's server, "
+                                            "NVIDIA H100 80GB HBM3, 20 of 61 layers)")
+    assert cycle_gain_text(None, run) is None
 
 
 @pytest.mark.parametrize("extra, batch, why", [

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 import sys
 from fractions import Fraction
@@ -358,10 +359,8 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
     if context is None:
         console.print("add --context N (and --batch, --next-n) for the time and recall FP4 costs or saves at that length")
     elif d.enabled:
-        verdict = worth_it(res, context=context, batch=batch, next_n=next_n)
-        verdict.update(verify_cycle(load_tables(), res, verdict["timing_unmeasured"], heads=verdict["heads"],
-                                    batch=verdict["rank_batch"], context=context, next_n=next_n,
-                                    topk=verdict["model_topk"]))
+        verdict = worth_it(res, context=context, batch=batch, next_n=next_n,
+                           cycle=functools.partial(verify_cycle, load_tables(), res))
         _print_worth_it(console, res, verdict, batch, next_n, context)
         return verdict["exit_code"]
     else:

@@ -10,6 +10,7 @@ from .budget import ASSUMED_GPU, UNNAMED_GPU
 
 __all__ = [
     "worth_it",
+    "cycle_gain_text",
     "requests_gain",
     "MEASURE_SPEED",
     "model_indexer_text",
@@ -212,7 +213,22 @@ def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: 
     return {"sglang_decode": row, "sglang_decode_why": why, "sglang_decode_run": run}
 
 
-def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tables: dict | None = None) -> dict:
+def cycle_gain_text(row: dict | None, run: dict | None) -> str | None:
+    """The server's measured step as the verdict names it: "a 1.082x shorter MTP verify cycle (GPU busy time inside
+    SGLang's server, NVIDIA H200, 20 of 61 layers)" (a decode step with next_n 1; "longer" where FP4's is
+    longer), from a ``cycle`` section row and its section's ``gpu``; None without a row."""
+    if row is None or run is None:
+        return None
+    ratio = row["fp8_ms"] / row["fp4_ms"]
+    what = "MTP verify cycle" if row["next_n"] > 1 else "decode step"
+    depth = (f"all {row['full_depth']} layers" if row["layers"] >= row["full_depth"]
+             else f"{row['layers']} of {row['full_depth']} layers")
+    change = f"a {ratio:.3f}x shorter" if ratio >= 1 else f"a {1 / ratio:.3f}x longer"
+    return f"{change} {what} (GPU busy time inside SGLang's server, {run['gpu']}, {depth})"
+
+
+def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tables: dict | None = None,
+             cycle=None) -> dict:
     """What FP4 gains and costs at one serving shape, and the decision, from ``run_check``'s findings and the tables.
 
     The decision (``decision``, and the exit code ``main`` returns for it):
@@ -263,6 +279,10 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         next_n: query tokens per request and step (1: decode; SGLang's draft tokens, the verified one counted, in
             speculative verify).
         tables: measured tables (default: the packaged ones, ``tables.load_tables``).
+        cycle: the server's whole step measured for this deployment, as a function ``(unmeasured, heads=,
+            batch=, context=, next_n=, topk=) -> dict`` (``check.cycle.verify_cycle`` bound to the tables and the
+            findings); its result joins the output (``cycle``, ``cycle_why``, ``cycle_run``) and, where it holds a
+            row, the verdict names that gain beside the indexer's (``cycle_gain_text``). None: no cycle.
 
     Returns:
         dict: ``requests_fp8`` / ``requests_fp4`` (requests of ``context`` tokens
@@ -348,6 +368,9 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         **_sglang_decode(tables, found, unmeasured, heads=heads, batch=rank_batch, context=context, next_n=next_n,
                          topk=model_topk),
     }
+    if cycle is not None:
+        out.update(cycle(unmeasured, heads=heads, batch=rank_batch, context=context, next_n=next_n, topk=model_topk))
+    step = cycle_gain_text(out.get("cycle"), out.get("cycle_run"))
     # The speed: measured faster or slower (``measured_speed``), else not measured and why (``speed_unknown``).
     measured_speed = speed_unknown = None
     if unmeasured is not None:
@@ -370,6 +393,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     else:
         speed = (f"a {measured_speed:.2f}x faster indexer" if measured_speed >= 1
                  else f"a {1 / measured_speed:.2f}x slower indexer")
+    if step is not None:
+        speed += f" and {step}"
     text = next((r for r in recall if r["workload"] == "text"), recall[0])
     if context <= model_topk:
         cost = f"no cost (top-{model_topk} keeps all {_k(context)} keys, so the selection cannot change)"
@@ -408,8 +433,9 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
             out["verdict"] = (f"{gain_text}, and its indexer speed is {speed_unknown}, {against}: measure the "
                               f"speed before turning FP4 on, {measure}{measured_cost}")
         elif measured_speed < 1:
-            out["verdict"] = (f"{gain_text}, and its indexer is {1 / measured_speed:.2f}x slower here: FP4 gains "
-                              f"nothing for this deployment, keep FP8; {cost_text}")
+            out["verdict"] = (f"{gain_text}, and its indexer is {1 / measured_speed:.2f}x slower here"
+                              + (f" ({step})" if step else "") + f": FP4 gains nothing for this deployment, keep FP8; "
+                              f"{cost_text}")
         elif cost is None:
             out["verdict"] = (f"{gain_text}, so it buys only {speed}, at a cost that is not measured "
                               f"({topk_unmeasured})")
