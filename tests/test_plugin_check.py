@@ -1315,6 +1315,10 @@ def test_the_readmes_check_example_prints_the_verdict_the_readme_shows(capsys):
     code, out = _run(capsys, *argv[2:], derive=True)
     assert out[out.index("verdict: "):] == shown
     assert code == 4 and shown.startswith("verdict: FP4 fits 5 requests of 128K where FP8 fits 4 (+25 %)")
+    # The note under it: the pools' ratio, from the numbers the verdict prints.
+    fp8, fp4 = (int(x) for x in re.search(r"FP8 holds (\d+), FP4 (\d+)", shown).groups())
+    assert f"(FP4's {100 * (fp4 / fp8 - 1):.1f} % more tokens there are just enough for a fifth request of 128K;" \
+        in " ".join(readme.split())
 
 
 def test_the_same_requests_with_an_unmeasured_or_slower_indexer_is_no_turn_it_on(capsys):

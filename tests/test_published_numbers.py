@@ -1002,8 +1002,8 @@ def test_readme_first_screen_figures_are_the_raw_files():
     p8, p4 = _pools(printed)
     per = 100000 + 256  # each request: its 100 000-token prompt and 256 output tokens
     assert (f"where FP8's pool held {p8 // per} requests of 100K and FP4's {p4 // per}: "
-            f"+{100 * (k4['output_throughput'] / k8['output_throughput'] - 1):.1f} % output tokens/s (H100, 3 of 61 layers, MTP off)"
-            ) in first
+            f"+{100 * (k4['output_throughput'] / k8['output_throughput'] - 1):.1f} % output tokens/s (H100, 3 of 61 layers, MTP off: "
+            f"{round(100 * (p4 // per) / (p8 // per) - 100)} % more requests running") in first
     assert "| What was measured (dummy weights; details below) |" in first
     t = _long(LONG[1])
     diffs = [r["fp4_minus_fp8"][0] for c in CONTEXTS for r in t["loss"][c]["topk"].values()]
@@ -1043,7 +1043,7 @@ def test_readme_verify_cycle_rows_and_sentence_are_the_timeline_summaries():
     assert "| H200, MTP off, 8 × 128K: busy time per decode step, 20 layers " + cells(off, "busy_us", False) in readme
     r = a8["fp8_over_fp4"]
     first = flat[flat.index("## Should you turn it on?"):flat.index("### Memory:")]
-    assert (f"verify cycle {r['busy_us']:.3f}x less GPU busy time (H200, 20 of 61 layers; "
+    assert (f"verify cycle {r['busy_us']:.3f}x faster in GPU busy time (H200, 20 of 61 layers; "
             f"{r['projected_busy_us']:.3f}x projected to 61)") in first
     assert "(61-layer figures are projections)" in first  # the projected figure is not a run
     text = (RESULTS / "sglang_timeline_v32_rank20_h200_2026-12-06.txt").read_text()
