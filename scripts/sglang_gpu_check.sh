@@ -58,6 +58,13 @@ export DG_JIT_CACHE_DIR="$WORK/deepgemm-jit" SGLANG_DG_CACHE_DIR="$WORK/deepgemm
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 
+# DeepGEMM builds from its sources (about 75 s on 16 cores) while pip installs the wheels: it needs the machine's
+# torch only, not the wheels.
+DG_BUILD=
+if [ -f .peers/deepgemm.tar.xz ] && [ ! -f "$WORK/deepgemm.site" ]; then
+  bash scripts/build_deepgemm.sh .peers/deepgemm.tar.xz /tmp/deepgemm >"$WORK/logs/deepgemm_build.log" 2>&1 &
+  DG_BUILD=$!
+fi
 for part in .peers/sglang-runtime/part1 .peers/sglang-runtime/part2; do
   if ls "$part"/*.whl >/dev/null 2>&1 && [ ! -f "$WORK/$(basename $part).installed" ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -91,9 +98,8 @@ if [ ! -f "$WORK/plugin.installed" ] || [ sglang_fp4_indexer -nt "$WORK/plugin.i
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site . \
     >>"$WORK/logs/pip.log" 2>&1 && touch "$WORK/plugin.installed" || echo "plugin install failed (logs/pip.log)"
 fi
-if [ -f .peers/deepgemm.tar.xz ] && [ ! -f "$WORK/deepgemm.site" ]; then
-  bash scripts/build_deepgemm.sh .peers/deepgemm.tar.xz /tmp/deepgemm >"$WORK/logs/deepgemm_build.log" 2>&1 \
-    && tail -n 1 "$WORK/logs/deepgemm_build.log" >"$WORK/deepgemm.site" || echo "DeepGEMM build failed"
+if [ -n "$DG_BUILD" ]; then
+  wait "$DG_BUILD" && tail -n 1 "$WORK/logs/deepgemm_build.log" >"$WORK/deepgemm.site" || echo "DeepGEMM build failed"
 fi
 # The test-only top-k trace plugin (scripts/topk_trace): registers nothing unless FP4_INDEXER_TOPK_TRACE_DIR is set.
 if [ ! -f "$WORK/topk_trace.installed" ]; then
