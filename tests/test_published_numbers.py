@@ -1045,7 +1045,7 @@ def test_readme_verify_cycle_rows_and_sentence_are_the_timeline_summaries():
     first = flat[flat.index("## Should you turn it on?"):flat.index("### Memory:")]
     assert (f"verify cycle {r['busy_us']:.3f}x faster in GPU busy time (H200, 20 of 61 layers; "
             f"{r['projected_busy_us']:.3f}x projected to 61)") in first
-    assert "(61-layer figures are projections)" in first  # the projected figure is not a run
+    assert "(the H200's 61-layer figures are projections)" in first  # the projected figure is not a run
     text = (RESULTS / "sglang_timeline_v32_rank20_h200_2026-12-06.txt").read_text()
     assert "#tokens: 4795328, KV size: 70.39 GB" in text and "#tokens: 5219200, KV size: 70.38 GB" in text
     assert "| 4,795,328 | 5,219,200 (**+8.8 %**) |" in readme and f"{100 * (5219200 / 4795328 - 1):.1f}" == "8.8"
@@ -1119,3 +1119,102 @@ def test_readme_newer_sm90_kernel_sentence_is_the_raw_files():
     assert (f"is level with ours at 8 × 128K ({us(big, 'deepgemm-fp8-sm90-multicast'):.1f} against {us(big, 'ours'):.1f} µs) "
             f"and faster at 1 × 128K ({us(one, 'deepgemm-fp8-sm90-multicast'):.1f} against {us(one, 'ours'):.1f} µs) on an H100"
             ) in text
+
+
+_R61 = "sglang_timeline_v32_rank61_ep32_mtp3x4_h100_2026-12-06.json"
+_MC4 = ("bench_h100_sm90_multicast_4x128k_2026-12-06.json", "bench_h100_sm90_multicast_4x128k_repeat_2026-12-06.json")
+
+
+def test_benchmarks_full_depth_rank_table_is_the_timeline_and_wall_records():
+    """The H100 61-layer rank's table: every cell from the timeline summary (3 traces per server, and the wall
+    records' intervals), the KV pool lines from what the servers printed, the sentences' arithmetic from both."""
+    s = _json(_R61)
+    assert s["layers"] == 61 and s["full_depth"] == 61
+    agg = s["shapes"]["4x131072"]
+    assert agg["fp8"]["traces"] == agg["fp4"]["traces"] == 3 and agg["fp8"]["runs"] == ["s1_fp8"]
+    page = _page("docs/benchmarks.md")
+
+    def cells(key, scale, fmt, bold=False):
+        v = [agg[f][key] for f in ("fp8", "fp4")]
+        c = [f"{x['median'] / scale:{fmt}} [{x['min'] / scale:{fmt}}-{x['max'] / scale:{fmt}}]" for x in v]
+        r = f"{v[0]['median'] / v[1]['median']:.3f}x"
+        return f"| {c[0]} | {c[1]} | " + (f"**{r}**" if bold else r) + " |"
+
+    wall = {r["format"]: r["ms_per_cycle"] for r in s["wall_rows"]}
+    assert {r["format"]: r["tokens_per_cycle"] for r in s["wall_rows"]} == {"fp8": 1.0, "fp4": 1.0}
+    w = [f"{wall[f]['median']:.2f} [{wall[f]['q1']:.2f}-{wall[f]['q3']:.2f}]" for f in ("fp8", "fp4")]
+    assert (f"| wall time between a request's streamed chunks, at the client (ms) | {w[0]} | {w[1]} | "
+            f"**{wall['fp8']['median'] / wall['fp4']['median']:.3f}x** |") in page
+    assert f"the {wall['fp8']['n']} (FP8) and {wall['fp4']['n']} (FP4) intervals" in _flat(page)
+    assert "| GPU busy time per cycle (ms) " + cells("busy_us", 1e3, ".2f", True) in page
+    assert "| span per cycle: first kernel's start to last kernel's end (ms) " + cells("span_us", 1e3, ".2f") in page
+    assert ("| indexer logits running alone, nothing else on the GPU, per cycle (ms) "
+            + cells("indexer_exposed_us", 1e3, ".2f")) in page
+    assert ("| one layer: busy time between consecutive scorer launches, median (µs) "
+            + cells("layer_busy_us", 1, ".1f")) in page
+    text = (RESULTS / "sglang_timeline_v32_rank61_ep32_h100_2026-12-06.txt").read_text()
+    assert "#tokens: 589120, KV size: 26.38 GB" in text and "#tokens: 641216, KV size: 26.38 GB" in text
+    assert f"| 589,120 | 641,216 (+{100 * (641216 / 589120 - 1):.1f} %) | |" in page
+    assert f"(FP8 {589120 / 131072:.2f}, FP4 {641216 / 131072:.2f} requests' worth of tokens)" in _flat(page)
+    assert "gen throughput (token/s): 108.26" in text and "gen throughput (token/s): 117.96" in text
+    assert "108.26 against 117.96 generated tokens/s" in _flat(page)
+    # The README's end-to-end rows and first-screen figure, from the same summary.
+    readme = _page("README.md")
+    b8, b4 = (agg[f]["busy_us"]["median"] / 1e3 for f in ("fp8", "fp4"))
+    assert (f"4 × 128K, 61 layers: wall time per verify cycle at the client, median | {wall['fp8']['median']:.2f} ms | "
+            f"**{wall['fp4']['median']:.2f} ms ({wall['fp8']['median'] / wall['fp4']['median']:.3f}x)** |") in readme
+    assert f"GPU busy time per verify cycle, median of 3 traces | {b8:.2f} ms | **{b4:.2f} ms ({b8 / b4:.3f}x)** |" in readme
+    assert f"| 589,120 | 641,216 (**+{100 * (641216 / 589120 - 1):.1f} %**) |" in readme
+    first = _flat(readme)[:_flat(readme).index("### Memory:")]
+    ratio = wall["fp8"]["median"] / wall["fp4"]["median"]
+    assert f"{ratio:.3f}" == f"{b8 / b4:.3f}"  # one figure for both
+    assert (f"all 61 layers, 4 × 128K: verify cycle {ratio:.3f}x faster in wall time at the client and in GPU busy "
+            "time (H100, one DP-attention + EP32 rank, FP8 server first)") in first
+
+
+def test_benchmarks_full_depth_rank_bench_and_arithmetic_are_the_raw_files():
+    """The 4 x 128K bench rows (ours, SGLang's call, the newer SM90 kernel) and the sentences computed from them and
+    the timeline: the scorer saving against the busy-time difference, the 1.15x target, the tensor-core bound."""
+    page = _page("docs/benchmarks.md")
+    flat = _flat(page)
+    runs = [_json(n) for n in _MC4]
+    rows = {}
+    for i, run in enumerate(runs):
+        assert run["meta"]["device"] == "NVIDIA H100 80GB HBM3" and run["failures"] in (0, [], None)
+        for r in run["rows"]:
+            assert all(x.get("check", {}).get("ok") for x in r["results"].values()), r["label"]
+            rows[(r["label"], i)] = r
+    for (label, i), r in rows.items():
+        res = r["results"]
+        us = {k: v["seconds"] * 1e6 for k, v in res.items()}
+        n = label.split()[2][1:]
+        name = f"H64 4 × 128K next_n {n}" + (" (the draft passes)" if n == "1" and i == 0 else "") + (" (again)" if i else "")
+        binds = "TC" if res["ours"]["binds"] == "tensor cores" else "HBM"
+        sg, mc = us["deepgemm-fp8"] / us["ours"], us["deepgemm-fp8-sm90-multicast"] / us["ours"]
+        line = (f"| {name} | {r['fp4_floor_s'] * 1e6:.1f} / {r['tensor_core_floor_s'] * 1e6:.1f} | "
+                f"{us['ours']:.1f} ({res['ours']['pct_roofline']:.0f} %, {binds}) | {us['deepgemm-fp8']:.1f} ({sg:.2f}) | "
+                + (f"{us['deepgemm-fp8-sm90-multicast']:.1f} (**{mc:.2f}**) |" if mc < 1
+                   else f"{us['deepgemm-fp8-sm90-multicast']:.1f} ({mc:.2f}) |"))
+        assert line in page, line
+    n4 = [rows[("H64 4x128K n4 w160K", i)]["results"] for i in (0, 1)]
+    ours = [x["ours"]["seconds"] * 1e6 for x in n4]
+    sgl = [x["deepgemm-fp8"]["seconds"] * 1e6 for x in n4]
+    mc = [x["deepgemm-fp8-sm90-multicast"]["seconds"] * 1e6 for x in n4]
+    assert f"{min(ours):.1f}-{max(ours):.1f} µs for ours" in flat and f"{sgl[0]:.1f} µs per verify call" in flat
+    assert f"it takes {min(mc):.1f}-{max(mc):.1f} µs per verify call: {mc[0] / ours[0]:.2f}x ours" in flat
+    agg = _json(_R61)["shapes"]["4x131072"]
+    b8, b4 = (agg[f]["busy_us"]["median"] / 1e3 for f in ("fp8", "fp4"))
+    mean_ours, mean_sgl = sum(ours) / 2, sum(sgl) / 2
+    saving = mean_sgl - mean_ours
+    assert f"{saving:.0f} µs x 61 verify calls is {saving * 61 / 1e3:.1f} ms" in flat
+    assert f"the whole busy-time difference ({b8 - b4:.2f} ms)" in flat
+    target = b8 / 1.15
+    assert f"FP4's at {b8:.2f} / 1.15 = {target:.2f} ms, {b4 - target:.2f} ms less" in flat
+    assert f"{(b4 - target) * 1e3 / 61:.0f} µs per verify call, i.e. ours at about {mean_ours - (b4 - target) * 1e3 / 61:.0f} µs" in flat
+    tc = n4[0]["ours"]["seconds"] * n4[0]["ours"]["pct_roofline"] / 100 * 1e6  # the binding floor: the tensor cores
+    tc_floor = rows[("H64 4x128K n4 w160K", 0)]["tensor_core_floor_s"] * 1e6
+    assert abs(tc - tc_floor) < 0.05
+    bound = b4 - 61 * (mean_ours - tc_floor) / 1e3
+    assert (f"{b4:.2f} - 61 x ({mean_ours:.1f} - {tc_floor:.1f}) µs = {bound:.2f} ms, {b8 / bound:.3f}x") in flat
+    rates = [r["meta"]["fp8_mma_flops_per_s"] / 1e15 for r in runs]
+    assert f"{min(rates):.2f}-{max(rates):.2f} PFLOP/s" in flat
