@@ -3,8 +3,9 @@
     PYTHONPATH=. python3 scripts/update_check_tables.py BENCH_JSON ACCURACY_JSON [--model-accuracy JSON [JSON ...]]
         [--sglang-one-batch JSONL --sglang-profile JSON [JSON ...] --sglang-gpu NAME --sglang-date DATE]
         [--serving-profile JSON [JSON ...] --serving-gpu NAME --serving-date DATE --serving-stack TEXT
-         --serving-layers N] [--cycle JSON:NEXT_N [...] --cycle-gpu NAME --cycle-date DATE --cycle-stack TEXT]
-        [--out PATH]
+         --serving-layers N] [--cycle JSON:NEXT_N [...] --cycle-gpu NAME --cycle-date DATE --cycle-stack TEXT
+         --cycle-rank TEXT --cycle-moe-gpus N] [--cycle-more JSON:NEXT_N [...] --cycle-more-gpu NAME
+         --cycle-more-date DATE --cycle-more-stack TEXT --cycle-more-rank TEXT --cycle-more-moe-gpus N] [--out PATH]
 
 BENCH_JSON: a ``sglang-fp4-indexer bench --device cuda --json`` report measured
 on an H200 (the FP8 times come from its ``deepgemm-fp8`` column when it has
@@ -23,7 +24,10 @@ their scorer kernels per layer (``--serving-layers``: the model's indexer layers
 timing rows check quotes for that GPU. ``--cycle``: ``scripts/sglang_bench.py timeline --json`` summaries of FP8 and
 FP4 servers on one DP-attention + EP8 rank of DeepSeek-V3.2 cut to fewer layers (``scripts/sglang_gpu_check.sh
 profile`` with ``PROFILE_SIZE=v32-rank``), each with the next_n its server verified: check quotes their busy time per
-cycle, measured and projected to 61 layers, at exactly those shapes. Writes ``sglang_fp4_indexer/data/h200_tables.json``
+cycle, measured and projected to 61 layers, at exactly those shapes (``--cycle-rank``: what one GPU held, as check
+names it; ``--cycle-moe-gpus``: the GPUs the routed experts spread over, the ``--tp-size`` check requires).
+``--cycle-more``: the same for a further run on another GPU or rank (e.g. all 61 layers of an EP32 rank on an
+H100, FP8 server then FP4 server), with its own ``--cycle-more-*`` facts. Writes ``sglang_fp4_indexer/data/h200_tables.json``
 (shipped inside the wheel) unless ``--out`` says otherwise, and prints what it took.
 """
 
@@ -40,6 +44,7 @@ from sglang_fp4_indexer.tables import (
     serving_timing_section,
     sglang_decode_section,
     verify_cycle_section,
+    cycle_sections,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycle-gpu", default=None, help="the GPU those servers ran on, as nvidia-smi names it")
     parser.add_argument("--cycle-date", default=None, help="the date of those runs (YYYY-MM-DD)")
     parser.add_argument("--cycle-stack", default=None, help="their torch, triton, SGLang and GEMM path")
+    parser.add_argument("--cycle-rank", default=None, help="what one GPU of that deployment held, e.g. "
+                        "'DP-attention + EP8 rank'")
+    parser.add_argument("--cycle-moe-gpus", type=int, default=None,
+                        help="over how many GPUs that deployment spread the routed experts (its --tp-size)")
+    parser.add_argument("--cycle-more", nargs="+", default=[], metavar="JSON:NEXT_N",
+                        help="timeline summaries of a further run (another GPU or rank), as --cycle")
+    parser.add_argument("--cycle-more-gpu", default=None, help="the GPU of the --cycle-more run")
+    parser.add_argument("--cycle-more-date", default=None, help="its date (YYYY-MM-DD)")
+    parser.add_argument("--cycle-more-stack", default=None, help="its torch, triton, SGLang and GEMM path")
+    parser.add_argument("--cycle-more-rank", default=None, help="what one GPU held, e.g. 'DP-attention + EP32 rank'")
+    parser.add_argument("--cycle-more-moe-gpus", type=int, default=None,
+                        help="over how many GPUs its routed experts spread (its --tp-size)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     if args.sglang_one_batch and not (args.sglang_gpu and args.sglang_date):
@@ -101,22 +118,38 @@ def main(argv: list[str] | None = None) -> int:
                      "(what was measured where)")
     if args.cycle and not (args.cycle_gpu and args.cycle_date and args.cycle_stack):
         parser.error("--cycle needs --cycle-gpu, --cycle-date and --cycle-stack (what was measured where)")
+    if args.cycle_more and not (args.cycle and args.cycle_more_gpu and args.cycle_more_date and args.cycle_more_stack):
+        parser.error("--cycle-more needs --cycle, and --cycle-more-gpu, --cycle-more-date and --cycle-more-stack "
+                     "(what was measured where)")
     try:
         model = [_read(p) for p in args.model_accuracy] if args.model_accuracy else None
-        cycle = None
-        if args.cycle:
+        def pairs_of(items, flag):
             pairs = []
-            for item in args.cycle:
+            for item in items:
                 path, _, n = item.rpartition(":")
                 if not path or not n.isdigit():
-                    parser.error(f"--cycle: expected JSON:NEXT_N, got {item!r}")
+                    parser.error(f"{flag}: expected JSON:NEXT_N, got {item!r}")
                 pairs.append((path, int(n)))
+            return pairs
+
+        cycle, cycle_more = None, None
+        if args.cycle:
+            pairs = pairs_of(args.cycle, "--cycle")
             cycle = verify_cycle_section(
                 [(_read(p), n) for p, n in pairs], gpu=args.cycle_gpu, date=args.cycle_date, stack=args.cycle_stack,
                 method="inside SGLang's server: the GPU's busy time (union of kernel intervals) per decode step or "
                        "MTP verify cycle, median over traces of FP8-first and FP4-first servers, on one DP-attention "
                        "+ EP8 rank of DeepSeek-V3.2 cut to fewer layers, projected to 61 from the per-layer time",
-                sources=[_source(p) for p, _ in pairs])
+                sources=[_source(p) for p, _ in pairs], rank=args.cycle_rank, moe_gpus=args.cycle_moe_gpus)
+        if args.cycle_more:
+            pairs = pairs_of(args.cycle_more, "--cycle-more")
+            cycle_more = [verify_cycle_section(
+                [(_read(p), n) for p, n in pairs], gpu=args.cycle_more_gpu, date=args.cycle_more_date,
+                stack=args.cycle_more_stack,
+                method="inside SGLang's server: the GPU's busy time (union of kernel intervals) per MTP verify cycle, "
+                       "median over the traces of an FP8 server and then an FP4 server, on one DP-attention + EP32 "
+                       "rank of DeepSeek-V3.2 with all 61 layers",
+                sources=[_source(p) for p, _ in pairs], rank=args.cycle_more_rank, moe_gpus=args.cycle_more_moe_gpus)]
         sglang = None
         if args.sglang_one_batch:
             try:
@@ -142,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                               bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json),
                               model_accuracy=model,
                               model_source=[_source(p) for p in args.model_accuracy] if args.model_accuracy else "",
-                              sglang=sglang, timing_serving=serving, cycle=cycle)
+                              sglang=sglang, timing_serving=serving, cycle=cycle, cycle_more=cycle_more)
     except ValueError as exc:
         parser.exit(2, f"update_check_tables: {exc}\n")
     out = Path(args.out)
@@ -157,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
           + (f", {len(tables['sglang']['rows'])} SGLang decode rows" if "sglang" in tables else "")
           + (f", {len(tables['timing_serving']['rows'])} serving timing rows ({tables['timing_serving']['gpu']})"
              if "timing_serving" in tables else "")
-          + (f", {len(tables['cycle']['rows'])} cycle rows ({tables['cycle']['gpu']})" if "cycle" in tables else ""))
+          + "".join(f", {len(sec['rows'])} cycle rows ({sec['gpu']})" for sec in cycle_sections(tables)))
     return 0
 
 

@@ -51,6 +51,9 @@ GPU's timeline, FP8 against FP4 (``scripts/sglang_bench.py timeline``: the busy 
 intervals, median over traces of both run orders), on one DP-attention + EP8 rank of DeepSeek-V3.2 cut to a
 number of layers, with the cycle projected to the full 61 layers from the measured per-layer time
 (``verify_cycle_section``); ``measured_cycle`` finds the row of exactly the shape and next_n asked about.
+Further verify-cycle sections measured on other GPUs or ranks (optional, ``cycle_more``: a list of sections of the
+same form, each with its ``gpu`` and its ``rank``, e.g. all 61 layers of a DP-attention + EP32 rank on an H100);
+``cycle_sections`` lists them all, ``cycle`` first.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ __all__ = [
     "measured_decode",
     "verify_cycle_section",
     "measured_cycle",
+    "cycle_sections",
 ]
 
 #: ``format`` field of the tables file.
@@ -318,7 +322,7 @@ def serving_timing_section(profiles: dict, *, gpu: str, date: str, stack: str, l
 
 
 def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: str, stack: str, method: str,
-                         sources: list[str]) -> dict:
+                         sources: list[str], rank: str | None = None, moe_gpus: int | None = None) -> dict:
     """The ``cycle`` section: per measured shape and next_n, a server's busy time per decode step or verify cycle
     with FP8 and FP4 index keys, at the depth measured and projected to the model's full depth.
 
@@ -327,9 +331,15 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
             ``full_depth``, ``shapes`` with per-format ``busy_us`` and ``projected_busy_us`` medians) and the next_n
             its server verified (1: MTP off).
         gpu, date, stack, method, sources: what was measured where and how (recorded, quoted with the numbers).
+        rank: what one GPU of the deployment held, as ``check`` names it (e.g. "DP-attention + EP32 rank"); None:
+            not recorded (``check`` then says "DP-attention rank").
+        moe_gpus: over how many GPUs the deployment spread the routed experts (its ``--tp-size``, with EP or
+            TP for the experts: a rank's expert bytes are the same); None: not recorded (not compared).
 
     Returns:
-        ``{"gpu", "date", "stack", "method", "sources", "rows"}``; a row: ``batch``, ``context``, ``next_n``,
+        ``{"gpu", "date", "stack", "method", "sources", "rows"}`` (and ``rank``, ``moe_gpus`` where given); a row:
+        ``batch``,
+        ``context``, ``next_n``,
         ``layers``, ``full_depth``, ``traces`` (per format, fewest), ``fp8_ms`` / ``fp4_ms`` (busy time per
         cycle at ``layers``), ``fp8_61_ms`` / ``fp4_61_ms`` (projected to ``full_depth``).
 
@@ -356,7 +366,18 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
                          "fp8_ms": agg["fp8"]["busy_us"]["median"] / 1e3, "fp4_ms": agg["fp4"]["busy_us"]["median"] / 1e3,
                          "fp8_61_ms": agg["fp8"]["projected_busy_us"]["median"] / 1e3,
                          "fp4_61_ms": agg["fp4"]["projected_busy_us"]["median"] / 1e3})
-    return {"gpu": gpu, "date": date, "stack": stack, "method": method, "sources": sources, "rows": rows}
+    out = {"gpu": gpu, "date": date, "stack": stack, "method": method, "sources": sources, "rows": rows}
+    if rank is not None:
+        out["rank"] = rank
+    if moe_gpus is not None:
+        out["moe_gpus"] = moe_gpus
+    return out
+
+
+def cycle_sections(tables: dict) -> list[dict]:
+    """Every verify-cycle section of ``tables``: ``cycle`` first, then each of ``cycle_more``; empty without them."""
+    first = [tables["cycle"]] if tables.get("cycle") else []
+    return first + list(tables.get("cycle_more") or [])
 
 
 def measured_cycle(tables: dict, batch: int, context: int, next_n: int) -> dict | None:
@@ -392,7 +413,8 @@ def measured_decode(tables: dict, batch: int, context: int) -> dict | None:
 def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench report",
                  accuracy_source: str = "accuracy.json", model_accuracy: dict | list[dict] | None = None,
                  model_source: str | list[str] = "model-accuracy.json", sglang: dict | None = None,
-                 timing_serving: dict | None = None, cycle: dict | None = None) -> dict:
+                 timing_serving: dict | None = None, cycle: dict | None = None,
+                 cycle_more: list[dict] | None = None) -> dict:
     """The tables file's content from a GPU benchmark report and an accuracy result.
 
     Args:
@@ -407,13 +429,17 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
         sglang: a ``sglang_decode_section`` result, or None (no ``sglang`` section).
         timing_serving: a ``serving_timing_section`` result, or None (no ``timing_serving`` section).
         cycle: a ``verify_cycle_section`` result, or None (no ``cycle`` section).
+        cycle_more: further ``verify_cycle_section`` results (other GPUs or ranks), or None; needs ``cycle``.
 
     Returns:
         ``{"format", "timing": {...}, "recall": {...}, "sources": [...]}`` (module docstring).
 
     Raises:
-        ValueError: a report of the wrong kind or without usable rows, naming the source.
+        ValueError: a report of the wrong kind or without usable rows, naming the source; ``cycle_more`` without
+            ``cycle``.
     """
+    if cycle_more and cycle is None:
+        raise ValueError("cycle_more: further verify-cycle sections need a first one (cycle)")
     out = {"format": TABLES_FORMAT, "timing": _timing(bench, bench_source),
            "recall": _recall(accuracy, accuracy_source), "sources": [bench_source, accuracy_source]}
     if model_accuracy is not None:
@@ -432,6 +458,10 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
     if cycle is not None:
         out["cycle"] = cycle
         out["sources"].extend(cycle["sources"])
+    if cycle_more:
+        out["cycle_more"] = list(cycle_more)
+        for sec in cycle_more:
+            out["sources"].extend(sec["sources"])
     return out
 
 

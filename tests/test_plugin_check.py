@@ -1158,7 +1158,7 @@ def test_check_quotes_the_verify_cycle_measured_for_a_dp_attention_rank_with_mtp
     ms61 = {f: agg[f]["projected_busy_us"]["median"] / 1e3 for f in ("fp8", "fp4")}
     _, out = _run(capsys, "deepseek-v3.2", "--context", "131072", "--batch", "64", f"--sglang-args={_DP8} {_MTP4}")
     assert ("MTP verify cycle inside SGLang's server at 8 x 128K per rank, next_n 4 (NVIDIA H200, 2026-12-06; one "
-            "DP-attention rank of DeepSeek-V3.2 with 20 of its 61 layers, dummy weights;") in out
+            "DP-attention + EP8 rank of DeepSeek-V3.2 with 20 of its 61 layers, dummy weights;") in out
     assert (f"the GPU's busy time FP8 {ms['fp8']:.2f} ms, FP4 {ms['fp4']:.2f} ms ({ms['fp8'] / ms['fp4']:.3f}x); "
             f"projected to 61 layers {ms61['fp8']:.2f} / {ms61['fp4']:.2f} ms ({ms61['fp8'] / ms61['fp4']:.3f}x)") in out
     # What FP8 was there: SGLang 0.5.23's row-by-row call, and where a native next_n kernel is measured.
@@ -1186,15 +1186,66 @@ def test_cycle_gain_text_says_shorter_or_longer_and_the_depth_measured():
 
 
 @pytest.mark.parametrize("extra, batch, why", [
-    ("--gpu H100", "64", "measured on NVIDIA H200 only, not H100 80GB HBM3"),
+    ("--gpu H100", "64", "measured at 4 x 128K verifying 4 tokens per rank only"),
+    ("--gpu H20", "64", "measured on NVIDIA H200 and NVIDIA H100 80GB HBM3 only, not H20"),
     ("", "32", "measured at 1 x 128K verifying 4 tokens, 8 x 128K verifying 4 tokens, 8 x 128K with MTP off per "
                "rank only"),
 ])
 def test_check_says_why_no_verify_cycle_is_quoted_elsewhere(capsys, extra, batch, why):
     _, out = _run(capsys, "deepseek-v3.2", "--context", "131072", "--batch", batch, *extra.split(),
                   f"--sglang-args={_DP8} {_MTP4}")
-    assert f"MTP verify cycle inside SGLang's server (NVIDIA H200) at {int(batch) // 8} x 128K per rank, next_n 4: " \
-           f"not measured ({why})" in out
+    gpu = "NVIDIA H100 80GB HBM3" if "H100" in extra else "NVIDIA H200"
+    assert f"MTP verify cycle inside SGLang's server ({gpu}) at {int(batch) // 8} x 128K per rank, next_n 4: " \
+           f"not measured ({why})" in " ".join(out.split())
+
+
+_DP32 = "--tp-size 32 --attn-dp-size 32 --ep-size 32 --nnodes 4 --kv-cache-dtype fp8_e4m3"
+
+
+def test_check_quotes_the_full_depth_h100_rank_and_its_verdict_says_that_gain(capsys):
+    """An H100 deployment as the full-depth rank ran (DP attention over 32 GPUs, the experts over 32, 4 x 128K per
+    rank, MTP 3 / 4, the KV pool the servers logged): the cycle line and the verdict quote the timeline summary's
+    busy times at all 61 layers; both pools hold 4 requests, so the cycle is the whole gain."""
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    agg = json.loads((results / "sglang_timeline_v32_rank61_ep32_mtp3x4_h100_2026-12-06.json").read_text())["shapes"]
+    ms = {f: agg["4x131072"][f]["busy_us"]["median"] / 1e3 for f in ("fp8", "fp4")}
+    code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "131072", "--batch", "128",
+                     "--memory-gib", "26.38", f"--sglang-args={_DP32} {_MTP4}")
+    flat = " ".join(out.split())
+    assert ("MTP verify cycle inside SGLang's server at 4 x 128K per rank, next_n 4 (NVIDIA H100 80GB HBM3, "
+            "2026-12-06; one DP-attention + EP32 rank of DeepSeek-V3.2 with all 61 layers, dummy weights;") in flat
+    assert (f"the GPU's busy time FP8 {ms['fp8']:.2f} ms, FP4 {ms['fp4']:.2f} ms ({ms['fp8'] / ms['fp4']:.3f}x); FP8 "
+            "there is DeepGEMM as SGLang 0.5.23 calls it") in flat  # measured at full depth: no projection
+    verdict = flat[flat.index("verdict:"):]
+    assert code == 3 and verdict.startswith("verdict: FP4 fits no more requests of 128K than FP8 (4 either way;")
+    assert (f"so it buys only a {ms['fp8'] / ms['fp4']:.3f}x shorter MTP verify cycle (GPU busy time inside "
+            "SGLang's server, NVIDIA H100 80GB HBM3, all 61 layers), at a measured cost of") in verdict
+    assert verdict.endswith("turn it on if that cost is acceptable")
+    # The experts spread over 16 GPUs (an EP16 deployment): another rank, no cycle quoted, and the verdict says why.
+    code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "131072", "--batch", "64",
+                     "--memory-gib", "26.38", f"--sglang-args={_DP32.replace('32', '16')} {_MTP4}")
+    flat = " ".join(out.split())
+    assert ("not measured (measured with the routed experts spread over 32 GPUs as --tp-size 32 spreads them, not "
+            "over 16)") in flat
+    assert code == 3 and "shorter MTP verify cycle" not in flat[flat.index("verdict:"):]
+
+
+def test_a_measured_slower_cycle_without_an_indexer_time_says_keep_fp8():
+    """Where only the server's step is measured (no indexer row at this next_n) and FP4's is longer, the verdict
+    says so and to keep FP8, never "turn it on"."""
+    from sglang_fp4_indexer.check import run_check, worth_it
+    from sglang_fp4_indexer.sglang_plugin.check_facts import read_sglang_facts
+
+    found = run_check("deepseek-v3.2", memory_gib=26.38, gpu="H100", server_flags=f"{_DP32} {_MTP4}".split(),
+                      read_sglang=read_sglang_facts)
+    row = {"batch": 4, "context": 131072, "next_n": 4, "layers": 61, "full_depth": 61, "traces": 3,
+           "fp8_ms": 30.0, "fp4_ms": 33.0, "fp8_61_ms": 30.0, "fp4_61_ms": 33.0}
+    run = {"gpu": "NVIDIA H100 80GB HBM3", "date": "d", "stack": "s", "rank": "DP-attention + EP32 rank"}
+    w = worth_it(found, context=131072, batch=128, next_n=4,
+                 cycle=lambda *a, **k: {"cycle": row, "cycle_why": None, "cycle_run": run})
+    assert w["decision"] == "same" and w["timing"] is None
+    assert ", and the server's step is 1.10x slower here (a 1.100x longer MTP verify cycle (GPU busy time inside " \
+        in w["verdict"] and "keep FP8" in w["verdict"] and "turn it on" not in w["verdict"]
 
 
 def test_check_quotes_no_step_time_for_another_parallelism(capsys):
@@ -1359,4 +1410,12 @@ def test_the_user_guides_dp_attention_mtp_example_prints_the_measured_verify_cyc
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0 and "verdict: FP4 fits 18 requests of 128K where FP8 fits 17" in out, out  # 100 GiB per rank
     assert ("MTP verify cycle inside SGLang's server at 8 x 128K per rank, next_n 4 (NVIDIA H200, 2026-12-06; one "
-            "DP-attention rank of DeepSeek-V3.2 with 20 of its 61 layers") in out
+            "DP-attention + EP8 rank of DeepSeek-V3.2 with 20 of its 61 layers") in out
+    # The H100 line after it: 32 H100s, the experts over 32, the KV pool the full-depth rank logged.
+    h100 = [ln for ln in guide.splitlines() if ln.startswith("sglang-fp4-indexer check") and "--attn-dp-size 32" in ln]
+    assert len(h100) == 1
+    code = main(["check", *shlex.split(h100[0].split("#")[0])[2:]])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 3 and ("MTP verify cycle inside SGLang's server at 4 x 128K per rank, next_n 4 (NVIDIA H100 80GB "
+                          "HBM3, 2026-12-06; one DP-attention + EP32 rank of DeepSeek-V3.2 with all 61 layers") in out
+    assert "so it buys only a 1.090x shorter MTP verify cycle" in out[out.index("verdict:"):]

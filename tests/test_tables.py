@@ -119,12 +119,22 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
     cyc = tables["cycle"]  # the next_n of each summary: MTP 3 steps / 4 draft tokens, and MTP off
     cycle = verify_cycle_section([(json.loads((REPO / p).read_text()), 4 if "mtp3x4" in p else 1)
                                   for p in cyc["sources"]], gpu=cyc["gpu"], date=cyc["date"], stack=cyc["stack"],
-                                 method=cyc["method"], sources=cyc["sources"])
+                                 method=cyc["method"], sources=cyc["sources"], rank=cyc["rank"],
+                                 moe_gpus=cyc["moe_gpus"])
+    more = [verify_cycle_section([(json.loads((REPO / p).read_text()), 4) for p in m["sources"]], gpu=m["gpu"],
+                                 date=m["date"], stack=m["stack"], method=m["method"], sources=m["sources"],
+                                 rank=m["rank"], moe_gpus=m["moe_gpus"]) for m in tables["cycle_more"]]
     # Up to date: re-running scripts/update_check_tables.py on the recorded sources changes nothing.
     assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src, model_accuracy=model,
-                                  model_source=model_src, sglang=sglang, timing_serving=serving, cycle=cycle)
+                                  model_source=model_src, sglang=sglang, timing_serving=serving, cycle=cycle,
+                                  cycle_more=more)
     assert tables["timing"]["gpu"] == "NVIDIA H200" and tables["recall"]["topk"] == 2048
-    assert tables["sources"][2 + len(model_src):] == sec["sources"] + srv["sources"] + cyc["sources"]
+    assert tables["sources"][2 + len(model_src):] == (sec["sources"] + srv["sources"] + cyc["sources"]
+                                                      + [p for m in tables["cycle_more"] for p in m["sources"]])
+    # The ranks the cycle runs measured: 20 layers of an EP8 rank on the H200, all 61 of an EP32 rank on the H100.
+    assert (cyc["gpu"], cyc["rank"], cyc["moe_gpus"]) == ("NVIDIA H200", "DP-attention + EP8 rank", 8)
+    assert [(m["gpu"], m["rank"], m["moe_gpus"]) for m in tables["cycle_more"]] == [
+        ("NVIDIA H100 80GB HBM3", "DP-attention + EP32 rank", 32)]
     assert srv["gpu"] == "NVIDIA H100 80GB HBM3" and [(r["batch"], r["context"]) for r in srv["rows"]] == [
         (1, 131072), (8, 65536)]
     # The recorded flags are those the runs were made with (scripts/sglang_gpu_check.sh e2e): Triton FP8 GEMMs, no
@@ -289,15 +299,27 @@ def test_a_trained_study_without_its_training_record_stays_trained():
 def test_the_cycle_rows_are_the_timeline_summaries_and_are_quoted_only_where_measured():
     """The packaged ``cycle`` section equals one rebuilt from the committed timeline summaries; a row is found
     only at exactly its shape and next_n."""
-    from sglang_fp4_indexer.tables import load_tables, measured_cycle, verify_cycle_section
+    from sglang_fp4_indexer.tables import cycle_sections, load_tables, measured_cycle, verify_cycle_section
 
     results = REPO / "benchmarks" / "results"
     mtp = json.loads((results / "sglang_timeline_v32_rank20_mtp3x4_h200_2026-12-06.json").read_text())
     off = json.loads((results / "sglang_timeline_v32_rank20_mtp_off_h200_2026-12-06.json").read_text())
     packaged = load_tables()["cycle"]
     rebuilt = verify_cycle_section([(mtp, 4), (off, 1)], gpu=packaged["gpu"], date=packaged["date"],
-                                   stack=packaged["stack"], method=packaged["method"], sources=packaged["sources"])
+                                   stack=packaged["stack"], method=packaged["method"], sources=packaged["sources"],
+                                   rank="DP-attention + EP8 rank", moe_gpus=8)
     assert rebuilt == packaged
+    # The full-depth H100 rank: measured at all 61 layers, so its "projection" is the measurement itself.
+    (h100,) = load_tables()["cycle_more"]
+    full = json.loads((results / "sglang_timeline_v32_rank61_ep32_mtp3x4_h100_2026-12-06.json").read_text())
+    (r61,) = h100["rows"]
+    agg61 = full["shapes"]["4x131072"]
+    assert (r61["batch"], r61["context"], r61["next_n"], r61["layers"], r61["traces"]) == (4, 131072, 4, 61, 3)
+    assert r61["fp8_ms"] == r61["fp8_61_ms"] == agg61["fp8"]["busy_us"]["median"] / 1e3
+    assert r61["fp4_ms"] == agg61["fp4"]["busy_us"]["median"] / 1e3
+    assert cycle_sections(load_tables()) == [packaged, h100] and cycle_sections({}) == []
+    with pytest.raises(ValueError, match="cycle_more"):
+        build_tables({}, {}, cycle_more=[h100])
     row = measured_cycle({"cycle": packaged}, 8, 131072, 4)
     agg = mtp["shapes"]["8x131072"]
     assert row["fp8_ms"] == agg["fp8"]["busy_us"]["median"] / 1e3 and row["fp4_61_ms"] == agg["fp4"]["projected_busy_us"]["median"] / 1e3

@@ -386,15 +386,23 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         measured_speed = float("inf")  # FP4 under FP8's bandwidth floor: faster, by an unmeasured factor
     else:
         speed_unknown = "not measured against FP8 at this shape"
-    if measured_speed is None:
+    # The server's whole step, where measured for this deployment, is a measured speed too.
+    cycle_row = out.get("cycle")
+    cycle_ratio = cycle_row["fp8_ms"] / cycle_row["fp4_ms"] if cycle_row is not None else None
+    if measured_speed is None and step is not None:
+        speed = step
+    elif measured_speed is None:
         speed = f"an indexer speed that is {speed_unknown}"
     elif measured_speed == float("inf"):
         speed = "a faster indexer (FP4 under FP8's bandwidth floor)"
     else:
         speed = (f"a {measured_speed:.2f}x faster indexer" if measured_speed >= 1
                  else f"a {1 / measured_speed:.2f}x slower indexer")
-    if step is not None:
+    if step is not None and measured_speed is not None:
         speed += f" and {step}"
+    # FP4 measured slower: its indexer (where measured), else the whole step.
+    slower = (1 / measured_speed if measured_speed is not None and measured_speed < 1
+              else 1 / cycle_ratio if measured_speed is None and cycle_ratio is not None and cycle_ratio < 1 else None)
     text = next((r for r in recall if r["workload"] == "text"), recall[0])
     if context <= model_topk:
         cost = f"no cost (top-{model_topk} keeps all {_k(context)} keys, so the selection cannot change)"
@@ -417,7 +425,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     elif rf4 > rf8:
         only = "; your batch fits only with FP4" if out["tokens_needed"] > cap.tokens_fp8 else ""
         out["decision"], out["exit_code"] = "more", EXIT_FP4_FITS_MORE
-        if found.get("fused_rotation") and measured_speed is None:
+        if found.get("fused_rotation") and measured_speed is None and step is None:
             # The one configuration whose speed may be lower with FP4 than with FP8: no "turn it on" unmeasured.
             out["verdict"] = (f"{gain_text}{only}, but its indexer speed is {speed_unknown}: measure it before "
                               f"turning FP4 on, {measure}; {cost_text}")
@@ -426,14 +434,15 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
                               f"{cost_text}")
     else:
         out["decision"], out["exit_code"] = "same", EXIT_SAME_REQUESTS
-        if measured_speed is None:
+        if measured_speed is None and step is None:
             against = ("so no measured gain stands against its measured cost" if cost is not None
                        else f"and its cost is not measured either ({topk_unmeasured})")
             measured_cost = f"; {cost_text}" if cost is not None else ""
             out["verdict"] = (f"{gain_text}, and its indexer speed is {speed_unknown}, {against}: measure the "
                               f"speed before turning FP4 on, {measure}{measured_cost}")
-        elif measured_speed < 1:
-            out["verdict"] = (f"{gain_text}, and its indexer is {1 / measured_speed:.2f}x slower here"
+        elif slower is not None:
+            what = "its indexer is" if measured_speed is not None else "the server's step is"
+            out["verdict"] = (f"{gain_text}, and {what} {slower:.2f}x slower here"
                               + (f" ({step})" if step else "") + f": FP4 gains nothing for this deployment, keep FP8; "
                               f"{cost_text}")
         elif cost is None:
