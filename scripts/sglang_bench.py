@@ -215,6 +215,13 @@ def union_time(intervals, lo: float = float("-inf"), hi: float = float("inf")) -
     return total
 
 
+def _spread(values: list[float]) -> dict:
+    """``{"median", "min", "max"}`` of ``values`` (not empty)."""
+    import statistics
+
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
 def _quartiles(values: list[float]) -> dict:
     import statistics
 
@@ -348,8 +355,6 @@ def timeline_summary(paths: list[str], steps: int, layers: int | None = None, fu
         ValueError: a file name does not read as ``FMT_BATCHxINPUT[_rK].trace.json.gz`` (a wall record's as
             ``FMT_BATCHxINPUT.wall.json``); as ``timeline`` and ``wall_stats``.
     """
-    import statistics
-
     rows = []
     for path in paths:
         m = _TRACE_NAME.match(os.path.basename(path))
@@ -371,7 +376,7 @@ def timeline_summary(paths: list[str], steps: int, layers: int | None = None, fu
             for key, _ in _SUMMARY_FIELDS:
                 vals = [r[key] for r in rs if r[key] is not None]
                 if vals:
-                    agg[fmt][key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+                    agg[fmt][key] = _spread(vals)
         if "fp8" in agg and "fp4" in agg:
             agg["fp8_over_fp4"] = {key: agg["fp8"][key]["median"] / agg["fp4"][key]["median"]
                                    for key, _ in _SUMMARY_FIELDS
@@ -397,7 +402,7 @@ def timeline_summary(paths: list[str], steps: int, layers: int | None = None, fu
             toks = [r["tokens_per_cycle"] for r in rs if r["tokens_per_cycle"] is not None]
             agg.setdefault(fmt, {"traces": 0, "runs": []})
             agg[fmt]["wall_servers"] = len(rs)
-            agg[fmt]["wall_ms_per_cycle"] = {"median": statistics.median(meds), "min": min(meds), "max": max(meds)}
+            agg[fmt]["wall_ms_per_cycle"] = _spread(meds)
             agg[fmt]["tokens_per_cycle"] = sum(toks) / len(toks) if toks else None
         if "wall_ms_per_cycle" in agg.get("fp8", {}) and "wall_ms_per_cycle" in agg.get("fp4", {}):
             agg.setdefault("fp8_over_fp4", {})["wall_ms_per_cycle"] = (
@@ -614,6 +619,7 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
 
     tokens = [0] * batch
     arrivals: list[list[tuple[float, int | None]]] = [[] for _ in range(batch)]
+    timing = threading.Event()  # set while the wall window is open: only then are chunk arrivals kept
     errors: list[str] = []
     stop = threading.Event()
 
@@ -636,8 +642,10 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
                         errors.append(f"request {i}: {json.dumps(chunk['error'])[:300]}")
                         return
                     tokens[i] += 1
-                    meta = chunk.get("meta_info") if isinstance(chunk, dict) else None
-                    arrivals[i].append((time.monotonic(), meta.get("completion_tokens") if isinstance(meta, dict) else None))
+                    if timing.is_set():
+                        meta = chunk.get("meta_info") if isinstance(chunk, dict) else None
+                        arrivals[i].append((time.monotonic(),
+                                            meta.get("completion_tokens") if isinstance(meta, dict) else None))
             if not stop.is_set():
                 errors.append(f"request {i}: the stream ended after {tokens[i]} chunks, before the profile")
         except Exception as e:  # noqa: BLE001 -- any failure of a request thread is reported by the main thread
@@ -664,9 +672,11 @@ def profile_decode(base: str, batch: int, input_len: int, *, out_dir: str, prefi
             time.sleep(0.2)
         if wall_s > 0 and wall_path:
             t0 = time.monotonic()
+            timing.set()
             while time.monotonic() < t0 + wall_s:
                 check("no wall time", deadline)
                 time.sleep(0.05)
+            timing.clear()
             t1 = time.monotonic()
             record = {"batch": batch, "input_len": input_len, "window_s": t1 - t0,
                       "requests": [[(t - t0, n) for t, n in list(a) if t0 <= t <= t1] for a in arrivals]}

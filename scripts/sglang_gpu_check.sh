@@ -348,8 +348,10 @@ case "$STEP" in
     done
     if [ -n "${PROFILE_RUN:-}" ]; then  # every run's traces of this model so far, on the GPU's timeline
       ALL=(); while IFS= read -r t; do ALL+=("$t"); done < <(find "$WORK/prof_serving" -mindepth 2 \( -name 'fp[48]_*.trace.json.gz' -o -name 'fp[48]_*.wall.json' \) ! -name '*unreadable*' | sort)
+      # The served model's depth from its own config (the projection needs it, and at full depth it is the measurement).
+      LAYERS=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' "$M2/config.json")
       [ ${#ALL[@]} -gt 0 ] && "$PY" scripts/sglang_bench.py timeline --steps "${PROFILE_STEPS:-5}" \
-        ${PROFILE_LAYERS:+--layers "$PROFILE_LAYERS"} "${ALL[@]}" --json "$OUTDIR/timeline.json" \
+        --layers "$LAYERS" "${ALL[@]}" --json "$OUTDIR/timeline.json" \
         >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log" || echo "timeline failed (logs/compare.log)"
     fi
     # The traces (each server's first repeat only where all of them exceed 15 MB) and the wall records.

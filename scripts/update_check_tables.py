@@ -143,12 +143,14 @@ def main(argv: list[str] | None = None) -> int:
                 sources=[_source(p) for p, _ in pairs], rank=args.cycle_rank, moe_gpus=args.cycle_moe_gpus)
         if args.cycle_more:
             pairs = pairs_of(args.cycle_more, "--cycle-more")
+            summaries = [(_read(p), n) for p, n in pairs]
+            depths = {(s["layers"], s["full_depth"]) for s, _ in summaries}
+            depth = ", ".join(f"all {f}" if layers == f else f"{layers} of its {f}" for layers, f in sorted(depths))
             cycle_more = [verify_cycle_section(
-                [(_read(p), n) for p, n in pairs], gpu=args.cycle_more_gpu, date=args.cycle_more_date,
-                stack=args.cycle_more_stack,
-                method="inside SGLang's server: the GPU's busy time (union of kernel intervals) per MTP verify cycle, "
-                       "median over the traces of an FP8 server and then an FP4 server, on one DP-attention + EP32 "
-                       "rank of DeepSeek-V3.2 with all 61 layers",
+                summaries, gpu=args.cycle_more_gpu, date=args.cycle_more_date, stack=args.cycle_more_stack,
+                method="inside SGLang's server: the GPU's busy time (union of kernel intervals) per decode step or "
+                       "MTP verify cycle, median over the traces of its FP8 and FP4 servers, on one "
+                       f"{args.cycle_more_rank or 'DP-attention rank'} of DeepSeek-V3.2 with {depth} layers",
                 sources=[_source(p) for p, _ in pairs], rank=args.cycle_more_rank, moe_gpus=args.cycle_more_moe_gpus)]
         sglang = None
         if args.sglang_one_batch:

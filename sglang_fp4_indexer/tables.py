@@ -338,9 +338,7 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
 
     Returns:
         ``{"gpu", "date", "stack", "method", "sources", "rows"}`` (and ``rank``, ``moe_gpus`` where given); a row:
-        ``batch``,
-        ``context``, ``next_n``,
-        ``layers``, ``full_depth``, ``traces`` (per format, fewest), ``fp8_ms`` / ``fp4_ms`` (busy time per
+        ``batch``, ``context``, ``next_n``, ``layers``, ``full_depth``, ``traces`` (per format, fewest), ``fp8_ms`` / ``fp4_ms`` (busy time per
         cycle at ``layers``), ``fp8_61_ms`` / ``fp4_61_ms`` (projected to ``full_depth``).
 
     Raises:

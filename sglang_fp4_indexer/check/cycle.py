@@ -13,7 +13,7 @@ routed experts spread over (``--tp-size``), and exactly the per-rank batch, cont
 from __future__ import annotations
 
 from ..tables import cycle_sections, measured_cycle
-from .trade import _k, _named_gpu, measured_on, unquoted_reason
+from .trade import _k, _named_gpu, depth_text, measured_on, unquoted_reason
 
 __all__ = ["verify_cycle", "cycle_line"]
 
@@ -73,10 +73,8 @@ def cycle_line(w: dict, batch: int, context: int, next_n: int) -> str | None:
         return (f"{what} inside SGLang's server ({run['gpu']}) at {batch} x {_k(context)} per rank, next_n {next_n}: "
                 f"not measured ({w['cycle_why']})")
     return (f"{what} inside SGLang's server at {row['batch']} x {_k(row['context'])} per rank, next_n {row['next_n']} "
-            f"({run['gpu']}, {run['date']}; one {run.get('rank', 'DP-attention rank')} of DeepSeek-V3.2 with "
-            + (f"all {row['full_depth']} layers" if row["layers"] >= row["full_depth"]
-               else f"{row['layers']} of its {row['full_depth']} layers")
-            + f", dummy weights; {run['stack']}): the GPU's busy time FP8 {row['fp8_ms']:.2f} "
+            f"({run['gpu']}, {run['date']}; one {run['rank']} of DeepSeek-V3.2 with {depth_text(row, 'its ')}"
+            f", dummy weights; {run['stack']}): the GPU's busy time FP8 {row['fp8_ms']:.2f} "
             f"ms, FP4 {row['fp4_ms']:.2f} ms ({row['fp8_ms'] / row['fp4_ms']:.3f}x)"
             + (f"; projected to {row['full_depth']} layers {row['fp8_61_ms']:.2f} / {row['fp4_61_ms']:.2f} ms "
                f"({row['fp8_61_ms'] / row['fp4_61_ms']:.3f}x)" if row["layers"] < row["full_depth"] else "")

@@ -213,6 +213,14 @@ def _sglang_decode(tables: dict, found: dict, unmeasured: str | None, *, heads: 
     return {"sglang_decode": row, "sglang_decode_why": why, "sglang_decode_run": run}
 
 
+def depth_text(row: dict, its: str = "") -> str:
+    """The depth a ``cycle`` section row was measured at: "all 61 layers", or "20 of 61 layers" (``its="its "``:
+    "20 of its 61 layers")."""
+    if row["layers"] >= row["full_depth"]:
+        return f"all {row['full_depth']} layers"
+    return f"{row['layers']} of {its}{row['full_depth']} layers"
+
+
 def cycle_gain_text(row: dict | None, run: dict | None) -> str | None:
     """The server's measured step as the verdict names it: "a 1.082x shorter MTP verify cycle (GPU busy time inside
     SGLang's server, NVIDIA H200, 20 of 61 layers)" (a decode step with next_n 1; "longer" where FP4's is
@@ -221,10 +229,8 @@ def cycle_gain_text(row: dict | None, run: dict | None) -> str | None:
         return None
     ratio = row["fp8_ms"] / row["fp4_ms"]
     what = "MTP verify cycle" if row["next_n"] > 1 else "decode step"
-    depth = (f"all {row['full_depth']} layers" if row["layers"] >= row["full_depth"]
-             else f"{row['layers']} of {row['full_depth']} layers")
     change = f"a {ratio:.3f}x shorter" if ratio >= 1 else f"a {1 / ratio:.3f}x longer"
-    return f"{change} {what} (GPU busy time inside SGLang's server, {run['gpu']}, {depth})"
+    return f"{change} {what} (GPU busy time inside SGLang's server, {run['gpu']}, {depth_text(row)})"
 
 
 def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tables: dict | None = None,
@@ -387,8 +393,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     else:
         speed_unknown = "not measured against FP8 at this shape"
     # The server's whole step, where measured for this deployment, is a measured speed too.
-    cycle_row = out.get("cycle")
-    cycle_ratio = cycle_row["fp8_ms"] / cycle_row["fp4_ms"] if cycle_row is not None else None
+    cycle_ratio = out["cycle"]["fp8_ms"] / out["cycle"]["fp4_ms"] if out.get("cycle") is not None else None
     if measured_speed is None and step is not None:
         speed = step
     elif measured_speed is None:
