@@ -1126,14 +1126,15 @@ _R61 = "sglang_timeline_v32_rank61_ep32_mtp3x4_h100_2026-12-06.json"
 _MC4 = ("bench_h100_sm90_multicast_4x128k_2026-12-06.json", "bench_h100_sm90_multicast_4x128k_repeat_2026-12-06.json")
 
 
-def test_benchmarks_full_depth_rank_table_is_the_timeline_and_wall_records():
-    """The H100 61-layer rank's table: every cell from the timeline summary (3 traces per server, and the wall
-    records' intervals), the KV pool lines from what the servers printed, the sentences' arithmetic from both."""
-    s = _json(_R61)
-    assert s["layers"] == 61 and s["full_depth"] == 61
+_R61_FP4_FIRST = "sglang_timeline_v32_rank61_ep32_mtp3x4_fp4_first_h100_2026-12-06.json"
+
+
+def _r61_rows(s: dict) -> tuple[dict, dict, list[str]]:
+    """One order's summary as the benchmarks page's table rows (every cell: median [min-max] over 3 traces, the
+    wall time median [quartiles] of the client's intervals)."""
     agg = s["shapes"]["4x131072"]
-    assert agg["fp8"]["traces"] == agg["fp4"]["traces"] == 3 and agg["fp8"]["runs"] == ["s1_fp8"]
-    page = _page("docs/benchmarks.md")
+    wall = {r["format"]: r["ms_per_cycle"] for r in s["wall_rows"]}
+    assert {r["format"]: r["tokens_per_cycle"] for r in s["wall_rows"]} == {"fp8": 1.0, "fp4": 1.0}
 
     def cells(key, scale, fmt, bold=False):
         v = [agg[f][key] for f in ("fp8", "fp4")]
@@ -1141,36 +1142,75 @@ def test_benchmarks_full_depth_rank_table_is_the_timeline_and_wall_records():
         r = f"{v[0]['median'] / v[1]['median']:.3f}x"
         return f"| {c[0]} | {c[1]} | " + (f"**{r}**" if bold else r) + " |"
 
-    wall = {r["format"]: r["ms_per_cycle"] for r in s["wall_rows"]}
-    assert {r["format"]: r["tokens_per_cycle"] for r in s["wall_rows"]} == {"fp8": 1.0, "fp4": 1.0}
     w = [f"{wall[f]['median']:.2f} [{wall[f]['q1']:.2f}-{wall[f]['q3']:.2f}]" for f in ("fp8", "fp4")]
-    assert (f"| wall time between a request's streamed chunks, at the client (ms) | {w[0]} | {w[1]} | "
-            f"**{wall['fp8']['median'] / wall['fp4']['median']:.3f}x** |") in page
-    assert f"the {wall['fp8']['n']} (FP8) and {wall['fp4']['n']} (FP4) intervals" in _flat(page)
-    assert "| GPU busy time per cycle (ms) " + cells("busy_us", 1e3, ".2f", True) in page
-    assert "| span per cycle: first kernel's start to last kernel's end (ms) " + cells("span_us", 1e3, ".2f") in page
-    assert ("| indexer logits running alone, nothing else on the GPU, per cycle (ms) "
-            + cells("indexer_exposed_us", 1e3, ".2f")) in page
-    assert ("| one layer: busy time between consecutive scorer launches, median (µs) "
-            + cells("layer_busy_us", 1, ".1f")) in page
+    rows = [f"| wall time between a request's streamed chunks, at the client (ms) | {w[0]} | {w[1]} | "
+            f"**{wall['fp8']['median'] / wall['fp4']['median']:.3f}x** |",
+            "| GPU busy time per cycle (ms) " + cells("busy_us", 1e3, ".2f", True),
+            "| span per cycle: first kernel's start to last kernel's end (ms) " + cells("span_us", 1e3, ".2f"),
+            "| indexer logits running alone, nothing else on the GPU, per cycle (ms) "
+            + cells("indexer_exposed_us", 1e3, ".2f"),
+            "| one layer: busy time between consecutive scorer launches, median (µs) "
+            + cells("layer_busy_us", 1, ".1f")]
+    return agg, wall, rows
+
+
+def test_benchmarks_full_depth_rank_table_is_the_timeline_and_wall_records():
+    """The H100 61-layer rank's two tables (FP8 server first; FP4 server first): every cell from that order's
+    timeline summary (3 traces per server, and the wall records' intervals), the KV pool lines from what the servers
+    printed, the sentences' arithmetic from both."""
+    page = _page("docs/benchmarks.md")
+    flat = _flat(page)
+    orders = {}
+    for name, runs, title in ((_R61, (["s1_fp8"], ["s2_fp4"]), "FP8 server first"),
+                              (_R61_FP4_FIRST, (["s4_fp8"], ["s3_fp4"]), "FP4 server first")):
+        s = _json(name)
+        assert s["layers"] == 61 and s["full_depth"] == 61
+        agg, wall, rows = _r61_rows(s)
+        assert agg["fp8"]["traces"] == agg["fp4"]["traces"] == 3
+        assert (agg["fp8"]["runs"], agg["fp4"]["runs"]) == runs
+        table = page[page.index(f"| per verify cycle, 4 × 131 072, 61 layers, {title} |"):]
+        table = table[: table.index("\n\n")]
+        for row in rows:
+            assert row in table, row
+        assert "| 589,120 | 641,216 (+8.8 %) | |" in table
+        assert f"the {wall['fp8']['n']} (FP8) and {wall['fp4']['n']} (FP4) intervals" in flat
+        orders[title] = (agg, wall)
+    for text in ((RESULTS / "sglang_timeline_v32_rank61_ep32_h100_2026-12-06.txt").read_text(),
+                 (RESULTS / "sglang_timeline_v32_rank61_ep32_fp4_first_h100_2026-12-06.txt").read_text()):
+        assert "#tokens: 589120, KV size: 26.38 GB" in text and "#tokens: 641216, KV size: 26.38 GB" in text
+    assert f"{100 * (641216 / 589120 - 1):.1f}" == "8.8"
+    assert f"(FP8 {589120 / 131072:.2f}, FP4 {641216 / 131072:.2f} requests' worth of tokens)" in flat
     text = (RESULTS / "sglang_timeline_v32_rank61_ep32_h100_2026-12-06.txt").read_text()
-    assert "#tokens: 589120, KV size: 26.38 GB" in text and "#tokens: 641216, KV size: 26.38 GB" in text
-    assert f"| 589,120 | 641,216 (+{100 * (641216 / 589120 - 1):.1f} %) | |" in page
-    assert f"(FP8 {589120 / 131072:.2f}, FP4 {641216 / 131072:.2f} requests' worth of tokens)" in _flat(page)
     assert "gen throughput (token/s): 108.26" in text and "gen throughput (token/s): 117.96" in text
-    assert "108.26 against 117.96 generated tokens/s" in _flat(page)
-    # The README's end-to-end rows and first-screen figure, from the same summary.
+    text2 = (RESULTS / "sglang_timeline_v32_rank61_ep32_fp4_first_h100_2026-12-06.txt").read_text()
+    assert "gen throughput (token/s): 106.62" in text2 and "gen throughput (token/s): 115.98" in text2
+    assert ("108.26 against 117.96 generated tokens/s (FP8 server first) and 106.62 against 115.98 (FP4 server "
+            "first)") in flat
+    # The ratios' range quoted in the prose and the README, over both orders, wall and busy time.
+    ratios = sorted(f"{v:.3f}" for agg, wall in orders.values()
+                    for v in (wall["fp8"]["median"] / wall["fp4"]["median"],
+                              agg["fp8"]["busy_us"]["median"] / agg["fp4"]["busy_us"]["median"]))
+    assert f"verify cycle {ratios[0]}-{ratios[-1]}x faster, in wall time and busy time alike, in both orders" in flat
+    (a1, w1), (a2, w2) = orders["FP8 server first"], orders["FP4 server first"]
+    assert (f"busy time {a1['fp8']['busy_us']['median'] / a1['fp4']['busy_us']['median']:.3f}x and "
+            f"{a2['fp8']['busy_us']['median'] / a2['fp4']['busy_us']['median']:.3f}x, wall time "
+            f"{w1['fp8']['median'] / w1['fp4']['median']:.3f}x and {w2['fp8']['median'] / w2['fp4']['median']:.3f}x") in flat
+    assert (f"FP8's busy time {a2['fp8']['busy_us']['median'] / 1e3:.2f} against {a1['fp8']['busy_us']['median'] / 1e3:.2f} ms, "
+            f"FP4's {a2['fp4']['busy_us']['median'] / 1e3:.2f} against {a1['fp4']['busy_us']['median'] / 1e3:.2f}") in flat
+    # The README's end-to-end rows and first-screen figure, from the same summaries.
     readme = _page("README.md")
-    b8, b4 = (agg[f]["busy_us"]["median"] / 1e3 for f in ("fp8", "fp4"))
-    assert (f"4 × 128K, 61 layers: wall time per verify cycle at the client, median | {wall['fp8']['median']:.2f} ms | "
-            f"**{wall['fp4']['median']:.2f} ms ({wall['fp8']['median'] / wall['fp4']['median']:.3f}x)** |") in readme
-    assert f"GPU busy time per verify cycle, median of 3 traces | {b8:.2f} ms | **{b4:.2f} ms ({b8 / b4:.3f}x)** |" in readme
+    b = [(a["fp8"]["busy_us"]["median"] / 1e3, a["fp4"]["busy_us"]["median"] / 1e3) for a, _ in orders.values()]
+    w = [(x["fp8"]["median"], x["fp4"]["median"]) for _, x in orders.values()]
+    assert ("4 × 128K, 61 layers: wall time per verify cycle at the client, median; FP8 first; FP4 first | "
+            f"{w[0][0]:.2f} ms; {w[1][0]:.2f} ms | **{w[0][1]:.2f} ms ({w[0][0] / w[0][1]:.3f}x); "
+            f"{w[1][1]:.2f} ms ({w[1][0] / w[1][1]:.3f}x)** |") in readme
+    assert ("GPU busy time per verify cycle, median of 3 traces; FP8 first; FP4 first | "
+            f"{b[0][0]:.2f} ms; {b[1][0]:.2f} ms | **{b[0][1]:.2f} ms ({b[0][0] / b[0][1]:.3f}x); "
+            f"{b[1][1]:.2f} ms ({b[1][0] / b[1][1]:.3f}x)** |") in readme
     assert f"| 589,120 | 641,216 (**+{100 * (641216 / 589120 - 1):.1f} %**) |" in readme
     first = _flat(readme)[:_flat(readme).index("### Memory:")]
-    ratio = wall["fp8"]["median"] / wall["fp4"]["median"]
-    assert f"{ratio:.3f}" == f"{b8 / b4:.3f}"  # one figure for both
-    assert (f"all 61 layers, 4 × 128K: verify cycle {ratio:.3f}x faster in wall time at the client and in GPU busy "
-            "time (H100, one DP-attention + EP32 rank, FP8 server first)") in first
+    assert (f"all 61 layers, 4 × 128K: verify cycle {ratios[0]}-{ratios[-1]}x faster in wall time at the client and in "
+            "GPU busy time (H100, one DP-attention + EP32 rank, FP8 and FP4 servers in both orders)") in first
 
 
 def test_benchmarks_full_depth_rank_bench_and_arithmetic_are_the_raw_files():
