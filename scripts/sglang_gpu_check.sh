@@ -57,6 +57,11 @@ export DG_JIT_CACHE_DIR="$WORK/deepgemm-jit" SGLANG_DG_CACHE_DIR="$WORK/deepgemm
   TRITON_CACHE_DIR="$WORK/triton" TVM_FFI_CACHE_DIR="$WORK/tvm-ffi"
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
+# SGLang's radix cache keeps its tree in a Rust TreeCore by default; on this machine's torch (2.11, not SGLang's pinned
+# 2.14.1) its first insert fails ("insert value must be an int64 tensor, got Uint8"), FP8 and FP4 alike. SGLang's
+# Python TreeCore, which it falls back to itself where the Rust one cannot load, serves the steps that keep the
+# radix cache on (soak, ab).
+export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND="${SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND:-python}"
 
 # DeepGEMM builds from its sources (about 75 s on 16 cores) while pip installs the wheels: it needs the machine's
 # torch only, not the wheels.
@@ -147,6 +152,21 @@ stage_or_bisect() {  # name limit out command...
   return 1
 }
 
+# A sample of a top-k trace's records into one tarball under $OUT (what comes back from a call: at most 16 MB a file),
+# the records in the order they were written until 14 MB: the rows behind a failed check, to read here.
+pack_trace() {  # trace-dir out-file
+  [ -d "$1" ] || return 0
+  local list total=0 size f
+  list=$(mktemp)
+  for f in $(ls "$1" | sort -t_ -k1,1n -k2,2n); do
+    size=$(stat -c %s "$1/$f")
+    [ $((total + size)) -le 14000000 ] || break
+    total=$((total + size)); echo "$f" >>"$list"
+  done
+  [ -s "$list" ] && tar -czf "$2" -C "$1" -T "$list"
+  rm -f "$list"
+}
+
 M="$WORK/tiny"
 # SERVE_SPEC="STEPS:DRAFT_TOKENS": SGLang's EAGLE on the model's next-n layer (top-1 drafts), for the serving and
 # profile steps.
@@ -206,6 +226,9 @@ case "$STEP" in
       FP8_RUN=(); [ -f "$WORK/mtp${s}_fp8.json" ] && FP8_RUN=(--fp8 "$WORK/mtp${s}_fp8.json")
       "$PY" scripts/sglang_one_batch.py trace-check ${FP8_RUN[@]+"${FP8_RUN[@]}"} --fp4 "$WORK/mtp${s}_fp4.json" ${ORACLE[@]+"${ORACLE[@]}"} \
         --fp4-log "$WORK/logs/mtp${s}_fp4.log" --json "$OUTDIR/mtp${s}.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
+      if grep -q '"ok": false' "$OUTDIR/mtp${s}.json" 2>/dev/null; then  # the traces behind a failed check come back
+        for fmt in fp8 fp4; do pack_trace "$WORK/trace_mtp${s}_$fmt" "$OUTDIR/trace_mtp${s}_$fmt.tar.gz"; done
+      fi
     done
     ;;
   e2e)
@@ -422,9 +445,8 @@ case "$STEP" in
       echo "## ${tag} ${fmt}: $([ -s "$OUTDIR/${tag}_$fmt.json" ] && echo load written || echo no load)" >>"$OUTDIR/table.txt"
       "$PY" scripts/soak.py check "$OUTDIR/${tag}_$fmt.json" --log "$log" --trace "$WORK/trace_${tag}_$fmt" \
         --draft-tokens 4 --json "$OUTDIR/${tag}_checks_$fmt.json" >>"$OUTDIR/table.txt" 2>&1 \
-        || echo "${tag} $fmt: a check failed (table.txt)"
-      gzip -c "$log" >"$OUTDIR/$(basename "$log").gz" 2>/dev/null
-    done
+        || { echo "${tag} $fmt: a check failed (table.txt)"; pack_trace "$WORK/trace_${tag}_$fmt" "$OUTDIR/trace_${tag}_$fmt.tar.gz"; }
+    done  # the server logs come back in logs.tar.gz
     ;;
   ab)
     # `sglang-fp4-indexer ab` end to end, as a deployer runs it, on AB_SIZE (default tiny; v32-layers: the real-size

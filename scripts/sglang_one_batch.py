@@ -118,8 +118,10 @@ V32_ROUTED_EXPERTS = 256
 def make_model(directory: str, size: str = "tiny", layers: int | None = None, ep: int | None = None) -> None:
     """Write a DeepSeek-V3.2 ``config.json`` (``MODEL_SIZES[size]``) and a word-level tokenizer into ``directory``.
 
-    The tokenizer maps ``t<i>`` to id ``i`` (ids 0 and 1 are ``<bos>`` / ``<eos>``);
-    the runs feed token ids directly, the tokenizer only satisfies SGLang's loader.
+    The tokenizer maps ``t<i>`` to id ``i`` (ids 0 and 1 are ``<bos>`` / ``<eos>``) and puts ``<bos>`` before every
+    text, as DeepSeek-V3.2's own tokenizer does (``add_bos_token``): an empty text is one token, as a deployer's is
+    (SGLang 0.5.23's scheduler fails on a prompt of zero tokens, FP8 and FP4 alike). The runs feed token ids
+    directly; the tokenizer serves SGLang's loader and the text prompts of ``ab`` and the soak's bad inputs.
     ``layers`` (decoder layers, the MTP layer not counted) replaces the size's layer count; the dense layers
     (``first_k_dense_replace``) stay first, as many as the size has, at most ``layers``.
     ``ep`` (the v32 sizes only) is the expert-parallel degree of the deployment the rank belongs to: its MoE layers
@@ -132,7 +134,7 @@ def make_model(directory: str, size: str = "tiny", layers: int | None = None, ep
         ValueError: ``size`` is not a key of ``MODEL_SIZES``, ``layers`` is given and not 1..61, or ``ep`` is given
             for a size that is not a v32 size or is not one of 8, 16, 32.
     """
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     if size not in MODEL_SIZES:
         raise ValueError(f"size: expected one of {sorted(MODEL_SIZES)}, got {size!r}")
@@ -154,10 +156,11 @@ def make_model(directory: str, size: str = "tiny", layers: int | None = None, ep
     vocab.update({f"t{i}": i for i in range(3, config["vocab_size"])})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", 0)])
     tok.save(os.path.join(directory, "tokenizer.json"))
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
-                   "unk_token": "<unk>", "model_max_length": 163840}, f)
+                   "unk_token": "<unk>", "model_max_length": 163840, "add_bos_token": True}, f)
     with open(os.path.join(directory, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": 0, "eos_token_id": 1}, f)
     print(f"{size} DeepseekV32ForCausalLM ({config['num_hidden_layers']} layers) written to {directory}")
@@ -212,8 +215,11 @@ def check_topk_rows(topk, lens, slots):
     count_bad = int((valid.sum(1) != torch.clamp(lens, max=TOPK)).sum())
     srt = torch.sort(torch.where(valid, topk, torch.full_like(topk, -1)), dim=1).values
     dup = ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any(1)
+    # Only the positions a row may see: the row's entries past them are stale and may repeat one of its slots
+    # (as ``slot_positions`` reads them), which would map that slot to a later position.
+    slots = slots[: int(lens.max())] if lens.numel() else slots[:0]
     inv = torch.full((int(slots.max()) + 2 if slots.numel() else 1,), -1, dtype=torch.long, device=topk.device)
-    inv[slots.to(topk.device)] = torch.arange(slots.numel(), device=topk.device)
+    inv[slots.to(topk.device).flip(0)] = torch.arange(slots.numel() - 1, -1, -1, device=topk.device)  # first wins
     safe = torch.clamp(topk, 0, inv.numel() - 1)
     pos = torch.where(valid & (topk < inv.numel()), inv[safe], torch.full_like(topk, -1))
     as_slot = (~valid | ((pos >= 0) & (pos < lens[:, None]))).all(1)
@@ -551,12 +557,20 @@ def rows_per_request(mode: str, draft_tokens: int) -> int:
     return 1 if mode == "DECODE" else draft_tokens
 
 
+#: Failing rows kept per mode as examples in ``check_trace`` and ``oracle_check`` (what a reader needs to see why).
+EXAMPLES = 5
+
+
 def check_trace(records: list[dict], draft_tokens: int) -> dict:
     """Check every real row of a top-k trace (``scripts/topk_trace``) and index its rows for comparison.
 
     A call's first ``batch_size x rows_per_request`` rows are the batch's requests in order (the rest
-    pad a CUDA graph's batch); row ``r`` of request ``i`` at position ``p`` sees ``p + 1`` keys, and
-    ``check_topk_rows`` holds it to that with the request's ``req_to_token`` slots. A call whose rows
+    pad a CUDA graph's batch); row ``r`` of request ``i`` at position ``p`` sees ``p + 1`` keys in target
+    verify and draft extend, and in draft decode the request's sequence length as the forward held it
+    (the call's ``seq_lens``, where the trace has it): SGLang 0.5.23's multi-step draft backend for DSA
+    (``DeepseekSparseAttnMultiStepBackend``) builds one metadata from the batch's ``seq_lens`` for all its
+    steps, so a draft step's indexer does not see the draft tokens' own keys (FP8 and FP4 alike).
+    ``check_topk_rows`` holds each row to its count with the request's ``req_to_token`` slots. A call whose rows
     are not at the batch's positions is counted as ``stale`` and not checked: a CUDA-graph capture's
     warm-up run on dummy inputs, or a captured slot that this step did not write (a graph of another
     batch size) or whose memory another graph reused (the trace plugin's first version recorded
@@ -568,9 +582,12 @@ def check_trace(records: list[dict], draft_tokens: int) -> dict:
 
     Returns:
         dict: ``modes`` (per mode name: calls, rows, graph calls, stale calls, failures by kind, layers
-        seen) and ``rows`` ({(mode, layer, prompt_len, position, occurrence): frozenset of key positions},
-        valid rows only) for ``trace_overlap``.
+        seen, and ``examples``: up to ``EXAMPLES`` failing rows with their position, key count, entries and
+        request lengths) and ``rows`` ({(mode, layer, prompt_len, position, occurrence): frozenset of key
+        positions}, valid rows only) for ``trace_overlap``.
     """
+    import torch
+
     modes: dict = {}
     keyed: dict = {}
     seen: dict = {}
@@ -581,7 +598,8 @@ def check_trace(records: list[dict], draft_tokens: int) -> dict:
                 continue
             per = rows_per_request(mode, draft_tokens)
             st = modes.setdefault(mode, {"calls": 0, "graph_calls": 0, "stale": 0, "rows": 0, "count": 0,
-                                         "duplicate": 0, "out_of_range": 0, "missing_rows": 0, "layers": set()})
+                                         "duplicate": 0, "out_of_range": 0, "missing_rows": 0, "layers": set(),
+                                         "examples": []})
             need = rec["batch_size"] * per
             if not _positions_of_batch(call["pos"][:need], rec, per, draft_tokens):
                 st["stale"] += 1  # not this batch's rows (see docstring)
@@ -596,11 +614,22 @@ def check_trace(records: list[dict], draft_tokens: int) -> dict:
                 if hi <= lo or slots is None:
                     continue
                 topk, pos = call["topk"][lo:hi], call["pos"][lo:hi]
-                got = check_topk_rows(topk, pos + 1, slots)
+                seq = call.get("seq_lens")
+                lens = pos + 1
+                if mode == "DECODE" and seq is not None and i < seq.numel():
+                    lens = torch.full_like(pos, int(seq[i]))
+                got = check_topk_rows(topk, lens, slots)
                 st["rows"] += got["rows"]
                 for kind in ("count", "duplicate", "out_of_range"):
                     st[kind] += got[kind]
                 if got["count"] + got["duplicate"] + got["out_of_range"]:
+                    if len(st["examples"]) < EXAMPLES:
+                        row = topk[0][topk[0] >= 0]
+                        st["examples"].append({
+                            "layer": int(call["layer"]), "position": int(pos[0]), "keys": int(lens[0]),
+                            "entries": int(row.numel()), "prompt_len": rec["prompt_lens"][i],
+                            "req_len": rec["req_lens"][i], "seq_len": int(seq[i]) if seq is not None and i < seq.numel() else None,
+                            "failures": {k: got[k] for k in ("count", "duplicate", "out_of_range")}})
                     continue  # only valid rows are compared between formats
                 inv = slot_positions(slots, int(pos.max()))
                 for r in range(hi - lo):
@@ -685,7 +714,9 @@ def oracle_row(q, weights, keys, scales, topk_slots, page_ids, k: int = TOPK, pa
     term = (keys.abs() @ qd.abs().t()) @ wd.abs()
     bound = (sm90.rel_bound() * term + sm90.logit_error_floor(qd, wd, keys, scales)) if scales is not None \
         else DEEPGEMM_REL * term
-    where = {int(p): j for j, p in enumerate(page_ids.tolist())}
+    where: dict[int, int] = {}  # page -> its index in the row, over the pages the row's keys fill (first wins)
+    for j, page in enumerate(page_ids.tolist()[: -(-n // page_size)]):
+        where.setdefault(int(page), j)
     served = [int(v) for v in topk_slots.tolist() if v >= 0]
     pos = [where.get(v // page_size, -1) * page_size + v % page_size if v // page_size in where else -1
            for v in served]
@@ -703,7 +734,19 @@ def oracle_row(q, weights, keys, scales, topk_slots, page_ids, k: int = TOPK, pa
     hi = float(lower[~chosen].max()) if bool((~chosen).any()) else float("-inf")
     margin = lo - hi
     ok = outside == 0 and len(served) == expected and int(chosen.sum()) == expected and margin >= 0
-    return {"ok": ok, "count": len(served), "expected": expected, "outside": outside, "margin": margin}
+    out = {"ok": ok, "count": len(served), "expected": expected, "outside": outside, "margin": margin}
+    if not ok:  # what a reader needs to see why: the two keys that bind, and the entries outside the row
+        def key(j):
+            return {"position": j, "ref": float(ref[j]), "bound": float(bound[j]), "free": bool(free[j])}
+
+        inf = torch.full_like(ref, float("inf"))
+        low = key(int(torch.where(chosen, upper, inf).argmin())) if bool(chosen.any()) else None
+        high = key(int(torch.where(~chosen, lower, -inf).argmax())) if bool((~chosen).any()) else None
+        out.update(keys=n, lowest_chosen=low, highest_unchosen=high,
+                   outside_positions=[p for p in pos if not 0 <= p < n][:8],
+                   outside_slots=[v for v, p in zip(served, pos) if not 0 <= p < n][:8],
+                   ref_max=float(ref[torch.isfinite(ref)].abs().max()) if bool(torch.isfinite(ref).any()) else None)
+    return out
 
 
 def oracle_check(records: list[dict], draft_tokens: int) -> dict:
@@ -722,7 +765,8 @@ def oracle_check(records: list[dict], draft_tokens: int) -> dict:
 
     Returns:
         dict: per mode name, ``calls``, ``rows``, ``failed`` (rows), ``stale`` (calls skipped), ``layers``,
-        ``worst_margin`` (the smallest ``margin``; >= 0 for a passing run).
+        ``worst_margin`` (the smallest ``margin``; >= 0 for a passing run), ``examples`` (up to ``EXAMPLES``
+        failing rows: ``oracle_row``'s result with the row's position, and the binding keys).
     """
     import torch
 
@@ -734,7 +778,7 @@ def oracle_check(records: list[dict], draft_tokens: int) -> dict:
                 continue
             per = rows_per_request(mode, draft_tokens)
             st = out.setdefault(mode, {"calls": 0, "rows": 0, "failed": 0, "stale": 0, "layers": set(),
-                                       "worst_margin": float("inf")})
+                                       "worst_margin": float("inf"), "examples": []})
             if not _positions_of_batch(c["pos"][: rec["batch_size"] * per], rec, per, draft_tokens):
                 st["stale"] += 1
                 continue
@@ -751,6 +795,9 @@ def oracle_check(records: list[dict], draft_tokens: int) -> dict:
                 st["rows"] += 1
                 st["failed"] += not got["ok"]
                 st["worst_margin"] = min(st["worst_margin"], got["margin"])
+                if not got["ok"] and len(st["examples"]) < EXAMPLES:
+                    st["examples"].append(dict(got, layer=int(c["layer"]), position=int(c["pos"][r]),
+                                               graph=bool(c.get("graph"))))
     for st in out.values():
         st["layers"] = sorted(st["layers"])
     return out
@@ -866,7 +913,8 @@ def trace_check(argv: list[str]) -> int:
                              "ok": st["rows"] > 0 and st["failed"] == 0,
                              "detail": f"{st['rows']} rows of the first request in {st['calls']} calls, layers "
                                        f"{st['layers']}, {st['failed']} failed, worst margin {st['worst_margin']}"
-                                       + (f"; {st['stale']} calls not at the batch's positions" if st["stale"] else "")})
+                                       + (f"; {st['stale']} calls not at the batch's positions" if st["stale"] else ""),
+                             "examples": st.get("examples", [])})
     for mode, st in sorted(ov.items()):
         rows.append({"check": f"{label}: FP4 vs FP8 {MODE_NAMES[mode]} top-k overlap (reported)", "ok": True,
                      "detail": f"mean {st['mean']:.4f}, lowest row {st['min']:.4f} over {st['rows']} rows scored "

@@ -52,6 +52,10 @@ from concurrent.futures import ThreadPoolExecutor
 PROBE_LENS = (777, 3001, 9000, 17)
 #: How many distinct shared prefixes the requests that share one draw from.
 SHARED_PREFIXES = 4
+#: The token ids every prompt draws from, ``[low, high)``: valid in any vocabulary of at least 16 000 tokens (the
+#: tiny model's has 16 384, DeepSeek-V3.2's 129 280). SGLang 0.5.23 does not check ids against the vocabulary: an id
+#: past it fails the embedding's gather on the GPU and stops the server, FP8 and FP4 alike.
+TOKEN_IDS = (1000, 16000)
 
 
 def _post(url: str, body: dict, timeout: float) -> tuple[int, bytes]:
@@ -138,7 +142,7 @@ def probes(base: str, output_len: int = 32, timeout: float = 600.0) -> list[list
         RuntimeError: a probe got no answer or an error.
     """
     rng = random.Random(12345)
-    bodies = [{"input_ids": [rng.randrange(1000, 30000) for _ in range(n)],
+    bodies = [{"input_ids": [rng.randrange(*TOKEN_IDS) for _ in range(n)],
                "sampling_params": {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}}
               for n in PROBE_LENS]
     with ThreadPoolExecutor(len(bodies)) as pool:
@@ -153,7 +157,9 @@ def probes(base: str, output_len: int = 32, timeout: float = 600.0) -> list[list
 
 def bad_inputs(base: str, context_len: int, timeout: float = 120.0) -> list[dict]:
     """The bad inputs a deployer's clients send, one by one, each followed by ``/health``: a prompt longer than
-    the context, an empty prompt, ``max_new_tokens`` 0, and log-probabilities with the top 5 of a short prompt.
+    the context, ``max_new_tokens`` 0, log-probabilities with the top 5 of a short prompt, and an empty text (last:
+    with a tokenizer that adds no BOS it is a prompt of zero tokens, on which SGLang 0.5.23's scheduler stops, FP8
+    and FP4 alike; the models' own tokenizers and the tiny model's add one).
 
     Returns:
         list of dicts: ``input``, ``status`` (HTTP), ``answer`` (its first bytes), ``healthy`` (``/health`` 200
@@ -161,13 +167,13 @@ def bad_inputs(base: str, context_len: int, timeout: float = 120.0) -> list[dict
     """
     rng = random.Random(7)
     cases = [
-        ("prompt longer than the context", {"input_ids": [rng.randrange(1000, 30000) for _ in range(context_len + 64)],
+        ("prompt longer than the context", {"input_ids": [rng.randrange(*TOKEN_IDS) for _ in range(context_len + 64)],
                                             "sampling_params": {"max_new_tokens": 8}}),
-        ("empty prompt", {"text": "", "sampling_params": {"max_new_tokens": 8}}),
         ("max_new_tokens 0", {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 0}}),
-        ("log-probabilities with the top 5", {"input_ids": [rng.randrange(1000, 30000) for _ in range(300)],
+        ("log-probabilities with the top 5", {"input_ids": [rng.randrange(*TOKEN_IDS) for _ in range(300)],
                                               "sampling_params": {"max_new_tokens": 8}, "return_logprob": True,
                                               "top_logprobs_num": 5}),
+        ("empty prompt", {"text": "", "sampling_params": {"max_new_tokens": 8}}),
     ]
     out = []
     for name, body in cases:
@@ -182,7 +188,7 @@ def bad_inputs(base: str, context_len: int, timeout: float = 120.0) -> list[dict
 
 def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: int, output_len: int,
          shared_frac: float, disconnect_frac: float, abort_frac: float, logprob_frac: float, seed: int,
-         time_limit: float, timeout: float = 900.0, vocab: tuple[int, int] = (1000, 30000),
+         time_limit: float, timeout: float = 900.0, vocab: tuple[int, int] = TOKEN_IDS,
          abort_within_s: float = 5.0) -> dict:
     """The load (module docstring); returns the counts and every request's result. An aborted request's
     ``/abort_request`` goes out at a uniform random time within ``abort_within_s`` seconds of its start.
@@ -347,19 +353,46 @@ def checks(run: dict, log_text: str | None = None, trace: dict | None = None) ->
         rows.append({"check": "sampled top-k rows valid (count, range, no duplicates)", "ok": rows_seen > 0 and not bad,
                      "detail": f"{trace.get('records', 0)} batches sampled, " + ", ".join(
                          f"{mode}: {m['rows']} rows in {m['calls']} calls ({m['stale']} stale)"
-                         for mode, m in valid.items()) + (f"; failures {bad}" if bad else "")})
+                         for mode, m in valid.items()) + (f"; failures {bad}" if bad else ""),
+                     "examples": {mode: m.get("examples", []) for mode, m in valid.items() if m.get("examples")}})
         o_rows = sum(m["rows"] for m in oracle.values())
         o_failed = sum(m["failed"] for m in oracle.values())
         worst = min((m["worst_margin"] for m in oracle.values() if m["rows"]), default=float("nan"))
         rows.append({"check": "sampled rows = fp64 oracle top-k on the server's pages (within the bound)",
                      "ok": o_rows > 0 and o_failed == 0,
                      "detail": ", ".join(f"{mode}: {m['rows']} rows, {m['failed']} failed" for mode, m in oracle.items())
-                     + f"; worst margin {worst:.4g}"})
+                     + f"; worst margin {worst:.4g}",
+                     "examples": {mode: m.get("examples", []) for mode, m in oracle.items() if m.get("examples")}})
     if log_text is not None:
         lc = log_counts(log_text)
         rows.append({"check": "server log: no traceback, no pool leak SGLang reports", "ok": lc["tracebacks"] == 0
                      and lc["leaks"] == 0, "detail": str(lc)})
     return rows
+
+
+def soak_run(base: str, load_args: dict, context_len: int, probe_output_len: int = 32, settle_s: float = 20.0) -> dict:
+    """The whole soak against ``base``, in order: server info, probes, the pool (``pool_state``), ``load(**load_args)``,
+    ``/health``, the probes again, the pool again and the server info, then the bad inputs last, so that a bad input
+    that stops the server leaves every other reading taken.
+
+    Returns:
+        dict: ``url``, ``info_before``, ``probes_before``, ``pool_before``, ``load``, ``healthy_after``,
+        ``probes_after``, ``pool_after``, ``info_after``, ``bad_inputs``, as ``checks`` reads them.
+
+    Raises:
+        ValueError: from ``load`` (its arguments), before any request of the load is sent.
+        RuntimeError: a probe not answered with HTTP 200 (``probes``).
+    """
+    run = {"url": base, "info_before": json.loads(_get(base + "/get_server_info")[1] or b"{}"),
+           "probes_before": probes(base, output_len=probe_output_len)}
+    run["pool_before"] = pool_state(base, settle_s=settle_s)
+    run["load"] = load(base, **load_args)
+    run["healthy_after"] = _get(base + "/health")[0] == 200
+    run["probes_after"] = probes(base, output_len=probe_output_len)
+    run["pool_after"] = pool_state(base, settle_s=settle_s)
+    run["info_after"] = json.loads(_get(base + "/get_server_info")[1] or b"{}")
+    run["bad_inputs"] = bad_inputs(base, context_len)
+    return run
 
 
 def _load_cmd(argv: list[str]) -> int:
@@ -380,22 +413,14 @@ def _load_cmd(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=1800.0, help="seconds after which no request is sent")
     o = p.parse_args(argv)
-    base = o.url.rstrip("/")
-    run = {"url": base, "info_before": json.loads(_get(base + "/get_server_info")[1] or b"{}"),
-           "probes_before": probes(base)}
-    run["pool_before"] = pool_state(base)
     try:
-        run["load"] = load(base, requests=o.requests, concurrency=o.concurrency, min_len=o.min_len,
-                           max_len=o.max_len, output_len=o.output_len, shared_frac=o.shared_frac,
-                           disconnect_frac=o.disconnect_frac, abort_frac=o.abort_frac, logprob_frac=o.logprob_frac,
-                           seed=o.seed, time_limit=o.time_limit, abort_within_s=o.abort_within)
+        run = soak_run(o.url.rstrip("/"), dict(
+            requests=o.requests, concurrency=o.concurrency, min_len=o.min_len, max_len=o.max_len,
+            output_len=o.output_len, shared_frac=o.shared_frac, disconnect_frac=o.disconnect_frac,
+            abort_frac=o.abort_frac, logprob_frac=o.logprob_frac, seed=o.seed, time_limit=o.time_limit,
+            abort_within_s=o.abort_within), o.context_len)
     except ValueError as e:
         p.error(str(e))
-    run["healthy_after"] = _get(base + "/health")[0] == 200
-    run["probes_after"] = probes(base)
-    run["bad_inputs"] = bad_inputs(base, o.context_len)
-    run["pool_after"] = pool_state(base)
-    run["info_after"] = json.loads(_get(base + "/get_server_info")[1] or b"{}")
     with open(o.out, "w") as f:
         json.dump(run, f, indent=1, default=str)
     print(json.dumps(run["load"]["counts"]))

@@ -229,6 +229,51 @@ def test_trace_check_counts_each_planted_fault(fault):
     assert got[kind] >= 1 and got["rows"] == 4
 
 
+def _draft_decode_record(seq_lens=(1000, 3000), step=1, entries=None, seed=1):
+    """One scheduled batch of two requests in a draft decode step (``step`` 0 or 1 of EAGLE's 3), as SGLang 0.5.23
+    serves it: the query at position ``L + step`` and the indexer over the ``L`` keys of the batch's sequence length
+    (one metadata for every draft step). ``entries``: the keys a short request's (``L < TOPK``) top-k holds, drawn
+    from its positions up to ``L + step`` (default: ``L``, from its first ``L``)."""
+    g = torch.Generator().manual_seed(seed)
+    slots = [torch.randperm(30000, generator=g)[:L + 16] + 30000 * i for i, L in enumerate(seq_lens)]
+    topk = torch.full((len(seq_lens), tool.TOPK), -1, dtype=torch.int32)
+    for i, L in enumerate(seq_lens):
+        short = entries is not None and L < tool.TOPK  # ``entries`` changes the short requests' rows only
+        n = entries if short else min(L, tool.TOPK)
+        topk[i, :n] = slots[i][torch.randperm(L + step + 1 if short else L, generator=g)[:n]].int()
+    pos = torch.tensor([L + step for L in seq_lens])
+    call = {"layer": 0, "mode": "DECODE", "rows": len(seq_lens), "graph": True, "topk": topk, "pos": pos,
+            "seq_lens": torch.tensor(seq_lens)}
+    return {"batch_size": len(seq_lens), "prompt_lens": [L - 10 for L in seq_lens], "req_lens": list(seq_lens),
+            "req_slots": slots, "calls": [call]}
+
+
+def test_trace_check_holds_a_draft_decode_row_to_the_batchs_sequence_length():
+    """A draft step's row sees the batch's ``seq_lens`` keys (not its position + 1): a short request's row with
+    ``L`` entries passes, one with ``L + step + 1`` (its own draft keys too) fails on count and range; without
+    ``seq_lens`` in the record (an older trace) the row is held to position + 1 as before."""
+    got = tool.check_trace([_draft_decode_record()], draft_tokens=4)["modes"]["DECODE"]
+    assert (got["rows"], got["count"], got["duplicate"], got["out_of_range"]) == (2, 0, 0, 0)
+    bad = tool.check_trace([_draft_decode_record(entries=1002)], draft_tokens=4)["modes"]["DECODE"]
+    assert bad["count"] == 1 and bad["out_of_range"] == 1  # only the short request: the long one has TOPK either way
+    ex = bad["examples"][0]
+    assert (ex["position"], ex["keys"], ex["entries"], ex["seq_len"]) == (1001, 1000, 1002, 1000)
+    old = _draft_decode_record()
+    del old["calls"][0]["seq_lens"]
+    assert tool.check_trace([old], draft_tokens=4)["modes"]["DECODE"]["count"] == 1
+
+
+def test_a_stale_slot_repeated_past_the_rows_keys_does_not_move_an_entry_out_of_range():
+    """``req_to_token``'s entries past a request's length are stale and can repeat one of its slots: the entry
+    keeps the position the row sees (the first), as ``slot_positions`` reads it."""
+    rec = _verify_record(pad_rows=0)
+    slots = rec["req_slots"][0]
+    slots[2915] = slots[10]  # stale tail: position 2915 is past every row of request 0 (positions 2900, 2901)
+    rec["calls"][0]["topk"][0, 0] = int(slots[10])
+    got = tool.check_trace([rec], draft_tokens=2)["modes"]["TARGET_VERIFY"]
+    assert (got["rows"], got["out_of_range"], got["count"]) == (4, 0, 0)
+
+
 def test_trace_check_does_not_check_calls_away_from_the_batch_positions():
     """A capture's warm-up run (positions 0) and a slot this step did not write are counted as stale, not checked."""
     rec = _verify_record()
@@ -332,7 +377,7 @@ def test_trace_plugin_records_eager_calls_and_reads_them_back(tmp_path, monkeypa
     monkeypatch.setenv(trace.ENV, str(tmp_path))
     rec = _verify_record(pad_rows=0)
     call = rec["calls"][0]
-    fb = NS(forward_mode=NS(name="TARGET_VERIFY"))
+    fb = NS(forward_mode=NS(name="TARGET_VERIFY"), seq_lens=torch.tensor(rec["req_lens"]))
     assert trace._after_indexer(call["topk"], None, None, None, call["pos"], fb, 3) is None
     big = torch.zeros(trace.MAX_ROWS + 1, tool.TOPK, dtype=torch.int32)  # a prefill chunk: not recorded
     trace._after_indexer(big, None, None, None, torch.arange(trace.MAX_ROWS + 1), fb, 3)
@@ -345,6 +390,7 @@ def test_trace_plugin_records_eager_calls_and_reads_them_back(tmp_path, monkeypa
     trace._after_run_batch(None, sched, NS(reqs=reqs, forward_mode=NS(name="DECODE")))
     (saved,) = trace.read_trace(str(tmp_path))
     assert [c["layer"] for c in saved["calls"]] == [3] and torch.equal(saved["calls"][0]["topk"], call["topk"])
+    assert saved["calls"][0]["seq_lens"].tolist() == rec["req_lens"]
     got = tool.check_trace([saved], draft_tokens=2)["modes"]["TARGET_VERIFY"]
     assert got["rows"] == 4 and got["count"] + got["duplicate"] + got["out_of_range"] == 0
 
@@ -484,9 +530,26 @@ def test_oracle_check_passes_served_rows_and_fails_an_off_by_one_page_table_row(
     got = tool.oracle_check([_oracle_record(fault)], draft_tokens=2)["TARGET_VERIFY"]
     assert (got["calls"], got["rows"], got["stale"], got["layers"]) == (1, 2, 0, [0])
     if fault is None:
-        assert got["failed"] == 0 and got["worst_margin"] >= 0
+        assert got["failed"] == 0 and got["worst_margin"] >= 0 and got["examples"] == []
     else:
         assert got["failed"] == 2 and got["worst_margin"] < 0
+        # Each failing row comes with what binds: the lowest chosen key sits below the highest key left out.
+        ex = got["examples"][0]
+        assert (ex["position"], ex["keys"], ex["outside"]) == (2900, 2901, 0)
+        lo, hi = ex["lowest_chosen"], ex["highest_unchosen"]
+        assert lo["ref"] + lo["bound"] - (hi["ref"] - hi["bound"]) == pytest.approx(ex["margin"])
+        assert hi["ref"] > lo["ref"] and 0 <= lo["position"] < 2901 and 0 <= hi["position"] < 2901
+
+
+def test_oracle_row_reads_a_page_repeated_in_the_stale_tail_of_the_page_table_row_at_its_first_place():
+    """The page-table row's columns past the request's pages are stale and may repeat one of its pages: the served
+    slots in that page keep the positions the row's keys fill."""
+    rec = _oracle_record()
+    call = rec["oracle_calls"][0]
+    pages = -(-2902 // 64)
+    call["block_table"][0, pages + 2] = call["block_table"][0, 3]
+    got = tool.oracle_check([rec], draft_tokens=2)["TARGET_VERIFY"]
+    assert got["failed"] == 0 and got["worst_margin"] >= 0
 
 
 def test_oracle_check_skips_a_call_away_from_the_batch_positions():
@@ -581,7 +644,7 @@ def test_trace_plugin_saves_every_nth_batch_and_names_a_bad_every(tmp_path, monk
     for step in range(3):
         trace._state["eager"].append({"layer": 0, "mode": "DECODE", "rows": 1, "graph": False,
                                       "topk": torch.full((1, 4), step, dtype=torch.int32),
-                                      "pos": torch.tensor([22 + step])})
+                                      "pos": torch.tensor([22 + step]), "seq_lens": torch.tensor([23])})
         trace._after_run_batch(None, NS(req_to_token_pool=NS(req_to_token=table)), batch)
         assert trace._state["eager"] == []
     saved = trace.read_trace(str(tmp_path))

@@ -22,6 +22,8 @@ soak = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(soak)
 
 CONTEXT = 20000
+#: The tiny model's vocabulary (scripts/sglang_one_batch.py VOCAB), which the soak runs on.
+VOCAB = 16384
 
 
 POOL = 100000
@@ -66,6 +68,8 @@ def _standin(fault=None):
             if self.path == "/flush_cache":
                 return self._send(200, {})
             ids = body.get("input_ids") or []
+            if any(not 0 <= t < VOCAB for t in ids):  # SGLang 0.5.23 does not check: the server would stop
+                return self._send(400, {"error": {"message": "token id outside the vocabulary"}})
             if not ids and "text" in body:
                 return self._send(400, {"error": {"message": "empty prompt"}})
             if len(ids) > CONTEXT:
@@ -112,16 +116,11 @@ def _run(fault=None, **kw):
     srv = _standin(fault)
     base = f"http://127.0.0.1:{srv.server_port}"
     try:
-        run = {"probes_before": soak.probes(base, output_len=4), "pool_before": soak.pool_state(base, settle_s=0)}
         args = dict(requests=60, concurrency=8, min_len=10, max_len=2000, output_len=40, shared_frac=1 / 3,
                     disconnect_frac=0.2, abort_frac=0.2, logprob_frac=0.3, seed=3, time_limit=120.0,
                     abort_within_s=0.1)
         args.update(kw)
-        run["load"] = soak.load(base, **args)
-        run["healthy_after"] = soak._get(base + "/health")[0] == 200
-        run["probes_after"] = soak.probes(base, output_len=4)
-        run["bad_inputs"] = soak.bad_inputs(base, CONTEXT)
-        run["pool_after"] = soak.pool_state(base, settle_s=0)
+        run = soak.soak_run(base, args, CONTEXT, probe_output_len=4, settle_s=0)
     finally:
         srv.shutdown()
     return run

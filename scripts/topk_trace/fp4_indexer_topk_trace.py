@@ -145,6 +145,7 @@ def _arena(width: int, device):
                                "the slot arena must be allocated by an eager call first")
         _state["arena_topk"] = torch.full((MAX_SLOTS, MAX_ROWS, width), POISON, dtype=torch.int32, device=device)
         _state["arena_pos"] = torch.full((MAX_SLOTS, MAX_ROWS), POISON, dtype=torch.int64, device=device)
+        _state["arena_seq"] = torch.full((MAX_SLOTS, MAX_ROWS), POISON, dtype=torch.int64, device=device)
     return _state["arena_topk"], _state["arena_pos"]
 
 
@@ -161,16 +162,21 @@ def _after_indexer(result, self, x, q_lora, positions, forward_batch, layer_id, 
         return None
     arena_topk, arena_pos = _arena(int(result.shape[1]), result.device)
     pos = positions[:rows].to(torch.int64)
+    # The batch's sequence lengths as the forward holds them (one per request): a draft decode step's indexer sees
+    # this many keys whatever its step (SGLang's multi-step draft backend shares one metadata over the steps).
+    seq = forward_batch.seq_lens[:rows].to(torch.int64)
+    n_seq = int(seq.shape[0])
     if _capturing():
         k = len(_state["slots"])
         if k >= MAX_SLOTS:
             raise RuntimeError(f"fp4_indexer_topk_trace: more than MAX_SLOTS={MAX_SLOTS} captured indexer calls")
         arena_topk[k, :rows].copy_(result.to(torch.int32))  # captured: every replay writes the slot
         arena_pos[k, :rows].copy_(pos)
-        _state["slots"].append({"layer": int(layer_id), "mode": mode, "rows": rows, "seq": k})
+        _state["arena_seq"][k, :n_seq].copy_(seq)
+        _state["slots"].append({"layer": int(layer_id), "mode": mode, "rows": rows, "seq": k, "requests": n_seq})
     elif not get_is_capture_mode():  # an eager call of a real batch (not a capture's warm-up run)
         _state["eager"].append({"layer": int(layer_id), "mode": mode, "rows": rows, "graph": False,
-                                "topk": result.to(torch.int32).clone(), "pos": pos.clone()})
+                                "topk": result.to(torch.int32).clone(), "pos": pos.clone(), "seq_lens": seq.clone()})
     return None
 
 
@@ -292,23 +298,27 @@ def _after_run_batch(result, self, batch, *args, **kwargs):
     _state["batches"] += 1
     keep = (_state["batches"] - 1) % every() == 0
     oracle = _oracle_calls(keep) if oracle_layers() else []
-    calls = [dict(c, topk=c["topk"].cpu(), pos=c["pos"].cpu()) for c in _state["eager"]] if keep else []
+    calls = [dict(c, topk=c["topk"].cpu(), pos=c["pos"].cpu(), seq_lens=c["seq_lens"].cpu())
+             for c in _state["eager"]] if keep else []
     _state["eager"].clear()
     if _state["slots"] and not keep:  # a batch left out of the sample: poison what it wrote, copy nothing out
-        arena_topk, arena_pos = _state["arena_topk"], _state["arena_pos"]
+        arena_topk, arena_pos, arena_seq = _state["arena_topk"], _state["arena_pos"], _state["arena_seq"]
         written = arena_pos[:, 0] != POISON
         arena_topk.masked_fill_(written[:, None, None], POISON)
         arena_pos.masked_fill_(written[:, None], POISON)
+        arena_seq.masked_fill_(written[:, None], POISON)
     elif _state["slots"]:
-        arena_topk, arena_pos = _state["arena_topk"], _state["arena_pos"]
+        arena_topk, arena_pos, arena_seq = _state["arena_topk"], _state["arena_pos"], _state["arena_seq"]
         written = (arena_pos[:, 0] != POISON).nonzero().flatten().tolist()
         for k in written:
             s = _state["slots"][k]
             calls.append({"layer": s["layer"], "mode": s["mode"], "rows": s["rows"], "graph": True, "seq": k,
-                          "topk": arena_topk[k, :s["rows"]].cpu(), "pos": arena_pos[k, :s["rows"]].cpu()})
+                          "topk": arena_topk[k, :s["rows"]].cpu(), "pos": arena_pos[k, :s["rows"]].cpu(),
+                          "seq_lens": arena_seq[k, :s["requests"]].cpu()})
         if written:
             arena_topk[written] = POISON
             arena_pos[written] = POISON
+            arena_seq[written] = POISON
     if not keep or (not calls and not oracle):
         return None
     req_to_token = self.req_to_token_pool.req_to_token
