@@ -286,8 +286,13 @@ case "$STEP" in
     # SERVE_PREFILL_GRAPHS=1 keeps SGLang's prefill CUDA graphs: their capture (58 token counts, "breakable"
     # backend) took 195 s of one server's start on an H100; by default both servers prefill eagerly
     # (--disable-prefill-cuda-graph), decode runs under CUDA graphs either way.
-    M2="$WORK/v32-layers"
-    "$PY" scripts/sglang_one_batch.py make-model "$M2" --size v32-layers >/dev/null
+    # SERVE_SIZE / SERVE_LAYERS / SERVE_EP choose the model as the profile step's PROFILE_* do (e.g. SERVE_SIZE=v32-rank
+    # SERVE_EP=32: all 61 layers of a DP-attention + EP32 rank), SERVE_MEM_FRACTION SGLang's --mem-fraction-static
+    # (default 0.5; a rank's real memory: 0.9 and no SERVE_POOL_TOKENS), SERVE_READY_S the wait for /health.
+    SIZE="${SERVE_SIZE:-v32-layers}"
+    M2="$WORK/$SIZE${SERVE_LAYERS:+-$SERVE_LAYERS}${SERVE_EP:+-ep$SERVE_EP}"
+    "$PY" scripts/sglang_one_batch.py make-model "$M2" --size "$SIZE" ${SERVE_LAYERS:+--layers "$SERVE_LAYERS"} \
+      ${SERVE_EP:+--ep "$SERVE_EP"} >/dev/null
     PREFILL_GRAPHS=(--disable-prefill-cuda-graph)
     [ "${SERVE_PREFILL_GRAPHS:-0}" = 1 ] && PREFILL_GRAPHS=()
     for fmt in ${SERVE_FORMATS:-fp8 fp4}; do
@@ -298,8 +303,9 @@ case "$STEP" in
       fi
       stage "serving_$fmt" "${SERVE_LIMIT:-540}" "$PY" scripts/sglang_bench.py serving --model "$M2" --out "$OUTDIR/serving_$fmt.jsonl" \
         --input-lens ${SERVE_LENS:-32768 100000} --prompts "${SERVE_PROMPTS:-16}" --concurrency "${SERVE_CONC:-8}" \
+        ${SERVE_READY_S:+--ready-timeout "$SERVE_READY_S"} \
         $([ $fmt = fp4 ] && echo --fp4) --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton \
-        --mem-fraction-static 0.5 --disable-radix-cache --random-seed 0 ${POOL[@]+"${POOL[@]}"} ${SPEC[@]+"${SPEC[@]}"} ${PREFILL_GRAPHS[@]+"${PREFILL_GRAPHS[@]}"} ${SERVE_EXTRA:-}
+        --mem-fraction-static "${SERVE_MEM_FRACTION:-0.5}" --disable-radix-cache --random-seed 0 ${POOL[@]+"${POOL[@]}"} ${SPEC[@]+"${SPEC[@]}"} ${PREFILL_GRAPHS[@]+"${PREFILL_GRAPHS[@]}"} ${SERVE_EXTRA:-}
       cp "$OUTDIR/serving_$fmt.jsonl.server.log" "$WORK/logs/" 2>/dev/null; rm -f "$OUTDIR/serving_$fmt.jsonl.server.log"
       rm -f "$WORK/serving_$fmt.jsonl"; cp "$OUTDIR/serving_$fmt.jsonl" "$WORK/" 2>/dev/null
       grep -h "KV Cache is allocated\|max_total_num_tokens\|FP4 indexer active" "$WORK/logs/serving_$fmt.jsonl.server.log" \
@@ -412,6 +418,10 @@ case "$STEP" in
     # (eviction to host memory and reload). SOAK_LIMIT (default 1500 s) bounds each format; no request is sent
     # after SOAK_SEND_S seconds (default SOAK_LIMIT - 200). The test-only trace plugin keeps every SOAK_TRACE_EVERY-th batch (default 20) with
     # layer 0's scorer inputs and pages, which soak.py check holds to the fp64 oracle.
+    # Besides the pool filling up, SGLang's own retraction test hook (SGLANG_TEST_RETRACT) retracts a decode request
+    # every SOAK_RETRACT_INTERVAL-th decode batch (default 40; SOAK_TEST_RETRACT=0: only when the pool is full): in a
+    # first short run the pool reached 99 % without SGLang retracting, and a soak that never retracts tests nothing
+    # of that path.
     # SOAK_SIZE=v32-layers: DeepSeek-V3.2's real-size layers (3 of them) instead of the tiny model, for a shorter run.
     HICACHE=(); [ "${SOAK_HICACHE:-0}" = 1 ] && HICACHE=(--enable-hierarchical-cache --hicache-ratio 2)
     tag=soak; [ "${SOAK_HICACHE:-0}" = 1 ] && tag=soak_hicache
@@ -424,6 +434,7 @@ case "$STEP" in
       rm -rf "$WORK/trace_${tag}_$fmt"
       FP4_INDEXER_TOPK_TRACE_DIR="$WORK/trace_${tag}_$fmt" FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS=0 \
         FP4_INDEXER_TOPK_TRACE_EVERY="${SOAK_TRACE_EVERY:-20}" \
+        SGLANG_TEST_RETRACT="${SOAK_TEST_RETRACT:-1}" SGLANG_TEST_RETRACT_INTERVAL="${SOAK_RETRACT_INTERVAL:-40}" \
         "$PY" -m sglang.launch_server --model-path "$M" --host 127.0.0.1 --port 30791 --load-format dummy \
         --kv-cache-dtype fp8_e4m3 --max-total-tokens "${SOAK_POOL_TOKENS:-262144}" --random-seed 0 \
         --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 \

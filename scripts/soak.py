@@ -312,11 +312,19 @@ def trace_summary(trace_dir: str, draft_tokens: int) -> dict:
 
 def log_counts(text: str) -> dict:
     """What a server's log says about the run: tracebacks, SGLang's pool-leak reports (its invariant checker's
-    ``memory leak detected``), retraction lines, and HiCache's eviction to and loads from host memory."""
+    ``memory leak detected``), retractions (SGLang 0.5.23's scheduler logs each as ``KV cache pool is full.
+    Retract requests. #retracted_reqs: N, ...``, or ``Testing retraction. #retracted_reqs: N`` under its own
+    ``SGLANG_TEST_RETRACT``: ``retractions`` such lines, ``retracted_requests`` the sum of their N), and HiCache's
+    eviction to and loads from host memory (lines naming hicache with evict or load; the start-up
+    ``server_args=`` line, which names every option, is not one)."""
     low = text.lower()
+    lines = [ln for ln in text.splitlines() if "server_args=" not in ln]
+    retract = [ln for ln in lines if "#retracted_reqs:" in ln]
     return {"tracebacks": text.count("Traceback"), "leaks": low.count("memory leak detected"),
-            "retraction_lines": sum(1 for ln in low.splitlines() if "retract" in ln),
-            "hicache_lines": sum(1 for ln in low.splitlines() if "hicache" in ln and ("evict" in ln or "load" in ln))}
+            "retractions": len(retract),
+            "retracted_requests": sum(int(ln.split("#retracted_reqs:")[1].split(",")[0]) for ln in retract),
+            "hicache_lines": sum(1 for ln in lines if "hicache" in ln.lower()
+                                 and ("evict" in ln.lower() or "load" in ln.lower()))}
 
 
 def checks(run: dict, log_text: str | None = None, trace: dict | None = None) -> list[dict]:
@@ -367,6 +375,8 @@ def checks(run: dict, log_text: str | None = None, trace: dict | None = None) ->
         lc = log_counts(log_text)
         rows.append({"check": "server log: no traceback, no pool leak SGLang reports", "ok": lc["tracebacks"] == 0
                      and lc["leaks"] == 0, "detail": str(lc)})
+        rows.append({"check": "retraction exercised: SGLang retracted decode requests", "ok": lc["retracted_requests"] > 0,
+                     "detail": f"{lc['retracted_requests']} requests in {lc['retractions']} retractions"})
     return rows
 
 
@@ -479,7 +489,8 @@ def summary_rows(runs: dict[str, dict], logs: dict[str, str], checks_by_arm: dic
         ("aborted through /abort_request", col(lambda a: count(a, "aborted"))),
         ("server errors", col(lambda a: count(a, "error"))),
         ("seconds of load", col(lambda a: f"{runs[a]['load']['seconds']:.0f}")),
-        ("server log lines on retraction", col(lambda a: lc[a]["retraction_lines"])),
+        ("decode requests SGLang retracted (times it retracted)",
+         col(lambda a: f"{lc[a]['retracted_requests']} ({lc[a]['retractions']})")),
         ("tracebacks / pool leaks SGLang reported", col(lambda a: f"{lc[a]['tracebacks']} / {lc[a]['leaks']}")),
         ("KV pool before the load (after /flush_cache)", col(lambda a: pool(a, "before"))),
         ("KV pool after the load (after /flush_cache)", col(lambda a: pool(a, "after"))),

@@ -1071,6 +1071,69 @@ def test_user_guide_first_oracle_run_is_the_raw_file():
     assert "FP8 target verify (60 rows) and draft extend (60 rows) passed the oracle there" in text
 
 
+def test_user_guide_second_oracle_run_is_the_raw_file():
+    """The fixed check's GPU run as the user guide tells it: target verify and draft extend pass for both formats
+    (60 rows each, the worst margins quoted), draft decode misses in 28 of 30 rows for both (margins quoted), every
+    structural check passes, the overlaps average 0.93."""
+    checks = {c["check"]: c for c in _json("sglang_mtp3_oracle_second_h100_2026-12-06.json")["checks"]}
+    pre = "EAGLE 3 step(s), 4 draft tokens, "
+    oracle = "top-k = fp64 oracle on the server's pages, within the scorer's bound"
+
+    def got(fmt, mode):
+        c = checks[f"{pre}{fmt}: {mode} {oracle}"]
+        m = re.search(r"(\d+) rows of the first request .* (\d+) failed, worst margin (\S+)", c["detail"])
+        return c["ok"], int(m.group(1)), int(m.group(2)), float(m.group(3))
+
+    margins = {}
+    for fmt in ("FP8", "FP4"):
+        for mode in ("target verify", "draft extend"):
+            ok, rows, failed, margin = got(fmt, mode)
+            assert ok and (rows, failed) == (60, 0)
+            margins[(fmt, mode)] = f"{margin:.1e}"
+        ok, rows, failed, margin = got(fmt, "draft decode")
+        assert not ok and (rows, failed) == (30, 28)
+        margins[(fmt, "draft decode")] = f"{margin:.1e}"
+    for fmt in ("FP8", "FP4"):
+        for mode in ("draft decode", "draft extend", "target verify"):
+            assert checks[f"{pre}{fmt}: every {mode} top-k row valid"]["ok"]
+    text = _flat(_page("docs/user-guide.md"))
+    v, e = [margins[(f, "target verify")] for f in ("FP8", "FP4")], [margins[(f, "draft extend")] for f in ("FP8", "FP4")]
+    assert v == ["8.8e-17", "4.4e-17"] and e == ["2.0e-20", "9.5e-21"]
+    assert f"worst margins {v[0]} / {v[1]} and {e[0]} / {e[1]}" in text
+    d = [margins[(f, "draft decode")] for f in ("FP8", "FP4")]
+    assert f"28 of 30 draft decode rows still miss, FP8 and FP4 alike (worst margins {d[0]} and {d[1]})" in text
+    means = [float(re.search(r"mean (\S+),", c["detail"]).group(1)) for k, c in checks.items() if "overlap" in k]
+    assert len(means) == 3 and f"{sum(means) / 3:.2f}" == "0.93" and "overlap FP8's by 0.93 on average" in text
+
+
+def test_user_guide_first_soak_run_is_the_raw_files():
+    """The first short soak as the user guide tells it: requests sent, completed, disconnected, aborted per server,
+    no server error, the checks that passed and the oracle's worst margin, from the runs and checks it wrote."""
+    import io
+    import tarfile
+
+    with tarfile.open(RESULTS / "sglang_soak_tiny_short_h100_2026-12-06.tar.gz") as tar:
+        read = lambda n: json.load(io.TextIOWrapper(tar.extractfile(f"./{n}")))  # noqa: E731
+        runs = {f: read(f"soak_{f}.json") for f in ("fp4", "fp8")}
+        checks = {f: {c["check"]: c for c in read(f"soak_checks_{f}.json")} for f in ("fp4", "fp8")}
+    text = _flat(_page("docs/user-guide.md"))
+    c = {f: runs[f]["load"]["counts"] for f in runs}
+    sent = {f: sum(v for k, v in c[f].items() if k != "not sent (time limit)") for f in c}
+    assert (f"sent {sent['fp4']} (FP4) and {sent['fp8']} (FP8) requests: {c['fp4']['completed']} and "
+            f"{c['fp8']['completed']} completed, {c['fp4']['disconnected']} and {c['fp8']['disconnected']} "
+            f"disconnected by their clients, {c['fp4']['aborted']} and {c['fp8']['aborted']} aborted, no server error") in text
+    for f in checks:
+        assert c[f].get("error", 0) == 0
+        for name in ("no request failed with a server error", "every log-probability finite",
+                     "probes give the same tokens before and after the load", "healthy after the load",
+                     "bad input, prompt longer than the context: an answer, server healthy"):
+            assert checks[f][name]["ok"], (f, name)
+        assert not checks[f]["bad input, empty prompt: an answer, server healthy"]["ok"]
+    worst = min(float(checks[f]["sampled rows = fp64 oracle top-k on the server's pages (within the bound)"]["detail"]
+                      .rsplit("worst margin ", 1)[1]) for f in checks)
+    assert f"{worst:.1e}" == "-2.3e-20" and "oracle margins down to -2.3e-20 in all three modes" in text
+
+
 _MC = ("bench_h100_sm90_multicast_n4n2_2026-12-06.json", "bench_h100_sm90_multicast_shapes_2026-12-06.json",
        "bench_h100_sm90_multicast_repeat_2026-12-06.json")
 

@@ -136,12 +136,18 @@ def test_a_well_behaved_server_passes_and_every_kind_of_client_shows_up():
     assert sum(c.values()) == 60 and c.get("error", 0) == 0
     assert c["completed"] > 0 and c["disconnected"] > 0 and c["aborted"] > 0
     assert sum(1 for r in run["load"]["results"] if r.get("finite") is True) > 0
-    rows = soak.checks(run, log_text="Decode batch ...\nretract 3 requests\n")
+    rows = soak.checks(run, log_text="Decode batch ...\n[t] KV cache pool is full. Retract requests. #retracted_reqs: 3, "
+                                     "#new_tokens_gained: 640, #new_token_ratio: 0.7000 -> 1.0000\n")
     assert all(r["ok"] for r in rows), rows
     statuses = {b["input"]: b["status"] for b in run["bad_inputs"]}
     assert statuses == {"prompt longer than the context": 400, "empty prompt": 400, "max_new_tokens 0": 200,
                         "log-probabilities with the top 5": 200}
-    assert soak.log_counts("x retract y\nz")["retraction_lines"] == 1
+    lc = soak.log_counts("[t] server_args={'disable_hicache_load': False, 'enable_retract': True}\n"
+                         "[t] KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_tokens_gained: 9\n"
+                         "[t] Testing retraction. #retracted_reqs: 2, #new_tokens_gained: 4\n")
+    assert (lc["retractions"], lc["retracted_requests"], lc["hicache_lines"]) == (2, 5, 0)
+    # Without a retraction in the log the soak has not exercised it: that check fails.
+    assert not _ok(soak.checks(run, log_text="Decode batch ...\n"))["retraction exercised: SGLang retracted decode requests"]
 
 
 @pytest.mark.parametrize("fault, check", [
@@ -240,12 +246,13 @@ def test_invalid_sampled_rows_or_no_sampled_rows_fail():
 
 def test_the_docs_table_reads_every_value_from_the_run(tmp_path):
     run = _run(requests=20, disconnect_frac=0.2, abort_frac=0.0)
-    log = "x\nretract 3 requests\nKV cache pool is full. Retract requests.\n"
+    log = ("x\nKV cache pool is full. Retract requests. #retracted_reqs: 3, #new_tokens_gained: 9\n"
+           "Testing retraction. #retracted_reqs: 1, #new_tokens_gained: 2\n")
     rows = dict(soak.summary_rows({"FP4": run}, {"FP4": log}, {"FP4": soak.checks(run, log)}))
     c = run["load"]["counts"]
     assert rows["requests sent"] == (20,) and rows["completed"] == (c.get("completed", 0),)
     assert rows["disconnected by the client (prefill or decode)"] == (c.get("disconnected", 0),)
-    assert rows["server log lines on retraction"] == (2,)
+    assert rows["decode requests SGLang retracted (times it retracted)"] == ("4 (2)",)
     assert rows["KV pool after the load (after /flush_cache)"] == (f"{POOL:,} free of {POOL:,}",)
     assert rows["probes identical before and after"] == ("yes",)
     n = len(soak.checks(run, log))
