@@ -766,7 +766,9 @@ def oracle_check(records: list[dict], draft_tokens: int) -> dict:
     Returns:
         dict: per mode name, ``calls``, ``rows``, ``failed`` (rows), ``stale`` (calls skipped), ``layers``,
         ``worst_margin`` (the smallest ``margin``; >= 0 for a passing run), ``examples`` (up to ``EXAMPLES``
-        failing rows: ``oracle_row``'s result with the row's position, and the binding keys).
+        failing rows: ``oracle_row``'s result with the row's position and the binding keys, and
+        ``passes_with_keys_off_by``: the offsets ``d`` within ``draft_tokens`` for which the row passes when held to
+        ``n + d`` keys, where the copied pages hold them; a diagnosis of which keys the scorer saw, never a pass).
     """
     import torch
 
@@ -796,8 +798,16 @@ def oracle_check(records: list[dict], draft_tokens: int) -> dict:
                 st["failed"] += not got["ok"]
                 st["worst_margin"] = min(st["worst_margin"], got["margin"])
                 if not got["ok"] and len(st["examples"]) < EXAMPLES:
+                    # Which key counts near the row's own would pass (pages permitting): a diagnosis, not a pass.
+                    near = []
+                    for m in range(max(1, n - draft_tokens), n + draft_tokens + 1):
+                        if m != n and m <= c["pages"].shape[0] * 64:
+                            k2, s2 = page_keys(c["pages"], m)
+                            if oracle_row(q[r], c["weights"][r], k2, s2, c["topk"][r], c["block_table"][0],
+                                          forced=c.get("forced"), unstable=draft_tokens if mode == "DECODE" else 0)["ok"]:
+                                near.append(m - n)
                     st["examples"].append(dict(got, layer=int(c["layer"]), position=int(c["pos"][r]),
-                                               graph=bool(c.get("graph"))))
+                                               graph=bool(c.get("graph")), passes_with_keys_off_by=near))
     for st in out.values():
         st["layers"] = sorted(st["layers"])
     return out

@@ -541,6 +541,24 @@ def test_oracle_check_passes_served_rows_and_fails_an_off_by_one_page_table_row(
         assert hi["ref"] > lo["ref"] and 0 <= lo["position"] < 2901 and 0 <= hi["position"] < 2901
 
 
+def test_a_row_scored_over_more_keys_than_recorded_fails_and_its_example_names_the_key_count_that_passes():
+    """A scorer that saw 2 keys more than the row's recorded count: the row fails, and its example says that it
+    passes when held to 2 more keys (a diagnosis of an off-by-N key count, kept beside the failure)."""
+    rec = _oracle_record()
+    call = rec["oracle_calls"][0]
+    cache, rows, q, w = _oracle_request(2902)
+    extra = _served(cache, rows[0], q, w, 2903)  # row 0 records 2901 keys; the scorer saw 2903
+    served = torch.full((tool.TOPK,), -1, dtype=torch.int32)
+    served[: extra.numel()] = extra
+    call["topk"][0] = served
+    got = tool.oracle_check([rec], draft_tokens=2)["TARGET_VERIFY"]
+    assert got["failed"] == 1
+    ex = got["examples"][0]
+    assert ex["position"] == 2900 and ex["keys"] == 2901 and ex["outside"] >= 1
+    assert 2 in ex["passes_with_keys_off_by"] and 0 not in ex["passes_with_keys_off_by"]
+    assert all(p >= 2901 for p in ex["outside_positions"])
+
+
 def test_oracle_row_reads_a_page_repeated_in_the_stale_tail_of_the_page_table_row_at_its_first_place():
     """The page-table row's columns past the request's pages are stale and may repeat one of its pages: the served
     slots in that page keep the positions the row's keys fill."""

@@ -55,6 +55,8 @@ ORACLE_ENV = "FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS"
 #: Captured paged-scorer calls the oracle arena holds, and the page-table columns it keeps (160K tokens).
 ORACLE_SLOTS = 64
 MAX_PAGES = 2560
+#: Keys past a call's longest row whose pages are copied too (see ``_oracle_calls``).
+EXTRA_KEYS = 8
 #: Save every N-th batch (default 1: every one).
 EVERY_ENV = "FP4_INDEXER_TOPK_TRACE_EVERY"
 
@@ -281,7 +283,10 @@ def _oracle_calls(keep: bool = True) -> list[dict]:
         n = int(c["lens"].max())  # at least what any row of the first request sees; keys past its own are unused
         if n <= 0:
             continue
-        ids = c["block_table"][0, : -(-n // 64)].to(torch.int64).clamp(0, buf.shape[0] - 1)
+        # EXTRA_KEYS more keys' pages where the row has them: a failing row is also tried at a few key counts
+        # around its own (``oracle_check``'s examples), which says whether the scorer saw more or fewer keys.
+        pages = min(-(-(n + EXTRA_KEYS) // 64), int(c["block_table"].shape[1]))
+        ids = c["block_table"][0, :pages].to(torch.int64).clamp(0, buf.shape[0] - 1)
         out.append(dict({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in c.items()},
                         pages=buf[ids].cpu(), page_bytes=int(buf.shape[-1])))
     return out
