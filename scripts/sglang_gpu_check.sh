@@ -418,10 +418,11 @@ case "$STEP" in
     # (eviction to host memory and reload). SOAK_LIMIT (default 1500 s) bounds each format; no request is sent
     # after SOAK_SEND_S seconds (default SOAK_LIMIT - 200). The test-only trace plugin keeps every SOAK_TRACE_EVERY-th batch (default 20) with
     # layer 0's scorer inputs and pages, which soak.py check holds to the fp64 oracle.
-    # Besides the pool filling up, SGLang's own retraction test hook (SGLANG_TEST_RETRACT) retracts a decode request
-    # every SOAK_RETRACT_INTERVAL-th decode batch (default 40; SOAK_TEST_RETRACT=0: only when the pool is full): in a
-    # first short run the pool reached 99 % without SGLang retracting, and a soak that never retracts tests nothing
-    # of that path.
+    # SGLang admits a request when the pool holds its prompt plus SGLANG_INIT_NEW_TOKEN_RATIO (default 0.7, decaying)
+    # of its remaining output for every running request; SOAK_NEW_TOKEN_RATIO (default 0.05) sets that reserve so low
+    # that decode outgrows the pool and SGLang retracts requests (a first short run at SGLang's default filled the pool
+    # to 99 % without one retraction, and a soak that never retracts tests nothing of that path). Retraction then
+    # happens only under load: the probes, sent to an idle server, are not retracted, so their outputs stay comparable.
     # SOAK_SIZE=v32-layers: DeepSeek-V3.2's real-size layers (3 of them) instead of the tiny model, for a shorter run.
     HICACHE=(); [ "${SOAK_HICACHE:-0}" = 1 ] && HICACHE=(--enable-hierarchical-cache --hicache-ratio 2)
     tag=soak; [ "${SOAK_HICACHE:-0}" = 1 ] && tag=soak_hicache
@@ -434,7 +435,7 @@ case "$STEP" in
       rm -rf "$WORK/trace_${tag}_$fmt"
       FP4_INDEXER_TOPK_TRACE_DIR="$WORK/trace_${tag}_$fmt" FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS=0 \
         FP4_INDEXER_TOPK_TRACE_EVERY="${SOAK_TRACE_EVERY:-20}" \
-        SGLANG_TEST_RETRACT="${SOAK_TEST_RETRACT:-1}" SGLANG_TEST_RETRACT_INTERVAL="${SOAK_RETRACT_INTERVAL:-40}" \
+        SGLANG_INIT_NEW_TOKEN_RATIO="${SOAK_NEW_TOKEN_RATIO:-0.05}" \
         "$PY" -m sglang.launch_server --model-path "$M" --host 127.0.0.1 --port 30791 --load-format dummy \
         --kv-cache-dtype fp8_e4m3 --max-total-tokens "${SOAK_POOL_TOKENS:-262144}" --random-seed 0 \
         --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 \
