@@ -26,6 +26,8 @@
 #                                              # FP8, with the checks of scripts/soak.py (tiny model, MTP on)
 #   bash scripts/sglang_gpu_check.sh ab        # `sglang-fp4-indexer ab` end to end (both arms, both orders) on the
 #                                              # tiny model with MTP (AB_SIZE=v32-layers: the real-size layers)
+#   bash scripts/sglang_gpu_check.sh topk      # SGLang's decode and verify top-k kernels against the exact top-k at
+#                                              # real and dummy-weight score scales (scripts/sglang_topk_probe.py)
 #   bash scripts/sglang_gpu_check.sh server    # one request to launch_server with --enable-fp4-indexer
 #   bash scripts/sglang_gpu_check.sh pd        # PD disaggregation on one GPU (scripts/pd_gpu.py): FP4 prefill ->
 #                                              # FP4 decode over Mooncake TCP against a plain FP4 server, then FP8
@@ -483,6 +485,12 @@ case "$STEP" in
       --disable-prefill-cuda-graph --cuda-graph-max-bs-decode 32
     cp "$WORK/logs/ab_$AB_SIZE.log" "$OUTDIR/ab_$AB_SIZE/ab_command.log" 2>/dev/null
     ;;
+  topk)
+    # SGLang's two top-k kernels against the exact top-k on random scores at real and at dummy-weight scale
+    # (scripts/sglang_topk_probe.py): whether the decode rows' kernel keeps an arbitrary part of a tied fp16 bin.
+    stage topk "${TOPK_LIMIT:-300}" "$PY" scripts/sglang_topk_probe.py --json "$OUTDIR/topk_probe.json"
+    cat "$WORK/logs/topk.log" >>"$OUTDIR/table.txt"
+    ;;
   server)
     # A fresh machine compiles SGLang's and DeepGEMM's JIT kernels while it captures the first decode graph
     # (about 150 s): SERVER_READY_S bounds the wait for /health.
@@ -501,7 +509,7 @@ case "$STEP" in
     tar -czf "$WORK/logs/pd_traces.tar.gz" -C "$WORK/logs" trace_decode_fp4 trace_plain_fp4 2>/dev/null \
       && rm -rf "$WORK"/logs/trace_decode_fp4 "$WORK"/logs/trace_plain_fp4
     ;;
-  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|profile|hicache|soak|server|pd]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|profile|hicache|soak|ab|topk|server|pd]" >&2; exit 2 ;;
 esac
 
 ENGINE=()

@@ -736,8 +736,9 @@ def oracle_row(q, weights, keys, scales, topk_slots, page_ids, k: int = TOPK, pa
     ok = outside == 0 and len(served) == expected and int(chosen.sum()) == expected and margin >= 0
     out = {"ok": ok, "count": len(served), "expected": expected, "outside": outside, "margin": margin}
     if not ok:  # what a reader needs to see why: the two keys that bind, and the entries outside the row
-        def key(j):
-            return {"position": j, "ref": float(ref[j]), "bound": float(bound[j]), "free": bool(free[j])}
+        def key(j):  # ``ref_fp16``: the bin SGLang's decode top-k kernel sorts a score into first (its fp16 value)
+            return {"position": j, "ref": float(ref[j]), "ref_fp16": float(ref[j].to(torch.float16)),
+                    "bound": float(bound[j]), "free": bool(free[j])}
 
         inf = torch.full_like(ref, float("inf"))
         low = key(int(torch.where(chosen, upper, inf).argmin())) if bool(chosen.any()) else None
