@@ -213,6 +213,10 @@ case "$STEP" in
     # the draft model, in the draft passes; "" for none): the layers whose scorer inputs and cache pages the trace
     # plugin keeps, so that trace-check --oracle holds those rows' top-k to the fp64 oracle on the pages the server held.
     export FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS="${MTP_ORACLE_LAYERS-0}"
+    # TRACE_INDEX_SCALE (default "real"; "" for SGLang's dummy weights as they are): the trace plugin gives the tiny
+    # models' indexer a real checkpoint's logit scale (its _after_dummy_load), without which every index logit is
+    # about 1e-16 and neither SGLang's decode top-k nor the oracle can order them.
+    export FP4_INDEXER_TOPK_TRACE_INDEX_SCALE="${TRACE_INDEX_SCALE-real}"
     ORACLE=(); [ -n "$FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS" ] && ORACLE=(--oracle)
     if [ -n "${MTP_SIZE:-}" ]; then
       M="$WORK/$MTP_SIZE"
@@ -427,6 +431,9 @@ case "$STEP" in
     # happens only under load: the probes, sent to an idle server, are not retracted, so their outputs stay comparable.
     # SOAK_SIZE=v32-layers: DeepSeek-V3.2's real-size layers (3 of them) instead of the tiny model, for a shorter run.
     HICACHE=(); [ "${SOAK_HICACHE:-0}" = 1 ] && HICACHE=(--enable-hierarchical-cache --hicache-ratio 2)
+    # The tiny model's indexer at a real checkpoint's logit scale (TRACE_INDEX_SCALE, as in the mtp step); the
+    # FP8 block-quantized sizes keep SGLang's dummy weights as they are.
+    SCALE="${TRACE_INDEX_SCALE-real}"; [ "${SOAK_SIZE:-tiny}" = tiny ] || SCALE=
     tag=soak; [ "${SOAK_HICACHE:-0}" = 1 ] && tag=soak_hicache
     if [ "${SOAK_SIZE:-tiny}" != tiny ]; then
       M="$WORK/$SOAK_SIZE"; tag="${tag}_$SOAK_SIZE"
@@ -436,6 +443,7 @@ case "$STEP" in
       log="$WORK/logs/${tag}_server_$fmt.log"
       rm -rf "$WORK/trace_${tag}_$fmt"
       FP4_INDEXER_TOPK_TRACE_DIR="$WORK/trace_${tag}_$fmt" FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS=0 \
+        FP4_INDEXER_TOPK_TRACE_INDEX_SCALE="$SCALE" \
         FP4_INDEXER_TOPK_TRACE_EVERY="${SOAK_TRACE_EVERY:-20}" \
         SGLANG_INIT_NEW_TOKEN_RATIO="${SOAK_NEW_TOKEN_RATIO:-0.05}" \
         "$PY" -m sglang.launch_server --model-path "$M" --host 127.0.0.1 --port 30791 --load-format dummy \

@@ -696,7 +696,9 @@ def oracle_row(q, weights, keys, scales, topk_slots, page_ids, k: int = TOPK, pa
     Returns:
         dict: ``ok``, ``count`` (served entries), ``expected`` (min(k, n)), ``outside`` (entries that are no
         position of the row), ``margin`` (min over S of (ref + bound) - max over the rest of (ref - bound);
-        >= 0 passes).
+        >= 0 passes), ``ref_max`` (the largest finite |oracle logit|: the row's scale); a failing row also
+        ``keys``, ``lowest_chosen`` / ``highest_unchosen`` (position, oracle logit, its fp16 value, bound, free),
+        ``outside_positions`` and ``outside_slots``.
     """
     import torch
 
@@ -734,7 +736,9 @@ def oracle_row(q, weights, keys, scales, topk_slots, page_ids, k: int = TOPK, pa
     hi = float(lower[~chosen].max()) if bool((~chosen).any()) else float("-inf")
     margin = lo - hi
     ok = outside == 0 and len(served) == expected and int(chosen.sum()) == expected and margin >= 0
-    out = {"ok": ok, "count": len(served), "expected": expected, "outside": outside, "margin": margin}
+    finite = ref[torch.isfinite(ref)]
+    out = {"ok": ok, "count": len(served), "expected": expected, "outside": outside, "margin": margin,
+           "ref_max": float(finite.abs().max()) if finite.numel() else None}
     if not ok:  # what a reader needs to see why: the two keys that bind, and the entries outside the row
         def key(j):  # ``ref_fp16``: the bin SGLang's decode top-k kernel sorts a score into first (its fp16 value)
             return {"position": j, "ref": float(ref[j]), "ref_fp16": float(ref[j].to(torch.float16)),
@@ -745,8 +749,7 @@ def oracle_row(q, weights, keys, scales, topk_slots, page_ids, k: int = TOPK, pa
         high = key(int(torch.where(~chosen, lower, -inf).argmax())) if bool((~chosen).any()) else None
         out.update(keys=n, lowest_chosen=low, highest_unchosen=high,
                    outside_positions=[p for p in pos if not 0 <= p < n][:8],
-                   outside_slots=[v for v, p in zip(served, pos) if not 0 <= p < n][:8],
-                   ref_max=float(ref[torch.isfinite(ref)].abs().max()) if bool(torch.isfinite(ref).any()) else None)
+                   outside_slots=[v for v, p in zip(served, pos) if not 0 <= p < n][:8])
     return out
 
 
@@ -781,7 +784,7 @@ def oracle_check(records: list[dict], draft_tokens: int) -> dict:
                 continue
             per = rows_per_request(mode, draft_tokens)
             st = out.setdefault(mode, {"calls": 0, "rows": 0, "failed": 0, "stale": 0, "layers": set(),
-                                       "worst_margin": float("inf"), "examples": []})
+                                       "worst_margin": float("inf"), "examples": [], "ref_max": 0.0})
             if not _positions_of_batch(c["pos"][: rec["batch_size"] * per], rec, per, draft_tokens):
                 st["stale"] += 1
                 continue
@@ -798,6 +801,7 @@ def oracle_check(records: list[dict], draft_tokens: int) -> dict:
                 st["rows"] += 1
                 st["failed"] += not got["ok"]
                 st["worst_margin"] = min(st["worst_margin"], got["margin"])
+                st["ref_max"] = max(st["ref_max"], got["ref_max"] or 0.0)
                 if not got["ok"] and len(st["examples"]) < EXAMPLES:
                     # Which key counts near the row's own would pass (pages permitting): a diagnosis, not a pass.
                     near = []
@@ -923,7 +927,9 @@ def trace_check(argv: list[str]) -> int:
                                       "within the scorer's bound",
                              "ok": st["rows"] > 0 and st["failed"] == 0,
                              "detail": f"{st['rows']} rows of the first request in {st['calls']} calls, layers "
-                                       f"{st['layers']}, {st['failed']} failed, worst margin {st['worst_margin']}"
+                                       f"{st['layers']}, "
+                                       + (f"largest |logit| {st['ref_max']:.3g}, " if st.get("ref_max") else "")
+                                       + f"{st['failed']} failed, worst margin {st['worst_margin']}"
                                        + (f"; {st['stale']} calls not at the batch's positions" if st["stale"] else ""),
                              "examples": st.get("examples", [])})
     for mode, st in sorted(ov.items()):

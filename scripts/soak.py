@@ -366,10 +366,11 @@ def checks(run: dict, log_text: str | None = None, trace: dict | None = None) ->
         o_rows = sum(m["rows"] for m in oracle.values())
         o_failed = sum(m["failed"] for m in oracle.values())
         worst = min((m["worst_margin"] for m in oracle.values() if m["rows"]), default=float("nan"))
+        scale = max((m.get("ref_max") or 0.0 for m in oracle.values()), default=0.0)  # the logits' scale
         rows.append({"check": "sampled rows = fp64 oracle top-k on the server's pages (within the bound)",
                      "ok": o_rows > 0 and o_failed == 0,
                      "detail": ", ".join(f"{mode}: {m['rows']} rows, {m['failed']} failed" for mode, m in oracle.items())
-                     + f"; worst margin {worst:.4g}",
+                     + f"; worst margin {worst:.4g}; largest |logit| {scale:.3g}",
                      "examples": {mode: m.get("examples", []) for mode, m in oracle.items() if m.get("examples")}})
     if log_text is not None:
         lc = log_counts(log_text)

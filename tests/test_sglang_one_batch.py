@@ -361,6 +361,102 @@ def test_trace_plugin_registers_nothing_unless_asked(monkeypatch):
 
 
 @pytest.mark.sglang
+def test_trace_plugin_registers_the_index_scale_hook_only_when_asked(monkeypatch):
+    """``FP4_INDEXER_TOPK_TRACE_INDEX_SCALE=real`` adds one AFTER hook on SGLang's dummy loader (nothing else without
+    the trace folder); another value is named."""
+    import sys
+
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    monkeypatch.syspath_prepend(str(_TRACE_DIR))
+    sys.modules.pop("fp4_indexer_topk_trace", None)
+    import fp4_indexer_topk_trace as trace
+
+    monkeypatch.delenv(trace.ENV, raising=False)
+    before = {k: list(v) for k, v in HookRegistry._hooks.items()}
+    monkeypatch.setenv(trace.SCALE_ENV, "real")
+    try:
+        trace.register()
+        assert set(HookRegistry._hooks) - set(before) == {"sglang.srt.model_loader.loader.DummyModelLoader.load_model"}
+    finally:
+        for t in set(HookRegistry._hooks) - set(before):
+            del HookRegistry._hooks[t]
+    monkeypatch.setenv(trace.SCALE_ENV, "large")
+    with pytest.raises(ValueError, match="FP4_INDEXER_TOPK_TRACE_INDEX_SCALE: expected 'real' or unset"):
+        trace.register()
+
+
+def test_the_index_scale_hook_gives_index_logits_of_order_one(monkeypatch):
+    """``_after_dummy_load`` on a stand-in of one layer's modules (classes named as SGLang's: ``RMSNorm``,
+    ``LayerNorm``, ``Indexer``; the hook reads names and weights only): with SGLang's dummy weights (uniform
+    +-1e-3) the layer's index logits are about 1e-16, after it of order 1; other weights keep their values; a
+    quantized indexer weight is refused."""
+    import sys
+
+    from torch import nn
+
+    monkeypatch.syspath_prepend(str(_TRACE_DIR))
+    sys.modules.pop("fp4_indexer_topk_trace", None)
+    import fp4_indexer_topk_trace as trace
+
+    class RMSNorm(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.weight = nn.Parameter(torch.empty(n))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+    class LayerNorm(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.weight, self.bias = nn.Parameter(torch.empty(n)), nn.Parameter(torch.empty(n))
+
+        def forward(self, x):
+            return nn.functional.layer_norm(x, x.shape[-1:], self.weight, self.bias)
+
+    class Indexer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wq_b, self.wk = nn.Linear(512, 64 * 128, bias=False), nn.Linear(1024, 128, bias=False)
+            self.weights_proj, self.k_norm = nn.Linear(1024, 64, bias=False), LayerNorm(128)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm, self.q_a_layernorm = RMSNorm(1024), RMSNorm(512)
+            self.q_a_proj, self.indexer = nn.Linear(1024, 512, bias=False), Indexer()
+
+        def index_logits(self, h):  # as SGLang's indexer scores: sum_h w_h relu(q_h . k), w scaled by H^-0.5 D^-0.5
+            x = self.input_layernorm(h)
+            q = self.indexer.wq_b(self.q_a_layernorm(self.q_a_proj(x))).view(-1, 64, 128)
+            k = self.indexer.k_norm(self.indexer.wk(x))
+            w = self.indexer.weights_proj(x) * 64 ** -0.5 * 128 ** -0.5
+            return (w[:, None, :] * torch.relu(torch.einsum("qhd,kd->qkh", q, k))).sum(-1)
+
+    g = torch.Generator().manual_seed(0)
+    layer = Layer()
+    with torch.no_grad():
+        for p_ in layer.parameters():
+            p_.copy_(torch.rand(p_.shape, generator=g) * 2e-3 - 1e-3)  # SGLang's initialize_dummy_weights
+    h = torch.rand(8, 1024, generator=g) * 2e-3 - 1e-3  # an embedding row of dummy weights
+    with torch.no_grad():
+        dummy = layer.index_logits(h).abs().max()
+    q_a = layer.q_a_proj.weight.clone()
+    assert trace._after_dummy_load(layer, None, model_config=None, device_config=None) is None
+    with torch.no_grad():
+        real = layer.index_logits(h).abs().max()
+    assert dummy < 1e-12 and 0.05 < real < 50, (float(dummy), float(real))
+    assert torch.equal(layer.q_a_proj.weight, q_a)
+    assert torch.all(layer.indexer.k_norm.bias == 0) and torch.all(layer.q_a_layernorm.weight == 1)
+    std = float(layer.indexer.wq_b.weight.detach().std())
+    assert abs(std * 512 ** 0.5 - 1) < 0.05
+    layer.indexer.wk.weight.data = layer.indexer.wk.weight.data.to(torch.float8_e4m3fn)
+    with pytest.raises(RuntimeError, match="takes unquantized indexer weights only"):
+        trace._after_dummy_load(layer, None)
+
+
+@pytest.mark.sglang
 def test_trace_plugin_records_eager_calls_and_reads_them_back(tmp_path, monkeypatch):
     """The hooks' eager path on the CPU: what ``_after_indexer`` keeps, ``_after_run_batch`` saves and ``read_trace`` returns.
 

@@ -55,6 +55,8 @@ ORACLE_ENV = "FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS"
 #: Captured paged-scorer calls the oracle arena holds, and the page-table columns it keeps (160K tokens).
 ORACLE_SLOTS = 64
 MAX_PAGES = 2560
+#: ``real``: after SGLang's dummy weights are drawn, give the indexer realistic logits (``_after_dummy_load``).
+SCALE_ENV = "FP4_INDEXER_TOPK_TRACE_INDEX_SCALE"
 #: Keys past a call's longest row whose pages are copied too (see ``_oracle_calls``).
 EXTRA_KEYS = 8
 #: Save every N-th batch (default 1: every one).
@@ -65,7 +67,20 @@ _state = {"slots": [], "eager": [], "n": 0, "capture_seq": 0, "oracle_slots": []
 
 
 def register() -> None:
-    """Entry point: register the two AFTER hooks when ``FP4_INDEXER_TOPK_TRACE_DIR`` is set (else nothing)."""
+    """Entry point: register the two AFTER hooks when ``FP4_INDEXER_TOPK_TRACE_DIR`` is set (else nothing), and
+    ``_after_dummy_load`` when ``FP4_INDEXER_TOPK_TRACE_INDEX_SCALE=real``.
+
+    Raises:
+        ValueError: ``FP4_INDEXER_TOPK_TRACE_INDEX_SCALE`` set to anything but ``real``.
+    """
+    scale = os.environ.get(SCALE_ENV, "")
+    if scale not in ("", "real"):
+        raise ValueError(f"{SCALE_ENV}: expected 'real' or unset, got {scale!r}")
+    if scale == "real":
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        HookRegistry.register("sglang.srt.model_loader.loader.DummyModelLoader.load_model", _after_dummy_load,
+                              HookType.AFTER)
     if not os.environ.get(ENV):
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -124,6 +139,46 @@ def every() -> int:
     if n < 1:
         raise ValueError(f"{EVERY_ENV}: expected an int >= 1 (save every N-th batch), got {text!r}")
     return n
+
+
+def _after_dummy_load(result, self, *args, **kwargs):
+    """AFTER hook of SGLang's ``DummyModelLoader.load_model``: index logits at a real checkpoint's scale (returns
+    ``None``: the model, changed in place, is SGLang's result).
+
+    SGLang's dummy weights are uniform in +-1e-3 (``initialize_dummy_weights``), norms included, so every index
+    logit is about 1e-16: far below fp16's smallest value, where SGLang's decode top-k kernel cannot order them (it
+    bins scores by their fp16 value) and an fp64 oracle cannot tell a wrong top-k from a tie. This sets every
+    norm's weight to 1 (bias 0), as a trained model's are about, and draws the indexer's own projections (``wq_b``,
+    ``wk``, ``weights_proj``, or the fused ``wk_weights_proj``) from N(0, 1 / fan_in), seeded, so that index queries
+    and keys are of order 1 and the logits of order 0.1 to 10. Everything else keeps its dummy values; FP8 and FP4
+    servers get the same weights.
+
+    Raises:
+        RuntimeError: an indexer projection that is not an unquantized float weight (the FP8 block-quantized sizes:
+            only the bf16 tiny models take this).
+    """
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(20261206)
+    with torch.no_grad():
+        for name, module in result.named_modules():
+            if "norm" in type(module).__name__.lower():
+                w, b = getattr(module, "weight", None), getattr(module, "bias", None)
+                if isinstance(w, torch.Tensor) and w.is_floating_point():
+                    w.fill_(1.0)
+                if isinstance(b, torch.Tensor) and b.is_floating_point():
+                    b.zero_()
+            if type(module).__name__ != "Indexer":
+                continue
+            for proj in ("wq_b", "wk", "weights_proj", "wk_weights_proj"):
+                w = getattr(getattr(module, proj, None), "weight", None)
+                if w is None:
+                    continue
+                if w.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+                    raise RuntimeError(f"fp4_indexer_topk_trace: {name}.{proj} is {w.dtype}; {SCALE_ENV}=real "
+                                       "takes unquantized indexer weights only (the tiny models)")
+                w.copy_((torch.randn(tuple(w.shape), generator=g) / w.shape[1] ** 0.5).to(w.dtype))
+    return None
 
 
 def _capturing() -> bool:
