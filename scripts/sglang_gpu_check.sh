@@ -109,7 +109,7 @@ if [ -n "$DG_BUILD" ]; then
   wait "$DG_BUILD" && tail -n 1 "$WORK/logs/deepgemm_build.log" >"$WORK/deepgemm.site" || echo "DeepGEMM build failed"
 fi
 # The test-only top-k trace plugin (scripts/topk_trace): registers nothing unless FP4_INDEXER_TOPK_TRACE_DIR is set.
-if [ ! -f "$WORK/topk_trace.installed" ]; then
+if [ ! -f "$WORK/topk_trace.installed" ] || [ scripts/topk_trace/fp4_indexer_topk_trace.py -nt "$WORK/topk_trace.installed" ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target /tmp/site \
     scripts/topk_trace >>"$WORK/logs/pip.log" 2>&1 && touch "$WORK/topk_trace.installed" || echo "topk_trace install failed (logs/pip.log)"
 fi
