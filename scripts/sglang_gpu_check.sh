@@ -154,18 +154,22 @@ stage_or_bisect() {  # name limit out command...
   return 1
 }
 
-# A sample of a top-k trace's records into one tarball under $OUT (what comes back from a call: at most 16 MB a file),
-# the records in the order they were written until 14 MB: the rows behind a failed check, to read here.
-pack_trace() {  # trace-dir out-file
-  [ -d "$1" ] || return 0
-  local list total=0 size f
+# A sample of top-k traces' records into ONE tarball under $OUT (what comes back from a call: at most 8 files of 16 MB),
+# each trace folder's records in the order they were written, those that fit 14 MB together (a record larger than
+# what is left is skipped, not the rest): the rows behind a failed check, to read here.
+pack_trace() {  # out-file trace-dir...
+  local out=$1 list total=0 size f d
+  shift
   list=$(mktemp)
-  for f in $(ls "$1" | sort -t_ -k1,1n -k2,2n); do
-    size=$(stat -c %s "$1/$f")
-    [ $((total + size)) -le 14000000 ] || break
-    total=$((total + size)); echo "$f" >>"$list"
+  for d in "$@"; do
+    [ -d "$d" ] || continue
+    for f in $(ls "$d" | sort -t_ -k1,1n -k2,2n); do
+      size=$(stat -c %s "$d/$f")
+      [ $((total + size)) -le 14000000 ] || continue
+      total=$((total + size)); echo "$(basename "$d")/$f" >>"$list"
+    done
   done
-  [ -s "$list" ] && tar -czf "$2" -C "$1" -T "$list"
+  [ -s "$list" ] && tar -czf "$out" -C "$WORK" -T "$list"
   rm -f "$list"
 }
 
@@ -216,7 +220,8 @@ case "$STEP" in
     # TRACE_INDEX_SCALE (default "real"; "" for SGLang's dummy weights as they are): the trace plugin gives the tiny
     # models' indexer a real checkpoint's logit scale (its _after_dummy_load), without which every index logit is
     # about 1e-16 and neither SGLang's decode top-k nor the oracle can order them.
-    export FP4_INDEXER_TOPK_TRACE_INDEX_SCALE="${TRACE_INDEX_SCALE-real}"
+    SCALE="${TRACE_INDEX_SCALE-real}"; case "${MTP_SIZE:-tiny}" in tiny*) ;; *) SCALE= ;; esac  # bf16 sizes only
+    export FP4_INDEXER_TOPK_TRACE_INDEX_SCALE="$SCALE"
     ORACLE=(); [ -n "$FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS" ] && ORACLE=(--oracle)
     if [ -n "${MTP_SIZE:-}" ]; then
       M="$WORK/$MTP_SIZE"
@@ -233,7 +238,7 @@ case "$STEP" in
       "$PY" scripts/sglang_one_batch.py trace-check ${FP8_RUN[@]+"${FP8_RUN[@]}"} --fp4 "$WORK/mtp${s}_fp4.json" ${ORACLE[@]+"${ORACLE[@]}"} \
         --fp4-log "$WORK/logs/mtp${s}_fp4.log" --json "$OUTDIR/mtp${s}.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
       if grep -q '"ok": false' "$OUTDIR/mtp${s}.json" 2>/dev/null; then  # the traces behind a failed check come back
-        for fmt in fp8 fp4; do pack_trace "$WORK/trace_mtp${s}_$fmt" "$OUTDIR/trace_mtp${s}_$fmt.tar.gz"; done
+        pack_trace "$OUTDIR/trace_mtp${s}.tar.gz" "$WORK/trace_mtp${s}_fp8" "$WORK/trace_mtp${s}_fp4"
       fi
     done
     ;;
@@ -313,13 +318,15 @@ case "$STEP" in
         $([ $fmt = fp4 ] && echo --fp4) --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton \
         --mem-fraction-static "${SERVE_MEM_FRACTION:-0.5}" --disable-radix-cache --random-seed 0 ${POOL[@]+"${POOL[@]}"} ${SPEC[@]+"${SPEC[@]}"} ${PREFILL_GRAPHS[@]+"${PREFILL_GRAPHS[@]}"} ${SERVE_EXTRA:-}
       cp "$OUTDIR/serving_$fmt.jsonl.server.log" "$WORK/logs/" 2>/dev/null; rm -f "$OUTDIR/serving_$fmt.jsonl.server.log"
-      rm -f "$WORK/serving_$fmt.jsonl"; cp "$OUTDIR/serving_$fmt.jsonl" "$WORK/" 2>/dev/null
+      PAIR="$WORK/serving_$(basename "$M2")"  # the pair is kept per model: a later size never pairs with this one
+      rm -f "${PAIR}_$fmt.jsonl"; cp "$OUTDIR/serving_$fmt.jsonl" "${PAIR}_$fmt.jsonl" 2>/dev/null
       grep -h "KV Cache is allocated\|max_total_num_tokens\|FP4 indexer active" "$WORK/logs/serving_$fmt.jsonl.server.log" \
         2>/dev/null | head -n 3 >>"$OUTDIR/table.txt"
     done
     # The pair is read from $WORK, so FP8 and FP4 may come from calls that follow each other on one machine.
-    if [ -f "$WORK/serving_fp8.jsonl" ] && [ -f "$WORK/serving_fp4.jsonl" ]; then
-      "$PY" scripts/sglang_bench.py serving-table --fp8 "$WORK/serving_fp8.jsonl" --fp4 "$WORK/serving_fp4.jsonl" \
+    PAIR="$WORK/serving_$(basename "$M2")"
+    if [ -f "${PAIR}_fp8.jsonl" ] && [ -f "${PAIR}_fp4.jsonl" ]; then
+      "$PY" scripts/sglang_bench.py serving-table --fp8 "${PAIR}_fp8.jsonl" --fp4 "${PAIR}_fp4.jsonl" \
         --json "$OUTDIR/serving_table.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
     fi
     ;;
@@ -467,7 +474,7 @@ case "$STEP" in
       echo "## ${tag} ${fmt}: $([ -s "$OUTDIR/${tag}_$fmt.json" ] && echo load written || echo no load)" >>"$OUTDIR/table.txt"
       "$PY" scripts/soak.py check "$OUTDIR/${tag}_$fmt.json" --log "$log" --trace "$WORK/trace_${tag}_$fmt" \
         --draft-tokens 4 --json "$OUTDIR/${tag}_checks_$fmt.json" >>"$OUTDIR/table.txt" 2>&1 \
-        || { echo "${tag} $fmt: a check failed (table.txt)"; pack_trace "$WORK/trace_${tag}_$fmt" "$OUTDIR/trace_${tag}_$fmt.tar.gz"; }
+        || { echo "${tag} $fmt: a check failed (table.txt)"; pack_trace "$OUTDIR/trace_${tag}_$fmt.tar.gz" "$WORK/trace_${tag}_$fmt"; }
     done  # the server logs come back in logs.tar.gz
     ;;
   ab)

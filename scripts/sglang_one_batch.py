@@ -217,9 +217,12 @@ def check_topk_rows(topk, lens, slots):
     dup = ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any(1)
     # Only the positions a row may see: the row's entries past them are stale and may repeat one of its slots
     # (as ``slot_positions`` reads them), which would map that slot to a later position.
-    slots = slots[: int(lens.max())] if lens.numel() else slots[:0]
-    inv = torch.full((int(slots.max()) + 2 if slots.numel() else 1,), -1, dtype=torch.long, device=topk.device)
-    inv[slots.to(topk.device).flip(0)] = torch.arange(slots.numel() - 1, -1, -1, device=topk.device)  # first wins
+    slots = slots[: int(lens.max())].to(topk.device).long() if lens.numel() else slots[:0].long()
+    size = int(slots.max()) + 2 if slots.numel() else 1
+    none = slots.numel()  # no position: the largest, so that the smallest position of a repeated slot wins
+    inv = torch.full((size,), none, dtype=torch.long, device=topk.device)
+    inv.scatter_reduce_(0, slots, torch.arange(none, device=topk.device), reduce="amin")
+    inv[inv == none] = -1
     safe = torch.clamp(topk, 0, inv.numel() - 1)
     pos = torch.where(valid & (topk < inv.numel()), inv[safe], torch.full_like(topk, -1))
     as_slot = (~valid | ((pos >= 0) & (pos < lens[:, None]))).all(1)

@@ -2,15 +2,18 @@
 
 SGLang 0.5.23 selects the top-k of decode-shaped rows (one row per request: plain decode and MTP's draft decode)
 with its DeepSeek-V4 top-k v2 kernel (``sglang.kernels.ops.attention.dsv4.topk.topk_transform_paged_v2``), FP8 and
-FP4 index alike. That kernel bins the scores by their fp16 value first, and its cluster path (long rows, small
-batches) "still truncates an overflowing threshold bin" (its source says so): when more than 2048 scores share the
-threshold bin it keeps an arbitrary subset of them. With dummy weights every index logit is far below fp16's
-smallest value, so all positive scores share one bin. Target verify and draft extend rows go through SGLang's
-other top-k (``sgl_kernel.fast_topk_transform_fused``).
+FP4 index alike; target verify and draft extend rows too, where SGLang repeats the page table per draft token. That
+kernel bins the scores by their fp16 value first, and its cluster path "still truncates an overflowing threshold
+bin" (its source says so): when more than 2048 scores share the threshold bin it keeps an arbitrary subset of them.
+It takes the cluster path when the scores' width (the page table's width x 64: under CUDA graphs the model's whole
+context) passes a floor (32 768 on Hopper for up to 15 rows) and the batch is small. With dummy weights every index
+logit is far below fp16's smallest value, so all positive scores share one bin.
 
-For each (batch, row length, score scale) this runs both of SGLang's top-k kernels on the same random fp32 scores
-and compares each row's selected set with the exact top-k (``torch.topk``; random normal scores have no ties),
-printing the rows that differ and writing them to ``--json``. Nothing here is product code: it reads SGLang.
+For each (rows, row lengths, scores' width, score scale) this runs that kernel, and SGLang's unfused top-k
+(``sgl_kernel.fast_topk_v2``, what its top-k backend calls where the fused transform does not apply), on the same
+random fp32 scores (past each row's length too) and compares each row's selected set with the exact top-k
+(``torch.topk``; random normal scores have no ties). It prints each result as it comes and rewrites ``--json``
+after each. Nothing here is product code: it reads SGLang.
 
     python scripts/sglang_topk_probe.py --json topk_probe.json
 """
@@ -21,8 +24,12 @@ import argparse
 import json
 import sys
 
-#: (batch, row length) pairs: the MTP check's two requests, a long single row, a full batch, a wide batch.
-SHAPES = ((2, (5121, 3077)), (1, (131072,)), (8, (65536,) * 8), (32, (3000,) * 32))
+#: The tiny model's context: the scores' width of a call under CUDA graphs (page-table width x 64).
+CONTEXT = 163840
+#: (rows, row lengths, scores' width): the MTP check's two draft decode rows at the server's width and at their
+#: own, its eight target verify rows, a long single row, a full batch of 64K rows, a batch past the cluster path's.
+SHAPES = ((2, (5121, 3077), CONTEXT), (2, (5121, 3077), 5184), (8, (5121,) * 4 + (3077,) * 4, CONTEXT),
+          (1, (131072,), CONTEXT), (8, (65536,) * 8, CONTEXT), (32, (3000,) * 32, CONTEXT))
 #: Score scales: what real weights give, and what SGLang's dummy weights give (the MTP check saw |logits| < 1e-16).
 SCALES = (1.0, 1e-19)
 TOPK = 2048
@@ -50,12 +57,15 @@ def compare(served, lens, exact) -> dict:
     return {"rows": len(lens), "rows_differ": rows, "entries_differ": entries}
 
 
-def probe(shapes=SHAPES, scales=SCALES, seed: int = 0) -> list[dict]:
-    """Run SGLang's top-k v2 (decode rows) and its legacy fused top-k (verify / extend rows) on each shape and scale.
+def probe(shapes=SHAPES, scales=SCALES, seed: int = 0, report=None) -> list[dict]:
+    """Run SGLang's top-k v2 kernel and its unfused top-k on each shape and scale.
+
+    Args:
+        report: called with the results so far after each one (printing, writing the JSON).
 
     Returns:
-        one dict per (kernel, batch, lengths, scale): ``rows``, ``rows_differ``, ``entries_differ``, and for the v2
-        kernel the plan's ``cluster_items`` (rows routed to its cluster path).
+        one dict per (kernel, rows, lengths, width, scale): ``rows``, ``rows_differ``, ``entries_differ`` (or
+        ``error`` where the kernel raised), and for the v2 kernel the plan's ``cluster_items``.
 
     Raises:
         ImportError: SGLang or its kernels are not installed (a GPU machine with the check's wheels).
@@ -65,32 +75,37 @@ def probe(shapes=SHAPES, scales=SCALES, seed: int = 0) -> list[dict]:
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     results = []
-    for bs, lens in shapes:
-        width = -(-max(lens) // 64) * 64
+    for bs, lens, width in shapes:
         seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
         for scale in scales:
             scores = torch.randn(bs, width, generator=g, device="cuda", dtype=torch.float32) * scale
             exact = exact_sets(scores.cpu(), lens)
-            plan = v2.plan_topk_v2(seq)  # as SGLang's DSA backend builds it (small batches leave it unwritten)
-            written = v2.topk_v2_plan_is_written(seq)
-            out = torch.full((bs, TOPK), -1, dtype=torch.int32, device="cuda")
-            v2.topk_transform_paged_v2(scores, seq, None, out, 64, plan)
-            torch.cuda.synchronize()
-            row = {"kernel": "top-k v2 (decode rows)", "batch": bs, "lens": list(lens), "scale": scale,
-                   "cluster_items": int(plan[0, 1].item()) if written else 0}
-            row.update(compare(out.cpu(), lens, exact))
+            base = {"batch": bs, "lens": list(lens), "width": width, "scale": scale}
+            row = dict(base, kernel="SGLang's top-k v2 (topk_transform_paged_v2)")
+            try:
+                plan = v2.plan_topk_v2(seq)  # as SGLang's DSA backend builds it (small batches leave it unwritten)
+                written = v2.topk_v2_plan_is_written(seq)
+                out = torch.full((bs, TOPK), -1, dtype=torch.int32, device="cuda")
+                v2.topk_transform_paged_v2(scores, seq, None, out, 64, plan)
+                torch.cuda.synchronize()
+                row.update(compare(out.cpu(), lens, exact), cluster_items=int(plan[0, 1].item()) if written else 0)
+            except Exception as e:  # noqa: BLE001 - reported, and the other shapes still run
+                row["error"] = f"{type(e).__name__}: {e}"
             results.append(row)
+            if report:
+                report(results)
+            row = dict(base, kernel="SGLang's unfused top-k (sgl_kernel.fast_topk_v2)")
             try:
                 from sgl_kernel import fast_topk_v2
-            except ImportError:
-                fast_topk_v2 = None
-            if fast_topk_v2 is not None:
-                legacy = fast_topk_v2(scores, seq, TOPK)
+
+                unfused = fast_topk_v2(scores, seq, TOPK)
                 torch.cuda.synchronize()
-                row = {"kernel": "sgl_kernel fast_topk_v2 (verify / extend rows)", "batch": bs, "lens": list(lens),
-                       "scale": scale}
-                row.update(compare(legacy.cpu(), lens, exact))
-                results.append(row)
+                row.update(compare(unfused.cpu(), lens, exact))
+            except Exception as e:  # noqa: BLE001 - reported, and the other shapes still run
+                row["error"] = f"{type(e).__name__}: {e}"
+            results.append(row)
+            if report:
+                report(results)
     return results
 
 
@@ -98,14 +113,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sglang_topk_probe.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write the results here")
     o = p.parse_args(argv)
-    results = probe()
-    for r in results:
-        print(f"{r['kernel']:<48} batch {r['batch']:>2} len {r['lens'][0]:>6} scale {r['scale']:.0e}: "
-              f"{r['rows_differ']} of {r['rows']} rows differ from the exact top-k ({r['entries_differ']} entries)"
-              + (f", {r['cluster_items']} rows on the cluster path" if "cluster_items" in r else ""))
-    if o.json:
-        with open(o.json, "w") as f:
-            json.dump(results, f, indent=1)
+
+    def report(results):
+        r = results[-1]
+        head = f"{r['kernel']:<46} rows {r['batch']:>2} len {r['lens'][0]:>6} width {r['width']:>6} scale {r['scale']:.0e}: "
+        print(head + (r["error"] if "error" in r else
+                      f"{r['rows_differ']} of {r['rows']} rows differ from the exact top-k ({r['entries_differ']} "
+                      "entries)" + (f", {r['cluster_items']} rows planned for the cluster path"
+                                    if "cluster_items" in r else "")), flush=True)
+        if o.json:
+            with open(o.json, "w") as f:
+                json.dump(results, f, indent=1)
+
+    probe(report=report)
     return 0
 
 

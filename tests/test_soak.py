@@ -174,6 +174,39 @@ def test_the_pool_is_read_before_and_after_and_an_unread_pool_fails():
     assert soak.pool_state("http://127.0.0.1:9", settle_s=0)["error"].startswith("/v1/loads: HTTP 0")
 
 
+def test_a_server_that_stops_after_the_load_still_gets_its_run_written_and_checked():
+    """The readings after the load fail against a server that has gone; the run keeps the load's counts, names each
+    failed reading, and the checks fail on the probes, the health, the bad inputs and the pool."""
+    srv = _standin()
+    base = f"http://127.0.0.1:{srv.server_port}"
+    args = dict(requests=10, concurrency=4, min_len=10, max_len=200, output_len=5, shared_frac=0.0,
+                disconnect_frac=0.0, abort_frac=0.0, logprob_frac=0.0, seed=1, time_limit=60.0, abort_within_s=0.1)
+    real_load = soak.load
+
+    def load_then_stop(*a, **kw):
+        out = real_load(*a, **kw)
+        srv.shutdown()
+        srv.server_close()
+        return out
+
+    soak.load = load_then_stop
+    try:
+        run = soak.soak_run(base, args, CONTEXT, probe_output_len=4, settle_s=0)
+    finally:
+        soak.load = real_load
+    assert run["load"]["counts"].get("completed") == 10
+    assert run["probes_after"] is None and "probes_after" in run["errors_after"]
+    assert [b["status"] for b in run["bad_inputs"]] == [0, 0, 0, 0]  # no answer: each is a failing row
+    ok = _ok(soak.checks(run))
+    assert ok["probes give the same tokens before and after the load"] is False
+    assert ok["healthy after the load"] is False
+    assert not any(v for k, v in ok.items() if k.startswith("bad input"))
+    assert ok["KV pool: as many free tokens after the load as before, none in use"] is False
+    # A run whose bad inputs were never sent (their reading failed) fails that row too.
+    no_bad = dict(run, bad_inputs=None, errors_after=dict(run["errors_after"], bad_inputs="OSError: gone"))
+    assert _ok(soak.checks(no_bad))["bad inputs: each answered, server healthy"] is False
+
+
 def test_a_leak_or_a_traceback_in_the_servers_log_fails():
     run = _run(requests=5, disconnect_frac=0.0, abort_frac=0.0)
     for text in ("... token_to_kv_pool memory leak detected! available 10 ...", "Traceback (most recent call last):"):
