@@ -428,8 +428,9 @@ case "$STEP" in
     # decode requests; then SOAK_REQUESTS (default 3000) requests of 100 to SOAK_MAX_LEN (default 60000) tokens,
     # SOAK_CONCURRENCY (default 32) at a time, a third behind shared prefixes, some disconnecting and some aborted,
     # the bad inputs, and the checks. FP4 then FP8 (SOAK_FORMATS); SOAK_HICACHE=1 adds SGLang's hierarchical cache
-    # (eviction to host memory and reload). SOAK_LIMIT (default 1500 s) bounds each format; no request is sent
-    # after SOAK_SEND_S seconds (default SOAK_LIMIT - 200). The test-only trace plugin keeps every SOAK_TRACE_EVERY-th batch (default 20) with
+    # (eviction to host memory and reload). SOAK_LIMIT (default 420 s) bounds each format; no request is sent
+    # after SOAK_SEND_S seconds (default SOAK_LIMIT - 150). One format per call (SOAK_FORMATS=fp4, then fp8) fits
+    # the device's 600 s per command with the server's start-up. The test-only trace plugin keeps every SOAK_TRACE_EVERY-th batch (default 20) with
     # layer 0's scorer inputs and pages, which soak.py check holds to the fp64 oracle.
     # SGLang admits a request when the pool holds its prompt plus SGLANG_INIT_NEW_TOKEN_RATIO (default 0.7, decaying)
     # of its remaining output for every running request; SOAK_NEW_TOKEN_RATIO (default 0.05) sets that reserve so low
@@ -467,9 +468,9 @@ case "$STEP" in
         sleep 1
       done
       echo "${tag}_${fmt} server ready after $((SECONDS - t0)) s" | tee -a "$WORK/stages.txt"
-      stage "${tag}_$fmt" "${SOAK_LIMIT:-1500}" "$PY" scripts/soak.py load --url http://127.0.0.1:30791 \
+      stage "${tag}_$fmt" "${SOAK_LIMIT:-420}" "$PY" scripts/soak.py load --url http://127.0.0.1:30791 \
         --out "$OUTDIR/${tag}_$fmt.json" --requests "${SOAK_REQUESTS:-3000}" --concurrency "${SOAK_CONCURRENCY:-32}" \
-        --max-len "${SOAK_MAX_LEN:-60000}" --time-limit "${SOAK_SEND_S:-$(( ${SOAK_LIMIT:-1500} - 200 ))}"
+        --max-len "${SOAK_MAX_LEN:-60000}" --time-limit "${SOAK_SEND_S:-$(( ${SOAK_LIMIT:-420} - 150 ))}"
       kill $spid 2>/dev/null; wait $spid 2>/dev/null
       echo "## ${tag} ${fmt}: $([ -s "$OUTDIR/${tag}_$fmt.json" ] && echo load written || echo no load)" >>"$OUTDIR/table.txt"
       "$PY" scripts/soak.py check "$OUTDIR/${tag}_$fmt.json" --log "$log" --trace "$WORK/trace_${tag}_$fmt" \
