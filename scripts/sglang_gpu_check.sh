@@ -441,7 +441,7 @@ case "$STEP" in
     HICACHE=(); [ "${SOAK_HICACHE:-0}" = 1 ] && HICACHE=(--enable-hierarchical-cache --hicache-ratio 2)
     # The tiny model's indexer at a real checkpoint's logit scale (TRACE_INDEX_SCALE, as in the mtp step); the
     # FP8 block-quantized sizes keep SGLang's dummy weights as they are.
-    SCALE="${TRACE_INDEX_SCALE-real}"; [ "${SOAK_SIZE:-tiny}" = tiny ] || SCALE=
+    SCALE="${TRACE_INDEX_SCALE-real}"; case "${SOAK_SIZE:-tiny}" in tiny*) ;; *) SCALE= ;; esac  # bf16 sizes only
     tag=soak; [ "${SOAK_HICACHE:-0}" = 1 ] && tag=soak_hicache
     if [ "${SOAK_SIZE:-tiny}" != tiny ]; then
       M="$WORK/$SOAK_SIZE"; tag="${tag}_$SOAK_SIZE"

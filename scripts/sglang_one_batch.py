@@ -807,13 +807,12 @@ def oracle_check(records: list[dict], draft_tokens: int) -> dict:
                 st["ref_max"] = max(st["ref_max"], got["ref_max"] or 0.0)
                 if not got["ok"] and len(st["examples"]) < EXAMPLES:
                     # Which key counts near the row's own would pass (pages permitting): a diagnosis, not a pass.
-                    near = []
-                    for m in range(max(1, n - draft_tokens), n + draft_tokens + 1):
-                        if m != n and m <= c["pages"].shape[0] * 64:
-                            k2, s2 = page_keys(c["pages"], m)
-                            if oracle_row(q[r], c["weights"][r], k2, s2, c["topk"][r], c["block_table"][0],
-                                          forced=c.get("forced"), unstable=draft_tokens if mode == "DECODE" else 0)["ok"]:
-                                near.append(m - n)
+                    top = min(n + draft_tokens, c["pages"].shape[0] * 64)
+                    all_keys, all_scales = page_keys(c["pages"], top)  # decoded once; each count is a prefix
+                    near = [m - n for m in range(max(1, n - draft_tokens), top + 1) if m != n and oracle_row(
+                        q[r], c["weights"][r], all_keys[:m], None if all_scales is None else all_scales[:m],
+                        c["topk"][r], c["block_table"][0], forced=c.get("forced"),
+                        unstable=draft_tokens if mode == "DECODE" else 0)["ok"]]
                     st["examples"].append(dict(got, layer=int(c["layer"]), position=int(c["pos"][r]),
                                                graph=bool(c.get("graph")), passes_with_keys_off_by=near))
     for st in out.values():

@@ -50,7 +50,7 @@ Verify-cycle rows (optional, ``cycle``): a whole decode step or MTP verify cycle
 GPU's timeline, FP8 against FP4 (``scripts/sglang_bench.py timeline``: the busy time, the union of kernel
 intervals, median over traces of both run orders), on one DP-attention + EP8 rank of DeepSeek-V3.2 cut to a
 number of layers, with the cycle projected to the full 61 layers from the measured per-layer time
-(``verify_cycle_section``); ``measured_cycle`` finds the row of exactly the shape and next_n asked about.
+(``verify_cycle_section``); ``measured_cycle`` (``cycle_row`` of any one section) finds the row of exactly the shape and next_n asked about.
 Further verify-cycle sections measured on other GPUs or ranks (optional, ``cycle_more``: a list of sections of the
 same form, each with its ``gpu`` and its ``rank``, e.g. all 61 layers of a DP-attention + EP32 rank on an H100);
 ``cycle_sections`` lists them all, ``cycle`` first.
@@ -79,6 +79,7 @@ __all__ = [
     "measured_decode",
     "verify_cycle_section",
     "measured_cycle",
+    "cycle_row",
     "cycle_sections",
 ]
 
@@ -380,7 +381,17 @@ def cycle_sections(tables: dict) -> list[dict]:
 
 def measured_cycle(tables: dict, batch: int, context: int, next_n: int) -> dict | None:
     """The ``cycle`` section's row measured at exactly ``batch`` x ``context`` and ``next_n``, or None (a cycle's
-    time mixes the indexer with every other kernel: quoted only where it was measured).
+    time mixes the indexer with every other kernel: quoted only where it was measured); ``cycle_row`` of that section.
+
+    Raises:
+        ValueError: a non-positive ``batch``, ``context`` or ``next_n``.
+    """
+    return cycle_row(tables.get("cycle"), batch, context, next_n)
+
+
+def cycle_row(section: dict | None, batch: int, context: int, next_n: int) -> dict | None:
+    """The row of one verify-cycle section (any of ``cycle_sections``) measured at exactly ``batch`` x ``context``
+    and ``next_n``, or None (also for no section).
 
     Raises:
         ValueError: a non-positive ``batch``, ``context`` or ``next_n``.
@@ -388,7 +399,7 @@ def measured_cycle(tables: dict, batch: int, context: int, next_n: int) -> dict 
     for name, value in (("batch", batch), ("context", context), ("next_n", next_n)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    rows = (tables.get("cycle") or {}).get("rows") or []
+    rows = (section or {}).get("rows") or []
     return next((r for r in rows if (r["batch"], r["context"], r["next_n"]) == (batch, context, next_n)), None)
 
 

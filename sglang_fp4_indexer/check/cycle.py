@@ -12,7 +12,7 @@ routed experts spread over (``--tp-size``), and exactly the per-rank batch, cont
 
 from __future__ import annotations
 
-from ..tables import cycle_sections, measured_cycle
+from ..tables import cycle_row, cycle_sections
 from .trade import _k, _named_gpu, depth_text, measured_on, unquoted_reason
 
 __all__ = ["verify_cycle", "cycle_line"]
@@ -43,7 +43,7 @@ def verify_cycle(tables: dict, found: dict, unmeasured: str | None, *, heads: in
     shapes = ", ".join(f"{r['batch']} x {_k(r['context'])} " + ("with MTP off" if r["next_n"] == 1 else
                                                                  f"verifying {r['next_n']} tokens")
                        for r in sec["rows"])
-    row = measured_cycle({"cycle": sec}, batch, context, next_n)
+    row = cycle_row(sec, batch, context, next_n)
     _, unit = found.get("batch_split", (1, ""))
     gpus = " and ".join(dict.fromkeys(s["gpu"] for s in sections))
     why = unquoted_reason(sec["gpu"] if measured_on(sec["gpu"], name) or not name else gpus,

@@ -405,9 +405,10 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
                  else f"a {1 / measured_speed:.2f}x slower indexer")
     if step is not None and measured_speed is not None:
         speed += f" and {step}"
-    # FP4 measured slower: its indexer (where measured), else the whole step.
-    slower = (1 / measured_speed if measured_speed is not None and measured_speed < 1
-              else 1 / cycle_ratio if measured_speed is None and cycle_ratio is not None and cycle_ratio < 1 else None)
+    # The speed that says "slower": the indexer's where measured, else the server's whole step.
+    decisive, slower_what = ((measured_speed, "its indexer is") if measured_speed is not None
+                             else (cycle_ratio, "the server's step is"))
+    slower = 1 / decisive if decisive is not None and decisive < 1 else None
     text = next((r for r in recall if r["workload"] == "text"), recall[0])
     if context <= model_topk:
         cost = f"no cost (top-{model_topk} keeps all {_k(context)} keys, so the selection cannot change)"
@@ -446,8 +447,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
             out["verdict"] = (f"{gain_text}, and its indexer speed is {speed_unknown}, {against}: measure the "
                               f"speed before turning FP4 on, {measure}{measured_cost}")
         elif slower is not None:
-            what = "its indexer is" if measured_speed is not None else "the server's step is"
-            out["verdict"] = (f"{gain_text}, and {what} {slower:.2f}x slower here"
+            out["verdict"] = (f"{gain_text}, and {slower_what} {slower:.2f}x slower here"
                               + (f" ({step})" if step else "") + f": FP4 gains nothing for this deployment, keep FP8; "
                               f"{cost_text}")
         elif cost is None:
