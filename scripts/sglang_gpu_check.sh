@@ -173,6 +173,18 @@ pack_trace() {  # out-file trace-dir...
   rm -f "$list"
 }
 
+# The model a step serves, made once per size, depth and EP degree under $WORK; sets M2 to its folder.
+make_rank_model() {  # size layers-or-empty ep-or-empty
+  M2="$WORK/$1${2:+-$2}${3:+-ep$3}"
+  "$PY" scripts/sglang_one_batch.py make-model "$M2" --size "$1" ${2:+--layers "$2"} ${3:+--ep "$3"} >/dev/null
+}
+
+# The trace plugin's index scale for a model size (TRACE_INDEX_SCALE, default "real"): only the bf16 tiny sizes take
+# it; SGLang's dummy weights stay as they are on the FP8 block-quantized ones.
+index_scale() {  # size
+  case "$1" in tiny*) echo "${TRACE_INDEX_SCALE-real}" ;; *) echo "" ;; esac
+}
+
 M="$WORK/tiny"
 # SERVE_SPEC="STEPS:DRAFT_TOKENS": SGLang's EAGLE on the model's next-n layer (top-1 drafts), for the serving and
 # profile steps.
@@ -220,8 +232,8 @@ case "$STEP" in
     # TRACE_INDEX_SCALE (default "real"; "" for SGLang's dummy weights as they are): the trace plugin gives the tiny
     # models' indexer a real checkpoint's logit scale (its _after_dummy_load), without which every index logit is
     # about 1e-16 and neither SGLang's decode top-k nor the oracle can order them.
-    SCALE="${TRACE_INDEX_SCALE-real}"; case "${MTP_SIZE:-tiny}" in tiny*) ;; *) SCALE= ;; esac  # bf16 sizes only
-    export FP4_INDEXER_TOPK_TRACE_INDEX_SCALE="$SCALE"
+    FP4_INDEXER_TOPK_TRACE_INDEX_SCALE="$(index_scale "${MTP_SIZE:-tiny}")"
+    export FP4_INDEXER_TOPK_TRACE_INDEX_SCALE
     ORACLE=(); [ -n "$FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS" ] && ORACLE=(--oracle)
     if [ -n "${MTP_SIZE:-}" ]; then
       M="$WORK/$MTP_SIZE"
@@ -300,10 +312,7 @@ case "$STEP" in
     # SERVE_SIZE / SERVE_LAYERS / SERVE_EP choose the model as the profile step's PROFILE_* do (e.g. SERVE_SIZE=v32-rank
     # SERVE_EP=32: all 61 layers of a DP-attention + EP32 rank), SERVE_MEM_FRACTION SGLang's --mem-fraction-static
     # (default 0.5; a rank's real memory: 0.9 and no SERVE_POOL_TOKENS), SERVE_READY_S the wait for /health.
-    SIZE="${SERVE_SIZE:-v32-layers}"
-    M2="$WORK/$SIZE${SERVE_LAYERS:+-$SERVE_LAYERS}${SERVE_EP:+-ep$SERVE_EP}"
-    "$PY" scripts/sglang_one_batch.py make-model "$M2" --size "$SIZE" ${SERVE_LAYERS:+--layers "$SERVE_LAYERS"} \
-      ${SERVE_EP:+--ep "$SERVE_EP"} >/dev/null
+    make_rank_model "${SERVE_SIZE:-v32-layers}" "${SERVE_LAYERS:-}" "${SERVE_EP:-}"
     PREFILL_GRAPHS=(--disable-prefill-cuda-graph)
     [ "${SERVE_PREFILL_GRAPHS:-0}" = 1 ] && PREFILL_GRAPHS=()
     for fmt in ${SERVE_FORMATS:-fp8 fp4}; do
@@ -348,10 +357,7 @@ case "$STEP" in
     # PROFILE_WALL seconds of streamed chunks timed at the client before each shape's first trace (the wall time
     # per cycle, sglang_bench.py wall; default 4, 0 for none),
     # PROFILE_MEM_FRACTION SGLang's --mem-fraction-static, PROFILE_ACTIVITIES the profiler's activities.
-    SIZE="${PROFILE_SIZE:-v32-layers}"
-    M2="$WORK/$SIZE${PROFILE_LAYERS:+-$PROFILE_LAYERS}${PROFILE_EP:+-ep$PROFILE_EP}"
-    "$PY" scripts/sglang_one_batch.py make-model "$M2" --size "$SIZE" ${PROFILE_LAYERS:+--layers "$PROFILE_LAYERS"} \
-      ${PROFILE_EP:+--ep "$PROFILE_EP"} >/dev/null
+    make_rank_model "${PROFILE_SIZE:-v32-layers}" "${PROFILE_LAYERS:-}" "${PROFILE_EP:-}"
     SHAPES="${PROFILE_SHAPES:-1:131072 8:65536}"
     MAXBS=1; for shape in $SHAPES; do [ "${shape%%:*}" -gt $MAXBS ] && MAXBS=${shape%%:*}; done
     LIMIT="${PROFILE_LIMIT:-540}"
@@ -441,7 +447,7 @@ case "$STEP" in
     HICACHE=(); [ "${SOAK_HICACHE:-0}" = 1 ] && HICACHE=(--enable-hierarchical-cache --hicache-ratio 2)
     # The tiny model's indexer at a real checkpoint's logit scale (TRACE_INDEX_SCALE, as in the mtp step); the
     # FP8 block-quantized sizes keep SGLang's dummy weights as they are.
-    SCALE="${TRACE_INDEX_SCALE-real}"; case "${SOAK_SIZE:-tiny}" in tiny*) ;; *) SCALE= ;; esac  # bf16 sizes only
+    SCALE="$(index_scale "${SOAK_SIZE:-tiny}")"
     tag=soak; [ "${SOAK_HICACHE:-0}" = 1 ] && tag=soak_hicache
     if [ "${SOAK_SIZE:-tiny}" != tiny ]; then
       M="$WORK/$SOAK_SIZE"; tag="${tag}_$SOAK_SIZE"
