@@ -5,8 +5,8 @@
 #
 # The slimmed wheels, DeepGEMM's sources (xz) and the checkout fit one call while the checkout stays under about 13.5 MB
 # (carry .peers/sglang-runtime/part1, .peers/sglang-runtime/part2 and .peers/deepgemm.tar.xz, and .peers/jit-cache
-# where an earlier call brought JIT caches back); past that, carry part2 in the next call: each call installs the
-# parts it finds and a warm machine keeps them. The steps can follow each other in one command or in calls that
+# where an earlier call brought JIT caches back); past that, carry part2 (with .peers/sglang-runtime/flashinfer,
+# 15 MB) in the next call: each call installs the parts it finds and a warm machine keeps them. The steps can follow each other in one command or in calls that
 # follow each other while the machine keeps /tmp:
 #   bash scripts/sglang_gpu_check.sh install   # installs, prints the versions
 #   bash scripts/sglang_gpu_check.sh runner    # one-batch FP8, FP4, FP4 eager
@@ -64,6 +64,8 @@ unset TRITON_INTERPRET
 # Python TreeCore, which it falls back to itself where the Rust one cannot load, serves the steps that keep the
 # radix cache on (soak, ab).
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND="${SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND:-python}"
+# FlashInfer's files come without its dependencies (below): SGLang uses it only for the headers its JIT kernels include.
+export SGLANG_IS_FLASHINFER_AVAILABLE=false
 
 # DeepGEMM builds from its sources (about 75 s on 16 cores) while pip installs the wheels: it needs the machine's
 # torch only, not the wheels.
@@ -79,6 +81,16 @@ for part in .peers/sglang-runtime/part1 .peers/sglang-runtime/part2; do
       || echo "pip install of $part failed (logs/pip.log)"
   fi
 done
+# FlashInfer 0.7.2 (what `pip install sglang==0.5.23` resolves), its wheel's files as xz (15 MB instead of 62), carried
+# with part2: SGLang JIT-compiles its speculative sampling kernel (a sampled request's verify under MTP) against
+# FlashInfer's headers and stops the server where they are missing. Installed without its dependencies, so SGLang is
+# told FlashInfer is not available (SGLANG_IS_FLASHINFER_AVAILABLE=false below): its PyTorch sampling backend and its
+# other kernels serve as in every run before FlashInfer was carried; only the JIT kernels that include its headers
+# find them.
+if ls .peers/sglang-runtime/flashinfer/*.tar.xz >/dev/null 2>&1 && [ ! -f "$WORK/flashinfer.installed" ]; then
+  mkdir -p /tmp/site && tar -xJf .peers/sglang-runtime/flashinfer/*.tar.xz -C /tmp/site \
+    && touch "$WORK/flashinfer.installed" || echo "FlashInfer's files not extracted"
+fi
 # PD disaggregation's transfer engine (scripts/fetch_pd_wheels.sh): the slimmed Mooncake wheel into /tmp/site; of the
 # system libraries its engine links, only those this machine's loader does not find are linked into /tmp/pd-syslibs.
 if ls .peers/pd-runtime/*.whl >/dev/null 2>&1 && [ ! -f "$WORK/pd-runtime.installed" ]; then

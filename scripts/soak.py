@@ -11,8 +11,12 @@ is the client and the checks, and talks to the server over HTTP only (it imports
   streamed (``/generate`` with ``stream``), ``--concurrency`` at a time. A fraction of the clients
   disconnect at a random point (``--disconnect-frac``: after 0 to 8 streamed chunks, 0 = while the
   prompt is prefilled), a fraction are aborted through SGLang's ``/abort_request`` by their ``rid`` after a
-  random delay (``--abort-frac``), and a fraction ask for log-probabilities with the top 5
-  (``--logprob-frac``), which must all be finite. Then the bad inputs a deployer sends (``bad_inputs``).
+  random delay (``--abort-frac``), a fraction ask for log-probabilities with the top 5
+  (``--logprob-frac``), which must all be finite, a fraction are sampled (``--sampled-frac``: temperature 0.8,
+  top-p 0.95, through SGLang's speculative sampling kernel instead of its greedy verify) and a fraction ask for
+  ``--long-output-len`` new tokens (``--long-frac``): their decode outgrows what SGLang reserved for them when it
+  admitted them, so that it retracts decode requests when the pool is full (outputs of up to ``--output-len``
+  tokens, the rest, finish before that happens). Then the bad inputs a deployer sends (``bad_inputs``).
   The load is bounded in requests and in time (``--time-limit``) and talks only to ``--url``.
 * ``table LABEL=RUN.json,CHECKS.json,SERVER.log ...``: the docs' table (``summary_rows``), one column per run.
 * ``check OUT.json [--log SERVER.log] [--trace DIR --draft-tokens N] [--json CHECKS.json]``: the checks, as a
@@ -102,7 +106,8 @@ def stream_one(base: str, body: dict, *, disconnect_after: int | None, timeout: 
     Returns:
         dict: ``outcome`` (``completed``, ``aborted`` when SGLang finished it with an abort, ``disconnected``,
         ``error``), ``chunks``, ``finite`` (its log-probabilities, when it asked for them and finished),
-        ``detail`` for errors.
+        ``tokens`` (new tokens received, from the last chunk's ``meta_info.completion_tokens`` or its cumulative
+        ``output_ids``) and ``asked`` (``max_new_tokens``) when it finished, ``detail`` for errors.
     """
     req = urllib.request.Request(base + "/generate", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -130,7 +135,10 @@ def stream_one(base: str, body: dict, *, disconnect_after: int | None, timeout: 
     meta = (last or {}).get("meta_info", {})
     finish = meta.get("finish_reason") or {}
     outcome = "aborted" if isinstance(finish, dict) and finish.get("type") == "abort" else "completed"
-    out = {"outcome": outcome, "chunks": chunks}
+    tokens = meta.get("completion_tokens")
+    out = {"outcome": outcome, "chunks": chunks,
+           "tokens": int(tokens) if tokens is not None else len((last or {}).get("output_ids") or []),
+           "asked": body.get("sampling_params", {}).get("max_new_tokens")}
     if body.get("return_logprob") and outcome == "completed":
         out["finite"] = _finite_logprobs(meta)
     return out
@@ -190,20 +198,29 @@ def bad_inputs(base: str, context_len: int, timeout: float = 120.0) -> list[dict
 def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: int, output_len: int,
          shared_frac: float, disconnect_frac: float, abort_frac: float, logprob_frac: float, seed: int,
          time_limit: float, timeout: float = 900.0, vocab: tuple[int, int] = TOKEN_IDS,
-         abort_within_s: float = 5.0) -> dict:
+         abort_within_s: float = 5.0, sampled_frac: float = 0.0, long_frac: float = 0.0,
+         long_output_len: int = 2048) -> dict:
     """The load (module docstring); returns the counts and every request's result. An aborted request's
-    ``/abort_request`` goes out at a uniform random time within ``abort_within_s`` seconds of its start.
+    ``/abort_request`` goes out at a uniform random time within ``abort_within_s`` seconds of its start. A
+    request asks for 1 to ``output_len`` new tokens (uniform), or, with probability ``long_frac``, for
+    ``long_output_len``; with probability ``sampled_frac`` it is sampled (temperature 0.8, top-p 0.95), else greedy.
+
+    Returns:
+        dict: ``counts`` (requests by outcome), ``kinds`` (how many were planned sampled, long, with
+        log-probabilities, behind a shared prefix), ``seconds``, ``results`` (one per request),
+        ``nonfinite_logprobs``, ``errors`` (the first 20 server errors).
 
     Raises:
-        ValueError: a fraction outside 0..1, ``min_len`` > ``max_len``, or a count below 1.
+        ValueError: a fraction outside 0..1, ``min_len`` > ``max_len``, or a count or length below 1.
     """
     for name, v in (("shared_frac", shared_frac), ("disconnect_frac", disconnect_frac), ("abort_frac", abort_frac),
-                    ("logprob_frac", logprob_frac)):
+                    ("logprob_frac", logprob_frac), ("sampled_frac", sampled_frac), ("long_frac", long_frac)):
         if not 0.0 <= v <= 1.0:
             raise ValueError(f"{name}: expected a fraction in 0..1, got {v}")
-    if not 1 <= min_len <= max_len or requests < 1 or concurrency < 1:
-        raise ValueError(f"min_len, max_len, requests, concurrency: expected 1 <= min_len <= max_len and counts "
-                         f">= 1, got {min_len}, {max_len}, {requests}, {concurrency}")
+    if not 1 <= min_len <= max_len or requests < 1 or concurrency < 1 or output_len < 1 or long_output_len < 1:
+        raise ValueError(f"min_len, max_len, requests, concurrency, output_len, long_output_len: expected "
+                         f"1 <= min_len <= max_len and counts and lengths >= 1, got {min_len}, {max_len}, {requests}, "
+                         f"{concurrency}, {output_len}, {long_output_len}")
     rng = random.Random(seed)
     lo, hi = vocab
     prefixes = [[rng.randrange(lo, hi) for _ in range(rng.randint(min_len, max(min_len, max_len // 2)))]
@@ -212,7 +229,8 @@ def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: i
     for i in range(requests):
         n = int(round(math.exp(rng.uniform(math.log(min_len), math.log(max_len)))))
         ids = [rng.randrange(lo, hi) for _ in range(n)]
-        if rng.random() < shared_frac:
+        shared = rng.random() < shared_frac
+        if shared:
             ids = prefixes[rng.randrange(SHARED_PREFIXES)] + ids[: max(1, n // 4)]
         body = {"rid": f"soak-{seed}-{i}", "input_ids": ids[:max_len], "stream": True,
                 "sampling_params": {"max_new_tokens": rng.randint(1, output_len), "temperature": 0.0,
@@ -220,9 +238,14 @@ def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: i
         if rng.random() < logprob_frac:
             body.update(return_logprob=True, top_logprobs_num=5)
         r = rng.random()
-        plans.append({"body": body, "disconnect_after": rng.randint(0, 8) if r < disconnect_frac else None,
-                      "abort_after_s": rng.uniform(0.0, abort_within_s) if disconnect_frac <= r < disconnect_frac + abort_frac
-                      else None})
+        plan = {"body": body, "disconnect_after": rng.randint(0, 8) if r < disconnect_frac else None,
+                "abort_after_s": rng.uniform(0.0, abort_within_s) if disconnect_frac <= r < disconnect_frac + abort_frac
+                else None, "shared": shared, "long": rng.random() < long_frac, "sampled": rng.random() < sampled_frac}
+        if plan["long"]:
+            body["sampling_params"]["max_new_tokens"] = long_output_len
+        if plan["sampled"]:
+            body["sampling_params"].update(temperature=0.8, top_p=0.95)
+        plans.append(plan)
     start = time.time()
     results: list[dict | None] = [None] * requests
     timers: list[threading.Timer] = []
@@ -248,7 +271,15 @@ def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: i
     counts: dict[str, int] = {}
     for r in results:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-    return {"counts": counts, "seconds": time.time() - start, "results": results,
+    sent = [p for p, r in zip(plans, results) if r["outcome"] != "not sent (time limit)"]
+    kinds = {"sampled": sum(p["sampled"] for p in sent), "long": sum(p["long"] for p in sent),
+             "logprob": sum(bool(p["body"].get("return_logprob")) for p in sent),
+             "shared_prefix": sum(p["shared"] for p in sent)}
+    # With ignore_eos a completed request gets exactly what it asked for, retracted and re-admitted or not.
+    short = [i for i, r in enumerate(results) if r["outcome"] == "completed" and r.get("asked") is not None
+             and r.get("tokens") != r["asked"]]
+    return {"counts": counts, "kinds": kinds, "seconds": time.time() - start, "results": results,
+            "short_outputs": len(short), "short_examples": [results[i] | {"request": i} for i in short[:5]],
             "nonfinite_logprobs": sum(1 for r in results if r.get("finite") is False),
             "errors": [r["detail"] for r in results if r["outcome"] == "error"][:20]}
 
@@ -335,6 +366,10 @@ def checks(run: dict, log_text: str | None = None, trace: dict | None = None) ->
     rows = [
         {"check": "no request failed with a server error", "ok": c.get("error", 0) == 0,
          "detail": f"{c} in {run['load']['seconds']:.0f} s; first errors: {run['load']['errors'][:3]}"},
+        {"check": "every completed request got all the tokens it asked for",
+         "ok": run["load"].get("short_outputs", 0) == 0 and "short_outputs" in run["load"],
+         "detail": f"{run['load'].get('short_outputs', 'not counted')} completed with fewer or more"
+                   + (f"; e.g. {run['load']['short_examples'][:2]}" if run["load"].get("short_examples") else "")},
         {"check": "every log-probability finite", "ok": run["load"]["nonfinite_logprobs"] == 0,
          "detail": f"{run['load']['nonfinite_logprobs']} requests with a NaN or infinite one"},
         {"check": "probes give the same tokens before and after the load", "ok": run["probes_before"] == run["probes_after"]
@@ -433,6 +468,11 @@ def _load_cmd(argv: list[str]) -> int:
     p.add_argument("--disconnect-frac", type=float, default=0.1)
     p.add_argument("--abort-frac", type=float, default=0.05)
     p.add_argument("--logprob-frac", type=float, default=0.05)
+    p.add_argument("--sampled-frac", type=float, default=0.2,
+                   help="fraction sampled at temperature 0.8, top-p 0.95 (the rest greedy)")
+    p.add_argument("--long-frac", type=float, default=0.2,
+                   help="fraction asking for --long-output-len new tokens, so that decode outgrows the pool")
+    p.add_argument("--long-output-len", type=int, default=4096)
     p.add_argument("--abort-within", type=float, default=5.0, help="seconds after its start an abort goes out, at most")
     p.add_argument("--context-len", type=int, default=163840, help="the server's context length (bad inputs)")
     p.add_argument("--seed", type=int, default=0)
@@ -443,7 +483,8 @@ def _load_cmd(argv: list[str]) -> int:
             requests=o.requests, concurrency=o.concurrency, min_len=o.min_len, max_len=o.max_len,
             output_len=o.output_len, shared_frac=o.shared_frac, disconnect_frac=o.disconnect_frac,
             abort_frac=o.abort_frac, logprob_frac=o.logprob_frac, seed=o.seed, time_limit=o.time_limit,
-            abort_within_s=o.abort_within), o.context_len)
+            abort_within_s=o.abort_within, sampled_frac=o.sampled_frac, long_frac=o.long_frac,
+            long_output_len=o.long_output_len), o.context_len)
     except ValueError as e:
         p.error(str(e))
     with open(o.out, "w") as f:
@@ -499,6 +540,9 @@ def summary_rows(runs: dict[str, dict], logs: dict[str, str], checks_by_arm: dic
     lc = {a: log_counts(logs[a]) for a in arms}
     rows = [
         ("requests sent", col(lambda a: sum(v for k, v in runs[a]["load"]["counts"].items() if k != "not sent (time limit)"))),
+        ("of them sampled / long outputs / with log-probabilities / behind a shared prefix",
+         col(lambda a: " / ".join(str(k.get(x, "not counted")) for k in [runs[a]["load"].get("kinds") or {}]
+                                  for x in ("sampled", "long", "logprob", "shared_prefix")))),
         ("completed", col(lambda a: count(a, "completed"))),
         ("disconnected by the client (prefill or decode)", col(lambda a: count(a, "disconnected"))),
         ("aborted through /abort_request", col(lambda a: count(a, "aborted"))),
@@ -511,6 +555,7 @@ def summary_rows(runs: dict[str, dict], logs: dict[str, str], checks_by_arm: dic
         ("KV pool after the load (after /flush_cache)", col(lambda a: pool(a, "after"))),
         ("probes identical before and after", col(lambda a: "yes" if runs[a]["probes_before"] == runs[a]["probes_after"] else "no")),
         ("checks passed", col(passed)),
+        ("checks failed", col(lambda a: "; ".join(r["check"] for r in checks_by_arm[a] if not r["ok"]) or "none")),
     ]
     return rows
 

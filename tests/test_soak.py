@@ -32,7 +32,9 @@ POOL = 100000
 def _standin(fault=None):
     """The stand-in server. ``fault``: ``"nan"`` (a NaN log-probability), ``"drift"`` (the probes' answers change
     once the load has run), ``"error"`` (every 7th streamed request gets SGLang's error chunk), ``"leak"`` (each
-    disconnected request keeps 64 tokens of the KV pool, as a page freed on no path would). ``/v1/loads``
+    disconnected request keeps 64 tokens of the KV pool, as a page freed on no path would), ``"short"`` (every 5th
+    request finishes one token short of what it asked for, as a retracted request re-admitted without its last
+    token would). ``/v1/loads``
     answers as SGLang's does in the fields the script reads, from the tokens the stand-in holds."""
     state = {"aborted": set(), "generated": 0, "lock": threading.Lock(), "held": 0}
 
@@ -79,6 +81,8 @@ def _standin(fault=None):
                 state["generated"] += 1
                 k = state["generated"]
             shift = 1 if fault == "drift" and k > 20 else 0
+            if fault == "short" and body.get("stream") and k % 5 == 0 and n > 1:
+                n -= 1
             out = [(sum(ids) + j + shift) % 997 for j in range(n)]
             lp = float("nan") if fault == "nan" else -0.5
             meta = {"finish_reason": {"type": "length"},
@@ -155,6 +159,7 @@ def test_a_well_behaved_server_passes_and_every_kind_of_client_shows_up():
     ("drift", "probes give the same tokens before and after the load"),
     ("error", "no request failed with a server error"),
     ("leak", "KV pool: as many free tokens after the load as before, none in use"),
+    ("short", "every completed request got all the tokens it asked for"),
 ])
 def test_each_planted_fault_fails_its_check(fault, check):
     ok = _ok(soak.checks(_run(fault)))
@@ -213,6 +218,35 @@ def test_a_leak_or_a_traceback_in_the_servers_log_fails():
         assert _ok(soak.checks(run, log_text=text))["server log: no traceback, no pool leak SGLang reports"] is False
 
 
+def test_sampled_and_long_requests_are_sent_and_counted():
+    """A fraction of the requests sampled (temperature 0.8, top-p 0.95) and a fraction asking for the long output,
+    as planned and sent; every completed one got exactly what it asked for."""
+    sent = []
+    real_stream = soak.stream_one
+
+    def spy(base, body, **kw):
+        sent.append(body)
+        return real_stream(base, body, **kw)
+
+    soak.stream_one = spy
+    try:
+        run = _run(requests=40, sampled_frac=0.5, long_frac=0.25, long_output_len=57, disconnect_frac=0.0,
+                   abort_frac=0.0)
+    finally:
+        soak.stream_one = real_stream
+    k = run["load"]["kinds"]
+    sampled = [b for b in sent if b["sampling_params"]["temperature"] == 0.8]
+    long_ = [b for b in sent if b["sampling_params"]["max_new_tokens"] == 57]
+    assert k["sampled"] == len(sampled) and 10 <= len(sampled) <= 30
+    assert all(b["sampling_params"]["top_p"] == 0.95 for b in sampled)
+    assert k["long"] == len(long_) and 3 <= len(long_) <= 18  # output_len 40: only the long ones ask for 57
+    assert k["logprob"] == sum(1 for b in sent if b.get("return_logprob"))
+    done = [r for r in run["load"]["results"] if r["outcome"] == "completed"]
+    assert len(done) == 40 and all(r["tokens"] == r["asked"] for r in done)
+    assert sum(r["asked"] == 57 for r in done) == len(long_)
+    assert _ok(soak.checks(run))["every completed request got all the tokens it asked for"] is True
+
+
 def test_bad_load_arguments_are_named():
     with pytest.raises(ValueError, match="abort_frac"):
         soak.load("http://127.0.0.1:9", requests=1, concurrency=1, min_len=1, max_len=2, output_len=1, shared_frac=0,
@@ -220,6 +254,12 @@ def test_bad_load_arguments_are_named():
     with pytest.raises(ValueError, match="min_len"):
         soak.load("http://127.0.0.1:9", requests=1, concurrency=1, min_len=5, max_len=2, output_len=1, shared_frac=0,
                   disconnect_frac=0, abort_frac=0, logprob_frac=0, seed=0, time_limit=1)
+    with pytest.raises(ValueError, match="long_frac"):
+        soak.load("http://127.0.0.1:9", requests=1, concurrency=1, min_len=1, max_len=2, output_len=1, shared_frac=0,
+                  disconnect_frac=0, abort_frac=0, logprob_frac=0, seed=0, time_limit=1, long_frac=-0.1)
+    with pytest.raises(ValueError, match="long_output_len"):
+        soak.load("http://127.0.0.1:9", requests=1, concurrency=1, min_len=1, max_len=2, output_len=1, shared_frac=0,
+                  disconnect_frac=0, abort_frac=0, logprob_frac=0, seed=0, time_limit=1, long_output_len=0)
 
 
 # --- the sampled top-k rows: the trace plugin's records through check_trace and oracle_check -------------------
@@ -289,5 +329,8 @@ def test_the_docs_table_reads_every_value_from_the_run(tmp_path):
     assert rows["KV pool after the load (after /flush_cache)"] == (f"{POOL:,} free of {POOL:,}",)
     assert rows["probes identical before and after"] == ("yes",)
     n = len(soak.checks(run, log))
-    assert rows["checks passed"] == (f"{n} of {n}",)
+    assert rows["checks passed"] == (f"{n} of {n}",) and rows["checks failed"] == ("none",)
+    k = run["load"]["kinds"]
+    assert rows["of them sampled / long outputs / with log-probabilities / behind a shared prefix"] == (
+        f"{k['sampled']} / {k['long']} / {k['logprob']} / {k['shared_prefix']}",)
     assert rows["KV pool before the load (after /flush_cache)"] == rows["KV pool after the load (after /flush_cache)"]
