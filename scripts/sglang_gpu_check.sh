@@ -365,7 +365,8 @@ case "$STEP" in
     # requests decode; then the busy time, span, the indexer's exposed time and a layer's time per cycle over every
     # run's traces, FP8 against FP4. PROFILE_SIZE / PROFILE_LAYERS choose the model (make-model: v32-rank with
     # PROFILE_LAYERS layers is a DP-attention + EP8 rank of V3.2 cut to that depth; the timeline projects to 61;
-    # PROFILE_EP=16 or 32: a rank of an EP16 / EP32 deployment, 256 / EP routed experts per MoE layer),
+    # PROFILE_EP=16 or 32: a rank of an EP16 / EP32 deployment, 256 / EP routed experts per MoE layer;
+    # PROFILE_SIZE=glm5-layers: 3 layers of GLM-5's sizes, SGLang's fused indexer for FP8, the rotation for FP4),
     # PROFILE_WALL seconds of streamed chunks timed at the client before each shape's first trace (the wall time
     # per cycle, sglang_bench.py wall; default 4, 0 for none),
     # PROFILE_MEM_FRACTION SGLang's --mem-fraction-static, PROFILE_ACTIVITIES the profiler's activities.
@@ -410,8 +411,9 @@ case "$STEP" in
       ALL=(); while IFS= read -r t; do ALL+=("$t"); done < <(find "$WORK/prof_serving" -mindepth 2 \( -name 'fp[48]_*.trace.json.gz' -o -name 'fp[48]_*.wall.json' \) ! -name '*unreadable*' | sort)
       # The served model's depth from its own config (the projection needs it, and at full depth it is the measurement).
       LAYERS=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' "$M2/config.json")
+      FULL=61; [ "${PROFILE_SIZE:-}" = glm5-layers ] && FULL=78  # the depth projected to: V3.2's 61, GLM-5's 78
       [ ${#ALL[@]} -gt 0 ] && "$PY" scripts/sglang_bench.py timeline --steps "${PROFILE_STEPS:-5}" \
-        --layers "$LAYERS" "${ALL[@]}" --json "$OUTDIR/timeline.json" \
+        --layers "$LAYERS" --full-depth "$FULL" "${ALL[@]}" --json "$OUTDIR/timeline.json" \
         >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log" || echo "timeline failed (logs/compare.log)"
     fi
     # The traces (each server's first repeat only where all of them exceed 15 MB) and the wall records.

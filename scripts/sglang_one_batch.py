@@ -100,8 +100,24 @@ TINY_INTERLEAVED_CONFIG = dict(TINY_CONFIG, indexer_rope_interleave=True)
 #: ``V32_LAYERS_CONFIG`` on V3.2's 61 layers, the first 3 dense as in the checkpoint, 58 MoE layers of one EP8
 #: rank's 32 routed experts, and the MTP layer. ``make-model --layers N`` keeps the first N (the 3 dense first).
 V32_RANK_CONFIG = dict(V32_LAYERS_CONFIG, num_hidden_layers=61, first_k_dense_replace=3)
+#: GLM-5's per-layer sizes (the packaged ``glm-5`` config, sglang_fp4_indexer/data/models: hidden 6144, 64 attention
+#: heads, q / kv LoRA ranks 2048 / 512, nope / rope / v head dims 192 / 64 / 256, index 32 heads x 128 with interleaved
+#: indexer RoPE, top-2048, vocabulary 154 880, dense intermediate 12 288, expert intermediate 2048) on 3 layers of
+#: SGLang's ``GlmMoeDsaForCausalLM``, as ``V32_LAYERS_CONFIG`` lays them out: one dense layer, two MoE layers holding one
+#: EP8 rank's 32 of the 256 routed experts (top-8, one shared), the MTP layer, FP8 block-quantized weights. GLM-5's
+#: repository holds bf16 weights; FP8 here keeps the GEMMs on the path a V3.2 rank runs, so that the layers differ
+#: from ``v32-layers`` in their sizes and in the indexer path (32 heads, SGLang's fused indexer kernels for FP8, the
+#: plugin's rotation and SGLang's unfused query path for FP4). The fields the packaged config leaves out (routing,
+#: RoPE base and scaling, norms) are the V3.2 sizes' own; they change no kernel's shape.
+GLM5_LAYERS_CONFIG = dict(
+    V32_LAYERS_CONFIG, architectures=["GlmMoeDsaForCausalLM"], model_type="glm_moe_dsa", vocab_size=154880,
+    hidden_size=6144, intermediate_size=12288, moe_intermediate_size=2048, num_attention_heads=64,
+    num_key_value_heads=64, q_lora_rank=2048, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64,
+    v_head_dim=256, index_n_heads=32, index_head_dim=128, indexer_rope_interleave=True,
+    max_position_embeddings=202752,
+)
 MODEL_SIZES = {"tiny": TINY_CONFIG, "tiny-interleaved": TINY_INTERLEAVED_CONFIG, "v32-layers": V32_LAYERS_CONFIG,
-               "v32-rank": V32_RANK_CONFIG}
+               "v32-rank": V32_RANK_CONFIG, "glm5-layers": GLM5_LAYERS_CONFIG}
 
 #: SGLang server flags every stage uses (dummy weights, FP8 MLA KV -> FlashMLA's sparse FP8 decode on SM90).
 COMMON_SERVER_ARGS = (
@@ -116,7 +132,8 @@ V32_ROUTED_EXPERTS = 256
 
 
 def make_model(directory: str, size: str = "tiny", layers: int | None = None, ep: int | None = None) -> None:
-    """Write a DeepSeek-V3.2 ``config.json`` (``MODEL_SIZES[size]``) and a word-level tokenizer into ``directory``.
+    """Write a DSA model's ``config.json`` (``MODEL_SIZES[size]``: DeepSeek-V3.2's architecture, or GLM-5's for
+    ``glm5-layers``) and a word-level tokenizer into ``directory``.
 
     The tokenizer maps ``t<i>`` to id ``i`` (ids 0 and 1 are ``<bos>`` / ``<eos>``) and puts ``<bos>`` before every
     text, as DeepSeek-V3.2's own tokenizer does (``add_bos_token``): an empty text is one token, as a deployer's is
@@ -163,7 +180,7 @@ def make_model(directory: str, size: str = "tiny", layers: int | None = None, ep
                    "unk_token": "<unk>", "model_max_length": 163840, "add_bos_token": True}, f)
     with open(os.path.join(directory, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": 0, "eos_token_id": 1}, f)
-    print(f"{size} DeepseekV32ForCausalLM ({config['num_hidden_layers']} layers) written to {directory}")
+    print(f"{size} {config['architectures'][0]} ({config['num_hidden_layers']} layers) written to {directory}")
 
 
 def seeded_prompts(seed: int = 0) -> list[list[int]]:

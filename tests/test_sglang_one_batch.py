@@ -90,6 +90,30 @@ def test_tiny_interleaved_model_runs_sglangs_fused_indexer_with_the_plugins_rota
             "rotation to the index queries and keys") in out
 
 
+@pytest.mark.sglang
+def test_glm5_layers_have_glm5s_sizes_and_are_served_by_the_plugin(tmp_path, capsys):
+    """The GLM-5-size layers for the profile: every field the packaged GLM-5 config gives, but its depth and expert
+    count, is GLM-5's own; 3 layers of one EP8 rank's experts; the plugin serves it with 32 index heads and the
+    rotation inside SGLang's fused indexer."""
+    import json
+    from importlib import resources
+
+    from sglang_fp4_indexer.cli import main
+
+    tool.make_model(str(tmp_path / "g"), "glm5-layers")
+    cfg = json.loads((tmp_path / "g" / "config.json").read_text())
+    glm5 = json.loads(resources.files("sglang_fp4_indexer").joinpath("data", "models", "glm-5", "config.json").read_text())
+    differ = {k for k in glm5 if cfg.get(k) != glm5[k]}
+    assert differ == {"num_hidden_layers", "n_routed_experts", "first_k_dense_replace"}
+    assert (cfg["num_hidden_layers"], cfg["n_routed_experts"], cfg["first_k_dense_replace"]) == (3, 32, 1)
+    assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
+    rc = main(["check", str(tmp_path / "g"), "--capability", "9.0"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 0, out
+    assert "FP4 indexer: ENABLED" in out and "32 index heads x 128" in out and "GlmMoeDsaForCausalLM" in out
+    assert "with the FP4 cache the plugin applies SGLang's rotation to the index queries and keys" in out
+
+
 PROMPT, NEW, LAYERS = 3, 2, 2  # SGLang returns (PROMPT + NEW - 1, LAYERS, TOPK) per request
 
 
