@@ -540,9 +540,6 @@ def summary_rows(runs: dict[str, dict], logs: dict[str, str], checks_by_arm: dic
     lc = {a: log_counts(logs[a]) for a in arms}
     rows = [
         ("requests sent", col(lambda a: sum(v for k, v in runs[a]["load"]["counts"].items() if k != "not sent (time limit)"))),
-        ("of them sampled / long outputs / with log-probabilities / behind a shared prefix",
-         col(lambda a: " / ".join(str(k.get(x, "not counted")) for k in [runs[a]["load"].get("kinds") or {}]
-                                  for x in ("sampled", "long", "logprob", "shared_prefix")))),
         ("completed", col(lambda a: count(a, "completed"))),
         ("disconnected by the client (prefill or decode)", col(lambda a: count(a, "disconnected"))),
         ("aborted through /abort_request", col(lambda a: count(a, "aborted"))),
@@ -557,6 +554,10 @@ def summary_rows(runs: dict[str, dict], logs: dict[str, str], checks_by_arm: dic
         ("checks passed", col(passed)),
         ("checks failed", col(lambda a: "; ".join(r["check"] for r in checks_by_arm[a] if not r["ok"]) or "none")),
     ]
+    if any("kinds" in runs[a]["load"] for a in arms):  # runs since the load counted them
+        rows.insert(1, ("of them sampled / long outputs / with log-probabilities / behind a shared prefix",
+                        col(lambda a: " / ".join(str((runs[a]["load"].get("kinds") or {}).get(x, "not counted"))
+                                                 for x in ("sampled", "long", "logprob", "shared_prefix")))))
     return rows
 
 

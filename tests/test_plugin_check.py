@@ -1372,6 +1372,23 @@ def test_the_readmes_check_example_prints_the_verdict_the_readme_shows(capsys):
         in " ".join(readme.split())
 
 
+def test_the_readmes_dp_attention_example_begins_as_the_readme_quotes(capsys):
+    """The README's second example (a rank of the full-depth deployment): the command as written, and the quoted
+    beginning of the verdict check prints for it, the measured verify cycle included."""
+    import re
+    import shlex
+
+    readme = (_REPO / "README.md").read_text()
+    blocks = re.findall(r"```\n(.*?)```", readme, re.S)
+    command = next(b for b in blocks if b.startswith("sglang-fp4-indexer check") and "--attn-dp-size 32" in b).strip()
+    argv = shlex.split(command)
+    code, out = _run(capsys, *argv[2:], derive=True)
+    verdict = " ".join(out[out.index("verdict: ") + len("verdict: "):].split())
+    quoted = re.search(r'its verdict begins "(.*?)", then names', " ".join(readme.split())).group(1)
+    assert code == 3 and verdict.startswith(quoted), (quoted, verdict)  # same requests, measured faster: 3
+    assert "1.090x shorter MTP verify cycle" in quoted
+
+
 def test_the_same_requests_with_an_unmeasured_or_slower_indexer_is_no_turn_it_on(capsys):
     """Both fit the same number of requests: FP4 only buys indexer time. Unmeasured (an H20, no time in the tables)
     the verdict says so and how to measure it; measured slower (tables where FP4 takes twice FP8's time) it says to

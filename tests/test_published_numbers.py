@@ -1200,7 +1200,29 @@ def test_user_guide_soak_run_is_the_raw_files():
             f"{got['fp4'][1]} and {got['fp8'][1]})") in text
     assert "Four of the 13 checks failed" in text and "back to 262,144 free tokens of 262,144" in text
     readme = _flat(_page("README.md"))
-    assert "3,000 requests per format on an H100" in readme
+    assert "**Under load** (H100, a tiny model): 3,000 requests per format" in readme
+
+
+def test_benchmarks_soak_table_is_rebuilt_from_the_raw_files(tmp_path):
+    """The soak's table in docs/benchmarks.md equals scripts/soak.py's table rebuilt from the runs, checks and
+    server logs in the committed tarball."""
+    import importlib.util
+    import tarfile
+
+    with tarfile.open(RESULTS / "sglang_soak_tiny_h100_2026-12-06.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    spec = importlib.util.spec_from_file_location("soak_for_table", REPO / "scripts" / "soak.py")
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    arms = {"FP4": "fp4", "FP8": "fp8"}
+    runs = {a: json.loads((tmp_path / f"soak_{f}.json").read_text()) for a, f in arms.items()}
+    checks = {a: json.loads((tmp_path / f"soak_checks_{f}.json").read_text()) for a, f in arms.items()}
+    logs = {a: gzip.open(tmp_path / f"soak_server_{f}.log.gz", "rt", errors="replace").read() for a, f in arms.items()}
+    lines = ["| | FP4 | FP8 |", "| --- | --- | --- |"] + [
+        f"| {label} | " + " | ".join(str(v) for v in vals) + " |" for label, vals in soak.summary_rows(runs, logs, checks)]
+    page = _page("docs/benchmarks.md")
+    assert "\n".join(lines) in page
+    assert "`benchmarks/results/sglang_soak_tiny_h100_2026-12-06.tar.gz`" in page
 
 
 _MC = ("bench_h100_sm90_multicast_n4n2_2026-12-06.json", "bench_h100_sm90_multicast_shapes_2026-12-06.json",
@@ -1249,9 +1271,9 @@ def test_readme_newer_sm90_kernel_sentence_is_the_raw_files():
     big, one = rows[("H64 8x128K n4 w160K", "first")]["results"], rows[("H64 1x128K n4 w160K", "first")]["results"]
     us = lambda res, k: res[k]["seconds"] * 1e6  # noqa: E731
     text = _flat(_page("README.md"))
-    assert (f"is level with ours at 8 × 128K ({us(big, 'deepgemm-fp8-sm90-multicast'):.1f} against {us(big, 'ours'):.1f} µs), "
-            f"2 % faster at 4 × 128K and faster at 1 × 128K ({us(one, 'deepgemm-fp8-sm90-multicast'):.1f} against "
-            f"{us(one, 'ours'):.1f} µs) on an H100") in text  # the 4 x 128K figure: its own test, from its own runs
+    assert (f"is level with ours at 8 × 128K (it {us(big, 'deepgemm-fp8-sm90-multicast'):.1f} µs, ours {us(big, 'ours'):.1f} µs), "
+            f"2 % faster than ours at 4 × 128K and faster at 1 × 128K (it {us(one, 'deepgemm-fp8-sm90-multicast'):.1f} µs, "
+            f"ours {us(one, 'ours'):.1f} µs) on an H100") in text  # the 4 x 128K figure: its own test, from its own runs
 
 
 _R61 = "sglang_timeline_v32_rank61_ep32_mtp3x4_h100_2026-12-06.json"
@@ -1394,5 +1416,5 @@ def test_benchmarks_full_depth_rank_bench_and_arithmetic_are_the_raw_files():
     # The README's scorer bullet: the first run's ratio to SGLang's call, and the newer kernel's lead over ours.
     readme = _flat(_page("README.md"))
     assert f"with 4 query tokens, as MTP ships, {sgl[0] / ours[0]:.2f}x at 4 × 128K (H100)" in readme
-    assert f"{round(100 * (1 - mc[0] / ours[0]))} % faster at 4 × 128K" in readme
+    assert f"{round(100 * (1 - mc[0] / ours[0]))} % faster than ours at 4 × 128K" in readme
     assert round(100 * (1 - mc[1] / ours[1])) == round(100 * (1 - mc[0] / ours[0]))  # both runs say the same
