@@ -449,14 +449,15 @@ case "$STEP" in
     # SOAK_CONCURRENCY (default 32) at a time, a third behind shared prefixes, some disconnecting and some aborted,
     # the bad inputs, and the checks. FP4 then FP8 (SOAK_FORMATS); SOAK_HICACHE=1 adds SGLang's hierarchical cache
     # (eviction to host memory and reload). SOAK_LIMIT (default 420 s) bounds each format; no request is sent
-    # after SOAK_SEND_S seconds (default SOAK_LIMIT - 150). One format per call (SOAK_FORMATS=fp4, then fp8) fits
+    # after SOAK_SEND_S seconds (default SOAK_LIMIT - 180: the long outputs, 2048 tokens, drain in about 35 s). One format per call (SOAK_FORMATS=fp4, then fp8) fits
     # the device's 600 s per command with the server's start-up. The test-only trace plugin keeps every SOAK_TRACE_EVERY-th batch (default 20) with
     # layer 0's scorer inputs and pages, which soak.py check holds to the fp64 oracle.
     # SGLang admits a request when the pool holds its prompt plus SGLANG_INIT_NEW_TOKEN_RATIO (default 0.7, decaying)
-    # of its remaining output for every running request; SOAK_NEW_TOKEN_RATIO (default 0.05) sets that reserve so low
-    # that decode outgrows the pool and SGLang retracts requests (a first short run at SGLang's default filled the pool
-    # to 99 % without one retraction, and a soak that never retracts tests nothing of that path). Retraction then
-    # happens only under load: the probes, sent to an idle server, are not retracted, so their outputs stay comparable.
+    # of its remaining output for every running request (all of it for a request with ignore_eos, which the load's
+    # requests therefore leave unset: the first runs set it, and SGLang never retracted); SOAK_NEW_TOKEN_RATIO (default
+    # 0.05) sets that reserve so low that decode outgrows the pool and SGLang retracts requests (a soak that never
+    # retracts tests nothing of that path). Retraction then happens only under load: the probes, sent to an idle
+    # server, are not retracted, so their outputs stay comparable.
     # SOAK_SIZE=v32-layers: DeepSeek-V3.2's real-size layers (3 of them) instead of the tiny model, for a shorter run.
     HICACHE=(); [ "${SOAK_HICACHE:-0}" = 1 ] && HICACHE=(--enable-hierarchical-cache --hicache-ratio 2)
     # The tiny model's indexer at a real checkpoint's logit scale (TRACE_INDEX_SCALE, as in the mtp step); the
@@ -490,7 +491,7 @@ case "$STEP" in
       echo "${tag}_${fmt} server ready after $((SECONDS - t0)) s" | tee -a "$WORK/stages.txt"
       stage "${tag}_$fmt" "${SOAK_LIMIT:-420}" "$PY" scripts/soak.py load --url http://127.0.0.1:30791 \
         --out "$OUTDIR/${tag}_$fmt.json" --requests "${SOAK_REQUESTS:-3000}" --concurrency "${SOAK_CONCURRENCY:-32}" \
-        --max-len "${SOAK_MAX_LEN:-60000}" --time-limit "${SOAK_SEND_S:-$(( ${SOAK_LIMIT:-420} - 150 ))}"
+        --max-len "${SOAK_MAX_LEN:-60000}" --time-limit "${SOAK_SEND_S:-$(( ${SOAK_LIMIT:-420} - 180 ))}"
       kill $spid 2>/dev/null; wait $spid 2>/dev/null
       echo "## ${tag} ${fmt}: $([ -s "$OUTDIR/${tag}_$fmt.json" ] && echo load written || echo no load)" >>"$OUTDIR/table.txt"
       "$PY" scripts/soak.py check "$OUTDIR/${tag}_$fmt.json" --log "$log" --trace "$WORK/trace_${tag}_$fmt" \

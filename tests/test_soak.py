@@ -34,7 +34,8 @@ def _standin(fault=None):
     once the load has run), ``"error"`` (every 7th streamed request gets SGLang's error chunk), ``"leak"`` (each
     disconnected request keeps 64 tokens of the KV pool, as a page freed on no path would), ``"short"`` (every 5th
     request finishes one token short of what it asked for, as a retracted request re-admitted without its last
-    token would). ``/v1/loads``
+    token would), ``"eos"`` (every 3rd request stops at an end-of-sequence token half way, finish reason
+    ``stop``, as a model may). ``/v1/loads``
     answers as SGLang's does in the fields the script reads, from the tokens the stand-in holds."""
     state = {"aborted": set(), "generated": 0, "lock": threading.Lock(), "held": 0}
 
@@ -81,11 +82,14 @@ def _standin(fault=None):
                 state["generated"] += 1
                 k = state["generated"]
             shift = 1 if fault == "drift" and k > 20 else 0
+            finish = "length"
             if fault == "short" and body.get("stream") and k % 5 == 0 and n > 1:
                 n -= 1
+            if fault == "eos" and body.get("stream") and k % 3 == 0 and n > 1:
+                n, finish = n // 2, "stop"
             out = [(sum(ids) + j + shift) % 997 for j in range(n)]
             lp = float("nan") if fault == "nan" else -0.5
-            meta = {"finish_reason": {"type": "length"},
+            meta = {"finish_reason": {"type": finish},
                     "output_token_logprobs": [[lp, t, None] for t in out] if body.get("return_logprob") else None}
             if not body.get("stream"):
                 return self._send(200, {"output_ids": out, "meta_info": meta})
@@ -159,7 +163,7 @@ def test_a_well_behaved_server_passes_and_every_kind_of_client_shows_up():
     ("drift", "probes give the same tokens before and after the load"),
     ("error", "no request failed with a server error"),
     ("leak", "KV pool: as many free tokens after the load as before, none in use"),
-    ("short", "every completed request got all the tokens it asked for"),
+    ("short", "every completed request got the tokens it asked for (fewer only at end of sequence)"),
 ])
 def test_each_planted_fault_fails_its_check(fault, check):
     ok = _ok(soak.checks(_run(fault)))
@@ -239,12 +243,24 @@ def test_sampled_and_long_requests_are_sent_and_counted():
     long_ = [b for b in sent if b["sampling_params"]["max_new_tokens"] == 57]
     assert k["sampled"] == len(sampled) and 10 <= len(sampled) <= 30
     assert all(b["sampling_params"]["top_p"] == 0.95 for b in sampled)
+    assert not any("ignore_eos" in b["sampling_params"] for b in sent)  # SGLang then reserves all of the output
     assert k["long"] == len(long_) and 3 <= len(long_) <= 18  # output_len 40: only the long ones ask for 57
     assert k["logprob"] == sum(1 for b in sent if b.get("return_logprob"))
     done = [r for r in run["load"]["results"] if r["outcome"] == "completed"]
     assert len(done) == 40 and all(r["tokens"] == r["asked"] for r in done)
     assert sum(r["asked"] == 57 for r in done) == len(long_)
-    assert _ok(soak.checks(run))["every completed request got all the tokens it asked for"] is True
+    assert _ok(soak.checks(run))["every completed request got the tokens it asked for (fewer only at end of sequence)"] is True
+
+
+def test_a_request_that_stops_at_end_of_sequence_is_not_short():
+    """The load does not set ignore_eos (so that SGLang reserves only part of the output and retracts): a request
+    that stops at an end-of-sequence token (finish reason ``stop``) with fewer tokens passes; one finished by length
+    short of what it asked for fails (the ``short`` fault above)."""
+    run = _run("eos", requests=30, disconnect_frac=0.0, abort_frac=0.0)
+    done = [r for r in run["load"]["results"] if r["outcome"] == "completed"]
+    stopped = [r for r in done if r["finish"] == "stop"]
+    assert stopped and all(r["tokens"] < r["asked"] for r in stopped)
+    assert _ok(soak.checks(run))["every completed request got the tokens it asked for (fewer only at end of sequence)"]
 
 
 def test_bad_load_arguments_are_named():
