@@ -311,7 +311,8 @@ case "$STEP" in
     ;;
   serving)
     # DeepSeek-V3.2-size layers behind python -m sglang.launch_server, SGLang's bench_serving on localhost, FP8 then
-    # FP4: SERVE_LENS input lengths, 256 output tokens, SERVE_PROMPTS prompts at SERVE_CONC concurrency. With
+    # FP4: SERVE_LENS input lengths, SERVE_OUTPUT_LEN output tokens (default 256), SERVE_PROMPTS prompts at SERVE_CONC
+    # concurrency. With
     # SERVE_POOL_TOKENS (KV-limited load) FP8 gets that many pool tokens and FP4 the tokens the same memory holds
     # by SGLang's per-token sizing of this model (656 B MLA + 132 or 68 B index per token and layer).
     # SERVE_SPEC="STEPS:DRAFT_TOKENS": MTP on (SGLang's EAGLE on the model's next-n layer, top-1 drafts); bench_serving
@@ -335,6 +336,7 @@ case "$STEP" in
       fi
       stage "serving_$fmt" "${SERVE_LIMIT:-540}" "$PY" scripts/sglang_bench.py serving --model "$M2" --out "$OUTDIR/serving_$fmt.jsonl" \
         --input-lens ${SERVE_LENS:-32768 100000} --prompts "${SERVE_PROMPTS:-16}" --concurrency "${SERVE_CONC:-8}" \
+        --output-len "${SERVE_OUTPUT_LEN:-256}" \
         ${SERVE_READY_S:+--ready-timeout "$SERVE_READY_S"} \
         $([ $fmt = fp4 ] && echo --fp4) --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton \
         --mem-fraction-static "${SERVE_MEM_FRACTION:-0.5}" --disable-radix-cache --random-seed 0 ${POOL[@]+"${POOL[@]}"} ${SPEC[@]+"${SPEC[@]}"} ${PREFILL_GRAPHS[@]+"${PREFILL_GRAPHS[@]}"} ${SERVE_EXTRA:-}
