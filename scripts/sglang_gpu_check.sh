@@ -64,7 +64,7 @@ unset TRITON_INTERPRET
 # Python TreeCore, which it falls back to itself where the Rust one cannot load, serves the steps that keep the
 # radix cache on (soak, ab).
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND="${SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND:-python}"
-# FlashInfer's files come without its dependencies (below): SGLang uses it only for the headers its JIT kernels include.
+# Only FlashInfer's header files are installed (below): SGLang must not take it for an importable package.
 export SGLANG_IS_FLASHINFER_AVAILABLE=false
 
 # DeepGEMM builds from its sources (about 75 s on 16 cores) while pip installs the wheels: it needs the machine's
@@ -81,15 +81,19 @@ for part in .peers/sglang-runtime/part1 .peers/sglang-runtime/part2; do
       || echo "pip install of $part failed (logs/pip.log)"
   fi
 done
-# FlashInfer 0.7.2 (what `pip install sglang==0.5.23` resolves), its wheel's files as xz (15 MB instead of 62), carried
-# with part2: SGLang JIT-compiles its speculative sampling kernel (a sampled request's verify under MTP) against
-# FlashInfer's headers and stops the server where they are missing. Installed without its dependencies, so SGLang is
-# told FlashInfer is not available (SGLANG_IS_FLASHINFER_AVAILABLE=false below): its PyTorch sampling backend and its
-# other kernels serve as in every run before FlashInfer was carried; only the JIT kernels that include its headers
-# find them.
-if ls .peers/sglang-runtime/flashinfer/*.tar.xz >/dev/null 2>&1 && [ ! -f "$WORK/flashinfer.installed" ]; then
-  mkdir -p /tmp/site && tar -xJf .peers/sglang-runtime/flashinfer/*.tar.xz -C /tmp/site \
-    && touch "$WORK/flashinfer.installed" || echo "FlashInfer's files not extracted"
+# FlashInfer 0.7.2's header files (the version `pip install sglang==0.5.23` resolves; its wheel's files as xz, 15 MB
+# instead of 62, carried with part2): SGLang JIT-compiles its speculative sampling kernel (a sampled request's verify
+# under MTP) against them and stops the server where they are missing. Only flashinfer/data is extracted, with an
+# __init__.py that fails on import: SGLang's JIT finds the headers by find_spec, which does not run it, while
+# sglang-kernel (which takes FlashInfer's norm kernels when `import flashinfer.norm` works) and SGLang (told by
+# SGLANG_IS_FLASHINFER_AVAILABLE=false above) keep their own kernels, as in every run before the headers were carried.
+FI_TAR=$(ls .peers/sglang-runtime/flashinfer/*.tar.xz 2>/dev/null | head -n 1)
+if [ -n "$FI_TAR" ] && [ ! -f "$WORK/flashinfer.installed" ]; then
+  mkdir -p /tmp/site && tar -xJf "$FI_TAR" -C /tmp/site --wildcards './flashinfer/data/*' \
+    && printf '%s\n' '"""FlashInfer header files only (flashinfer/data), for SGLang JIT kernels that include them; not its package."""' \
+         'raise ImportError("flashinfer: only its header files are installed here (scripts/sglang_gpu_check.sh)")' \
+         >/tmp/site/flashinfer/__init__.py \
+    && touch "$WORK/flashinfer.installed" || echo "FlashInfer's headers not extracted"
 fi
 # PD disaggregation's transfer engine (scripts/fetch_pd_wheels.sh): the slimmed Mooncake wheel into /tmp/site; of the
 # system libraries its engine links, only those this machine's loader does not find are linked into /tmp/pd-syslibs.
@@ -376,7 +380,7 @@ case "$STEP" in
     SHAPES="${PROFILE_SHAPES:-1:131072 8:65536}"
     MAXBS=1; for shape in $SHAPES; do [ "${shape%%:*}" -gt $MAXBS ] && MAXBS=${shape%%:*}; done
     LIMIT="${PROFILE_LIMIT:-540}"
-    TRACEDIR="$WORK/prof_serving${PROFILE_RUN:+/$PROFILE_RUN}"
+    TRACEDIR="$WORK/prof_serving/$(basename "$M2")${PROFILE_RUN:+/$PROFILE_RUN}"  # per model: no run pairs across models
     for fmt in ${SERVE_FORMATS:-fp8 fp4}; do
       rm -f "$TRACEDIR/${fmt}_"*.trace.json.gz "$TRACEDIR/${fmt}_"*.wall.json  # never an earlier run's in this run's table
       stage "profile_${PROFILE_RUN:+${PROFILE_RUN}_}$fmt" "$LIMIT" "$PY" scripts/sglang_bench.py serving-profile --model "$M2" \
@@ -410,7 +414,7 @@ case "$STEP" in
       fi
     done
     if [ -n "${PROFILE_RUN:-}" ]; then  # every run's traces of this model so far, on the GPU's timeline
-      ALL=(); while IFS= read -r t; do ALL+=("$t"); done < <(find "$WORK/prof_serving" -mindepth 2 \( -name 'fp[48]_*.trace.json.gz' -o -name 'fp[48]_*.wall.json' \) ! -name '*unreadable*' | sort)
+      ALL=(); while IFS= read -r t; do ALL+=("$t"); done < <(find "$WORK/prof_serving/$(basename "$M2")" -mindepth 2 \( -name 'fp[48]_*.trace.json.gz' -o -name 'fp[48]_*.wall.json' \) ! -name '*unreadable*' | sort)
       # The served model's depth from its own config (the projection needs it, and at full depth it is the measurement).
       LAYERS=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' "$M2/config.json")
       FULL=61; [ "${PROFILE_SIZE:-}" = glm5-layers ] && FULL=78  # the depth projected to: V3.2's 61, GLM-5's 78
@@ -491,9 +495,10 @@ case "$STEP" in
         sleep 1
       done
       echo "${tag}_${fmt} server ready after $((SECONDS - t0)) s" | tee -a "$WORK/stages.txt"
+      SEND_DEFAULT=$(( ${SOAK_LIMIT:-420} - 180 )); [ "$SEND_DEFAULT" -lt 30 ] && SEND_DEFAULT=30
       stage "${tag}_$fmt" "${SOAK_LIMIT:-420}" "$PY" scripts/soak.py load --url http://127.0.0.1:30791 \
         --out "$OUTDIR/${tag}_$fmt.json" --requests "${SOAK_REQUESTS:-3000}" --concurrency "${SOAK_CONCURRENCY:-32}" \
-        --max-len "${SOAK_MAX_LEN:-60000}" --time-limit "${SOAK_SEND_S:-$(( ${SOAK_LIMIT:-420} - 180 ))}"
+        --max-len "${SOAK_MAX_LEN:-60000}" --time-limit "${SOAK_SEND_S:-$SEND_DEFAULT}"
       kill $spid 2>/dev/null; wait $spid 2>/dev/null
       echo "## ${tag} ${fmt}: $([ -s "$OUTDIR/${tag}_$fmt.json" ] && echo load written || echo no load)" >>"$OUTDIR/table.txt"
       "$PY" scripts/soak.py check "$OUTDIR/${tag}_$fmt.json" --log "$log" --trace "$WORK/trace_${tag}_$fmt" \

@@ -108,14 +108,17 @@ V32_RANK_CONFIG = dict(V32_LAYERS_CONFIG, num_hidden_layers=61, first_k_dense_re
 #: repository holds bf16 weights; FP8 here keeps the GEMMs on the path a V3.2 rank runs, so that the layers differ
 #: from ``v32-layers`` in their sizes and in the indexer path (32 heads, SGLang's fused indexer kernels for FP8, the
 #: plugin's rotation and SGLang's unfused query path for FP4). The fields the packaged config leaves out (routing,
-#: RoPE base and scaling, norms) are the V3.2 sizes' own; they change no kernel's shape.
+#: RoPE base and YaRN settings, norms) are the V3.2 sizes' own, the YaRN factor stretched to 49.5 so that its 4096
+#: original positions cover GLM-5's 202 752; they change no kernel's shape.
 GLM5_LAYERS_CONFIG = dict(
     V32_LAYERS_CONFIG, architectures=["GlmMoeDsaForCausalLM"], model_type="glm_moe_dsa", vocab_size=154880,
     hidden_size=6144, intermediate_size=12288, moe_intermediate_size=2048, num_attention_heads=64,
     num_key_value_heads=64, q_lora_rank=2048, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64,
     v_head_dim=256, index_n_heads=32, index_head_dim=128, indexer_rope_interleave=True,
-    max_position_embeddings=202752,
+    max_position_embeddings=202752, rope_scaling=dict(V32_LAYERS_CONFIG["rope_scaling"], factor=49.5),
 )
+#: Each size's full depth (decoder layers, the MTP layer not counted): ``make-model --layers`` goes up to it.
+FULL_DEPTH = {"glm5-layers": 78}
 MODEL_SIZES = {"tiny": TINY_CONFIG, "tiny-interleaved": TINY_INTERLEAVED_CONFIG, "v32-layers": V32_LAYERS_CONFIG,
                "v32-rank": V32_RANK_CONFIG, "glm5-layers": GLM5_LAYERS_CONFIG}
 
@@ -148,7 +151,8 @@ def make_model(directory: str, size: str = "tiny", layers: int | None = None, ep
     for its experts), so only the expert weights it holds and reads change.
 
     Raises:
-        ValueError: ``size`` is not a key of ``MODEL_SIZES``, ``layers`` is given and not 1..61, or ``ep`` is given
+        ValueError: ``size`` is not a key of ``MODEL_SIZES``, ``layers`` is given and not 1..its full depth
+            (61, GLM-5's 78 for ``glm5-layers``), or ``ep`` is given
             for a size that is not a v32 size or is not one of 8, 16, 32.
     """
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -157,8 +161,10 @@ def make_model(directory: str, size: str = "tiny", layers: int | None = None, ep
         raise ValueError(f"size: expected one of {sorted(MODEL_SIZES)}, got {size!r}")
     config = dict(MODEL_SIZES[size])
     if layers is not None:
-        if not 1 <= layers <= 61:
-            raise ValueError(f"layers: expected 1..61 decoder layers (DeepSeek-V3.2 has 61), got {layers}")
+        full = FULL_DEPTH.get(size, 61)
+        if not 1 <= layers <= full:
+            raise ValueError(f"layers: expected 1..{full} decoder layers (the model of size {size!r} has {full}), "
+                             f"got {layers}")
         config.update(num_hidden_layers=layers, first_k_dense_replace=min(config["first_k_dense_replace"], layers))
     if ep is not None:
         if not size.startswith("v32-"):

@@ -13,7 +13,8 @@ is the client and the checks, and talks to the server over HTTP only (it imports
   prompt is prefilled), a fraction are aborted through SGLang's ``/abort_request`` by their ``rid`` after a
   random delay (``--abort-frac``), a fraction ask for log-probabilities with the top 5
   (``--logprob-frac``), which must all be finite, a fraction are sampled (``--sampled-frac``: temperature 0.8,
-  top-p 0.95, through SGLang's speculative sampling kernel instead of its greedy verify) and a fraction ask for
+  through SGLang's speculative sampling kernel instead of its greedy verify; no top-p or top-k, whose renormalization
+  SGLang takes from FlashInfer's Python package, which the measurement runtime does not carry) and a fraction ask for
   ``--long-output-len`` new tokens (``--long-frac``). The load's requests do not set ``ignore_eos`` (for such a
   request SGLang reserves pool room for all of its ``max_new_tokens`` at admission, and never has to retract it):
   SGLang reserves a fraction of the output (``SGLANG_INIT_NEW_TOKEN_RATIO``), decode outgrows it, and SGLang
@@ -108,8 +109,9 @@ def stream_one(base: str, body: dict, *, disconnect_after: int | None, timeout: 
         dict: ``outcome`` (``completed``, ``aborted`` when SGLang finished it with an abort, ``disconnected``,
         ``error``), ``chunks``, ``finite`` (its log-probabilities, when it asked for them and finished),
         ``tokens`` (new tokens received, from the last chunk's ``meta_info.completion_tokens`` or its cumulative
-        ``output_ids``), ``asked`` (``max_new_tokens``) and ``finish`` (SGLang's finish reason type: ``length``,
-        ``stop`` at an end-of-sequence token, ``abort``) when it finished, ``detail`` for errors.
+        ``output_ids``), ``asked`` (``max_new_tokens``), ``finish`` (SGLang's finish reason type: ``length``,
+        ``stop``, ``abort``) and ``matched`` (what a ``stop`` matched: a stop token's id, or SGLang's text such as
+        ``NaN happened``) when it finished, ``detail`` for errors.
     """
     req = urllib.request.Request(base + "/generate", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -141,7 +143,8 @@ def stream_one(base: str, body: dict, *, disconnect_after: int | None, timeout: 
     out = {"outcome": outcome, "chunks": chunks,
            "tokens": int(tokens) if tokens is not None else len((last or {}).get("output_ids") or []),
            "asked": body.get("sampling_params", {}).get("max_new_tokens"),
-           "finish": finish.get("type") if isinstance(finish, dict) else None}
+           "finish": finish.get("type") if isinstance(finish, dict) else None,
+           "matched": finish.get("matched") if isinstance(finish, dict) else None}
     if body.get("return_logprob") and outcome == "completed":
         out["finite"] = _finite_logprobs(meta)
     return out
@@ -206,7 +209,7 @@ def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: i
     """The load (module docstring); returns the counts and every request's result. An aborted request's
     ``/abort_request`` goes out at a uniform random time within ``abort_within_s`` seconds of its start. A
     request asks for 1 to ``output_len`` new tokens (uniform), or, with probability ``long_frac``, for
-    ``long_output_len``; with probability ``sampled_frac`` it is sampled (temperature 0.8, top-p 0.95), else greedy.
+    ``long_output_len``; with probability ``sampled_frac`` it is sampled (temperature 0.8), else greedy.
 
     Returns:
         dict: ``counts`` (requests by outcome), ``kinds`` (how many were planned sampled, long, with
@@ -246,7 +249,7 @@ def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: i
         if plan["long"]:
             body["sampling_params"]["max_new_tokens"] = long_output_len
         if plan["sampled"]:
-            body["sampling_params"].update(temperature=0.8, top_p=0.95)
+            body["sampling_params"].update(temperature=0.8)
         plans.append(plan)
     start = time.time()
     results: list[dict | None] = [None] * requests
@@ -278,12 +281,16 @@ def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: i
              "logprob": sum(bool(p["body"].get("return_logprob")) for p in sent),
              "shared_prefix": sum(p["shared"] for p in sent)}
     # A completed request gets exactly what it asked for when it finished by length, at most that when it stopped at
-    # an end-of-sequence token, retracted and re-admitted or not; any other finish of a completed request is wrong too.
+    # a stop token (``matched`` a token id), retracted and re-admitted or not; any other finish of a completed request
+    # is wrong, SGLang's "NaN happened" stop (a ``stop`` matching text) included.
     short = [i for i, r in enumerate(results) if r["outcome"] == "completed" and r.get("asked") is not None
              and not ((r.get("finish") == "length" and r.get("tokens") == r["asked"])
-                      or (r.get("finish") == "stop" and r.get("tokens", 0) <= r["asked"]))]
+                      or (r.get("finish") == "stop" and isinstance(r.get("matched"), int)
+                          and not isinstance(r.get("matched"), bool) and r.get("tokens", 0) <= r["asked"]))]
+    unasked = [i for i, r in enumerate(results) if r["outcome"] == "aborted" and not r.get("abort_asked")]
     return {"counts": counts, "kinds": kinds, "seconds": time.time() - start, "results": results,
             "short_outputs": len(short), "short_examples": [results[i] | {"request": i} for i in short[:5]],
+            "unasked_aborts": len(unasked), "unasked_abort_examples": [results[i] | {"request": i} for i in unasked[:5]],
             "nonfinite_logprobs": sum(1 for r in results if r.get("finite") is False),
             "errors": [r["detail"] for r in results if r["outcome"] == "error"][:20]}
 
@@ -370,6 +377,11 @@ def checks(run: dict, log_text: str | None = None, trace: dict | None = None) ->
     rows = [
         {"check": "no request failed with a server error", "ok": c.get("error", 0) == 0,
          "detail": f"{c} in {run['load']['seconds']:.0f} s; first errors: {run['load']['errors'][:3]}"},
+        {"check": "no request aborted by the server that its client did not abort",
+         "ok": run["load"].get("unasked_aborts", 0) == 0 and "unasked_aborts" in run["load"],
+         "detail": f"{run['load'].get('unasked_aborts', 'not counted')} aborted unasked"
+                   + (f"; e.g. {run['load']['unasked_abort_examples'][:2]}"
+                      if run["load"].get("unasked_abort_examples") else "")},
         {"check": "every completed request got the tokens it asked for (fewer only at end of sequence)",
          "ok": run["load"].get("short_outputs", 0) == 0 and "short_outputs" in run["load"],
          "detail": f"{run['load'].get('short_outputs', 'not counted')} completed with fewer or more"
@@ -379,6 +391,8 @@ def checks(run: dict, log_text: str | None = None, trace: dict | None = None) ->
         {"check": "probes give the same tokens before and after the load", "ok": run["probes_before"] == run["probes_after"]
          and all(run["probes_before"]), "detail": f"{len(run['probes_before'])} probes of {list(PROBE_LENS)} tokens"},
         {"check": "healthy after the load", "ok": run["healthy_after"], "detail": ""},
+        {"check": "a sampled request before the load answered", "ok": run.get("warm_up") == 200,
+         "detail": f"HTTP {run.get('warm_up', 'not sent')}"},
     ]
     if run.get("bad_inputs") is None:  # the server stopped before them (soak_run's errors_after says how)
         rows.append({"check": "bad inputs: each answered, server healthy", "ok": False,
@@ -423,24 +437,33 @@ def checks(run: dict, log_text: str | None = None, trace: dict | None = None) ->
     return rows
 
 
-def soak_run(base: str, load_args: dict, context_len: int, probe_output_len: int = 32, settle_s: float = 20.0) -> dict:
-    """The whole soak against ``base``, in order: server info, probes, the pool (``pool_state``), ``load(**load_args)``,
-    ``/health``, the probes again, the pool again and the server info, then the bad inputs, so that a bad input
-    that stops the server leaves every other reading taken, and the pool once more.
+def soak_run(base: str, load_args: dict, context_len: int, probe_output_len: int = 32, settle_s: float = 20.0,
+             on_step=None) -> dict:
+    """The whole soak against ``base``, in order: server info, one sampled warm-up request (SGLang compiles its
+    speculative sampling kernel at the first sampled request: before the load, not inside it), probes, the pool
+    (``pool_state``), ``load(**load_args)``, ``/health``, the probes again, the pool again and the server info, then
+    the bad inputs, so that a bad input that stops the server leaves every other reading taken, and the pool once
+    more. ``on_step(run)``, when given, is called after the load and after each later reading (to write what has
+    been read so far, so that a soak stopped from outside keeps its load).
 
     Returns:
-        dict: ``url``, ``info_before``, ``probes_before``, ``pool_before``, ``load``, ``healthy_after``,
-        ``probes_after``, ``pool_after``, ``info_after``, ``bad_inputs``, ``pool_after_bad_inputs`` as ``checks``
-        reads them; a reading after the load that failed is ``None`` and its error is in ``errors_after``.
+        dict: ``url``, ``info_before``, ``warm_up`` (the sampled request's HTTP status), ``probes_before``,
+        ``pool_before``, ``load``, ``healthy_after``, ``probes_after``, ``pool_after``, ``info_after``, ``bad_inputs``,
+        ``pool_after_bad_inputs`` as ``checks`` reads them; a reading after the load that failed is ``None`` and its
+        error is in ``errors_after``.
 
     Raises:
         ValueError: from ``load`` (its arguments), before any request of the load is sent.
         RuntimeError: a probe before the load not answered with HTTP 200 (``probes``): the server was not serving.
     """
-    run = {"url": base, "info_before": json.loads(_get(base + "/get_server_info")[1] or b"{}"),
-           "probes_before": probes(base, output_len=probe_output_len)}
+    run = {"url": base, "info_before": json.loads(_get(base + "/get_server_info")[1] or b"{}")}
+    run["warm_up"] = _post(base + "/generate", {"input_ids": list(range(TOKEN_IDS[0], TOKEN_IDS[0] + 300)),
+                                                 "sampling_params": {"max_new_tokens": 8, "temperature": 0.8}}, 600.0)[0]
+    run["probes_before"] = probes(base, output_len=probe_output_len)
     run["pool_before"] = pool_state(base, settle_s=settle_s)
     run["load"] = load(base, **load_args)
+    step = on_step or (lambda _run: None)
+    step(run)
     # From here on the server may have stopped (what a soak exists to find): every reading is taken, what fails
     # is kept as an error, and the run is returned so that its load and the failed readings reach the checks.
     run["errors_after"] = {}
@@ -456,6 +479,7 @@ def soak_run(base: str, load_args: dict, context_len: int, probe_output_len: int
         except (RuntimeError, ValueError, OSError) as e:
             run[key] = None
             run["errors_after"][key] = f"{type(e).__name__}: {e}"
+        step(run)
     return run
 
 
@@ -473,7 +497,7 @@ def _load_cmd(argv: list[str]) -> int:
     p.add_argument("--abort-frac", type=float, default=0.05)
     p.add_argument("--logprob-frac", type=float, default=0.05)
     p.add_argument("--sampled-frac", type=float, default=0.2,
-                   help="fraction sampled at temperature 0.8, top-p 0.95 (the rest greedy)")
+                   help="fraction sampled at temperature 0.8 (the rest greedy)")
     p.add_argument("--long-frac", type=float, default=0.05,
                    help="fraction asking for --long-output-len new tokens, so that decode outgrows the pool")
     p.add_argument("--long-output-len", type=int, default=2048)
@@ -482,17 +506,21 @@ def _load_cmd(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=1800.0, help="seconds after which no request is sent")
     o = p.parse_args(argv)
+
+    def write(run: dict) -> None:
+        with open(o.out, "w") as f:
+            json.dump(run, f, indent=1, default=str)
+
     try:
         run = soak_run(o.url.rstrip("/"), dict(
             requests=o.requests, concurrency=o.concurrency, min_len=o.min_len, max_len=o.max_len,
             output_len=o.output_len, shared_frac=o.shared_frac, disconnect_frac=o.disconnect_frac,
             abort_frac=o.abort_frac, logprob_frac=o.logprob_frac, seed=o.seed, time_limit=o.time_limit,
             abort_within_s=o.abort_within, sampled_frac=o.sampled_frac, long_frac=o.long_frac,
-            long_output_len=o.long_output_len), o.context_len)
+            long_output_len=o.long_output_len), o.context_len, on_step=write)
     except ValueError as e:
         p.error(str(e))
-    with open(o.out, "w") as f:
-        json.dump(run, f, indent=1, default=str)
+    write(run)
     print(json.dumps(run["load"]["counts"]))
     return 0
 

@@ -107,6 +107,12 @@ def test_glm5_layers_have_glm5s_sizes_and_are_served_by_the_plugin(tmp_path, cap
     assert differ == {"num_hidden_layers", "n_routed_experts", "first_k_dense_replace"}
     assert (cfg["num_hidden_layers"], cfg["n_routed_experts"], cfg["first_k_dense_replace"]) == (3, 32, 1)
     assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
+    rs = cfg["rope_scaling"]  # YaRN's cached positions cover GLM-5's context
+    assert rs["original_max_position_embeddings"] * rs["factor"] >= glm5["max_position_embeddings"]
+    tool.make_model(str(tmp_path / "g78"), "glm5-layers", layers=78)
+    assert json.loads((tmp_path / "g78" / "config.json").read_text())["num_hidden_layers"] == 78
+    with pytest.raises(ValueError, match=r"layers: expected 1..78"):
+        tool.make_model(str(tmp_path / "bad"), "glm5-layers", layers=79)
     rc = main(["check", str(tmp_path / "g"), "--capability", "9.0"])
     out = " ".join(capsys.readouterr().out.split())
     assert rc == 0, out

@@ -35,7 +35,9 @@ def _standin(fault=None):
     disconnected request keeps 64 tokens of the KV pool, as a page freed on no path would), ``"short"`` (every 5th
     request finishes one token short of what it asked for, as a retracted request re-admitted without its last
     token would), ``"eos"`` (every 3rd request stops at an end-of-sequence token half way, finish reason
-    ``stop``, as a model may). ``/v1/loads``
+    ``stop`` matching token 1, as a model may), ``"nan_stop"`` (every 3rd request stops half way with SGLang's
+    ``NaN happened`` stop), ``"self_abort"`` (every 7th streamed request is aborted by the server half way, as a
+    request lost in a retraction would be). ``/v1/loads``
     answers as SGLang's does in the fields the script reads, from the tokens the stand-in holds."""
     state = {"aborted": set(), "generated": 0, "lock": threading.Lock(), "held": 0}
 
@@ -82,14 +84,18 @@ def _standin(fault=None):
                 state["generated"] += 1
                 k = state["generated"]
             shift = 1 if fault == "drift" and k > 20 else 0
-            finish = "length"
+            finish = {"type": "length"}
             if fault == "short" and body.get("stream") and k % 5 == 0 and n > 1:
                 n -= 1
             if fault == "eos" and body.get("stream") and k % 3 == 0 and n > 1:
-                n, finish = n // 2, "stop"
+                n, finish = n // 2, {"type": "stop", "matched": 1}
+            if fault == "nan_stop" and body.get("stream") and k % 3 == 0 and n > 1:
+                n, finish = n // 2, {"type": "stop", "matched": "NaN happened"}
+            if fault == "self_abort" and body.get("stream") and k % 7 == 0 and n > 1:
+                n, finish = n // 2, {"type": "abort"}
             out = [(sum(ids) + j + shift) % 997 for j in range(n)]
             lp = float("nan") if fault == "nan" else -0.5
-            meta = {"finish_reason": {"type": finish},
+            meta = {"finish_reason": finish,
                     "output_token_logprobs": [[lp, t, None] for t in out] if body.get("return_logprob") else None}
             if not body.get("stream"):
                 return self._send(200, {"output_ids": out, "meta_info": meta})
@@ -164,6 +170,8 @@ def test_a_well_behaved_server_passes_and_every_kind_of_client_shows_up():
     ("error", "no request failed with a server error"),
     ("leak", "KV pool: as many free tokens after the load as before, none in use"),
     ("short", "every completed request got the tokens it asked for (fewer only at end of sequence)"),
+    ("nan_stop", "every completed request got the tokens it asked for (fewer only at end of sequence)"),
+    ("self_abort", "no request aborted by the server that its client did not abort"),
 ])
 def test_each_planted_fault_fails_its_check(fault, check):
     ok = _ok(soak.checks(_run(fault)))
@@ -199,10 +207,15 @@ def test_a_server_that_stops_after_the_load_still_gets_its_run_written_and_check
         return out
 
     soak.load = load_then_stop
+    seen = []
     try:
-        run = soak.soak_run(base, args, CONTEXT, probe_output_len=4, settle_s=0)
+        run = soak.soak_run(base, args, CONTEXT, probe_output_len=4, settle_s=0,
+                            on_step=lambda r: seen.append(sorted(r)))
     finally:
         soak.load = real_load
+    # What has been read is handed out after the load and after each later reading (the CLI writes it each time).
+    assert "load" in seen[0] and "probes_after" not in seen[0] and len(seen) == 6
+    assert run["warm_up"] == 200
     assert run["load"]["counts"].get("completed") == 10
     assert run["probes_after"] is None and "probes_after" in run["errors_after"]
     assert [b["status"] for b in run["bad_inputs"]] == [0, 0, 0, 0]  # no answer: each is a failing row
@@ -223,7 +236,7 @@ def test_a_leak_or_a_traceback_in_the_servers_log_fails():
 
 
 def test_sampled_and_long_requests_are_sent_and_counted():
-    """A fraction of the requests sampled (temperature 0.8, top-p 0.95) and a fraction asking for the long output,
+    """A fraction of the requests sampled (temperature 0.8) and a fraction asking for the long output,
     as planned and sent; every completed one got exactly what it asked for."""
     sent = []
     real_stream = soak.stream_one
@@ -242,7 +255,7 @@ def test_sampled_and_long_requests_are_sent_and_counted():
     sampled = [b for b in sent if b["sampling_params"]["temperature"] == 0.8]
     long_ = [b for b in sent if b["sampling_params"]["max_new_tokens"] == 57]
     assert k["sampled"] == len(sampled) and 10 <= len(sampled) <= 30
-    assert all(b["sampling_params"]["top_p"] == 0.95 for b in sampled)
+    assert not any({"top_p", "top_k"} & set(b["sampling_params"]) for b in sent)  # renormalization: FlashInfer's
     assert not any("ignore_eos" in b["sampling_params"] for b in sent)  # SGLang then reserves all of the output
     assert k["long"] == len(long_) and 3 <= len(long_) <= 18  # output_len 40: only the long ones ask for 57
     assert k["logprob"] == sum(1 for b in sent if b.get("return_logprob"))
