@@ -5,7 +5,8 @@
         [--serving-profile JSON [JSON ...] --serving-gpu NAME --serving-date DATE --serving-stack TEXT
          --serving-layers N] [--cycle JSON:NEXT_N [...] --cycle-gpu NAME --cycle-date DATE --cycle-stack TEXT
          --cycle-rank TEXT --cycle-moe-gpus N] [--cycle-more JSON:NEXT_N [...] --cycle-more-gpu NAME
-         --cycle-more-date DATE --cycle-more-stack TEXT --cycle-more-rank TEXT --cycle-more-moe-gpus N] [--out PATH]
+         --cycle-more-date DATE --cycle-more-stack TEXT --cycle-more-rank TEXT --cycle-more-moe-gpus N
+         [--cycle-more-other-order JSON:NEXT_N [...]]] [--out PATH]
 
 BENCH_JSON: a ``sglang-fp4-indexer bench --device cuda --json`` report measured
 on an H200 (the FP8 times come from its ``deepgemm-fp8`` column when it has
@@ -27,7 +28,8 @@ profile`` with ``PROFILE_SIZE=v32-rank``), each with the next_n its server verif
 cycle, measured and projected to 61 layers, at exactly those shapes (``--cycle-rank``: what one GPU held, as check
 names it; ``--cycle-moe-gpus``: the GPUs the routed experts spread over, the ``--tp-size`` check requires).
 ``--cycle-more``: the same for a further run on another GPU or rank (e.g. all 61 layers of an EP32 rank on an
-H100, FP8 server then FP4 server), with its own ``--cycle-more-*`` facts. Writes ``sglang_fp4_indexer/data/h200_tables.json``
+H100, FP8 server then FP4 server), with its own ``--cycle-more-*`` facts; ``--cycle-more-other-order``: summaries
+of the same shapes with the servers in the other order (FP4's first), whose busy times check quotes beside them. Writes ``sglang_fp4_indexer/data/h200_tables.json``
 (shipped inside the wheel) unless ``--out`` says otherwise, and prints what it took.
 """
 
@@ -108,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycle-more-rank", default=None, help="what one GPU held, e.g. 'DP-attention + EP32 rank'")
     parser.add_argument("--cycle-more-moe-gpus", type=int, default=None,
                         help="over how many GPUs its routed experts spread (its --tp-size)")
+    parser.add_argument("--cycle-more-other-order", nargs="+", default=[], metavar="JSON:NEXT_N",
+                        help="timeline summaries of the --cycle-more shapes with the servers in the other run order")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     if args.sglang_one_batch and not (args.sglang_gpu and args.sglang_date):
@@ -118,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                      "(what was measured where)")
     if args.cycle and not (args.cycle_gpu and args.cycle_date and args.cycle_stack):
         parser.error("--cycle needs --cycle-gpu, --cycle-date and --cycle-stack (what was measured where)")
+    if args.cycle_more_other_order and not args.cycle_more:
+        parser.error("--cycle-more-other-order needs --cycle-more (the first order's summaries)")
     if args.cycle_more and not (args.cycle and args.cycle_more_gpu and args.cycle_more_date and args.cycle_more_stack):
         parser.error("--cycle-more needs --cycle, and --cycle-more-gpu, --cycle-more-date and --cycle-more-stack "
                      "(what was measured where)")
@@ -146,12 +152,16 @@ def main(argv: list[str] | None = None) -> int:
             summaries = [(_read(p), n) for p, n in pairs]
             depths = {(s["layers"], s["full_depth"]) for s, _ in summaries}
             depth = ", ".join(f"all {f}" if layers == f else f"{layers} of its {f}" for layers, f in sorted(depths))
+            other = pairs_of(args.cycle_more_other_order, "--cycle-more-other-order")
             cycle_more = [verify_cycle_section(
                 summaries, gpu=args.cycle_more_gpu, date=args.cycle_more_date, stack=args.cycle_more_stack,
                 method="inside SGLang's server: the GPU's busy time (union of kernel intervals) per decode step or "
                        "MTP verify cycle, median over the traces of its FP8 and FP4 servers, on one "
-                       f"{args.cycle_more_rank or 'DP-attention rank'} of DeepSeek-V3.2 with {depth} layers",
-                sources=[_source(p) for p, _ in pairs], rank=args.cycle_more_rank, moe_gpus=args.cycle_more_moe_gpus)]
+                       f"{args.cycle_more_rank or 'DP-attention rank'} of DeepSeek-V3.2 with {depth} layers"
+                       + ("; the other run order's servers as a second figure" if other else ""),
+                sources=[_source(p) for p, _ in pairs], rank=args.cycle_more_rank, moe_gpus=args.cycle_more_moe_gpus,
+                other_orders=[(_read(p), n) for p, n in other] or None,
+                other_order_sources=[_source(p) for p, _ in other] or None)]
         sglang = None
         if args.sglang_one_batch:
             try:

@@ -323,7 +323,9 @@ def serving_timing_section(profiles: dict, *, gpu: str, date: str, stack: str, l
 
 
 def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: str, stack: str, method: str,
-                         sources: list[str], rank: str | None = None, moe_gpus: int | None = None) -> dict:
+                         sources: list[str], rank: str | None = None, moe_gpus: int | None = None,
+                         other_orders: list[tuple[dict, int]] | None = None,
+                         other_order_sources: list[str] | None = None) -> dict:
     """The ``cycle`` section: per measured shape and next_n, a server's busy time per decode step or verify cycle
     with FP8 and FP4 index keys, at the depth measured and projected to the model's full depth.
 
@@ -336,15 +338,21 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
             not recorded (``check`` then says "DP-attention rank").
         moe_gpus: over how many GPUs the deployment spread the routed experts (its ``--tp-size``, with EP or
             TP for the experts: a rank's expert bytes are the same); None: not recorded (not compared).
+        other_orders: ``(summary, next_n)`` pairs of the same shapes measured again with the servers in the other
+            run order (e.g. FP4's server first, on another machine), or None; each of their shapes must be a row's.
+        other_order_sources: where those came from (recorded as ``other_order_sources``); one per pair.
 
     Returns:
-        ``{"gpu", "date", "stack", "method", "sources", "rows"}`` (and ``rank``, ``moe_gpus`` where given); a row:
-        ``batch``, ``context``, ``next_n``, ``layers``, ``full_depth``, ``traces`` (per format, fewest), ``fp8_ms`` / ``fp4_ms`` (busy time per
-        cycle at ``layers``), ``fp8_61_ms`` / ``fp4_61_ms`` (projected to ``full_depth``).
+        ``{"gpu", "date", "stack", "method", "sources", "rows"}`` (and ``rank``, ``moe_gpus``, and
+        ``other_order_sources`` where given); a row: ``batch``, ``context``, ``next_n``, ``layers``, ``full_depth``,
+        ``traces`` (per format, fewest), ``fp8_ms`` / ``fp4_ms`` (busy time per cycle at ``layers``), ``fp8_61_ms``
+        / ``fp4_61_ms`` (projected to ``full_depth``), and, where another order measured it, ``other_orders``: a
+        list of ``{"fp8_ms", "fp4_ms", "traces"}``, one per such summary.
 
     Raises:
-        ValueError: a summary without a layer count, a shape without both formats, a next_n below 1, or the same
-            shape and next_n twice.
+        ValueError: a summary without a layer count, a shape without both formats, a next_n below 1, the same
+            shape and next_n twice, an other-order shape no row has (or measured at another depth), or
+            ``other_order_sources`` not one per ``other_orders`` pair.
     """
     rows, seen = [], set()
     for summary, next_n in timelines:
@@ -365,11 +373,29 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
                          "fp8_ms": agg["fp8"]["busy_us"]["median"] / 1e3, "fp4_ms": agg["fp4"]["busy_us"]["median"] / 1e3,
                          "fp8_61_ms": agg["fp8"]["projected_busy_us"]["median"] / 1e3,
                          "fp4_61_ms": agg["fp4"]["projected_busy_us"]["median"] / 1e3})
+    others = list(other_orders or [])
+    if len(others) != len(other_order_sources or []):
+        raise ValueError(f"other_order_sources: expected one per other_orders summary ({len(others)}), got "
+                         f"{other_order_sources!r}")
+    for summary, next_n in others:
+        for shape, agg in sorted(summary["shapes"].items()):
+            b, c = (int(x) for x in shape.split("x"))
+            row = next((r for r in rows if (r["batch"], r["context"], r["next_n"]) == (b, c, next_n)), None)
+            if row is None or summary.get("layers") != row["layers"]:
+                raise ValueError(f"other_orders: {shape} at next_n {next_n} and {summary.get('layers')} layers is no "
+                                 f"row of the first order's summaries")
+            if "fp8" not in agg or "fp4" not in agg:
+                raise ValueError(f"other_orders: {shape} lacks FP8 or FP4 traces")
+            row.setdefault("other_orders", []).append(
+                {"fp8_ms": agg["fp8"]["busy_us"]["median"] / 1e3, "fp4_ms": agg["fp4"]["busy_us"]["median"] / 1e3,
+                 "traces": min(agg["fp8"]["traces"], agg["fp4"]["traces"])})
     out = {"gpu": gpu, "date": date, "stack": stack, "method": method, "sources": sources, "rows": rows}
     if rank is not None:
         out["rank"] = rank
     if moe_gpus is not None:
         out["moe_gpus"] = moe_gpus
+    if others:
+        out["other_order_sources"] = list(other_order_sources)
     return out
 
 
@@ -466,11 +492,11 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
         out["sources"].extend(timing_serving["sources"])
     if cycle is not None:
         out["cycle"] = cycle
-        out["sources"].extend(cycle["sources"])
+        out["sources"].extend(cycle["sources"] + cycle.get("other_order_sources", []))
     if cycle_more:
         out["cycle_more"] = list(cycle_more)
         for sec in cycle_more:
-            out["sources"].extend(sec["sources"])
+            out["sources"].extend(sec["sources"] + sec.get("other_order_sources", []))
     return out
 
 

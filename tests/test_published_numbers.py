@@ -80,8 +80,10 @@ def test_check_tables_are_built_from_the_published_reports():
     assert TABLES["sources"][:5] == [f"benchmarks/results/{DECODE_REPORT}", "benchmarks/results/accuracy-gpu.json",
                                      *models] and TABLES["model"]["sources"] == models
     assert TABLES["sources"][5:] == (TABLES["sglang"]["sources"] + TABLES["timing_serving"]["sources"]
-                                     + TABLES["cycle"]["sources"] + TABLES["cycle_more"][0]["sources"])
+                                     + TABLES["cycle"]["sources"] + TABLES["cycle_more"][0]["sources"]
+                                     + TABLES["cycle_more"][0]["other_order_sources"])
     assert TABLES["cycle_more"][0]["sources"] == [f"benchmarks/results/{_R61}"]
+    assert TABLES["cycle_more"][0]["other_order_sources"] == [f"benchmarks/results/{_R61_FP4_FIRST}"]
     # The verify-cycle rows are the timeline summaries the benchmarks page quotes (medians, both run orders).
     assert TABLES["cycle"]["sources"] == ["benchmarks/results/sglang_timeline_v32_rank20_mtp3x4_h200_2026-12-06.json",
                                           "benchmarks/results/sglang_timeline_v32_rank20_mtp_off_h200_2026-12-06.json"]

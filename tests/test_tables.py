@@ -123,14 +123,22 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
                                  moe_gpus=cyc["moe_gpus"])
     more = [verify_cycle_section([(json.loads((REPO / p).read_text()), 4) for p in m["sources"]], gpu=m["gpu"],
                                  date=m["date"], stack=m["stack"], method=m["method"], sources=m["sources"],
-                                 rank=m["rank"], moe_gpus=m["moe_gpus"]) for m in tables["cycle_more"]]
+                                 rank=m["rank"], moe_gpus=m["moe_gpus"],
+                                 other_orders=[(json.loads((REPO / p).read_text()), 4)
+                                               for p in m.get("other_order_sources", [])] or None,
+                                 other_order_sources=m.get("other_order_sources"))
+            for m in tables["cycle_more"]]
     # Up to date: re-running scripts/update_check_tables.py on the recorded sources changes nothing.
     assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src, model_accuracy=model,
                                   model_source=model_src, sglang=sglang, timing_serving=serving, cycle=cycle,
                                   cycle_more=more)
     assert tables["timing"]["gpu"] == "NVIDIA H200" and tables["recall"]["topk"] == 2048
     assert tables["sources"][2 + len(model_src):] == (sec["sources"] + srv["sources"] + cyc["sources"]
-                                                      + [p for m in tables["cycle_more"] for p in m["sources"]])
+                                                      + [p for m in tables["cycle_more"]
+                                                         for p in m["sources"] + m.get("other_order_sources", [])])
+    # The full-depth rank in both run orders: FP8's server first, then (another machine) FP4's first.
+    assert tables["cycle_more"][0]["other_order_sources"] == [
+        "benchmarks/results/sglang_timeline_v32_rank61_ep32_mtp3x4_fp4_first_h100_2026-12-06.json"]
     # The ranks the cycle runs measured: 20 layers of an EP8 rank on the H200, all 61 of an EP32 rank on the H100.
     assert (cyc["gpu"], cyc["rank"], cyc["moe_gpus"]) == ("NVIDIA H200", "DP-attention + EP8 rank", 8)
     assert [(m["gpu"], m["rank"], m["moe_gpus"]) for m in tables["cycle_more"]] == [
@@ -317,6 +325,18 @@ def test_the_cycle_rows_are_the_timeline_summaries_and_are_quoted_only_where_mea
     assert (r61["batch"], r61["context"], r61["next_n"], r61["layers"], r61["traces"]) == (4, 131072, 4, 61, 3)
     assert r61["fp8_ms"] == r61["fp8_61_ms"] == agg61["fp8"]["busy_us"]["median"] / 1e3
     assert r61["fp4_ms"] == agg61["fp4"]["busy_us"]["median"] / 1e3
+    first4 = json.loads((results / "sglang_timeline_v32_rank61_ep32_mtp3x4_fp4_first_h100_2026-12-06.json")
+                        .read_text())["shapes"]["4x131072"]
+    assert r61["other_orders"] == [{"fp8_ms": first4["fp8"]["busy_us"]["median"] / 1e3,
+                                    "fp4_ms": first4["fp4"]["busy_us"]["median"] / 1e3, "traces": 3}]
+    # An other-order shape that no row has, or sources not one per summary, are refused by name.
+    with pytest.raises(ValueError, match="other_orders: 8x131072"):
+        verify_cycle_section([(full, 4)], gpu="g", date="d", stack="s", method="m", sources=["a"],
+                             other_orders=[({"layers": 61, "shapes": {"8x131072": first4}}, 4)],
+                             other_order_sources=["b"])
+    with pytest.raises(ValueError, match="other_order_sources"):
+        verify_cycle_section([(full, 4)], gpu="g", date="d", stack="s", method="m", sources=["a"],
+                             other_orders=[(full, 4)], other_order_sources=None)
     assert cycle_sections(load_tables()) == [packaged, h100] and cycle_sections({}) == []
     with pytest.raises(ValueError, match="cycle_more"):
         build_tables({}, {}, cycle_more=[h100])

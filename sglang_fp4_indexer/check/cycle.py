@@ -76,6 +76,8 @@ def cycle_line(w: dict, batch: int, context: int, next_n: int) -> str | None:
             f"({run['gpu']}, {run['date']}; one {run['rank']} of DeepSeek-V3.2 with {depth_text(row, 'its ')}"
             f", dummy weights; {run['stack']}): the GPU's busy time FP8 {row['fp8_ms']:.2f} "
             f"ms, FP4 {row['fp4_ms']:.2f} ms ({row['fp8_ms'] / row['fp4_ms']:.3f}x)"
+            + "".join(f"; with the servers in the other order FP8 {o['fp8_ms']:.2f} ms, FP4 {o['fp4_ms']:.2f} ms "
+                      f"({o['fp8_ms'] / o['fp4_ms']:.3f}x)" for o in row.get("other_orders", []))
             + (f"; projected to {row['full_depth']} layers {row['fp8_61_ms']:.2f} / {row['fp4_61_ms']:.2f} ms "
                f"({row['fp8_61_ms'] / row['fp4_61_ms']:.3f}x)" if row["layers"] < row["full_depth"] else "")
             + ("; FP8 there is DeepGEMM as SGLang 0.5.23 calls it on Hopper, one query row at a time: a DeepGEMM kernel "

@@ -224,13 +224,25 @@ def depth_text(row: dict, its: str = "") -> str:
 def cycle_gain_text(row: dict | None, run: dict | None) -> str | None:
     """The server's measured step as the verdict names it: "a 1.082x shorter MTP verify cycle (GPU busy time inside
     SGLang's server, NVIDIA H200, 20 of 61 layers)" (a decode step with next_n 1; "longer" where FP4's is
-    longer), from a ``cycle`` section row and its section's ``gpu``; None without a row."""
+    longer; "a 1.090-1.092x shorter ... FP8 and FP4 servers in both orders" where the row has ``other_orders``),
+    from a ``cycle`` section row and its section's ``gpu``; None without a row."""
     if row is None or run is None:
         return None
-    ratio = row["fp8_ms"] / row["fp4_ms"]
+    ratios = [row["fp8_ms"] / row["fp4_ms"]] + [o["fp8_ms"] / o["fp4_ms"] for o in row.get("other_orders", [])]
+    lo, hi = min(ratios), max(ratios)
     what = "MTP verify cycle" if row["next_n"] > 1 else "decode step"
-    change = f"a {ratio:.3f}x shorter" if ratio >= 1 else f"a {1 / ratio:.3f}x longer"
-    return f"{change} {what} (GPU busy time inside SGLang's server, {run['gpu']}, {depth_text(row)})"
+
+    def span(a: float, b: float) -> str:
+        return f"{a:.3f}x" if f"{a:.3f}" == f"{b:.3f}" else f"{a:.3f}-{b:.3f}x"
+
+    if lo >= 1:
+        change = f"a {span(lo, hi)} shorter"
+    elif hi < 1:
+        change = f"a {span(1 / hi, 1 / lo)} longer"
+    else:
+        change = f"a {1 / lo:.3f}x longer to {hi:.3f}x shorter"
+    orders = ", FP8 and FP4 servers in both orders" if len(ratios) > 1 else ""
+    return f"{change} {what} (GPU busy time inside SGLang's server{orders}, {run['gpu']}, {depth_text(row)})"
 
 
 def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tables: dict | None = None,
