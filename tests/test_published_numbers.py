@@ -1128,6 +1128,32 @@ def test_user_guide_first_soak_run_is_the_raw_files():
     assert "found that SGLang 0.5.23 stops on a prompt of zero tokens" in text
 
 
+def test_readme_check_example_paragraph_is_the_raw_files():
+    """The paragraph before the README's second check example: the KV memory the full-depth rank's server allocated
+    (SGLang's log, GiB), the busy-time ratios of both orders that check quotes, and the wall-time ratios beside."""
+    import io
+    import tarfile
+
+    kv = set()
+    for name in ("sglang_timeline_v32_rank61_ep32_h100_logs_2026-12-06.tar.gz",
+                 "sglang_timeline_v32_rank61_ep32_fp4_first_h100_logs_2026-12-06.tar.gz"):
+        with tarfile.open(RESULTS / name) as tar:
+            for member in tar.getmembers():
+                if member.isfile() and "server" in member.name:
+                    raw = tar.extractfile(member).read()
+                    text = (gzip.decompress(raw) if member.name.endswith(".gz") else raw).decode(errors="replace")
+                    kv |= {float(m) for m in re.findall(r"#tokens: \d+, KV size: ([\d.]+) GB", text) if float(m) > 1}
+    assert kv == {26.38}
+    orders = [_json(n)["shapes"]["4x131072"]["fp8_over_fp4"] for n in (_R61, _R61_FP4_FIRST)]
+    busy = sorted(o["busy_us"] for o in orders)
+    wall = sorted(o["wall_ms_per_cycle"] for o in orders)
+    text = _flat(_page("README.md"))
+    assert (f"in the 26.38 GiB of KV memory that rank's server allocated), `check` quotes the measured cycle's GPU "
+            f"busy time in both run orders ({busy[0]:.3f}-{busy[1]:.3f}x; the wall time at the client, "
+            f"{wall[0]:.3f}-{wall[1]:.3f}x, is in the tables below)") in text
+    assert "--memory-gib 26.38" in text
+
+
 def test_user_guide_real_scale_oracle_run_and_topk_probe_are_the_raw_files():
     """At a real logit scale every mode passes the oracle for both formats (rows, largest logits, worst margins and
     the overlap as quoted), and the top-k probe's findings (exact at scale 1, the differing entries at 1e-19 on long
