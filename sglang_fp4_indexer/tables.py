@@ -354,7 +354,13 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
             shape and next_n twice, an other-order shape no row has (or measured at another depth), or
             ``other_order_sources`` not one per ``other_orders`` pair.
     """
-    rows, seen = [], set()
+    def busy(agg: dict, shape: str, what: str) -> dict:  # one shape's medians, both formats
+        if "fp8" not in agg or "fp4" not in agg:
+            raise ValueError(f"{what}: {shape} lacks FP8 or FP4 traces")
+        return {"traces": min(agg["fp8"]["traces"], agg["fp4"]["traces"]),
+                "fp8_ms": agg["fp8"]["busy_us"]["median"] / 1e3, "fp4_ms": agg["fp4"]["busy_us"]["median"] / 1e3}
+
+    rows: dict[tuple[int, int, int], dict] = {}
     for summary, next_n in timelines:
         if not isinstance(next_n, int) or next_n < 1:
             raise ValueError(f"next_n: expected an int >= 1, got {next_n!r}")
@@ -362,17 +368,13 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
             raise ValueError("timeline summary: no layer count (made without --layers): nothing to project")
         for shape, agg in sorted(summary["shapes"].items()):
             b, c = (int(x) for x in shape.split("x"))
-            if "fp8" not in agg or "fp4" not in agg:
-                raise ValueError(f"timeline summary: {shape} lacks FP8 or FP4 traces")
-            if (b, c, next_n) in seen:
+            medians = busy(agg, shape, "timeline summary")
+            if (b, c, next_n) in rows:
                 raise ValueError(f"timeline summaries: {shape} at next_n {next_n} twice")
-            seen.add((b, c, next_n))
-            rows.append({"batch": b, "context": c, "next_n": next_n, "layers": summary["layers"],
-                         "full_depth": summary["full_depth"],
-                         "traces": min(agg["fp8"]["traces"], agg["fp4"]["traces"]),
-                         "fp8_ms": agg["fp8"]["busy_us"]["median"] / 1e3, "fp4_ms": agg["fp4"]["busy_us"]["median"] / 1e3,
-                         "fp8_61_ms": agg["fp8"]["projected_busy_us"]["median"] / 1e3,
-                         "fp4_61_ms": agg["fp4"]["projected_busy_us"]["median"] / 1e3})
+            rows[(b, c, next_n)] = {"batch": b, "context": c, "next_n": next_n, "layers": summary["layers"],
+                                    "full_depth": summary["full_depth"], **medians,
+                                    "fp8_61_ms": agg["fp8"]["projected_busy_us"]["median"] / 1e3,
+                                    "fp4_61_ms": agg["fp4"]["projected_busy_us"]["median"] / 1e3}
     others = list(other_orders or [])
     if len(others) != len(other_order_sources or []):
         raise ValueError(f"other_order_sources: expected one per other_orders summary ({len(others)}), got "
@@ -380,15 +382,13 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
     for summary, next_n in others:
         for shape, agg in sorted(summary["shapes"].items()):
             b, c = (int(x) for x in shape.split("x"))
-            row = next((r for r in rows if (r["batch"], r["context"], r["next_n"]) == (b, c, next_n)), None)
+            row = rows.get((b, c, next_n))
             if row is None or summary.get("layers") != row["layers"]:
                 raise ValueError(f"other_orders: {shape} at next_n {next_n} and {summary.get('layers')} layers is no "
                                  f"row of the first order's summaries")
-            if "fp8" not in agg or "fp4" not in agg:
-                raise ValueError(f"other_orders: {shape} lacks FP8 or FP4 traces")
-            row.setdefault("other_orders", []).append(
-                {"fp8_ms": agg["fp8"]["busy_us"]["median"] / 1e3, "fp4_ms": agg["fp4"]["busy_us"]["median"] / 1e3,
-                 "traces": min(agg["fp8"]["traces"], agg["fp4"]["traces"])})
+            m = busy(agg, shape, "other_orders")
+            row.setdefault("other_orders", []).append({k: m[k] for k in ("fp8_ms", "fp4_ms", "traces")})
+    rows = list(rows.values())
     out = {"gpu": gpu, "date": date, "stack": stack, "method": method, "sources": sources, "rows": rows}
     if rank is not None:
         out["rank"] = rank
