@@ -2,8 +2,9 @@
 # Download what SGLang's own model runner needs on a GPU machine that has torch 2.11 / CUDA 13 and
 # Python 3.12 but neither SGLang nor a network, in three folders: .peers/sglang-runtime/part1 (SGLang, slimmed, and
 # the small wheels the image lacks; 27 MB), .peers/sglang-runtime/part2 (sglang-kernel, slimmed, and
-# FlashMLA; 25 MB) and .peers/sglang-runtime/flashinfer (FlashInfer's files, 15 MB). Both, the checkout and .peers/deepgemm.tar.xz travel in one call (<= 64 MiB);
-# scripts/sglang_gpu_check.sh installs them with pip --no-deps --no-index --target.
+# FlashMLA; 25 MB) and .peers/sglang-runtime/flashinfer (FlashInfer's header files, 8 MB). Each part travels with
+# the checkout in a call of its own (<= 64 MiB; part1 with .peers/deepgemm.tar.xz, part2 with the headers);
+# scripts/sglang_gpu_check.sh installs the wheels with pip --no-deps --no-index --target and extracts the headers.
 #
 #   bash scripts/fetch_sglang_runtime_wheels.sh
 #
@@ -61,10 +62,11 @@ slim "$(ls "$STAGE"/sglang-*.whl)" "$DEST/part1" sglang/multimodal_gen sglang/te
 # and `import tvm_ffi` fails without it.
 mv "$DEST"/part1/apache_tvm_ffi-*.whl "$STAGE/"
 slim "$(ls "$STAGE"/apache_tvm_ffi-*.whl)" "$DEST/part1" tvm_ffi/3rdparty/libbacktrace
-# FlashInfer, whose headers SGLang's JIT speculative sampling kernel includes: its wheel's files as one xz tarball
-# (62 MB zipped, 15 MB as xz), extracted into the install folder by scripts/sglang_gpu_check.sh.
+# FlashInfer 0.7.2 (the version SGLang 0.5.23 resolves), whose header files SGLang's JIT speculative sampling kernel
+# includes: only its wheel's flashinfer/data folder (the headers SGLang's JIT looks up; 8 MB as xz, the wheel is
+# 62 MB), extracted into the install folder by scripts/sglang_gpu_check.sh.
 dl "$STAGE" flashinfer-python==0.7.2
-rm -rf "$STAGE/fi" && mkdir "$STAGE/fi" && (cd "$STAGE/fi" && unzip -q "$(ls "$STAGE"/flashinfer_python-*.whl)")
+rm -rf "$STAGE/fi" && mkdir "$STAGE/fi" && (cd "$STAGE/fi" && unzip -q "$(ls "$STAGE"/flashinfer_python-*.whl)" 'flashinfer/data/*')
 mkdir -p "$DEST/flashinfer"
-tar -cf - -C "$STAGE/fi" . | xz -T0 -9e >"$DEST/flashinfer/flashinfer_python-0.7.2.tar.xz"
+tar -cf - -C "$STAGE/fi" ./flashinfer/data | xz -T0 -9e >"$DEST/flashinfer/flashinfer_headers-0.7.2.tar.xz"
 du -sh "$DEST/part1" "$DEST/part2" "$DEST/flashinfer"

@@ -6,7 +6,7 @@
 # The slimmed wheels, DeepGEMM's sources (xz) and the checkout fit one call while the checkout stays under about 13.5 MB
 # (carry .peers/sglang-runtime/part1, .peers/sglang-runtime/part2 and .peers/deepgemm.tar.xz, and .peers/jit-cache
 # where an earlier call brought JIT caches back); past that, carry part2 (with .peers/sglang-runtime/flashinfer,
-# 15 MB) in the next call: each call installs the parts it finds and a warm machine keeps them. The steps can follow each other in one command or in calls that
+# 8 MB) in the next call: each call installs the parts it finds and a warm machine keeps them. The steps can follow each other in one command or in calls that
 # follow each other while the machine keeps /tmp:
 #   bash scripts/sglang_gpu_check.sh install   # installs, prints the versions
 #   bash scripts/sglang_gpu_check.sh runner    # one-batch FP8, FP4, FP4 eager
@@ -81,15 +81,15 @@ for part in .peers/sglang-runtime/part1 .peers/sglang-runtime/part2; do
       || echo "pip install of $part failed (logs/pip.log)"
   fi
 done
-# FlashInfer 0.7.2's header files (the version `pip install sglang==0.5.23` resolves; its wheel's files as xz, 15 MB
-# instead of 62, carried with part2): SGLang JIT-compiles its speculative sampling kernel (a sampled request's verify
-# under MTP) against them and stops the server where they are missing. Only flashinfer/data is extracted, with an
-# __init__.py that fails on import: SGLang's JIT finds the headers by find_spec, which does not run it, while
+# FlashInfer 0.7.2's header files (the version `pip install sglang==0.5.23` resolves; its wheel's flashinfer/data,
+# 8 MB as xz, carried with part2; scripts/fetch_sglang_runtime_wheels.sh): SGLang JIT-compiles its speculative sampling
+# kernel (a sampled request's verify under MTP) against them and stops the server where they are missing. They come
+# with an __init__.py that fails on import: SGLang's JIT finds the headers by find_spec, which does not run it, while
 # sglang-kernel (which takes FlashInfer's norm kernels when `import flashinfer.norm` works) and SGLang (told by
 # SGLANG_IS_FLASHINFER_AVAILABLE=false above) keep their own kernels, as in every run before the headers were carried.
 FI_TAR=$(ls .peers/sglang-runtime/flashinfer/*.tar.xz 2>/dev/null | head -n 1)
 if [ -n "$FI_TAR" ] && [ ! -f "$WORK/flashinfer.installed" ]; then
-  mkdir -p /tmp/site && tar -xJf "$FI_TAR" -C /tmp/site --wildcards './flashinfer/data/*' \
+  mkdir -p /tmp/site && tar -xJf "$FI_TAR" -C /tmp/site \
     && printf '%s\n' '"""FlashInfer header files only (flashinfer/data), for SGLang JIT kernels that include them; not its package."""' \
          'raise ImportError("flashinfer: only its header files are installed here (scripts/sglang_gpu_check.sh)")' \
          >/tmp/site/flashinfer/__init__.py \
@@ -332,6 +332,7 @@ case "$STEP" in
     make_rank_model "${SERVE_SIZE:-v32-layers}" "${SERVE_LAYERS:-}" "${SERVE_EP:-}"
     PREFILL_GRAPHS=(--disable-prefill-cuda-graph)
     [ "${SERVE_PREFILL_GRAPHS:-0}" = 1 ] && PREFILL_GRAPHS=()
+    PAIR="$WORK/serving_$(basename "$M2")"  # the pair is kept per model: a later size never pairs with this one
     for fmt in ${SERVE_FORMATS:-fp8 fp4}; do
       POOL=()
       if [ -n "${SERVE_POOL_TOKENS:-}" ]; then
@@ -345,13 +346,11 @@ case "$STEP" in
         $([ $fmt = fp4 ] && echo --fp4) --load-format dummy --kv-cache-dtype fp8_e4m3 --fp8-gemm-backend triton \
         --mem-fraction-static "${SERVE_MEM_FRACTION:-0.5}" --disable-radix-cache --random-seed 0 ${POOL[@]+"${POOL[@]}"} ${SPEC[@]+"${SPEC[@]}"} ${PREFILL_GRAPHS[@]+"${PREFILL_GRAPHS[@]}"} ${SERVE_EXTRA:-}
       cp "$OUTDIR/serving_$fmt.jsonl.server.log" "$WORK/logs/" 2>/dev/null; rm -f "$OUTDIR/serving_$fmt.jsonl.server.log"
-      PAIR="$WORK/serving_$(basename "$M2")"  # the pair is kept per model: a later size never pairs with this one
       rm -f "${PAIR}_$fmt.jsonl"; cp "$OUTDIR/serving_$fmt.jsonl" "${PAIR}_$fmt.jsonl" 2>/dev/null
       grep -h "KV Cache is allocated\|max_total_num_tokens\|FP4 indexer active" "$WORK/logs/serving_$fmt.jsonl.server.log" \
         2>/dev/null | head -n 3 >>"$OUTDIR/table.txt"
     done
     # The pair is read from $WORK, so FP8 and FP4 may come from calls that follow each other on one machine.
-    PAIR="$WORK/serving_$(basename "$M2")"
     if [ -f "${PAIR}_fp8.jsonl" ] && [ -f "${PAIR}_fp4.jsonl" ]; then
       "$PY" scripts/sglang_bench.py serving-table --fp8 "${PAIR}_fp8.jsonl" --fp4 "${PAIR}_fp4.jsonl" \
         --json "$OUTDIR/serving_table.json" >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log"
@@ -417,7 +416,8 @@ case "$STEP" in
       ALL=(); while IFS= read -r t; do ALL+=("$t"); done < <(find "$WORK/prof_serving/$(basename "$M2")" -mindepth 2 \( -name 'fp[48]_*.trace.json.gz' -o -name 'fp[48]_*.wall.json' \) ! -name '*unreadable*' | sort)
       # The served model's depth from its own config (the projection needs it, and at full depth it is the measurement).
       LAYERS=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' "$M2/config.json")
-      FULL=61; [ "${PROFILE_SIZE:-}" = glm5-layers ] && FULL=78  # the depth projected to: V3.2's 61, GLM-5's 78
+      FULL=$(cd scripts && "$PY" -c 'import sys, sglang_one_batch as t; print(t.FULL_DEPTH[sys.argv[1]])' \
+        "${PROFILE_SIZE:-v32-layers}")  # the depth projected to (make-model's table: V3.2's 61, GLM-5's 78)
       [ ${#ALL[@]} -gt 0 ] && "$PY" scripts/sglang_bench.py timeline --steps "${PROFILE_STEPS:-5}" \
         --layers "$LAYERS" --full-depth "$FULL" "${ALL[@]}" --json "$OUTDIR/timeline.json" \
         >>"$OUTDIR/table.txt" 2>>"$WORK/logs/compare.log" || echo "timeline failed (logs/compare.log)"

@@ -117,8 +117,9 @@ GLM5_LAYERS_CONFIG = dict(
     v_head_dim=256, index_n_heads=32, index_head_dim=128, indexer_rope_interleave=True,
     max_position_embeddings=202752, rope_scaling=dict(V32_LAYERS_CONFIG["rope_scaling"], factor=49.5),
 )
-#: Each size's full depth (decoder layers, the MTP layer not counted): ``make-model --layers`` goes up to it.
-FULL_DEPTH = {"glm5-layers": 78}
+#: The full depth of the model each size stands for (decoder layers, the MTP layer not counted): ``make-model
+#: --layers`` goes up to it, and the profile step's timeline projects a cut model to it.
+FULL_DEPTH = {"tiny": 61, "tiny-interleaved": 61, "v32-layers": 61, "v32-rank": 61, "glm5-layers": 78}
 MODEL_SIZES = {"tiny": TINY_CONFIG, "tiny-interleaved": TINY_INTERLEAVED_CONFIG, "v32-layers": V32_LAYERS_CONFIG,
                "v32-rank": V32_RANK_CONFIG, "glm5-layers": GLM5_LAYERS_CONFIG}
 
@@ -161,7 +162,7 @@ def make_model(directory: str, size: str = "tiny", layers: int | None = None, ep
         raise ValueError(f"size: expected one of {sorted(MODEL_SIZES)}, got {size!r}")
     config = dict(MODEL_SIZES[size])
     if layers is not None:
-        full = FULL_DEPTH.get(size, 61)
+        full = FULL_DEPTH[size]
         if not 1 <= layers <= full:
             raise ValueError(f"layers: expected 1..{full} decoder layers (the model of size {size!r} has {full}), "
                              f"got {layers}")
