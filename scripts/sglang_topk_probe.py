@@ -9,6 +9,9 @@ It takes the cluster path when the scores' width (the page table's width x 64: u
 context) passes a floor (32 768 on Hopper for up to 15 rows) and the batch is small. With dummy weights every index
 logit is far below fp16's smallest value, so all positive scores share one bin.
 
+(Its first GPU run, benchmarks/results/sglang_topk_probe_h100_2026-12-06.txt, planned no row for the cluster path at
+any shape, yet both kernels missed entries of rows of 64K and 128K keys at the dummy scale: not the cluster path.)
+
 For each (rows, row lengths, scores' width, score scale) this runs that kernel, and SGLang's unfused top-k
 (``sgl_kernel.fast_topk_v2``, what its top-k backend calls where the fused transform does not apply), on the same
 random fp32 scores (past each row's length too) and compares each row's selected set with the exact top-k
@@ -73,6 +76,21 @@ def probe(shapes=SHAPES, scales=SCALES, seed: int = 0, report=None) -> list[dict
     import torch
     from sglang.kernels.ops.attention.dsv4 import topk as v2
 
+    def v2_topk(scores, seq):  # as SGLang's DSA backend plans and calls it (small batches leave the plan unwritten)
+        plan = v2.plan_topk_v2(seq)
+        written = v2.topk_v2_plan_is_written(seq)
+        out = torch.full((seq.numel(), TOPK), -1, dtype=torch.int32, device="cuda")
+        v2.topk_transform_paged_v2(scores, seq, None, out, 64, plan)
+        torch.cuda.synchronize()
+        return out.cpu(), {"cluster_items": int(plan[0, 1].item()) if written else 0}
+
+    def unfused_topk(scores, seq):
+        from sgl_kernel import fast_topk_v2
+
+        out = fast_topk_v2(scores, seq, TOPK)
+        torch.cuda.synchronize()
+        return out.cpu(), {}
+
     g = torch.Generator(device="cuda").manual_seed(seed)
     results = []
     for bs, lens, width in shapes:
@@ -81,31 +99,17 @@ def probe(shapes=SHAPES, scales=SCALES, seed: int = 0, report=None) -> list[dict
             scores = torch.randn(bs, width, generator=g, device="cuda", dtype=torch.float32) * scale
             exact = exact_sets(scores.cpu(), lens)
             base = {"batch": bs, "lens": list(lens), "width": width, "scale": scale}
-            row = dict(base, kernel="SGLang's top-k v2 (topk_transform_paged_v2)")
-            try:
-                plan = v2.plan_topk_v2(seq)  # as SGLang's DSA backend builds it (small batches leave it unwritten)
-                written = v2.topk_v2_plan_is_written(seq)
-                out = torch.full((bs, TOPK), -1, dtype=torch.int32, device="cuda")
-                v2.topk_transform_paged_v2(scores, seq, None, out, 64, plan)
-                torch.cuda.synchronize()
-                row.update(compare(out.cpu(), lens, exact), cluster_items=int(plan[0, 1].item()) if written else 0)
-            except Exception as e:  # noqa: BLE001 - reported, and the other shapes still run
-                row["error"] = f"{type(e).__name__}: {e}"
-            results.append(row)
-            if report:
-                report(results)
-            row = dict(base, kernel="SGLang's unfused top-k (sgl_kernel.fast_topk_v2)")
-            try:
-                from sgl_kernel import fast_topk_v2
-
-                unfused = fast_topk_v2(scores, seq, TOPK)
-                torch.cuda.synchronize()
-                row.update(compare(unfused.cpu(), lens, exact))
-            except Exception as e:  # noqa: BLE001 - reported, and the other shapes still run
-                row["error"] = f"{type(e).__name__}: {e}"
-            results.append(row)
-            if report:
-                report(results)
+            for name, run in (("SGLang's top-k v2 (topk_transform_paged_v2)", lambda: v2_topk(scores, seq)),
+                              ("SGLang's unfused top-k (sgl_kernel.fast_topk_v2)", lambda: unfused_topk(scores, seq))):
+                row = dict(base, kernel=name)
+                try:
+                    served, extra = run()
+                    row.update(compare(served, lens, exact), **extra)
+                except Exception as e:  # noqa: BLE001 - reported, and the other shapes still run
+                    row["error"] = f"{type(e).__name__}: {e}"
+                results.append(row)
+                if report:
+                    report(results)
     return results
 
 
