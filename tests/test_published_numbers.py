@@ -1004,9 +1004,9 @@ def test_readme_first_screen_figures_are_the_raw_files():
     (k8, k4), _, printed = _pair("kv_limited_100k_h100")
     p8, p4 = _pools(printed)
     per = 100000 + 256  # each request: its 100 000-token prompt and 256 output tokens
-    assert (f"where FP8's pool held {p8 // per} requests of 100K and FP4's {p4 // per}: "
-            f"+{100 * (k4['output_throughput'] / k8['output_throughput'] - 1):.1f} % output tokens/s (H100, 3 of 61 layers, MTP off: "
-            f"{round(100 * (p4 // per) / (p8 // per) - 100)} % more requests running") in first
+    assert (f"3 of 61 layers, MTP off, {p8 // per} against {p4 // per} requests of 100K: "
+            f"+{100 * (k4['output_throughput'] / k8['output_throughput'] - 1):.1f} % |") in first
+    # The full-depth pair's figures in this row: test_full_depth_kv_limited_load_is_the_measured_pair.
     assert "| What was measured (dummy weights; details below) |" in first
     t = _long(LONG[1])
     diffs = [r["fp4_minus_fp8"][0] for c in CONTEXTS for r in t["loss"][c]["topk"].values()]
@@ -1446,3 +1446,61 @@ def test_benchmarks_full_depth_rank_bench_and_arithmetic_are_the_raw_files():
     assert f"with 4 query tokens, as MTP ships, {sgl[0] / ours[0]:.2f}x at 4 × 128K (H100)" in readme
     assert f"{round(100 * (1 - mc[0] / ours[0]))} % faster than ours at 4 × 128K" in readme
     assert round(100 * (1 - mc[1] / ours[1])) == round(100 * (1 - mc[0] / ours[0]))  # both runs say the same
+
+
+_KV61 = "sglang_serving_v32_rank61_ep32_kv_limited_64k_h100_{}2026-12-07"
+
+
+def _kv61_decode_log(fmt: str) -> list[tuple[int, float]]:
+    """(requests running, generated tokens/s) of every decode log line of one server of the full-depth KV-limited
+    pair, from the logs tarball (SGLang logs one line per 40 decode batches)."""
+    import tarfile
+
+    with tarfile.open(RESULTS / (_KV61.format("logs_") + ".tar.gz")) as tar:
+        log = tar.extractfile(f"logs/serving_{fmt}.jsonl.server.log").read().decode()
+    return [(int(m[1]), float(m[2])) for m in
+            re.finditer(r"Decode batch, #running-req: (\d+),.*?gen throughput \(token/s\): ([\d.]+)", log)]
+
+
+def test_full_depth_kv_limited_load_is_the_measured_pair():
+    """The full-depth rank's KV-limited load as docs/benchmarks.md's table and the README's rows quote it: SGLang's
+    result lines, the pair's serving-table, the pools printed at start-up, and the servers' decode log lines
+    (requests running, and the decode throughput with the pool full: every line at the most requests running but
+    the first, whose interval since the previous log line includes the prefill)."""
+    f8, f4 = (json.loads((RESULTS / (_KV61.format(f"{fmt}_") + ".jsonl")).read_text().splitlines()[0])
+              for fmt in ("fp8", "fp4"))
+    table = _json(_KV61.format("table_") + ".json")[0]
+    assert table["output_throughput"] == {"fp8": f8["output_throughput"], "fp4": f4["output_throughput"]}
+    assert (f8["completed"], f4["completed"], f8["random_input_len"], f8["random_output_len"], f8["max_concurrency"]) \
+        == (9, 9, 65536, 512, 9)
+    p8, p4 = _pools((RESULTS / (_KV61.format("") + ".txt")).read_text())
+    per_request = 65536 + 512
+    assert (p8, p4, p8 // per_request, p4 // per_request) == (589120, 641216, 8, 9)
+    logs = {fmt: _kv61_decode_log(fmt) for fmt in ("fp8", "fp4")}
+    assert max(n for n, _ in logs["fp8"]) == 8 and {n for n, _ in logs["fp8"]} == {1, 8}
+    assert {n for n, _ in logs["fp4"]} == {9}
+    full = {fmt: [t for n, t in rows if n == max(m for m, _ in rows)][1:] for fmt, rows in logs.items()}
+    span = {fmt: f"{min(v):.1f}-{max(v):.1f}" for fmt, v in full.items()}
+    ratio = (sum(full["fp4"]) / len(full["fp4"])) / (sum(full["fp8"]) / len(full["fp8"]))
+    gain = 100 * (f4["output_throughput"] / f8["output_throughput"] - 1)
+    page = _flat(_page("docs/benchmarks.md"))
+    assert f"| output tokens/s | {f8['output_throughput']:.1f} | **{f4['output_throughput']:.1f} (+{gain:.1f} %)** |" in page
+    assert f"| benchmark duration | {f8['duration']:.2f} s | {f4['duration']:.2f} s |" in page
+    assert (f"| decode throughput with the pool full (SGLang's decode log, tokens/s) | {span['fp8']} (8 running) | "
+            f"**{span['fp4']} (9 running)** |") in page
+    assert (f"| median inter-token latency (one verify cycle and its draft steps) | {f8['median_itl_ms']:.2f} ms | "
+            f"{f4['median_itl_ms']:.2f} ms |") in page
+    assert (f"| median TTFT / p99 TTFT | {f8['median_ttft_ms'] / 1e3:.1f} s / {f8['p99_ttft_ms'] / 1e3:.1f} s | "
+            f"{f4['median_ttft_ms'] / 1e3:.1f} s / {f4['p99_ttft_ms'] / 1e3:.1f} s |") in page
+    assert f"| median TPOT | {f8['median_tpot_ms']:.2f} ms | {f4['median_tpot_ms']:.2f} ms |" in page
+    assert (f"| median end-to-end latency of a request | {f8['median_e2e_latency_ms'] / 1e3:.1f} s | "
+            f"{f4['median_e2e_latency_ms'] / 1e3:.1f} s |") in page
+    assert f"{ratio:.2f}x the decode throughput" in page and f"towards the decode throughput's {ratio:.2f}x" in page
+    assert f"the whole benchmark gains {gain:.1f} %" in page and f"not met here ({table['output_ratio']:.3f}x)" in page
+    assert f"prefilling the {f8['total_input_tokens']:,} input tokens".replace(",", " ") in page
+    assert f"one verify cycle {f4['median_itl_ms']:.1f} against {f8['median_itl_ms']:.1f} ms" in page
+    readme = _flat(_page("README.md"))
+    assert (f"output tokens/s, one pair, FP8 first | {f8['output_throughput']:.1f} | "
+            f"**{f4['output_throughput']:.1f} (+{gain:.1f} %)** |") in readme
+    assert f"| {span['fp8']} | **{span['fp4']}** |" in readme
+    assert f"**+{gain:.1f} % output tokens/s** and {ratio:.2f}x the decode throughput with the pool full" in readme
