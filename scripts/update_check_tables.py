@@ -6,7 +6,8 @@
          --serving-layers N] [--cycle JSON:NEXT_N [...] --cycle-gpu NAME --cycle-date DATE --cycle-stack TEXT
          --cycle-rank TEXT --cycle-moe-gpus N] [--cycle-more JSON:NEXT_N [...] --cycle-more-gpu NAME
          --cycle-more-date DATE --cycle-more-stack TEXT --cycle-more-rank TEXT --cycle-more-moe-gpus N
-         [--cycle-more-other-order JSON:NEXT_N [...]]] [--out PATH]
+         [--cycle-more-other-order JSON:NEXT_N [...]] [--cycle-more-load FP8_JSONL FP4_JSONL PRINTED NEXT_N]]
+        [--out PATH]
 
 BENCH_JSON: a ``sglang-fp4-indexer bench --device cuda --json`` report measured
 on an H200 (the FP8 times come from its ``deepgemm-fp8`` column when it has
@@ -29,7 +30,11 @@ cycle, measured and projected to 61 layers, at exactly those shapes (``--cycle-r
 names it; ``--cycle-moe-gpus``: the GPUs the routed experts spread over, the ``--tp-size`` check requires).
 ``--cycle-more``: the same for a further run on another GPU or rank (e.g. all 61 layers of an EP32 rank on an
 H100, FP8 server then FP4 server), with its own ``--cycle-more-*`` facts; ``--cycle-more-other-order``: summaries
-of the same shapes with the servers in the other order (FP4's first), whose busy times check quotes beside them. Writes ``sglang_fp4_indexer/data/h200_tables.json``
+of the same shapes with the servers in the other order (FP4's first), whose busy times check quotes beside them;
+``--cycle-more-load``: a KV-limited ``bench_serving`` load on the same rank (``scripts/sglang_gpu_check.sh serving``
+with more requests than FP8's pool holds): each server's result line, what the pair printed (both servers' pool
+lines) and the next_n its servers verified; check quotes its output tokens/s at exactly that per-rank concurrency
+and context. Writes ``sglang_fp4_indexer/data/h200_tables.json``
 (shipped inside the wheel) unless ``--out`` says otherwise, and prints what it took.
 """
 
@@ -47,6 +52,8 @@ from sglang_fp4_indexer.tables import (
     sglang_decode_section,
     verify_cycle_section,
     cycle_sections,
+    kv_limited_load,
+    kv_pools,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="over how many GPUs its routed experts spread (its --tp-size)")
     parser.add_argument("--cycle-more-other-order", nargs="+", default=[], metavar="JSON:NEXT_N",
                         help="timeline summaries of the --cycle-more shapes with the servers in the other run order")
+    parser.add_argument("--cycle-more-load", nargs=4, default=None, metavar=("FP8_JSONL", "FP4_JSONL", "PRINTED", "NEXT_N"),
+                        help="a KV-limited bench_serving load on the --cycle-more rank: each server's result line, "
+                             "the pair's printed start-up lines, the next_n its servers verified")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     if args.sglang_one_batch and not (args.sglang_gpu and args.sglang_date):
@@ -122,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
                      "(what was measured where)")
     if args.cycle and not (args.cycle_gpu and args.cycle_date and args.cycle_stack):
         parser.error("--cycle needs --cycle-gpu, --cycle-date and --cycle-stack (what was measured where)")
+    if args.cycle_more_load and not args.cycle_more:
+        parser.error("--cycle-more-load needs --cycle-more (the rank it was measured on)")
+    if args.cycle_more_load and not args.cycle_more_load[3].isdigit():
+        parser.error(f"--cycle-more-load: NEXT_N: expected an int, got {args.cycle_more_load[3]!r}")
     if args.cycle_more_other_order and not args.cycle_more:
         parser.error("--cycle-more-other-order needs --cycle-more (the first order's summaries)")
     if args.cycle_more and not (args.cycle and args.cycle_more_gpu and args.cycle_more_date and args.cycle_more_stack):
@@ -153,6 +167,18 @@ def main(argv: list[str] | None = None) -> int:
             depths = {(s["layers"], s["full_depth"]) for s, _ in summaries}
             depth = ", ".join(f"all {f}" if layers == f else f"{layers} of its {f}" for layers, f in sorted(depths))
             other = pairs_of(args.cycle_more_other_order, "--cycle-more-other-order")
+            loads, load_sources = None, None
+            if args.cycle_more_load:
+                if len(depths) != 1:
+                    parser.error("--cycle-more-load: the --cycle-more summaries are of several depths; which one "
+                                 "the load ran is not known")
+                (layers, full), = depths
+                f8, f4, printed, n = args.cycle_more_load
+                lines = [json.loads(Path(p).read_text().splitlines()[0]) for p in (f8, f4)]
+                p8, p4 = kv_pools(Path(printed).read_text())
+                loads = [kv_limited_load(*lines, fp8_pool=p8, fp4_pool=p4, next_n=int(n), layers=layers,
+                                         full_depth=full)]
+                load_sources = [_source(p) for p in (f8, f4, printed)]
             cycle_more = [verify_cycle_section(
                 summaries, gpu=args.cycle_more_gpu, date=args.cycle_more_date, stack=args.cycle_more_stack,
                 method="inside SGLang's server: the GPU's busy time (union of kernel intervals) per decode step or "
@@ -161,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                        + ("; the other run order's servers as a second figure" if other else ""),
                 sources=[_source(p) for p, _ in pairs], rank=args.cycle_more_rank, moe_gpus=args.cycle_more_moe_gpus,
                 other_orders=[(_read(p), n) for p, n in other] or None,
-                other_order_sources=[_source(p) for p, _ in other] or None)]
+                other_order_sources=[_source(p) for p, _ in other] or None, loads=loads, load_sources=load_sources)]
         sglang = None
         if args.sglang_one_batch:
             try:

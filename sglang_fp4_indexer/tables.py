@@ -53,7 +53,9 @@ number of layers, with the cycle projected to the full 61 layers from the measur
 (``verify_cycle_section``); ``measured_cycle`` (``cycle_row`` of any one section) finds the row of exactly the shape and next_n asked about.
 Further verify-cycle sections measured on other GPUs or ranks (optional, ``cycle_more``: a list of sections of the
 same form, each with its ``gpu`` and its ``rank``, e.g. all 61 layers of a DP-attention + EP32 rank on an H100);
-``cycle_sections`` lists them all, ``cycle`` first.
+``cycle_sections`` lists them all, ``cycle`` first. A section may also hold KV-limited serving loads measured on
+its rank (``loads``, each a ``kv_limited_load``: more requests than FP8's pool holds, output tokens/s of both
+formats); ``cycle_load`` finds the one of exactly the per-rank concurrency, context and next_n asked about.
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ __all__ = [
     "measured_cycle",
     "cycle_row",
     "cycle_sections",
+    "kv_limited_load",
+    "kv_pools",
+    "cycle_load",
 ]
 
 #: ``format`` field of the tables file.
@@ -325,7 +330,8 @@ def serving_timing_section(profiles: dict, *, gpu: str, date: str, stack: str, l
 def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: str, stack: str, method: str,
                          sources: list[str], rank: str | None = None, moe_gpus: int | None = None,
                          other_orders: list[tuple[dict, int]] | None = None,
-                         other_order_sources: list[str] | None = None) -> dict:
+                         other_order_sources: list[str] | None = None, loads: list[dict] | None = None,
+                         load_sources: list[str] | None = None) -> dict:
     """The ``cycle`` section: per measured shape and next_n, a server's busy time per decode step or verify cycle
     with FP8 and FP4 index keys, at the depth measured and projected to the model's full depth.
 
@@ -341,18 +347,20 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
         other_orders: ``(summary, next_n)`` pairs of the same shapes measured again with the servers in the other
             run order (e.g. FP4's server first, on another machine), or None; each of their shapes must be a row's.
         other_order_sources: where those came from (recorded as ``other_order_sources``); one per pair.
+        loads: ``kv_limited_load`` results measured on the same rank, or None (recorded as ``loads``).
+        load_sources: where those came from (recorded as ``load_sources``); needed with ``loads``.
 
     Returns:
-        ``{"gpu", "date", "stack", "method", "sources", "rows"}`` (and ``rank``, ``moe_gpus``, and
-        ``other_order_sources`` where given); a row: ``batch``, ``context``, ``next_n``, ``layers``, ``full_depth``,
+        ``{"gpu", "date", "stack", "method", "sources", "rows"}`` (and ``rank``, ``moe_gpus``,
+        ``other_order_sources``, ``loads`` and ``load_sources`` where given); a row: ``batch``, ``context``, ``next_n``, ``layers``, ``full_depth``,
         ``traces`` (per format, fewest), ``fp8_ms`` / ``fp4_ms`` (busy time per cycle at ``layers``), ``fp8_61_ms``
         / ``fp4_61_ms`` (projected to ``full_depth``), and, where another order measured it, ``other_orders``: a
         list of ``{"fp8_ms", "fp4_ms", "traces"}``, one per such summary.
 
     Raises:
         ValueError: a summary without a layer count, a shape without both formats, a next_n below 1, the same
-            shape and next_n twice, an other-order shape no row has (or measured at another depth), or
-            ``other_order_sources`` not one per ``other_orders`` pair.
+            shape and next_n twice, an other-order shape no row has (or measured at another depth),
+            ``other_order_sources`` not one per ``other_orders`` pair, or ``loads`` without ``load_sources``.
     """
     def busy(agg: dict, shape: str, what: str) -> dict:  # one shape's medians, both formats
         if "fp8" not in agg or "fp4" not in agg:
@@ -396,7 +404,92 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
         out["moe_gpus"] = moe_gpus
     if others:
         out["other_order_sources"] = list(other_order_sources)
+    if loads:
+        if not load_sources:
+            raise ValueError("load_sources: expected where the loads came from, got none")
+        out["loads"], out["load_sources"] = list(loads), list(load_sources)
     return out
+
+
+def kv_limited_load(fp8: dict, fp4: dict, *, fp8_pool: int, fp4_pool: int, next_n: int, layers: int,
+                    full_depth: int) -> dict:
+    """One KV-limited serving load on a verify-cycle section's rank, as ``check`` quotes it: the same requests sent
+    to an FP8 and an FP4 server, more at once than FP8's pool holds.
+
+    Args:
+        fp8, fp4: SGLang's ``bench_serving`` result line of each server (``random_input_len``, ``random_output_len``,
+            ``max_concurrency``, ``completed``, ``output_throughput`` in tokens/s).
+        fp8_pool, fp4_pool: the KV tokens each server's pool held (SGLang's "KV Cache is allocated" log line).
+        next_n: the rows each request verified (4: MTP 3 steps / 4 draft tokens; 1: MTP off).
+        layers, full_depth: the layers the rank ran and the model's.
+
+    Returns:
+        ``{"context", "output_len", "concurrency", "completed", "next_n", "layers", "full_depth", "fp8_requests",
+        "fp4_requests", "fp8_tok_s", "fp4_tok_s"}``; ``*_requests``: how many such requests (prompt and whole output,
+        which SGLang reserves at admission when the output ignores EOS, as ``bench_serving``'s do) each pool holds.
+
+    Raises:
+        ValueError: the two lines of different loads, a request not completed, a non-positive pool, next_n or layer
+            count, or a load FP8's pool holds whole (not KV-limited).
+    """
+    keys = ("random_input_len", "random_output_len", "max_concurrency", "completed")
+    if any(fp8.get(k) != fp4.get(k) for k in keys):
+        raise ValueError(f"kv_limited_load: the FP8 and FP4 lines differ in {keys}: "
+                         f"{[fp8.get(k) for k in keys]} against {[fp4.get(k) for k in keys]}")
+    _require_positive(fp8_pool=fp8_pool, fp4_pool=fp4_pool, next_n=next_n, layers=layers, full_depth=full_depth)
+    context, output_len, concurrency = fp8["random_input_len"], fp8["random_output_len"], fp8["max_concurrency"]
+    if fp8["completed"] < concurrency:
+        raise ValueError(f"kv_limited_load: {fp8['completed']} requests completed, fewer than the concurrency "
+                         f"{concurrency}")
+    per_request = context + output_len
+    held = (fp8_pool // per_request, fp4_pool // per_request)
+    if held[0] >= concurrency:
+        raise ValueError(f"kv_limited_load: FP8's pool of {fp8_pool} tokens holds all {concurrency} requests of "
+                         f"{per_request} tokens: not KV-limited")
+    return {"context": context, "output_len": output_len, "concurrency": concurrency, "completed": fp8["completed"],
+            "next_n": next_n, "layers": layers, "full_depth": full_depth, "fp8_requests": held[0],
+            "fp4_requests": held[1], "fp8_tok_s": fp8["output_throughput"], "fp4_tok_s": fp4["output_throughput"]}
+
+
+def kv_pools(printed: str) -> tuple[int, int]:
+    """The KV tokens of an FP8 and an FP4 server's pools from their start-up lines as printed one after the other
+    (SGLang's "KV Cache is allocated. ... #tokens: N" lines; the FP4 server's follow the plugin's "FP4 indexer active"
+    line, the FP8 server's do not).
+
+    Returns:
+        ``(fp8_tokens, fp4_tokens)``.
+
+    Raises:
+        ValueError: no "FP4 indexer active" line, or no pool line before or after it.
+    """
+    at = printed.find("FP4 indexer active")
+    if at < 0:
+        raise ValueError("kv_pools: no 'FP4 indexer active' line (no FP4 server's start-up)")
+    pool = r"KV Cache is allocated\. .*#tokens: (\d+)"
+    before, after = re.search(pool, printed[:at]), re.search(pool, printed[at:])
+    if before is None or after is None:
+        raise ValueError("kv_pools: expected a pool line from each server (FP8's before 'FP4 indexer active', "
+                         "FP4's after it)")
+    return int(before[1]), int(after[1])
+
+
+def cycle_load(section: dict | None, batch: int, context: int, next_n: int) -> dict | None:
+    """The KV-limited load of one verify-cycle section measured at exactly ``batch`` requests per rank at once
+    (its concurrency), ``context`` tokens and ``next_n``, or None (also for no section or no loads).
+
+    Raises:
+        ValueError: a non-positive ``batch``, ``context`` or ``next_n``.
+    """
+    _require_positive(batch=batch, context=context, next_n=next_n)
+    loads = (section or {}).get("loads") or []
+    return next((x for x in loads if (x["concurrency"], x["context"], x["next_n"]) == (batch, context, next_n)), None)
+
+
+def _require_positive(**values) -> None:
+    """Raise ValueError naming the first of ``values`` that is not a positive int."""
+    for name, value in values.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
 
 
 def cycle_sections(tables: dict) -> list[dict]:
@@ -422,9 +515,7 @@ def cycle_row(section: dict | None, batch: int, context: int, next_n: int) -> di
     Raises:
         ValueError: a non-positive ``batch``, ``context`` or ``next_n``.
     """
-    for name, value in (("batch", batch), ("context", context), ("next_n", next_n)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    _require_positive(batch=batch, context=context, next_n=next_n)
     rows = (section or {}).get("rows") or []
     return next((r for r in rows if (r["batch"], r["context"], r["next_n"]) == (batch, context, next_n)), None)
 
@@ -492,11 +583,11 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
         out["sources"].extend(timing_serving["sources"])
     if cycle is not None:
         out["cycle"] = cycle
-        out["sources"].extend(cycle["sources"] + cycle.get("other_order_sources", []))
+        out["sources"].extend(cycle["sources"] + cycle.get("other_order_sources", []) + cycle.get("load_sources", []))
     if cycle_more:
         out["cycle_more"] = list(cycle_more)
         for sec in cycle_more:
-            out["sources"].extend(sec["sources"] + sec.get("other_order_sources", []))
+            out["sources"].extend(sec["sources"] + sec.get("other_order_sources", []) + sec.get("load_sources", []))
     return out
 
 

@@ -1235,6 +1235,35 @@ def test_check_quotes_the_full_depth_h100_rank_and_its_verdict_says_that_gain(ca
     assert code == 3 and "shorter MTP verify cycle" not in flat[flat.index("verdict:"):]
 
 
+def test_check_quotes_the_full_depth_ranks_kv_limited_load_where_its_pools_are_the_loads(capsys):
+    """The same H100 deployment at 9 x 64K per rank (DP attention over 32 GPUs, batch 288): FP8's pool holds 8,
+    FP4's 9, as in the load measured on that rank, so the verdict's first clause is followed by that load's output
+    tokens/s from SGLang's result lines; at 8 per rank (FP8 holds them all: no KV limit) or with memory for other
+    pool sizes, no load is quoted."""
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    f8, f4 = (json.loads((results / f"sglang_serving_v32_rank61_ep32_kv_limited_64k_h100_{fmt}_2026-12-07.jsonl")
+                         .read_text().splitlines()[0])["output_throughput"] for fmt in ("fp8", "fp4"))
+    code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "65536", "--batch", "288",
+                     "--memory-gib", "26.38", f"--sglang-args={_DP32} {_MTP4}")
+    verdict = " ".join(out.split())
+    verdict = verdict[verdict.index("verdict:"):]
+    assert verdict.startswith(
+        "verdict: FP4 fits 9 requests of 64K where FP8 fits 8 (+12 %), per DP-attention rank (32 DP-attention ranks, "
+        "each with its own KV pool: the batch of 288 is 9 per rank); measured on such a rank inside SGLang's server "
+        "(9 requests of 64K with 512 output tokens each, MTP verifying 4 tokens, NVIDIA H100 80GB HBM3, all 61 "
+        f"layers): FP8 ran 8 at once and FP4 9, {f8:.1f} against {f4:.1f} output tokens/s ({f4 / f8:.3f}x): turn FP4 "
+        "on where KV memory limits you; your batch fits only with FP4")
+    assert code == 0
+    for batch, memory in (("256", "26.38"), ("288", "30")):
+        _, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "65536", "--batch", batch,
+                      "--memory-gib", memory, f"--sglang-args={_DP32} {_MTP4}")
+        assert "measured on such a rank" not in out
+    # Another parallelism (the experts over 16 GPUs) at the same per-rank shape: not that rank, not quoted.
+    _, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "65536", "--batch", "144",
+                  "--memory-gib", "26.38", f"--sglang-args={_DP32.replace('32', '16')} {_MTP4}")
+    assert "measured on such a rank" not in out
+
+
 def test_a_measured_slower_cycle_without_an_indexer_time_says_keep_fp8():
     """Where only the server's step is measured (no indexer row at this next_n) and FP4's is longer, the verdict
     says so and to keep FP8, never "turn it on"."""
@@ -1392,6 +1421,15 @@ def test_the_readmes_dp_attention_example_begins_as_the_readme_quotes(capsys):
     quoted = re.search(r'its verdict begins "(.*?)", then names', " ".join(readme.split())).group(1)
     assert code == 3 and verdict.startswith(quoted), (quoted, verdict)  # same requests, measured faster: 3
     assert "1.090-1.092x shorter MTP verify cycle" in quoted and "servers in both orders" in quoted
+    # The sentence after it: the same command at 9 x 64K per rank, its verdict as quoted (the rank count elided).
+    argv64 = [a.replace("131072", "65536") for a in argv]
+    argv64[argv64.index("--batch") + 1] = "288"
+    code, out = _run(capsys, *argv64[2:], derive=True)
+    verdict = " ".join(out[out.index("verdict: ") + len("verdict: "):].split())
+    first, rest = re.search(r'the verdict quotes the KV-limited load measured there: "(.*?)"',
+                            " ".join(readme.split())).group(1).split(" (...)")
+    assert code == 0 and "`--context 65536 --batch 288` on the same rank" in readme
+    assert verdict.startswith(first) and rest in verdict and verdict.index(rest) > verdict.index(first)
 
 
 def test_the_same_requests_with_an_unmeasured_or_slower_indexer_is_no_turn_it_on(capsys):

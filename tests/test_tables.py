@@ -12,7 +12,7 @@ import pytest
 
 from sglang_fp4_indexer.tables import (build_tables, load_tables, measured_decode, model_indexers, nearest_model_cost,
                                       nearest_recall, nearest_timing, serving_timing_section, sglang_decode_section,
-                                      verify_cycle_section)
+                                      verify_cycle_section, kv_limited_load, kv_pools, cycle_load)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -126,7 +126,10 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
                                  rank=m["rank"], moe_gpus=m["moe_gpus"],
                                  other_orders=[(json.loads((REPO / p).read_text()), 4)
                                                for p in m.get("other_order_sources", [])] or None,
-                                 other_order_sources=m.get("other_order_sources"))
+                                 other_order_sources=m.get("other_order_sources"),
+                                 loads=[_load_from(m["load_sources"][3 * i:3 * i + 3], x)
+                                        for i, x in enumerate(m.get("loads", []))] or None,
+                                 load_sources=m.get("load_sources"))
             for m in tables["cycle_more"]]
     # Up to date: re-running scripts/update_check_tables.py on the recorded sources changes nothing.
     assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src, model_accuracy=model,
@@ -135,7 +138,11 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
     assert tables["timing"]["gpu"] == "NVIDIA H200" and tables["recall"]["topk"] == 2048
     assert tables["sources"][2 + len(model_src):] == (sec["sources"] + srv["sources"] + cyc["sources"]
                                                       + [p for m in tables["cycle_more"]
-                                                         for p in m["sources"] + m.get("other_order_sources", [])])
+                                                         for p in m["sources"] + m.get("other_order_sources", [])
+                                                         + m.get("load_sources", [])])
+    # The full-depth rank's KV-limited load: 9 requests of 64K at once, FP8's pool holding 8 and FP4's 9.
+    assert [(x["concurrency"], x["context"], x["next_n"], x["fp8_requests"], x["fp4_requests"])
+            for x in tables["cycle_more"][0]["loads"]] == [(9, 65536, 4, 8, 9)]
     # The full-depth rank in both run orders: FP8's server first, then (another machine) FP4's first.
     assert tables["cycle_more"][0]["other_order_sources"] == [
         "benchmarks/results/sglang_timeline_v32_rank61_ep32_mtp3x4_fp4_first_h100_2026-12-06.json"]
@@ -151,6 +158,63 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
     assert (sec["fp8_gemm_backend"], sec["tp_size"]) == ("triton", 1)
     assert e2e.count("--fp8-gemm-backend triton") == e2e.count("sglang_bench.py one-batch") > 0
     assert "--tp-size" not in e2e and "--tp " not in e2e
+
+
+def _load_from(sources: list[str], recorded: dict) -> dict:
+    """A recorded KV-limited load rebuilt from its sources (each server's result line, the printed pool lines),
+    with the next_n and depth it records (not in those files)."""
+    fp8, fp4 = (json.loads((REPO / p).read_text().splitlines()[0]) for p in sources[:2])
+    p8, p4 = kv_pools((REPO / sources[2]).read_text())
+    return kv_limited_load(fp8, fp4, fp8_pool=p8, fp4_pool=p4, next_n=recorded["next_n"], layers=recorded["layers"],
+                           full_depth=recorded["full_depth"])
+
+
+def _serving_line(**kw):
+    line = {"random_input_len": 65536, "random_output_len": 512, "max_concurrency": 9, "completed": 9,
+            "output_throughput": 24.0}
+    return {**line, **kw}
+
+
+def test_kv_limited_load_counts_the_requests_each_pool_holds_and_refuses_what_is_not_one():
+    """Requests held: pool // (prompt + output), the whole output reserved; a load FP8's pool holds whole, two
+    different loads, an unfinished one, or a bad pool is refused; cycle_load matches concurrency, context, next_n."""
+    load = kv_limited_load(_serving_line(), _serving_line(output_throughput=27.0), fp8_pool=589120, fp4_pool=641216,
+                           next_n=4, layers=61, full_depth=61)
+    assert (load["fp8_requests"], load["fp4_requests"], load["fp8_tok_s"], load["fp4_tok_s"]) == (8, 9, 24.0, 27.0)
+    # 65 536 + 512 = 66 048 tokens per request: 9 of them need 594 432, so one token less holds 8.
+    assert kv_limited_load(_serving_line(), _serving_line(), fp8_pool=594431, fp4_pool=594432, next_n=4, layers=61,
+                           full_depth=61)["fp4_requests"] == 9
+    with pytest.raises(ValueError, match="not KV-limited"):
+        kv_limited_load(_serving_line(), _serving_line(), fp8_pool=594432, fp4_pool=641216, next_n=4, layers=61,
+                        full_depth=61)
+    with pytest.raises(ValueError, match="differ"):
+        kv_limited_load(_serving_line(), _serving_line(random_input_len=32768), fp8_pool=1, fp4_pool=1, next_n=4,
+                        layers=61, full_depth=61)
+    with pytest.raises(ValueError, match="completed"):
+        kv_limited_load(_serving_line(completed=8), _serving_line(completed=8), fp8_pool=589120, fp4_pool=641216,
+                        next_n=4, layers=61, full_depth=61)
+    with pytest.raises(ValueError, match="fp4_pool"):
+        kv_limited_load(_serving_line(), _serving_line(), fp8_pool=589120, fp4_pool=0, next_n=4, layers=61,
+                        full_depth=61)
+    section = {"loads": [load]}
+    assert cycle_load(section, 9, 65536, 4) is load
+    assert cycle_load(section, 8, 65536, 4) is None and cycle_load(section, 9, 65536, 2) is None
+    assert cycle_load(None, 9, 65536, 4) is None
+    with pytest.raises(ValueError, match="batch"):
+        cycle_load(section, 0, 65536, 4)
+    with pytest.raises(ValueError, match="load_sources"):
+        verify_cycle_section([], gpu="G", date="D", stack="S", method="M", sources=[], loads=[load])
+
+
+def test_kv_pools_reads_each_servers_pool_line():
+    printed = ("[t] KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 589120, KV size: 26.38 GB\n"
+               "[t] FP4 indexer active: MXFP4 index-key cache\n"
+               "[t] KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 641216, KV size: 26.38 GB\n")
+    assert kv_pools(printed) == (589120, 641216)
+    with pytest.raises(ValueError, match="FP4 indexer active"):
+        kv_pools(printed.replace("FP4 indexer active", "something else"))
+    with pytest.raises(ValueError, match="each server"):
+        kv_pools(printed.split("[t] FP4")[0] + "[t] FP4 indexer active\n")
 
 
 def _one_batch_lines():

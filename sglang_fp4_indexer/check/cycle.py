@@ -12,7 +12,7 @@ routed experts spread over (``--tp-size``), and exactly the per-rank batch, cont
 
 from __future__ import annotations
 
-from ..tables import cycle_row, cycle_sections
+from ..tables import cycle_load, cycle_row, cycle_sections
 from .trade import _k, _named_gpu, depth_text, measured_on, unquoted_reason
 
 __all__ = ["verify_cycle", "cycle_line"]
@@ -31,12 +31,14 @@ def verify_cycle(tables: dict, found: dict, unmeasured: str | None, *, heads: in
 
     Returns:
         dict: ``cycle`` (the row, or None), ``cycle_why`` (why none is quoted; None where the tables have no such
-        section), ``cycle_run`` (the section's ``gpu``, ``date``, ``stack`` and ``rank``; None without a section).
-        The section is the one measured on this device's GPU where there is one, else the first.
+        section), ``cycle_run`` (the section's ``gpu``, ``date``, ``stack`` and ``rank``; None without a section),
+        ``cycle_load`` (the section's KV-limited load at exactly this per-rank batch as its concurrency, context and
+        next_n, for the same deployment as a row, or None). The section is the one measured on this device's GPU
+        where there is one, else the first.
     """
     sections = cycle_sections(tables)
     if not sections:
-        return {"cycle": None, "cycle_why": None, "cycle_run": None}
+        return {"cycle": None, "cycle_why": None, "cycle_run": None, "cycle_load": None}
     # The section measured on this GPU (a named one; else the first, which an unnamed GPU is assumed to be).
     name = _named_gpu(found["device_facts"])
     sec = next((s for s in sections if name and measured_on(s["gpu"], name)), sections[0])
@@ -46,8 +48,7 @@ def verify_cycle(tables: dict, found: dict, unmeasured: str | None, *, heads: in
     row = cycle_row(sec, batch, context, next_n)
     _, unit = found.get("batch_split", (1, ""))
     gpus = " and ".join(dict.fromkeys(s["gpu"] for s in sections))
-    why = unquoted_reason(sec["gpu"] if measured_on(sec["gpu"], name) or not name else gpus,
-                          found["device_facts"], row, f"{shapes} per rank", unmeasured, (
+    deployment = (
         (unit != "DP-attention rank", "DP attention, one rank's batch and layers, not this parallelism"),
         (heads != 64, f"64 index heads, not {heads}"),
         (topk != 2048, f"top-2048 selection, not top-{topk}"),
@@ -55,12 +56,17 @@ def verify_cycle(tables: dict, found: dict, unmeasured: str | None, *, heads: in
         (found.get("dcp_size", 1) != 1, f"no DCP, not DCP {found.get('dcp_size')}"),
         (sec.get("moe_gpus") not in (None, found.get("tp_size")),
          f"the routed experts spread over {sec.get('moe_gpus')} GPUs as --tp-size {sec.get('moe_gpus')} spreads them, "
-         f"not over {found.get('tp_size')}")))
+         f"not over {found.get('tp_size')}"))
+    where = sec["gpu"] if measured_on(sec["gpu"], name) or not name else gpus
+    why = unquoted_reason(where, found["device_facts"], row, f"{shapes} per rank", unmeasured, deployment)
     if why is not None:
         row = None
+    load = cycle_load(sec, batch, context, next_n)
+    if unquoted_reason(where, found["device_facts"], load, "", unmeasured, deployment) is not None:
+        load = None
     return {"cycle": row, "cycle_why": why,
             "cycle_run": {"gpu": sec["gpu"], "date": sec["date"], "stack": sec["stack"],
-                          "rank": sec.get("rank", "DP-attention rank")}}
+                          "rank": sec.get("rank", "DP-attention rank")}, "cycle_load": load}
 
 
 def cycle_line(w: dict, batch: int, context: int, next_n: int) -> str | None:

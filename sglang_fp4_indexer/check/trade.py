@@ -11,6 +11,7 @@ from .budget import ASSUMED_GPU, UNNAMED_GPU
 __all__ = [
     "worth_it",
     "cycle_gain_text",
+    "load_gain_text",
     "requests_gain",
     "MEASURE_SPEED",
     "model_indexer_text",
@@ -245,6 +246,21 @@ def cycle_gain_text(row: dict | None, run: dict | None) -> str | None:
     return f"{change} {what} (GPU busy time inside SGLang's server{orders}, {run['gpu']}, {depth_text(row)})"
 
 
+def load_gain_text(load: dict | None, run: dict | None, requests: tuple[int, int]) -> str | None:
+    """A KV-limited load measured on this deployment's rank as the verdict names it: "measured on such a rank inside
+    SGLang's server (9 requests of 64K with 512 output tokens each, MTP verifying 4 tokens, NVIDIA H100 80GB HBM3,
+    all 61 layers): FP8 ran 8 at once and FP4 9, 24.8 against 27.4 output tokens/s (1.105x)", from a ``cycle_load``
+    result and its section's ``gpu``; None without one, or where ``requests`` (the FP8 and FP4 pools' requests that
+    ``check`` found for this deployment's memory) are not the load's."""
+    if load is None or run is None or requests != (load["fp8_requests"], load["fp4_requests"]):
+        return None
+    verify = f"MTP verifying {load['next_n']} tokens" if load["next_n"] > 1 else "MTP off"
+    return (f"measured on such a rank inside SGLang's server ({load['concurrency']} requests of {_k(load['context'])} "
+            f"with {load['output_len']} output tokens each, {verify}, {run['gpu']}, {depth_text(load)}): FP8 ran "
+            f"{load['fp8_requests']} at once and FP4 {load['fp4_requests']}, {load['fp8_tok_s']:.1f} against "
+            f"{load['fp4_tok_s']:.1f} output tokens/s ({load['fp4_tok_s'] / load['fp8_tok_s']:.3f}x)")
+
+
 def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tables: dict | None = None,
              cycle=None) -> dict:
     """What FP4 gains and costs at one serving shape, and the decision, from ``run_check``'s findings and the tables.
@@ -433,6 +449,10 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     per_rank = (f", per {unit} ({dp} {unit}s, each with its own KV pool: the batch of {batch} is "
                 f"{rank_batch} per {unit.split()[-1]})" if dp > 1 else "")
     gain_text = requests_gain(rf8, rf4, context, gain) + per_rank
+    load_text = load_gain_text(out.get("cycle_load"), out.get("cycle_run"), (rf8, rf4))
+    out["cycle_load"] = out.get("cycle_load") if load_text else None
+    if load_text:
+        gain_text += f"; {load_text}"
     measure = MEASURE_FUSED if found.get("fused_rotation") else f"with {MEASURE_SPEED}"
     cost_text = (f"measured cost: {cost}" if cost is not None else f"its cost is not measured ({topk_unmeasured})")
     if out["tokens_needed"] > tokens_fp4:
