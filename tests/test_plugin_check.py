@@ -1248,7 +1248,7 @@ def test_check_quotes_the_full_depth_ranks_kv_limited_load_where_its_pools_are_t
     verdict = " ".join(out.split())
     verdict = verdict[verdict.index("verdict:"):]
     assert verdict.startswith(
-        "verdict: FP4 fits 9 requests of 64K where FP8 fits 8 (+12 %), per DP-attention rank (32 DP-attention ranks, "
+        "verdict: FP4 fits 9 requests of 64K where FP8 fits 8 (+12.5 %), per DP-attention rank (32 DP-attention ranks, "
         "each with its own KV pool: the batch of 288 is 9 per rank); measured on such a rank inside SGLang's server "
         "(9 requests of 64K with 512 output tokens each, MTP verifying 4 tokens, NVIDIA H100 80GB HBM3, all 61 "
         f"layers): FP8 ran 8 at once and FP4 9, {f8:.1f} against {f4:.1f} output tokens/s ({f4 / f8:.3f}x): turn FP4 "
@@ -1479,3 +1479,15 @@ def test_the_user_guides_dp_attention_mtp_example_prints_the_measured_verify_cyc
     assert code == 3 and ("MTP verify cycle inside SGLang's server at 4 x 128K per rank, next_n 4 (NVIDIA H100 80GB "
                           "HBM3, 2026-12-06; one DP-attention + EP32 rank of DeepSeek-V3.2 with all 61 layers") in out
     assert "so it buys only a 1.090-1.092x shorter MTP verify cycle" in out[out.index("verdict:"):]
+
+
+def test_requests_gain_gives_the_percentage_whole_where_it_is_and_to_one_decimal_elsewhere():
+    """9 against 8 requests is 12.5 % more, not a rounded 12; 5 against 4 is 25; 4 against 3 is 33.3."""
+    from sglang_fp4_indexer.check.trade import requests_gain
+
+    assert requests_gain(8, 9, 65536, 0.088) == "FP4 fits 9 requests of 64K where FP8 fits 8 (+12.5 %)"
+    assert requests_gain(4, 5, 131072, 0.052) == "FP4 fits 5 requests of 128K where FP8 fits 4 (+25 %)"
+    assert requests_gain(3, 4, 100000, 0.088).endswith("where FP8 fits 3 (+33.3 %)")
+    assert requests_gain(4, 4, 131072, 0.088) == ("FP4 fits no more requests of 128K than FP8 (4 either way; +8.8 % "
+                                                  "KV tokens)")
+    assert requests_gain(0, 1, 131072, 0.088) == "FP4 fits 1 request of 128K where FP8 fits none"

@@ -54,7 +54,8 @@ def requests_gain(fp8: int, fp4: int, context: int, token_gain: float) -> str:
         token_gain: FP4's extra KV tokens as a fraction of FP8's (0.088 for +8.8 %).
 
     Returns:
-        One clause; where both hold the same number, the KV-token gain that does not make a request.
+        One clause; where both hold the same number, the KV-token gain that does not make a request. The
+        percentage is whole where it is within 0.05 of a whole number, else to one decimal (9 against 8: +12.5 %).
     """
     many = lambda n: f"{n} request{'' if n == 1 else 's'}"  # noqa: E731
     if fp4 == fp8:
@@ -62,7 +63,9 @@ def requests_gain(fp8: int, fp4: int, context: int, token_gain: float) -> str:
                 "KV tokens)")
     if fp8 == 0:
         return f"FP4 fits {many(fp4)} of {_k(context)} where FP8 fits none"
-    return f"FP4 fits {many(fp4)} of {_k(context)} where FP8 fits {fp8} (+{(fp4 / fp8 - 1) * 100:.0f} %)"
+    more = (fp4 / fp8 - 1) * 100
+    shown = f"{more:.0f}" if abs(more - round(more)) < 0.05 else f"{more:.1f}"  # +25 %, +12.5 %, +33.3 %
+    return f"FP4 fits {many(fp4)} of {_k(context)} where FP8 fits {fp8} (+{shown} %)"
 
 
 def _pm(ms) -> str:
