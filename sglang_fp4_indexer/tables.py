@@ -465,12 +465,13 @@ def kv_pools(printed: str) -> tuple[int, int]:
     at = printed.find("FP4 indexer active")
     if at < 0:
         raise ValueError("kv_pools: no 'FP4 indexer active' line (no FP4 server's start-up)")
-    pool = r"KV Cache is allocated\. .*#tokens: (\d+)"
-    before, after = re.search(pool, printed[:at]), re.search(pool, printed[at:])
+    from .serving import kv_pool_tokens  # SGLang's pool line, read as the serving harness reads a server's log
+
+    before, after = (kv_pool_tokens(part)["kv_cache_tokens"] for part in (printed[:at], printed[at:]))
     if before is None or after is None:
         raise ValueError("kv_pools: expected a pool line from each server (FP8's before 'FP4 indexer active', "
                          "FP4's after it)")
-    return int(before[1]), int(after[1])
+    return before, after
 
 
 def cycle_load(section: dict | None, batch: int, context: int, next_n: int) -> dict | None:
