@@ -322,6 +322,9 @@ def test_two_running_servers_and_resume(tmp_path, capsys):
         assert (pk["fp8"]["correct"], pk["fp4"]["correct"], pk["fp8"]["n"]) == (12, 8, 12)
         assert pk["fp4_minus_fp8"]["diff"] == pytest.approx(-4 / 12)
         assert report["meta"]["environment"]["where"].startswith("the machine that ran the command")
+        # the environment each arm ran in is kept with it, and the report's is theirs
+        kept = json.loads((out / "fp8-first" / "fp4" / "result.json").read_text())["environment"]
+        assert {k: report["meta"]["environment"][k] for k in kept} == kept and "note" not in report["meta"]["environment"]
         assert "note" not in report["quality"]  # load_format auto: real weights
         assert (out / "report.png").exists()
         printed = capsys.readouterr().out
@@ -342,3 +345,167 @@ def test_two_running_servers_and_resume(tmp_path, capsys):
     finally:
         srv8.shutdown()
         srv4.shutdown()
+
+
+# -- what is refused before a server starts, and kept files that are not what the run wrote -------------------
+
+def _ab_args(*argv):
+    from sglang_fp4_indexer.cli import build_parser
+
+    argv = list(argv)
+    tail = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, tail = argv[:at], argv[at + 1:]
+    args = build_parser().parse_args(["ab", *argv])
+    args.server_flags = tail
+    return args
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["/m", "--out", "d", "--passkey-lengths", "10"],
+     "--passkey-lengths: expected 0 (no passkey check) or >= 64 tokens, got 10"),
+    (["--out", "d", "--fp8-url", "http://127.0.0.1:5", "--fp4-url", "http://127.0.0.1:5/"],
+     "--fp4-url: http://127.0.0.1:5/ is --fp8-url's server too"),
+    (["/m", "--out", "d", "--", "--port", "30000"], "server flags: --port is set by the command"),
+    (["/m", "--out", "d", "--", "--enable-fp4-indexer"], "server flags: --enable-fp4-indexer is the A/B's own switch"),
+])
+def test_options_refused_before_the_check(argv, message):
+    """Told from the options alone: refused before the plugin's check and before any folder is written."""
+    from sglang_fp4_indexer.ab import command
+
+    with pytest.raises(ValueError, match=None) as e:
+        command.main(_ab_args(*argv), read_sglang=None, gpus=lambda: pytest.fail("no GPU asked for"))
+    assert message in str(e.value)
+    assert not os.path.exists("d")
+
+
+def test_config_naming_another_model_is_refused_in_abs_terms(tmp_path):
+    """The ready-made config's model-path (a Hugging Face name) beside a local copy of the same model is fine (the
+    command's model path wins, as in SGLang); a file naming another model is refused in ab's terms, through SGLang's
+    own parser of the file."""
+    from sglang_fp4_indexer.ab import command
+    from sglang_fp4_indexer.sglang_plugin.check_facts import read_sglang_facts
+
+    from sglang_fp4_indexer.guide import config_path
+
+    shipped = str(config_path("deepseek-v3.2"))  # model-path deepseek-ai/DeepSeek-V3.2
+    assert command.main(_ab_args("deepseek-v3.2", "--out", str(tmp_path / "o"), "--config", shipped),
+                        read_sglang=read_sglang_facts, gpus=lambda: {"error": "none here"}) == 1  # past the check
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("model-path: zai-org/GLM-5\ntp-size: 8\n")
+    with pytest.raises(ValueError) as e:
+        command.main(_ab_args("deepseek-v3.2", "--out", str(tmp_path / "o"), "--config", str(cfg)),
+                     read_sglang=read_sglang_facts)
+    msg = str(e.value)
+    assert msg.startswith("the server flags after --: the --config file names model-path zai-org/GLM-5, another "
+                          "model than deepseek-v3.2 (") and msg.endswith("give zai-org/GLM-5 as the model, or the "
+                                                                         "same model in both")
+
+
+def test_a_load_longer_than_the_context_is_refused_before_any_server(tmp_path):
+    """DeepSeek-V3.2's packaged config serves 163840 positions: 163840 in + 256 out is one too many."""
+    from sglang_fp4_indexer.ab import command
+
+    out = tmp_path / "o"
+    for argv, message in ((["--input-lens", "163840"], "--input-lens: 163840 tokens in and --output-len 256 out make "
+                                                       "164096, more than the 163840 the model serves"),
+                          (["--passkey-lengths", "200000"], "--passkey-lengths: 200000 tokens, more than the 163840")):
+        with pytest.raises(ValueError) as e:
+            command.main(_ab_args("deepseek-v3.2", "--out", str(out), *argv), read_sglang=None,
+                         gpus=lambda: pytest.fail("no GPU asked for"))
+        assert message in str(e.value)
+    assert not out.exists()
+
+
+def test_no_gpu_and_no_server_are_one_line_before_anything_is_written(tmp_path, capsys):
+    from sglang_fp4_indexer.ab import command
+
+    out = tmp_path / "o"
+    assert command.main(_ab_args("deepseek-v3.2", "--out", str(out)), read_sglang=None,
+                        gpus=lambda: {"error": "nvidia-smi: FileNotFoundError: no such file"}) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "sglang-fp4-indexer ab: not run: no GPU found on this machine (nvidia-smi: FileNotFoundError: no such file)")
+    # Another --device than CUDA is SGLang's to start: no GPU asked for (refused later by the check's device rule
+    # or served by SGLang; here only that the GPU question is not asked).
+    assert command._no_gpu(["--device", "cpu"], lambda: pytest.fail("no GPU asked for")) is None
+    assert command._no_gpu(["--device=cuda:1"], lambda: {"error": "x"}) == "no GPU found on this machine (x)"
+
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = _standin_server({"generate": 0}, pool=1000, wrong_depth=None)
+    try:
+        argv = ["--out", str(out), "--fp8-url", f"http://127.0.0.1:{srv.server_port}",
+                "--fp4-url", f"http://127.0.0.1:{port}"]
+        assert command.main(_ab_args(*argv), read_sglang=None) == 1
+    finally:
+        srv.shutdown()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"sglang-fp4-indexer ab: not run: --fp4-url: no SGLang server "
+                                               f"answers at http://127.0.0.1:{port} (/server_info: ")
+    assert not out.exists()
+
+
+def test_kept_files_that_are_not_results_are_named(tmp_path):
+    from sglang_fp4_indexer.ab.command import _load_plan, read_result
+
+    good = dict(_recorded_arm("fp8", [1, 0], [1, 1]), commands=[])
+    path = tmp_path / "result.json"
+    for content, why in (("[1, 2]", "a JSON list, not an object"), ("{}", "no server_info, kv, bench, commands"),
+                         ('{"kv": {', "Expecting"),
+                         (json.dumps(dict(good, gsm8k={"outcomes": []})), "a GSM8K record without outcomes"),
+                         (json.dumps(dict(good, passkey=[])), "a passkey record without prompts")):
+        path.write_text(content)
+        with pytest.raises(ValueError) as e:
+            read_result(str(path))
+        assert str(e.value).startswith(f"--out: {path} is not a finished arm's result (") and why in str(e.value)
+        assert str(e.value).endswith("delete it to run that arm again")
+    path.write_text(json.dumps(good))
+    assert read_result(str(path)) == good
+
+    # A plan without a finished arm is replaced (nothing to resume); with one, other settings are refused and a
+    # plan.json that is not JSON is named.
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "plan.json").write_text(json.dumps({"concurrency": 2}))
+    (out / "passkey_prompts.json").write_text("[]")
+    assert _load_plan(str(out), {"concurrency": 8, "kv_limited_concurrency": None}) == {
+        "concurrency": 8, "kv_limited_concurrency": None}
+    assert not (out / "passkey_prompts.json").exists()
+    (out / "fp8-first" / "fp8").mkdir(parents=True)
+    (out / "fp8-first" / "fp8" / "result.json").write_text(json.dumps(good))
+    with pytest.raises(ValueError, match=r"holds a run with other settings \(concurrency\)"):
+        _load_plan(str(out), {"concurrency": 4, "kv_limited_concurrency": None})
+    (out / "plan.json").write_text("{")
+    with pytest.raises(ValueError, match=r"--out: .*plan.json is not the plan of an A/B run \(Expecting"):
+        _load_plan(str(out), {"concurrency": 8, "kv_limited_concurrency": None})
+
+
+def test_quality_from_arms_that_answered_different_items_is_refused():
+    arms = {"fp8-first": {"fp8": _recorded_arm("fp8", [1, 1, 0, 1], [1, 1, 1, 1]),
+                          "fp4": _recorded_arm("fp4", [1, 0], [1, 1, 1, 0])}}
+    with pytest.raises(ValueError, match="gsm8k: the FP8 arm answered 4 items and the FP4 arm 2"):
+        build_report(arms, meta={})
+
+
+def test_a_failing_benchmark_client_is_one_line_with_its_log(tmp_path):
+    from sglang_fp4_indexer.ab.command import _measure
+
+    def run(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 1, "Traceback (most recent call last):\n  File x\n",
+                                           "ValueError: http://127.0.0.1:1/v1/models is not ready. Exiting.\n")
+
+    srv = _standin_server({"generate": 0}, pool=1000, wrong_depth=None)
+    plan = {"input_lens": [256], "output_len": 8, "concurrency": 1, "prompts": 1, "kv_limited_concurrency": 0,
+            "gsm8k_data": None, "passkey_lengths": [0]}
+    try:
+        with pytest.raises(RuntimeError) as e:
+            _measure(f"http://127.0.0.1:{srv.server_port}", str(tmp_path), plan, with_quality=True,
+                     out=str(tmp_path), progress=lambda step: None, answer_value=None, run=run)
+    finally:
+        srv.shutdown()
+    assert str(e.value) == ("bench_serving exited with 1: ValueError: http://127.0.0.1:1/v1/models is not ready. "
+                            f"Exiting. (log: {tmp_path / 'bench_stdout.txt'})")

@@ -29,6 +29,8 @@ __all__ = ["ORDERS", "add_arguments", "main", "parse_orders", "parse_depths", "d
 
 #: The run orders: which arm's server starts first.
 ORDERS = {"fp8-first": ("fp8", "fp4"), "fp4-first": ("fp4", "fp8")}
+#: What a kept arm's ``result.json`` holds (``run_arms`` writes it): the keys and their types.
+_RESULT_KEYS = {"server_info": dict, "kv": dict, "bench": list, "commands": list}
 
 
 def parse_orders(text: str) -> list[str]:
@@ -70,10 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(server_flags=[])
     parser.usage = "%(prog)s [MODEL] --out DIR [options] [-- SGLANG SERVER FLAGS]"
     parser.epilog = ("SGLang server flags go last, after --, as you serve with them (e.g. -- --tp-size 8 "
-                     "--kv-cache-dtype fp8_e4m3); the FP4 arm adds --enable-fp4-indexer.")
+                     "--kv-cache-dtype fp8_e4m3); the FP4 arm adds --enable-fp4-indexer. With --fp8-url/--fp4-url "
+                     "give the flags the two servers run with: the plugin's check reads them.")
     parser.add_argument("--out", required=True, metavar="DIR",
-                        help="output folder: each arm's result, the report (report.json, report.png); rerunning "
-                             "with the same DIR skips the arms already finished")
+                        help="output folder: each arm's result, the report (report.json, report.png); the same "
+                             "command again (same DIR, same options) skips the arms already finished")
     parser.add_argument("--config", metavar="YAML", default=None,
                         help="an SGLang server config file (as launch_server --config takes it), passed to both "
                              "servers")
@@ -145,8 +148,13 @@ def _config_enables_fp4(path: str | None) -> bool:
 
 
 def _validate(args: argparse.Namespace) -> tuple[str, dict]:
-    """The mode (``launch`` or ``urls``) and the YAML config; ValueError naming the option when they conflict."""
+    """The mode (``launch`` or ``urls``) and the YAML config; ValueError naming the option when they conflict.
+    Everything that can be told from the options is told here, before the check and before any server."""
     config = _read_config(args.config)
+    short = [n for n in (args.passkey_lengths or []) if 0 < n < quality.PASSKEY_MIN_TOKENS]
+    if short:
+        raise ValueError(f"--passkey-lengths: expected 0 (no passkey check) or >= {quality.PASSKEY_MIN_TOKENS} tokens, "
+                         f"got {short[0]}")
     if (args.fp8_url is None) != (args.fp4_url is None):
         given = "--fp8-url" if args.fp8_url else "--fp4-url"
         raise ValueError(f"{given}: give both --fp8-url and --fp4-url (two running servers), or neither")
@@ -159,26 +167,75 @@ def _validate(args: argparse.Namespace) -> tuple[str, dict]:
                                  f"{getattr(args, name)!r}") from None
         if args.orders != ["fp8-first"]:
             raise ValueError("--orders: with --fp8-url/--fp4-url both servers run already; no order to choose")
+        if args.fp8_url.rstrip("/") == args.fp4_url.rstrip("/"):
+            raise ValueError(f"--fp4-url: {args.fp4_url} is --fp8-url's server too; give the URL of the server "
+                             "launched with --enable-fp4-indexer")
+    if args.gsm8k_data is not None and not os.path.isfile(args.gsm8k_data):
+        raise ValueError(f"--gsm8k-data: no such file {args.gsm8k_data}")
+    if args.fp8_url:
         return "urls", config
     if args.model is None and not (config.get("model-path") or config.get("model_path")):
         raise ValueError("model: give the model path (or --config with model-path, or --fp8-url and --fp4-url)")
-    if args.gsm8k_data is not None and not os.path.isfile(args.gsm8k_data):
-        raise ValueError(f"--gsm8k-data: no such file {args.gsm8k_data}")
+    launch_command(args.model, args.port, list(args.server_flags), fp4=False)  # flags the command sets itself
     return "launch", config
 
 
 def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | None, str | None]:
-    """``(refusal, check text)``: the plugin's own decision for the model and flags (``check.run_check``)."""
+    """``(refusal, check text)``: the plugin's own decision for the model and flags (``check.run_check``, its
+    decision only: the servers size their own KV pools).
+
+    Raises:
+        ValueError: what ``run_check`` raises for the model and flags, and a load longer than the model's context
+            (``--input-lens`` + ``--output-len``, or ``--passkey-lengths``).
+    """
     from ..check import run_check
 
     model = args.model or config.get("model-path") or config.get("model_path")
     if model is None:
         return None, "not run (no model path given with --fp8-url/--fp4-url)"
     check_flags = flags + (["--config", args.config] if args.config else [])
-    res = run_check(model, server_flags=check_flags, read_sglang=read_sglang,
-                    announce=lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        res = run_check(model, server_flags=check_flags, read_sglang=read_sglang, capacity=False,
+                        announce=lambda line: print(line, file=sys.stderr, flush=True))
+    except ValueError as e:  # check names its own options: its --sglang-args are ab's flags after --
+        raise ValueError(str(e).replace("--sglang-args", "the server flags after --")
+                         .replace("as check's model", "as the model")) from None
     d = res["decision"]
-    return (None if d.enabled else d.reason), ("FP4 enabled: " if d.enabled else "FP4 refused: ") + d.reason
+    if not d.enabled:
+        return d.reason, "FP4 refused: " + d.reason
+    positions = res.get("positions")
+    if positions:
+        longest = max(args.input_lens) + args.output_len
+        if longest > positions:
+            raise ValueError(f"--input-lens: {max(args.input_lens)} tokens in and --output-len {args.output_len} "
+                             f"out make {longest}, more than the {positions} the model serves "
+                             f"({res['positions_from']})")
+        long_keys = [n for n in (args.passkey_lengths or []) if n > positions]
+        if long_keys:
+            raise ValueError(f"--passkey-lengths: {long_keys[0]} tokens, more than the {positions} the model "
+                             f"serves ({res['positions_from']})")
+    return None, "FP4 enabled: " + d.reason
+
+
+def _no_gpu(flags: list[str], gpus: Callable[[], dict]) -> str | None:
+    """Why the servers cannot start on this machine (no NVIDIA GPU that ``nvidia-smi`` lists), or None; None
+    also when the flags ask SGLang for another ``--device``."""
+    device = next((f.split("=", 1)[1] if "=" in f else (flags[i + 1] if i + 1 < len(flags) else "")
+                   for i, f in enumerate(flags) if f == "--device" or f.startswith("--device=")), "cuda")
+    if not device.startswith("cuda"):
+        return None
+    found = gpus()
+    return None if "error" not in found else f"no GPU found on this machine ({found['error']})"
+
+
+def _unanswered(args) -> str | None:
+    """With ``--fp8-url``/``--fp4-url``: the first of the two where no server answers ``/server_info``, or None."""
+    for name in ("fp8_url", "fp4_url"):
+        url = getattr(args, name)
+        info = get_json(url.rstrip("/") + "/server_info", 30.0)
+        if "error" in info:
+            return f"--{name.replace('_', '-')}: no SGLang server answers at {url} (/server_info: {info['error']})"
+    return None
 
 
 def _plan(args, mode: str) -> dict:
@@ -199,13 +256,41 @@ def _write_json(path: str, obj) -> None:
     os.replace(tmp, path)  # whole or absent: an interrupted write leaves no half result to resume from
 
 
+def _read_json(path: str, what: str, then: str):
+    """The JSON in ``path``; ValueError naming ``--out``, the file, ``what`` it should be and ``then`` (how to go
+    on) when it is not readable JSON."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--out: {path} is not {what} ({e}); {then}") from None
+
+
+def _finished_arms(out: str) -> list[str]:
+    """The arms kept in ``out`` (``ORDER/ARM/result.json`` that exist)."""
+    return [f"{o}/{a}" for o, arms in ORDERS.items() for a in arms
+            if os.path.exists(os.path.join(out, o, a, "result.json"))]
+
+
 def _load_plan(out: str, plan: dict) -> dict:
     """The plan kept in ``out`` (with what was fixed while running, e.g. the KV-limited concurrency), or ``plan``
-    written there. Raises ValueError naming ``--out`` when the folder holds a run with other settings."""
+    written there; a kept plan without a finished arm is replaced (nothing to resume), with its passkey prompts.
+
+    Raises:
+        ValueError: naming ``--out``, when the folder holds finished arms run with other settings, or a plan.json
+            that is not one.
+    """
     path = os.path.join(out, "plan.json")
+    if os.path.exists(path) and not _finished_arms(out):
+        os.remove(path)
+        prompts = os.path.join(out, "passkey_prompts.json")
+        if os.path.exists(prompts):
+            os.remove(prompts)
     if os.path.exists(path):
-        with open(path) as f:
-            kept = json.load(f)
+        then = "use another --out, or delete it (the kept arms then count as run with these options)"
+        kept = _read_json(path, "the plan of an A/B run", then)
+        if not isinstance(kept, dict):
+            raise ValueError(f"--out: {path} is not the plan of an A/B run (a JSON {type(kept).__name__}); {then}")
         fixed = {k: v for k, v in kept.items() if k not in ("kv_limited_auto",)}
         want = dict(plan, kv_limited_concurrency=plan["kv_limited_concurrency"] if plan["kv_limited_concurrency"]
                     is not None else fixed.get("kv_limited_concurrency"))
@@ -271,10 +356,12 @@ def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: st
                                     concurrency=conc, output_file=bench_file)
         res["commands"].append(cmd)
         p = run(cmd, capture_output=True, text=True)
-        with open(os.path.join(arm_dir, "bench_stdout.txt"), "a") as f:
+        log = os.path.join(arm_dir, "bench_stdout.txt")
+        with open(log, "a") as f:
             f.write(p.stdout + p.stderr)
         if p.returncode != 0:
-            raise RuntimeError(f"bench_serving exited with {p.returncode}: {(p.stdout + p.stderr)[-500:]}")
+            last = [ln.strip() for ln in (p.stdout + p.stderr).splitlines() if ln.strip()][-1:] or ["no output"]
+            raise RuntimeError(f"bench_serving exited with {p.returncode}: {last[0][:300]} (log: {log})")
     res["bench"] = _bench_lines(bench_file)
     return res
 
@@ -289,73 +376,125 @@ def _environment(mode: str) -> dict:
     return env
 
 
+def read_result(path: str) -> dict:
+    """A kept arm's result (``ORDER/ARM/result.json``, as ``run_arms`` writes it).
+
+    Raises:
+        ValueError: naming ``--out`` and the file, when it is not JSON, not an object, lacks a key of
+            ``_RESULT_KEYS`` (or holds another type there), or holds a GSM8K or passkey record without outcomes.
+    """
+    then = "delete it to run that arm again"
+    res = _read_json(path, "a finished arm's result", then)
+    why = None
+    if not isinstance(res, dict):
+        why = f"a JSON {type(res).__name__}, not an object"
+    else:
+        bad = [k for k, t in _RESULT_KEYS.items() if not isinstance(res.get(k), t)]
+        gsm8k, passkey = res.get("gsm8k"), res.get("passkey")
+        if bad:
+            why = "no " + ", ".join(bad)
+        elif gsm8k is not None and not (isinstance(gsm8k, dict) and gsm8k.get("outcomes")):
+            why = "a GSM8K record without outcomes"
+        elif passkey is not None and not (isinstance(passkey, list) and passkey):
+            why = "a passkey record without prompts"
+    if why:
+        raise ValueError(f"--out: {path} is not a finished arm's result ({why}); {then}")
+    return res
+
+
+def _arms_environment(results: dict, mode: str) -> dict:
+    """The environment the arms ran in (each kept result records its own), or this machine's, marked as such,
+    when no arm recorded one; ``differs`` says when the arms ran in different environments."""
+    envs = [r["environment"] for per in results.values() for r in per.values() if isinstance(r.get("environment"), dict)]
+    if not envs:
+        return dict(_environment(mode), note="this machine's (the kept arms did not record theirs)")
+    env = dict(envs[0])
+    if any((e.get("gpu"), e.get("versions")) != (env.get("gpu"), env.get("versions")) for e in envs):
+        env["differs"] = "the arms ran in different environments (each arm's result.json holds its own)"
+    return env
+
+
 def run_arms(args, plan: dict, mode: str, out: str, *, answer_value=None, run=subprocess.run) -> dict:
-    """Run (or resume) every arm of ``plan``; returns ``{order: {arm: result}}``. ``answer_value`` scores GSM8K
-    answers (``quality.gsm8k_outcomes``; needed only when the plan has GSM8K data)."""
+    """Run (or resume) every arm of ``plan``; returns ``{order: {arm: result}}``, each result with the
+    ``environment`` it ran in. ``answer_value`` scores GSM8K answers (``quality.gsm8k_outcomes``; needed only when
+    the plan has GSM8K data).
+
+    Raises:
+        ValueError: a kept result that is not one (``read_result``).
+        RuntimeError: a server that does not start, or an SGLang client that fails (that arm is not kept).
+    """
     from tqdm import tqdm
 
     orders = args.orders
     arms = [(order, arm) for order in orders for arm in ORDERS[order]]
     results: dict[str, dict] = {o: {} for o in orders}
-    bar = tqdm(total=len(arms), unit="arm", desc="A/B", file=sys.stderr)
-    for order, arm in arms:
-        arm_dir = os.path.join(out, order, arm)
-        os.makedirs(arm_dir, exist_ok=True)
-        path = os.path.join(arm_dir, "result.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                results[order][arm] = json.load(f)
-            bar.set_postfix_str(f"{order}/{arm} kept from an earlier run")
+    with tqdm(total=len(arms), unit="arm", desc="A/B", file=sys.stderr) as bar:  # closed (its line ended) on errors
+        for order, arm in arms:
+            results[order][arm] = _run_arm(args, plan, mode, out, order, arm, bar, answer_value=answer_value, run=run)
             bar.update(1)
-            continue
-        t0 = time.time()
-
-        def progress(step: str) -> None:
-            bar.set_postfix_str(f"{order}/{arm}: {step}")
-
-        with_quality = order == orders[0]
-        if mode == "urls":
-            res = _measure(args.fp8_url if arm == "fp8" else args.fp4_url, arm_dir, plan, with_quality=with_quality,
-                           out=out, progress=progress, answer_value=answer_value, run=run)
-            res["kv"] = {"max_total_num_tokens": res["server_info"].get("max_total_num_tokens")}
-        else:
-            flags = list(args.server_flags) + (["--config", os.path.abspath(args.config)] if args.config else [])
-            if arm == "fp8" and _config_enables_fp4(args.config):
-                flags.append("--no-enable-fp4-indexer")  # the file turns FP4 on; the command line overrides it
-            cmd = launch_command(args.model, args.port, flags, fp4=arm == "fp4")
-            log = os.path.join(arm_dir, "server.log")
-            progress("launching the server")
-            with launched_server(cmd, args.port, log, args.ready_timeout) as base:
-                res = _measure(base, arm_dir, plan, with_quality=with_quality, out=out, progress=progress,
-                               answer_value=answer_value, run=run)
-            res["commands"].insert(0, cmd)
-            with open(log, errors="replace") as f:
-                res["kv"] = kv_pool_tokens(f.read())
-        res.update(order=order, arm=arm, wall_s=time.time() - t0)
-        _write_json(path, res)
-        results[order][arm] = res
-        bar.update(1)
-    bar.close()
     return results
 
 
+def _run_arm(args, plan: dict, mode: str, out: str, order: str, arm: str, bar, *, answer_value, run) -> dict:
+    """One arm of ``run_arms``: its kept result, or the arm run and its result kept."""
+    arm_dir = os.path.join(out, order, arm)
+    os.makedirs(arm_dir, exist_ok=True)
+    path = os.path.join(arm_dir, "result.json")
+    if os.path.exists(path):
+        bar.set_postfix_str(f"{order}/{arm} kept from an earlier run")
+        return read_result(path)
+    t0 = time.time()
+
+    def progress(step: str) -> None:
+        bar.set_postfix_str(f"{order}/{arm}: {step}")
+
+    with_quality = order == args.orders[0]
+    if mode == "urls":
+        res = _measure(args.fp8_url if arm == "fp8" else args.fp4_url, arm_dir, plan, with_quality=with_quality,
+                       out=out, progress=progress, answer_value=answer_value, run=run)
+        res["kv"] = {"max_total_num_tokens": res["server_info"].get("max_total_num_tokens")}
+    else:
+        flags = list(args.server_flags) + (["--config", os.path.abspath(args.config)] if args.config else [])
+        if arm == "fp8" and _config_enables_fp4(args.config):
+            flags.append("--no-enable-fp4-indexer")  # the file turns FP4 on; the command line overrides it
+        cmd = launch_command(args.model, args.port, flags, fp4=arm == "fp4")
+        log = os.path.join(arm_dir, "server.log")
+        progress("launching the server")
+        with launched_server(cmd, args.port, log, args.ready_timeout) as base:
+            res = _measure(base, arm_dir, plan, with_quality=with_quality, out=out, progress=progress,
+                           answer_value=answer_value, run=run)
+        res["commands"].insert(0, cmd)
+        with open(log, errors="replace") as f:
+            res["kv"] = kv_pool_tokens(f.read())
+    res.update(order=order, arm=arm, wall_s=time.time() - t0, environment=_environment(mode))
+    _write_json(path, res)
+    return res
+
+
 def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_value: Callable | None = None, *,
-         run=subprocess.run) -> int:
-    """Run the A/B and print its verdict; 0 when every arm finished, 1 when FP4 is refused (nothing run).
+         run=subprocess.run, gpus: Callable[[], dict] = gpu_description) -> int:
+    """Run the A/B and print its verdict; 0 when every arm finished, 1 when nothing can run (FP4 refused, no GPU
+    to launch the servers on, a given server that does not answer), with one line saying why.
 
     ``read_sglang`` is the adapter's SGLang fact reader that ``check`` uses, ``answer_value`` its GSM8K answer
-    reader (``cli`` passes both); ``run`` runs the
-    SGLang client subprocesses (``subprocess.run``; a parameter for tests).
+    reader (``cli`` passes both); ``run`` runs the SGLang client subprocesses (``subprocess.run``) and ``gpus``
+    lists this machine's GPUs (``serving.gpu_description``): parameters for tests.
 
     Raises:
-        ValueError: bad or conflicting options (named), or an output folder holding another run's settings.
+        ValueError: bad or conflicting options (named), a load longer than the model's context, an output folder
+            holding another run's settings, or a kept file that is not what the run wrote.
         RuntimeError: a server fails to start, or an SGLang client exits non-zero (the arm is not kept).
     """
     mode, config = _validate(args)
     flags = list(args.server_flags)
     refusal, check_text = _refusal(args, flags, config, read_sglang)
+    to_run = {f"{o}/{a}" for o in args.orders for a in ORDERS[o]} - set(_finished_arms(args.out))
     if refusal is not None:
-        print(f"sglang-fp4-indexer ab: not run: FP4 would not serve this deployment ({refusal})", file=sys.stderr)
+        refusal = f"FP4 would not serve this deployment ({refusal})"
+    elif to_run:  # servers needed: on this machine's GPUs, or answering at the given URLs
+        refusal = _no_gpu(flags, gpus) if mode == "launch" else _unanswered(args)
+    if refusal is not None:
+        print(f"sglang-fp4-indexer ab: not run: {refusal}", file=sys.stderr)
         return 1
     os.makedirs(args.out, exist_ok=True)
     plan = _load_plan(args.out, _plan(args, mode))
@@ -364,7 +503,8 @@ def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_v
     results = run_arms(args, plan, mode, args.out, answer_value=answer_value, run=run)
     dummy = dummy_weights(flags, config) or any(
         (r.get("server_info") or {}).get("load_format") == "dummy" for per in results.values() for r in per.values())
-    meta = {"mode": mode, "plan": plan, "check": check_text, "dummy_weights": dummy, "environment": _environment(mode)}
+    meta = {"mode": mode, "plan": plan, "check": check_text, "dummy_weights": dummy,
+            "environment": _arms_environment(results, mode)}
     report = build_report(results, meta=meta)
     _write_json(os.path.join(args.out, "report.json"), report)
     plot_report(report, os.path.join(args.out, "report.png"))

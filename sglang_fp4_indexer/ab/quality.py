@@ -19,8 +19,12 @@ from urllib.parse import urlsplit
 
 from ..serving import post_json
 
+#: The shortest passkey prompt in tokens: the key's sentences and the question take about this many.
+PASSKEY_MIN_TOKENS = 64
+
 __all__ = [
     "GSM8K_DUMP",
+    "PASSKEY_MIN_TOKENS",
     "gsm8k_command",
     "gsm8k_outcomes",
     "passkey_prompts",
@@ -116,16 +120,16 @@ def passkey_prompts(lengths: list[int], depths: list[float], trials: int, per_fi
         list of dicts ``length``, ``depth``, ``trial``, ``key`` (str), ``text``.
 
     Raises:
-        ValueError: a length < 64, a depth outside [0, 1], ``trials`` < 1 or ``per_filler`` <= 0.
+        ValueError: a length < ``PASSKEY_MIN_TOKENS``, a depth outside [0, 1], ``trials`` < 1 or ``per_filler`` <= 0.
     """
     if trials < 1 or per_filler <= 0:
         raise ValueError(f"trials, per_filler: expected >= 1 and > 0, got {trials}, {per_filler}")
     rng = random.Random(seed)
     out = []
     for length in lengths:
-        if length < 64:
-            raise ValueError(f"--passkey-lengths: expected >= 64 tokens, got {length}")
-        groups = max(1, int((length - 64) / per_filler))
+        if length < PASSKEY_MIN_TOKENS:
+            raise ValueError(f"--passkey-lengths: expected >= {PASSKEY_MIN_TOKENS} tokens, got {length}")
+        groups = max(1, int((length - PASSKEY_MIN_TOKENS) / per_filler))
         for depth in depths:
             if not 0.0 <= depth <= 1.0:
                 raise ValueError(f"--passkey-depths: expected fractions in [0, 1], got {depth}")

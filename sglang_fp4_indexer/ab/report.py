@@ -24,11 +24,15 @@ def _accuracy(outcomes: list[int]) -> dict:
 
 
 def _quality(first: dict, what: str) -> dict | None:
-    """Per-arm accuracy and the paired FP4 - FP8 of one check (``gsm8k`` or ``passkey``) in one order's arms."""
+    """Per-arm accuracy and the paired FP4 - FP8 of one check (``gsm8k`` or ``passkey``) in one order's arms;
+    None where an arm did not run it. ValueError naming the check when the arms answered different items."""
     got = {arm: first[arm].get(what) for arm in ARMS if arm in first}
-    if len(got) < 2 or any(v is None for v in got.values()):
+    if len(got) < 2 or any(not v for v in got.values()):
         return None
     outs = {arm: (v["outcomes"] if what == "gsm8k" else [r["correct"] for r in v]) for arm, v in got.items()}
+    if len(outs["fp8"]) != len(outs["fp4"]) or not outs["fp8"]:
+        raise ValueError(f"{what}: the FP8 arm answered {len(outs['fp8'])} items and the FP4 arm "
+                         f"{len(outs['fp4'])}; the same items expected in both")
     out = {arm: _accuracy(o) for arm, o in outs.items()}
     out["fp4_minus_fp8"] = paired_difference(outs["fp8"], outs["fp4"])
     if what == "passkey":  # per length: the deployer's lengths, each on its own
@@ -130,7 +134,8 @@ def report_text(r: dict) -> str:
     env = r["meta"].get("environment", {})
     gpu = env.get("gpu", {})
     head = [f"environment: {gpu.get('count', '?')} x {gpu.get('name', gpu.get('error', '?'))}, driver "
-            f"{gpu.get('driver', '?')}; " + ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())]
+            f"{gpu.get('driver', '?')}; " + ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
+            + "".join(f" ({env[k]})" for k in ("note", "differs") if env.get(k))]
     if r["meta"].get("check"):
         head.append(f"plugin check: {r['meta']['check']}")
     return "\n".join(head + r["verdict"])

@@ -149,7 +149,7 @@ def _derived_budget(cfg: dict, memory: dict | None, gpu: tuple[int, tuple[int, i
 def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = None, capability: str | None = None,
               kv_cache_dtype: str | None = None, server_flags: list[str] | None = None,
               announce: Callable[[str], None] = lambda line: None,
-              read_sglang: Callable[[dict, str, list[str]], tuple] | None = None) -> dict:
+              read_sglang: Callable[[dict, str, list[str]], tuple] | None = None, capacity: bool = True) -> dict:
     """Do the check and return its findings (what ``main`` prints).
 
     ``model`` is a local model directory or config JSON file, or a packaged
@@ -193,7 +193,9 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
         gain refers to: the decision's, or what the flags would give when refused)
         and ``rows``: ``(label, index bytes per rank, KV + index bytes per layer
         per rank, KV + index bytes of all layers per rank, tokens)``, bytes as
-        ``Fraction``; also ``device_facts`` (``DeviceFacts``).
+        ``Fraction``; also ``device_facts`` (``DeviceFacts``). With ``capacity`` False (``ab`` asks for the
+        decision only: the servers it launches size their own pools) the keys from ``kv_dtype`` on are left out
+        and no memory budget is derived, so nothing about the memory is raised.
 
     Raises:
         ValueError: unreadable or incomplete config (a DSA model without its
@@ -261,6 +263,8 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
             if _SGLANG_KV_DTYPES.get(server_kv) != kv_cache_dtype:
                 raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} conflicts with --kv-cache-dtype {server_kv} "
                                  "in --sglang-args; give one of them")
+        if not capacity:
+            return out
         if kv_cache_dtype is not None and server_kv == "auto":
             dtype, dtype_why = kv_cache_dtype, "--kv-cache-dtype of check"
         else:
