@@ -1509,3 +1509,28 @@ def test_full_depth_kv_limited_load_is_the_measured_pair():
             f"**{f4['output_throughput']:.1f} (+{gain:.1f} %)** |") in readme
     assert f"| {span['fp8']} | **{span['fp4']}** |" in readme
     assert f"**+{gain:.1f} % output tokens/s** and {ratio:.2f}x the decode throughput with the pool full" in readme
+
+
+def test_glm5_index_path_run_is_the_raw_file():
+    """The interleaved-RoPE (GLM-5.x) run: FP4's rows, calls and worst margins as the user guide quotes them, every
+    check passed, and the FP8 engine stopped at its limit (so the page says there is no FP8 run to compare with)."""
+    raw = _json("sglang_mtp1_interleaved_h100_2026-12-07.json")
+    assert raw["checks"] and all(c["ok"] for c in raw["checks"]) and set(raw["modes"]) == {"FP4"}
+    modes = raw["modes"]["FP4"]
+    tv, de = modes["TARGET_VERIFY"], modes["DRAFT_EXTEND_V2"]
+    assert (tv["rows"], tv["calls"], tv["graph_calls"], de["rows"], de["calls"], de["graph_calls"]) == (
+        120, 30, 30, 60, 15, 15)
+    assert all(m[k] == 0 for m in (tv, de) for k in ("count", "duplicate", "out_of_range", "missing_rows", "stale"))
+    margin = {}
+    for c in raw["checks"]:
+        m = re.search(r"(\d+) rows of the first request .* (\d+) failed, worst margin (\S+)", c["detail"])
+        if m:
+            assert int(m.group(2)) == 0
+            margin["target verify" if "target verify" in c["check"] else "draft extend"] = (int(m.group(1)),
+                                                                                              float(m.group(3)))
+    text = _flat(_page("docs/user-guide.md"))
+    assert (f"120 target verify rows in 30 calls and 60 draft extend rows in 15, all from CUDA-graph replays" in text)
+    assert (f"the {margin['target verify'][0]} + {margin['draft extend'][0]} rows of the first request" in text)
+    assert (f"(worst margins {margin['target verify'][1]:.2f} and {margin['draft extend'][1]:.2f})" in text)
+    printed = (RESULTS / "sglang_mtp1_interleaved_h100_2026-12-07.txt").read_text()
+    assert "mtp1_fp8 rc=124 150 s, mtp1_fp4 rc=0 110 s" in printed and "within the 150 s the" in _page("docs/user-guide.md")
