@@ -131,10 +131,16 @@ def launch_command(model: str | None, port: int, server_flags: list[str], *, fp4
     Raises:
         ValueError: ``server_flags`` set ``--host``/``--port`` (the command picks them) or
             ``--enable-fp4-indexer`` (the command adds it to one arm only), or ``--no-enable-fp4-indexer`` with
-            ``fp4`` (the FP8 arm may carry it, to override a config file that turns FP4 on).
+            ``fp4`` (the FP8 arm may carry it, to override a config file that turns FP4 on), also abbreviated
+            (SGLang's argparse parser takes any unique prefix: ``--enable-fp4`` is ``--enable-fp4-indexer``).
     """
+    reserved = ("--host", "--port", "--enable-fp4-indexer", "--no-enable-fp4-indexer")
     for flag in server_flags:
         name = flag.split("=", 1)[0]
+        full = next((r for r in reserved if len(name) > 3 and r != name and r.startswith(name)), None)
+        if full is not None:
+            raise ValueError(f"server flags: {name} abbreviates {full} (SGLang's parser takes a flag's prefix), "
+                             "which the command sets itself; drop it")
         if name in ("--host", "--port"):
             raise ValueError(f"server flags: {name} is set by the command (it serves on 127.0.0.1 and --port); "
                              f"drop {flag}")

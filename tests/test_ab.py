@@ -231,9 +231,9 @@ def test_refuses_a_model_fp4_would_not_serve_before_anything_runs(tmp_path):
 
 # -- two running servers: a local stand-in --------------------------------------------------------------------
 
-def _standin_server(state, *, pool: int, wrong_depth: float | None):
+def _standin_server(state, *, pool: int, wrong_depth: float | None, fp4: bool | None = None):
     """A small local HTTP server standing in for a running SGLang server (which needs a GPU): ``/server_info``
-    (the keys the command reads), and ``/generate`` answering the passkey prompts -- with the key, except at
+    (the keys the command reads; ``enable_fp4_indexer`` when ``fp4`` is given), and ``/generate`` answering the passkey prompts -- with the key, except at
     ``wrong_depth`` -- and counting the prompt's words as its ``prompt_tokens``."""
     import re
     import threading
@@ -253,7 +253,8 @@ def _standin_server(state, *, pool: int, wrong_depth: float | None):
 
         def do_GET(self):
             if self.path == "/server_info":
-                self._send({"model_path": "/models/v32", "load_format": "auto", "max_total_num_tokens": pool})
+                info = {"model_path": "/models/v32", "load_format": "auto", "max_total_num_tokens": pool}
+                self._send(info if fp4 is None else dict(info, enable_fp4_indexer=fp4))
             else:
                 self.send_error(404)
 
@@ -349,6 +350,15 @@ def test_two_running_servers_and_resume(tmp_path, capsys):
 
 # -- what is refused before a server starts, and kept files that are not what the run wrote -------------------
 
+def _v32_folder(tmp_path) -> str:
+    """A model folder holding DeepSeek-V3.2's config.json (the packaged copy): what launch mode takes as MODEL."""
+    folder = tmp_path / "DeepSeek-V3.2"
+    folder.mkdir(exist_ok=True)
+    src = Path(__file__).resolve().parents[1] / "sglang_fp4_indexer" / "data" / "models" / "deepseek-v3.2"
+    (folder / "config.json").write_text((src / "config.json").read_text())
+    return str(folder)
+
+
 def _ab_args(*argv):
     from sglang_fp4_indexer.cli import build_parser
 
@@ -369,6 +379,12 @@ def _ab_args(*argv):
      "--fp4-url: http://127.0.0.1:5/ is --fp8-url's server too"),
     (["/m", "--out", "d", "--", "--port", "30000"], "server flags: --port is set by the command"),
     (["/m", "--out", "d", "--", "--enable-fp4-indexer"], "server flags: --enable-fp4-indexer is the A/B's own switch"),
+    # SGLang's parser takes a flag's unique prefix: --enable-fp4 would turn FP4 on in the FP8 arm
+    (["/m", "--out", "d", "--", "--enable-fp4"], "server flags: --enable-fp4 abbreviates --enable-fp4-indexer"),
+    (["/m", "--out", "d", "--", "--por", "30000"], "server flags: --por abbreviates --port"),
+    (["/m", "--out", "d", "--", "--model-path", "/x"], "server flags: --model-path: give the model as ab's MODEL"),
+    (["deepseek-v3.2", "--out", "d"], "model: expected the checkpoint's folder or its Hugging Face name"),
+    (["--out", "", "--fp8-url", "http://127.0.0.1:5", "--fp4-url", "http://127.0.0.1:6"], "--out: expected a folder"),
 ])
 def test_options_refused_before_the_check(argv, message):
     """Told from the options alone: refused before the plugin's check and before any folder is written."""
@@ -390,16 +406,17 @@ def test_config_naming_another_model_is_refused_in_abs_terms(tmp_path):
     from sglang_fp4_indexer.guide import config_path
 
     shipped = str(config_path("deepseek-v3.2"))  # model-path deepseek-ai/DeepSeek-V3.2
-    assert command.main(_ab_args("deepseek-v3.2", "--out", str(tmp_path / "o"), "--config", shipped),
+    model = _v32_folder(tmp_path)
+    assert command.main(_ab_args(model, "--out", str(tmp_path / "o"), "--config", shipped),
                         read_sglang=read_sglang_facts, gpus=lambda: {"error": "none here"}) == 1  # past the check
     cfg = tmp_path / "serve.yaml"
     cfg.write_text("model-path: zai-org/GLM-5\ntp-size: 8\n")
     with pytest.raises(ValueError) as e:
-        command.main(_ab_args("deepseek-v3.2", "--out", str(tmp_path / "o"), "--config", str(cfg)),
+        command.main(_ab_args(model, "--out", str(tmp_path / "o"), "--config", str(cfg)),
                      read_sglang=read_sglang_facts)
     msg = str(e.value)
     assert msg.startswith("the server flags after --: the --config file names model-path zai-org/GLM-5, another "
-                          "model than deepseek-v3.2 (") and msg.endswith("give zai-org/GLM-5 as the model, or the "
+                          f"model than {model} (") and msg.endswith("give zai-org/GLM-5 as the model, or the "
                                                                          "same model in both")
 
 
@@ -407,12 +424,12 @@ def test_a_load_longer_than_the_context_is_refused_before_any_server(tmp_path):
     """DeepSeek-V3.2's packaged config serves 163840 positions: 163840 in + 256 out is one too many."""
     from sglang_fp4_indexer.ab import command
 
-    out = tmp_path / "o"
+    out, model = tmp_path / "o", _v32_folder(tmp_path)
     for argv, message in ((["--input-lens", "163840"], "--input-lens: 163840 tokens in and --output-len 256 out make "
                                                        "164096, more than the 163840 the model serves"),
                           (["--passkey-lengths", "200000"], "--passkey-lengths: 200000 tokens, more than the 163840")):
         with pytest.raises(ValueError) as e:
-            command.main(_ab_args("deepseek-v3.2", "--out", str(out), *argv), read_sglang=None,
+            command.main(_ab_args(model, "--out", str(out), *argv), read_sglang=None,
                          gpus=lambda: pytest.fail("no GPU asked for"))
         assert message in str(e.value)
     assert not out.exists()
@@ -422,7 +439,7 @@ def test_no_gpu_and_no_server_are_one_line_before_anything_is_written(tmp_path, 
     from sglang_fp4_indexer.ab import command
 
     out = tmp_path / "o"
-    assert command.main(_ab_args("deepseek-v3.2", "--out", str(out)), read_sglang=None,
+    assert command.main(_ab_args(_v32_folder(tmp_path), "--out", str(out)), read_sglang=None,
                         gpus=lambda: {"error": "nvidia-smi: FileNotFoundError: no such file"}) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "sglang-fp4-indexer ab: not run: no GPU found on this machine (nvidia-smi: FileNotFoundError: no such file)")
@@ -509,3 +526,54 @@ def test_a_failing_benchmark_client_is_one_line_with_its_log(tmp_path):
         srv.shutdown()
     assert str(e.value) == ("bench_serving exited with 1: ValueError: http://127.0.0.1:1/v1/models is not ready. "
                             f"Exiting. (log: {tmp_path / 'bench_stdout.txt'})")
+
+
+def test_a_config_among_the_server_flags_that_turns_fp4_on_is_overridden_in_the_fp8_arm(tmp_path):
+    from sglang_fp4_indexer.ab import command
+
+    on = tmp_path / "on.yaml"
+    on.write_text("enable-fp4-indexer: true\ntp-size: 8\n")
+    off = tmp_path / "off.yaml"
+    off.write_text("tp-size: 8\n")
+    for argv, paths, enables in (([f"--config={on}"], [str(on)], True), (["--config", str(off)], [str(off)], False)):
+        args = _ab_args("/m", "--out", "d", "--", *argv)
+        assert command._config_paths(args) == paths and command._config_enables_fp4(paths) is enables
+    args = _ab_args("/m", "--out", "d", "--config", str(off), "--", "--config", str(on))
+    assert command._config_paths(args) == [str(off), str(on)] and command._config_enables_fp4([str(off), str(on)])
+    with pytest.raises(ValueError, match="--config: cannot read /nonexistent.yaml"):
+        command.main(_ab_args("/m", "--out", str(tmp_path / "o"), "--", "--config", "/nonexistent.yaml"))
+
+
+def test_servers_whose_switch_contradicts_their_arm_are_refused(tmp_path, capsys):
+    """Where /server_info reports the plugin's switch, the FP8 URL must not have it on nor the FP4 URL off."""
+    from sglang_fp4_indexer.ab import command
+
+    srv = _standin_server({"generate": 0}, pool=1000, wrong_depth=None, fp4=False)
+    try:
+        url = f"http://127.0.0.1:{srv.server_port}"  # the same FP8 server under two names
+        args = _ab_args("--out", str(tmp_path / "o"), "--fp8-url", url, "--fp4-url", url.replace("127.0.0.1",
+                                                                                                 "localhost"))
+        assert command.main(args, read_sglang=None) == 1
+    finally:
+        srv.shutdown()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"sglang-fp4-indexer ab: not run: --fp4-url: the server at {args.fp4_url} runs with "
+                   "enable_fp4_indexer False (its /server_info); expected a server launched with --enable-fp4-indexer")
+    assert not (tmp_path / "o").exists()
+
+
+def test_kept_results_with_wrong_values_are_named(tmp_path):
+    from sglang_fp4_indexer.ab.command import read_result
+
+    good = dict(_recorded_arm("fp8", [1, 0], [1, 1]), commands=[])
+    path = tmp_path / "result.json"
+    for change, why in (({"passkey": [1]}, "passkey records without an integer length"),
+                        ({"passkey": [{"foo": 1}]}, "passkey records without an integer length"),
+                        ({"gsm8k": {"outcomes": [1, "x", 0]}}, "GSM8K outcomes other than 0 and 1"),
+                        ({"gsm8k": {"outcomes": "101"}}, "GSM8K outcomes other than 0 and 1"),
+                        ({"bench": [1, 2]}, "serving benchmark lines that are not objects of numbers"),
+                        ({"bench": [{"output_throughput": "fast"}]}, "serving benchmark lines"),
+                        ({"kv": {"max_total_num_tokens": "abc"}}, "KV pool sizes that are not numbers")):
+        path.write_text(json.dumps(dict(good, **change)))
+        with pytest.raises(ValueError, match=f"is not a finished arm's result \\({why}"):
+            read_result(str(path))

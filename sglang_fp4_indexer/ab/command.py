@@ -23,7 +23,7 @@ from ..argtypes import integer, int_list
 from ..serving import (bench_serving_command, get_json, gpu_description, kv_pool_tokens, launch_command,
                        launched_server, read_jsonl, versions)
 from . import quality
-from .report import ARMS, build_report, plot_report, report_text
+from .report import AB_FIELDS, ARMS, build_report, plot_report, report_text
 
 __all__ = ["ORDERS", "add_arguments", "main", "parse_orders", "parse_depths", "dummy_weights"]
 
@@ -142,9 +142,21 @@ def _read_config(path: str | None) -> dict:
     return data
 
 
-def _config_enables_fp4(path: str | None) -> bool:
-    cfg = _read_config(path)
-    return bool(cfg.get("enable-fp4-indexer", cfg.get("enable_fp4_indexer", False)))
+def _config_paths(args) -> list[str]:
+    """The SGLang config files the servers read: ``--config`` of ab and any ``--config`` among the server flags."""
+    flags = list(args.server_flags)
+    inline = [f.split("=", 1)[1] if "=" in f else (flags[i + 1] if i + 1 < len(flags) else "")
+              for i, f in enumerate(flags) if f == "--config" or f.startswith("--config=")]
+    return ([args.config] if args.config else []) + [p for p in inline if p]
+
+
+def _config_enables_fp4(paths: list[str]) -> bool:
+    """Whether one of the config files turns FP4 on (``enable-fp4-indexer: true``)."""
+    for path in paths:
+        cfg = _read_config(path)
+        if cfg.get("enable-fp4-indexer", cfg.get("enable_fp4_indexer", False)):
+            return True
+    return False
 
 
 def _validate(args: argparse.Namespace) -> tuple[str, dict]:
@@ -172,11 +184,21 @@ def _validate(args: argparse.Namespace) -> tuple[str, dict]:
                              "launched with --enable-fp4-indexer")
     if args.gsm8k_data is not None and not os.path.isfile(args.gsm8k_data):
         raise ValueError(f"--gsm8k-data: no such file {args.gsm8k_data}")
+    if not args.out or (os.path.exists(args.out) and not os.path.isdir(args.out)):
+        raise ValueError(f"--out: expected a folder (new or of an earlier run), got {args.out!r}")
+    for path in _config_paths(args)[1 if args.config else 0:]:
+        _read_config(path)  # a --config among the server flags: readable, or named
     if args.fp8_url:
         return "urls", config
     if args.model is None and not (config.get("model-path") or config.get("model_path")):
         raise ValueError("model: give the model path (or --config with model-path, or --fp8-url and --fp4-url)")
     launch_command(args.model, args.port, list(args.server_flags), fp4=False)  # flags the command sets itself
+    if any(f.split("=", 1)[0] in ("--model-path", "--model") for f in args.server_flags):
+        raise ValueError("server flags: --model-path: give the model as ab's MODEL instead")
+    if args.model is not None and (os.path.isfile(args.model) or (not os.path.exists(args.model)
+                                                                  and "/" not in args.model)):
+        raise ValueError(f"model: expected the checkpoint's folder or its Hugging Face name (ORG/NAME), as "
+                         f"launch_server's --model-path takes it, got {args.model!r}")
     return "launch", config
 
 
@@ -197,9 +219,8 @@ def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | N
     try:
         res = run_check(model, server_flags=check_flags, read_sglang=read_sglang, capacity=False,
                         announce=lambda line: print(line, file=sys.stderr, flush=True))
-    except ValueError as e:  # check names its own options: its --sglang-args are ab's flags after --
-        raise ValueError(str(e).replace("--sglang-args", "the server flags after --")
-                         .replace("as check's model", "as the model")) from None
+    except ValueError as e:
+        raise ValueError(_ab_terms(str(e))) from None
     d = res["decision"]
     if not d.enabled:
         return d.reason, "FP4 refused: " + d.reason
@@ -209,12 +230,17 @@ def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | N
         if longest > positions:
             raise ValueError(f"--input-lens: {max(args.input_lens)} tokens in and --output-len {args.output_len} "
                              f"out make {longest}, more than the {positions} the model serves "
-                             f"({res['positions_from']})")
+                             f"({_ab_terms(res['positions_from'])})")
         long_keys = [n for n in (args.passkey_lengths or []) if n > positions]
         if long_keys:
             raise ValueError(f"--passkey-lengths: {long_keys[0]} tokens, more than the {positions} the model "
-                             f"serves ({res['positions_from']})")
+                             f"serves ({_ab_terms(res['positions_from'])})")
     return None, "FP4 enabled: " + d.reason
+
+
+def _ab_terms(text: str) -> str:
+    """``check``'s text in ab's terms: its ``--sglang-args`` are ab's server flags after ``--``."""
+    return text.replace("--sglang-args", "the server flags after --").replace("as check's model", "as the model")
 
 
 def _no_gpu(flags: list[str], gpus: Callable[[], dict]) -> str | None:
@@ -230,11 +256,15 @@ def _no_gpu(flags: list[str], gpus: Callable[[], dict]) -> str | None:
 
 def _unanswered(args) -> str | None:
     """With ``--fp8-url``/``--fp4-url``: the first of the two where no server answers ``/server_info``, or None."""
-    for name in ("fp8_url", "fp4_url"):
-        url = getattr(args, name)
+    for name, fp4 in (("fp8_url", False), ("fp4_url", True)):
+        url, option = getattr(args, name), "--" + name.replace("_", "-")
         info = get_json(url.rstrip("/") + "/server_info", 30.0)
         if "error" in info:
-            return f"--{name.replace('_', '-')}: no SGLang server answers at {url} (/server_info: {info['error']})"
+            return f"{option}: no SGLang server answers at {url} (/server_info: {info['error']})"
+        said = info.get("enable_fp4_indexer")  # where the server reports the plugin's switch
+        if said is not None and bool(said) != fp4:
+            return (f"{option}: the server at {url} runs with enable_fp4_indexer {said} (its /server_info); "
+                    f"expected a server launched {'with' if fp4 else 'without'} --enable-fp4-indexer")
     return None
 
 
@@ -330,8 +360,7 @@ def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: st
         progress("passkey")
         path = os.path.join(out, "passkey_prompts.json")
         if os.path.exists(path):  # the same prompts for every arm
-            with open(path) as f:
-                prompts = json.load(f)
+            prompts = _read_json(path, "the passkey prompts of this run", "delete it to build them again")
         else:
             prompts = quality.passkey_prompts(lengths, plan["passkey_depths"], plan["passkey_trials"],
                                               quality.tokens_per_filler(base))
@@ -360,8 +389,10 @@ def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: st
         with open(log, "a") as f:
             f.write(p.stdout + p.stderr)
         if p.returncode != 0:
-            last = [ln.strip() for ln in (p.stdout + p.stderr).splitlines() if ln.strip()][-1:] or ["no output"]
-            raise RuntimeError(f"bench_serving exited with {p.returncode}: {last[0][:300]} (log: {log})")
+            lines = [ln.strip() for ln in (p.stdout + p.stderr).splitlines() if ln.strip()] or ["no output"]
+            why = next((ln for ln in reversed(lines) if "rror" in ln or "not ready" in ln or "xception" in ln),
+                       lines[-1])
+            raise RuntimeError(f"bench_serving exited with {p.returncode}: {why[:300]} (log: {log})")
     res["bench"] = _bench_lines(bench_file)
     return res
 
@@ -374,6 +405,18 @@ def _environment(mode: str) -> dict:
     if mode == "urls":
         env["where"] = "the machine that ran the command (the client); the servers may run elsewhere"
     return env
+
+
+def _is_outcome(x) -> bool:
+    return isinstance(x, int) and x in (0, 1)  # bools too
+
+
+def _is_number(x) -> bool:
+    return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
+
+
+#: The serving benchmark fields the report reads from each line: the paired ones and the shape's.
+_BENCH_NUMBERS = tuple(key for key, _, _ in AB_FIELDS) + ("random_input_len", "random_output_len", "max_concurrency")
 
 
 def read_result(path: str) -> dict:
@@ -395,8 +438,19 @@ def read_result(path: str) -> dict:
             why = "no " + ", ".join(bad)
         elif gsm8k is not None and not (isinstance(gsm8k, dict) and gsm8k.get("outcomes")):
             why = "a GSM8K record without outcomes"
+        elif gsm8k is not None and not (isinstance(gsm8k["outcomes"], list)
+                                        and all(_is_outcome(x) for x in gsm8k["outcomes"])):
+            why = "GSM8K outcomes other than 0 and 1"
         elif passkey is not None and not (isinstance(passkey, list) and passkey):
             why = "a passkey record without prompts"
+        elif passkey is not None and not all(isinstance(r, dict) and isinstance(r.get("length"), int)
+                                             and _is_outcome(r.get("correct")) for r in passkey):
+            why = "passkey records without an integer length and a 0 or 1 outcome"
+        elif not all(isinstance(line, dict) and all(_is_number(line.get(k)) for k in _BENCH_NUMBERS)
+                     for line in res["bench"]):
+            why = "serving benchmark lines that are not objects of numbers"
+        elif not all(_is_number(res["kv"].get(k)) for k in ("kv_cache_tokens", "max_total_num_tokens")):
+            why = "KV pool sizes that are not numbers"
     if why:
         raise ValueError(f"--out: {path} is not a finished arm's result ({why}); {then}")
     return res
@@ -455,7 +509,7 @@ def _run_arm(args, plan: dict, mode: str, out: str, order: str, arm: str, bar, *
         res["kv"] = {"max_total_num_tokens": res["server_info"].get("max_total_num_tokens")}
     else:
         flags = list(args.server_flags) + (["--config", os.path.abspath(args.config)] if args.config else [])
-        if arm == "fp8" and _config_enables_fp4(args.config):
+        if arm == "fp8" and _config_enables_fp4(_config_paths(args)):
             flags.append("--no-enable-fp4-indexer")  # the file turns FP4 on; the command line overrides it
         cmd = launch_command(args.model, args.port, flags, fp4=arm == "fp4")
         log = os.path.join(arm_dir, "server.log")
@@ -496,7 +550,10 @@ def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_v
     if refusal is not None:
         print(f"sglang-fp4-indexer ab: not run: {refusal}", file=sys.stderr)
         return 1
-    os.makedirs(args.out, exist_ok=True)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out: cannot create {args.out} ({e.strerror})") from None
     plan = _load_plan(args.out, _plan(args, mode))
     if plan["gsm8k_data"] and answer_value is None:
         raise ValueError("--gsm8k-data: scoring GSM8K needs SGLang's answer reader (run through sglang-fp4-indexer)")
