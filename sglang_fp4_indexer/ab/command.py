@@ -254,8 +254,9 @@ def _no_gpu(flags: list[str], gpus: Callable[[], dict]) -> str | None:
     return None if "error" not in found else f"no GPU found on this machine ({found['error']})"
 
 
-def _unanswered(args) -> str | None:
-    """With ``--fp8-url``/``--fp4-url``: the first of the two where no server answers ``/server_info``, or None."""
+def _servers_problem(args) -> str | None:
+    """With ``--fp8-url``/``--fp4-url``: why the first of the two cannot be measured as its arm (no server answers
+    ``/server_info``, or it reports ``enable_fp4_indexer`` contrary to its arm), or None."""
     for name, fp4 in (("fp8_url", False), ("fp4_url", True)):
         url, option = getattr(args, name), "--" + name.replace("_", "-")
         info = get_json(url.rstrip("/") + "/server_info", 30.0)
@@ -424,7 +425,9 @@ def read_result(path: str) -> dict:
 
     Raises:
         ValueError: naming ``--out`` and the file, when it is not JSON, not an object, lacks a key of
-            ``_RESULT_KEYS`` (or holds another type there), or holds a GSM8K or passkey record without outcomes.
+            ``_RESULT_KEYS`` (or holds another type there), holds a GSM8K or passkey record without outcomes or
+            with outcomes other than 0 and 1, benchmark lines that are not objects of numbers, or KV pool sizes
+            that are not numbers.
     """
     then = "delete it to run that arm again"
     res = _read_json(path, "a finished arm's result", then)
@@ -546,7 +549,7 @@ def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_v
     if refusal is not None:
         refusal = f"FP4 would not serve this deployment ({refusal})"
     elif to_run:  # servers needed: on this machine's GPUs, or answering at the given URLs
-        refusal = _no_gpu(flags, gpus) if mode == "launch" else _unanswered(args)
+        refusal = _no_gpu(flags, gpus) if mode == "launch" else _servers_problem(args)
     if refusal is not None:
         print(f"sglang-fp4-indexer ab: not run: {refusal}", file=sys.stderr)
         return 1
