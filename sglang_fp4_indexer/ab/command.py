@@ -117,11 +117,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a launched server may take to answer /health (default 3600)")
 
 
+def _flag_values(flags: list[str], name: str) -> list[str]:
+    """The values ``flags`` give the server flag ``name`` (``--name VALUE`` or ``--name=VALUE``), in order."""
+    return [f.split("=", 1)[1] if "=" in f else (flags[i + 1] if i + 1 < len(flags) else "")
+            for i, f in enumerate(flags) if f == name or f.startswith(name + "=")]
+
+
 def dummy_weights(flags: list[str], config: dict) -> bool:
     """Whether the server flags or the YAML config load dummy weights (``--load-format dummy``)."""
-    for i, f in enumerate(flags):
-        if f == "--load-format=dummy" or (f == "--load-format" and i + 1 < len(flags) and flags[i + 1] == "dummy"):
-            return True
+    if "dummy" in _flag_values(flags, "--load-format"):
+        return True
     return str(config.get("load-format", config.get("load_format", ""))).strip() == "dummy"
 
 
@@ -144,9 +149,7 @@ def _read_config(path: str | None) -> dict:
 
 def _config_paths(args) -> list[str]:
     """The SGLang config files the servers read: ``--config`` of ab and any ``--config`` among the server flags."""
-    flags = list(args.server_flags)
-    inline = [f.split("=", 1)[1] if "=" in f else (flags[i + 1] if i + 1 < len(flags) else "")
-              for i, f in enumerate(flags) if f == "--config" or f.startswith("--config=")]
+    inline = _flag_values(list(args.server_flags), "--config")
     return ([args.config] if args.config else []) + [p for p in inline if p]
 
 
@@ -246,8 +249,7 @@ def _ab_terms(text: str) -> str:
 def _no_gpu(flags: list[str], gpus: Callable[[], dict]) -> str | None:
     """Why the servers cannot start on this machine (no NVIDIA GPU that ``nvidia-smi`` lists), or None; None
     also when the flags ask SGLang for another ``--device``."""
-    device = next((f.split("=", 1)[1] if "=" in f else (flags[i + 1] if i + 1 < len(flags) else "")
-                   for i, f in enumerate(flags) if f == "--device" or f.startswith("--device=")), "cuda")
+    device = (_flag_values(flags, "--device") or ["cuda"])[0]
     if not device.startswith("cuda"):
         return None
     found = gpus()
