@@ -17,6 +17,7 @@
 # The list of small wheels was found by importing SGLang's one-batch path, model runner, DSA backend,
 # DeepSeek models and Engine with every distribution outside the device image hidden.
 set -euo pipefail
+shopt -s extglob  # slim's patterns: !(...) keeps named files of a dropped folder
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 DEST=.peers/sglang-runtime
@@ -50,11 +51,12 @@ slim() {
 dl "$STAGE" "$KERNEL"
 slim "$(ls "$STAGE"/sglang_kernel-*.whl)" "$DEST/part2" sgl_kernel/sm100 'sgl_kernel/flash_ops*.so' \
   'sgl_kernel/flashmla_ops*.so' 'sgl_kernel/infllm_ops*.so'
-# SGLang itself, slimmed to what the one-batch path, the Engine, launch_server and bench_serving import (39 MB to
-# 15 MB): the diffusion runtime (multimodal_gen), its tests and the Rust extensions of the Rust HTTP server
-# (SGLANG_RUST_SERVER), gRPC, the Rust benchmark client and multimodal preprocessing are dropped.
+# SGLang itself, slimmed to what the one-batch path, the Engine, launch_server, bench_serving and few-shot GSM8K
+# (sglang.test.few_shot_gsm8k, which `sglang-fp4-indexer ab` runs) import (39 MB to 15 MB): the diffusion runtime
+# (multimodal_gen), its other tests and the Rust extensions of the Rust HTTP server (SGLANG_RUST_SERVER), gRPC, the
+# Rust benchmark client and multimodal preprocessing are dropped.
 mv "$DEST"/part1/sglang-*.whl "$STAGE/"
-slim "$(ls "$STAGE"/sglang-*.whl)" "$DEST/part1" sglang/multimodal_gen sglang/test \
+slim "$(ls "$STAGE"/sglang-*.whl)" "$DEST/part1" sglang/multimodal_gen 'sglang/test/!(__init__.py|few_shot_gsm8k.py)' \
   'sglang/srt/rust_extensions/_server*.so' 'sglang/srt/rust_extensions/_bench*.so' \
   'sglang/srt/rust_extensions/_grpc*.so' 'sglang/srt/rust_extensions/_multimodal*.so'
 # tvm-ffi without libbacktrace's sources: SGLang's JIT kernels build against its headers (include/) and load

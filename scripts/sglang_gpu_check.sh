@@ -519,8 +519,11 @@ case "$STEP" in
       M="$WORK/$AB_SIZE"
       "$PY" scripts/sglang_one_batch.py make-model "$M" --size "$AB_SIZE" >/dev/null
     fi
+    # SGLang's benchmark client imports Hugging Face datasets, which the runtime wheels leave out and random-ids
+    # prompts never call: scripts/bench_standins stands in for it on the clients' path (as in sglang_bench.py serving).
+    AB_PATH="$PYTHONPATH"; "$PY" -c "import datasets" 2>/dev/null || AB_PATH="$PYTHONPATH:$PWD/scripts/bench_standins"
     GSM=(); [ -f "${AB_GSM8K:-.peers/gsm8k_test_head60.jsonl}" ] && GSM=(--gsm8k-data "${AB_GSM8K:-.peers/gsm8k_test_head60.jsonl}" --gsm8k-questions "${AB_QUESTIONS:-40}")
-    stage "ab_$AB_SIZE" "${AB_LIMIT:-560}" "$PY" -m sglang_fp4_indexer.cli ab "$M" --out "$OUTDIR/ab_$AB_SIZE" \
+    PYTHONPATH="$AB_PATH" stage "ab_$AB_SIZE" "${AB_LIMIT:-560}" "$PY" -m sglang_fp4_indexer.cli ab "$M" --out "$OUTDIR/ab_$AB_SIZE" \
       --orders "${AB_ORDERS:-fp8-first,fp4-first}" --input-lens "${AB_INPUT_LEN:-4096}" --output-len "${AB_OUTPUT_LEN:-64}" \
       --concurrency 8 --prompts 16 --kv-limited-concurrency "${AB_KV_CONCURRENCY:-64}" ${GSM[@]+"${GSM[@]}"} \
       --passkey-trials 2 --port 30793 --ready-timeout 400 -- \
