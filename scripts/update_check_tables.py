@@ -6,7 +6,8 @@
          --serving-layers N] [--cycle JSON:NEXT_N [...] --cycle-gpu NAME --cycle-date DATE --cycle-stack TEXT
          --cycle-rank TEXT --cycle-moe-gpus N] [--cycle-more JSON:NEXT_N [...] --cycle-more-gpu NAME
          --cycle-more-date DATE --cycle-more-stack TEXT --cycle-more-rank TEXT --cycle-more-moe-gpus N
-         [--cycle-more-other-order JSON:NEXT_N [...]] [--cycle-more-load FP8_JSONL FP4_JSONL PRINTED NEXT_N]]
+         [--cycle-more-other-order JSON:NEXT_N [...]] [--cycle-more-load FP8_JSONL FP4_JSONL PRINTED NEXT_N
+         [--cycle-more-load-other-order FP8_JSONL FP4_JSONL PRINTED]]]
         [--out PATH]
 
 BENCH_JSON: a ``sglang-fp4-indexer bench --device cuda --json`` report measured
@@ -34,7 +35,7 @@ of the same shapes with the servers in the other order (FP4's first), whose busy
 ``--cycle-more-load``: a KV-limited ``bench_serving`` load on the same rank (``scripts/sglang_gpu_check.sh serving``
 with more requests than FP8's pool holds): each server's result line, what the pair printed (both servers' pool
 lines) and the next_n its servers verified; check quotes its output tokens/s at exactly that per-rank concurrency
-and context. Writes ``sglang_fp4_indexer/data/h200_tables.json``
+and context; ``--cycle-more-load-other-order``: the same load with the FP4 server first, quoted beside it. Writes ``sglang_fp4_indexer/data/h200_tables.json``
 (shipped inside the wheel) unless ``--out`` says otherwise, and prints what it took.
 """
 
@@ -122,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycle-more-load", nargs=4, default=None, metavar=("FP8_JSONL", "FP4_JSONL", "PRINTED", "NEXT_N"),
                         help="a KV-limited bench_serving load on the --cycle-more rank: each server's result line, "
                              "the pair's printed start-up lines, the next_n its servers verified")
+    parser.add_argument("--cycle-more-load-other-order", nargs=3, default=None,
+                        metavar=("FP8_JSONL", "FP4_JSONL", "PRINTED"),
+                        help="the same KV-limited load with the servers in the other order (FP4's first): each "
+                             "server's result line and the pair's printed start-up lines (pools as --cycle-more-load's)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     if args.sglang_one_batch and not (args.sglang_gpu and args.sglang_date):
@@ -136,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--cycle-more-load needs --cycle-more (the rank it was measured on)")
     if args.cycle_more_load and not args.cycle_more_load[3].isdigit():
         parser.error(f"--cycle-more-load: NEXT_N: expected an int, got {args.cycle_more_load[3]!r}")
+    if args.cycle_more_load_other_order and not args.cycle_more_load:
+        parser.error("--cycle-more-load-other-order needs --cycle-more-load (the first order's load)")
     if args.cycle_more_other_order and not args.cycle_more:
         parser.error("--cycle-more-other-order needs --cycle-more (the first order's summaries)")
     if args.cycle_more and not (args.cycle and args.cycle_more_gpu and args.cycle_more_date and args.cycle_more_stack):
@@ -176,9 +183,16 @@ def main(argv: list[str] | None = None) -> int:
                 f8, f4, printed, n = args.cycle_more_load
                 lines = [json.loads(Path(p).read_text().splitlines()[0]) for p in (f8, f4)]
                 p8, p4 = kv_pools(Path(printed).read_text())
+                others, load_sources = [], [_source(p) for p in (f8, f4, printed)]
+                if args.cycle_more_load_other_order:
+                    o8, o4, o_printed = args.cycle_more_load_other_order
+                    if kv_pools(Path(o_printed).read_text()) != (p8, p4):
+                        parser.error(f"--cycle-more-load-other-order: {o_printed}: its pools "
+                                     f"{kv_pools(Path(o_printed).read_text())} are not the first order's {(p8, p4)}")
+                    others = [tuple(json.loads(Path(p).read_text().splitlines()[0]) for p in (o8, o4))]
+                    load_sources += [_source(p) for p in (o8, o4, o_printed)]
                 loads = [kv_limited_load(*lines, fp8_pool=p8, fp4_pool=p4, next_n=int(n), layers=layers,
-                                         full_depth=full)]
-                load_sources = [_source(p) for p in (f8, f4, printed)]
+                                         full_depth=full, other_orders=others or None)]
             cycle_more = [verify_cycle_section(
                 summaries, gpu=args.cycle_more_gpu, date=args.cycle_more_date, stack=args.cycle_more_stack,
                 method="inside SGLang's server: the GPU's busy time (union of kernel intervals) per decode step or "

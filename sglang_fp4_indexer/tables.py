@@ -412,7 +412,7 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
 
 
 def kv_limited_load(fp8: dict, fp4: dict, *, fp8_pool: int, fp4_pool: int, next_n: int, layers: int,
-                    full_depth: int) -> dict:
+                    full_depth: int, other_orders: list[tuple[dict, dict]] | None = None) -> dict:
     """One KV-limited serving load on a verify-cycle section's rank, as ``check`` quotes it: the same requests sent
     to an FP8 and an FP4 server, more at once than FP8's pool holds.
 
@@ -422,20 +422,27 @@ def kv_limited_load(fp8: dict, fp4: dict, *, fp8_pool: int, fp4_pool: int, next_
         fp8_pool, fp4_pool: the KV tokens each server's pool held (SGLang's "KV Cache is allocated" log line).
         next_n: the rows each request verified (4: MTP 3 steps / 4 draft tokens; 1: MTP off).
         layers, full_depth: the layers the rank ran and the model's.
+        other_orders: ``(fp8, fp4)`` result lines of the same load run again with the servers in the other order
+            (the FP4 server first), on pools of the same sizes; None or empty for one order only.
 
     Returns:
         ``{"context", "output_len", "concurrency", "completed", "next_n", "layers", "full_depth", "fp8_requests",
         "fp4_requests", "fp8_tok_s", "fp4_tok_s"}``; ``*_requests``: how many such requests (prompt and whole output,
-        which SGLang reserves at admission when the output ignores EOS, as ``bench_serving``'s do) each pool holds.
+        which SGLang reserves at admission when the output ignores EOS, as ``bench_serving``'s do) each pool holds;
+        with ``other_orders``, also ``"other_orders": [{"fp8_tok_s", "fp4_tok_s"}, ...]``.
 
     Raises:
-        ValueError: the two lines of different loads, a request not completed, a non-positive pool, next_n or layer
-            count, or a load FP8's pool holds whole (not KV-limited).
+        ValueError: two lines of different loads (an other order's included), a request not completed, a
+            non-positive pool, next_n or layer count, or a load FP8's pool holds whole (not KV-limited).
     """
     keys = ("random_input_len", "random_output_len", "max_concurrency", "completed")
-    if any(fp8.get(k) != fp4.get(k) for k in keys):
-        raise ValueError(f"kv_limited_load: the FP8 and FP4 lines differ in {keys}: "
-                         f"{[fp8.get(k) for k in keys]} against {[fp4.get(k) for k in keys]}")
+    pairs = [("", fp8, fp4)] + [(f"other_orders[{i}]: ", a, b) for i, (a, b) in enumerate(other_orders or [])]
+    for where, a, b in pairs:
+        for line in (a, b):
+            if any(line.get(k) != fp8.get(k) for k in keys):
+                raise ValueError(f"kv_limited_load: {where}the FP8 and FP4 lines differ in {keys}: "
+                                 f"{[a.get(k) for k in keys]} against {[b.get(k) for k in keys]}"
+                                 + (f" (the first pair's: {[fp8.get(k) for k in keys]})" if where else ""))
     _require_positive(fp8_pool=fp8_pool, fp4_pool=fp4_pool, next_n=next_n, layers=layers, full_depth=full_depth)
     context, output_len, concurrency = fp8["random_input_len"], fp8["random_output_len"], fp8["max_concurrency"]
     if fp8["completed"] < concurrency:
@@ -446,32 +453,41 @@ def kv_limited_load(fp8: dict, fp4: dict, *, fp8_pool: int, fp4_pool: int, next_
     if held[0] >= concurrency:
         raise ValueError(f"kv_limited_load: FP8's pool of {fp8_pool} tokens holds all {concurrency} requests of "
                          f"{per_request} tokens: not KV-limited")
-    return {"context": context, "output_len": output_len, "concurrency": concurrency, "completed": fp8["completed"],
-            "next_n": next_n, "layers": layers, "full_depth": full_depth, "fp8_requests": held[0],
-            "fp4_requests": held[1], "fp8_tok_s": fp8["output_throughput"], "fp4_tok_s": fp4["output_throughput"]}
+    out = {"context": context, "output_len": output_len, "concurrency": concurrency, "completed": fp8["completed"],
+           "next_n": next_n, "layers": layers, "full_depth": full_depth, "fp8_requests": held[0],
+           "fp4_requests": held[1], "fp8_tok_s": fp8["output_throughput"], "fp4_tok_s": fp4["output_throughput"]}
+    if other_orders:
+        out["other_orders"] = [{"fp8_tok_s": a["output_throughput"], "fp4_tok_s": b["output_throughput"]}
+                               for a, b in other_orders]
+    return out
 
 
 def kv_pools(printed: str) -> tuple[int, int]:
-    """The KV tokens of an FP8 and an FP4 server's pools from their start-up lines as printed one after the other
-    (SGLang's "KV Cache is allocated. ... #tokens: N" lines; the FP4 server's follow the plugin's "FP4 indexer active"
-    line, the FP8 server's do not).
+    """The KV tokens of an FP8 and an FP4 server's pools from their start-up lines as printed one after the other,
+    in either order, each server's under its own ``## command ...`` heading (as the raw files under
+    benchmarks/results/ keep them): SGLang's "KV Cache is allocated. ... #tokens: N" lines, the first of a block
+    being the target model's; the FP4 server's block holds the plugin's "FP4 indexer active" line, the FP8
+    server's does not.
 
     Returns:
         ``(fp8_tokens, fp4_tokens)``.
 
     Raises:
-        ValueError: no "FP4 indexer active" line, or no pool line before or after it.
+        ValueError: not exactly one block with a pool line and the "FP4 indexer active" line and one with a pool
+            line without it.
     """
-    at = printed.find("FP4 indexer active")
-    if at < 0:
-        raise ValueError("kv_pools: no 'FP4 indexer active' line (no FP4 server's start-up)")
     from .serving import kv_pool_tokens  # SGLang's pool line, read as the serving harness reads a server's log
 
-    before, after = (kv_pool_tokens(part)["kv_cache_tokens"] for part in (printed[:at], printed[at:]))
-    if before is None or after is None:
-        raise ValueError("kv_pools: expected a pool line from each server (FP8's before 'FP4 indexer active', "
-                         "FP4's after it)")
-    return before, after
+    found: dict[bool, list[int]] = {False: [], True: []}
+    for block in re.split(r"^## ", printed, flags=re.M):
+        pool = kv_pool_tokens(block)
+        if pool["kv_cache_tokens"] is not None:
+            found[pool["fp4_indexer_active"] is not None].append(pool["kv_cache_tokens"])
+    if len(found[False]) != 1 or len(found[True]) != 1:
+        raise ValueError(f"kv_pools: expected one FP8 and one FP4 server's pool line, each under its '## ' heading "
+                         f"(the FP4 server's with 'FP4 indexer active'), found {len(found[False])} FP8 and "
+                         f"{len(found[True])} FP4")
+    return found[False][0], found[True][0]
 
 
 def cycle_load(section: dict | None, batch: int, context: int, next_n: int) -> dict | None:

@@ -1241,8 +1241,9 @@ def test_check_quotes_the_full_depth_ranks_kv_limited_load_where_its_pools_are_t
     tokens/s from SGLang's result lines; at 8 per rank (FP8 holds them all: no KV limit) or with memory for other
     pool sizes, no load is quoted."""
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-    f8, f4 = (json.loads((results / f"sglang_serving_v32_rank61_ep32_kv_limited_64k_h100_{fmt}_2026-12-07.jsonl")
-                         .read_text().splitlines()[0])["output_throughput"] for fmt in ("fp8", "fp4"))
+    f8, f4, o8, o4 = (json.loads((results / f"sglang_serving_v32_rank61_ep32_kv_limited_64k_{order}h100_{fmt}_2026-12-07"
+                                          ".jsonl").read_text().splitlines()[0])["output_throughput"]
+                      for order in ("", "fp4_first_") for fmt in ("fp8", "fp4"))
     code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "65536", "--batch", "288",
                      "--memory-gib", "26.38", f"--sglang-args={_DP32} {_MTP4}")
     verdict = " ".join(out.split())
@@ -1251,8 +1252,9 @@ def test_check_quotes_the_full_depth_ranks_kv_limited_load_where_its_pools_are_t
         "verdict: FP4 fits 9 requests of 64K where FP8 fits 8 (+12.5 %), per DP-attention rank (32 DP-attention ranks, "
         "each with its own KV pool: the batch of 288 is 9 per rank); measured on such a rank inside SGLang's server "
         "(9 requests of 64K with 512 output tokens each, MTP verifying 4 tokens, NVIDIA H100 80GB HBM3, all 61 "
-        f"layers): FP8 ran 8 at once and FP4 9, {f8:.1f} against {f4:.1f} output tokens/s ({f4 / f8:.3f}x): turn FP4 "
-        "on where KV memory limits you; your batch fits only with FP4")
+        f"layers): FP8 ran 8 at once and FP4 9, {f8:.1f} against {f4:.1f} output tokens/s ({f4 / f8:.3f}x); with the "
+        f"servers in the other order {o8:.1f} against {o4:.1f} ({o4 / o8:.3f}x): turn FP4 on where KV memory limits "
+        "you; your batch fits only with FP4")
     assert code == 0
     for batch, memory in (("256", "26.38"), ("288", "30")):
         _, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "65536", "--batch", batch,

@@ -1453,62 +1453,88 @@ def test_benchmarks_full_depth_rank_bench_and_arithmetic_are_the_raw_files():
     assert round(100 * (1 - mc[1] / ours[1])) == round(100 * (1 - mc[0] / ours[0]))  # both runs say the same
 
 
-_KV61 = "sglang_serving_v32_rank61_ep32_kv_limited_64k_h100_{}2026-12-07"
+_KV61 = "sglang_serving_v32_rank61_ep32_kv_limited_64k_{order}h100_{}2026-12-07"
+_KV61_ORDERS = ("", "fp4_first_")  # FP8 server first; FP4 server first (a later machine)
 
 
-def _kv61_decode_log(fmt: str) -> list[tuple[int, float]]:
-    """(requests running, generated tokens/s) of every decode log line of one server of the full-depth KV-limited
-    pair, from the logs tarball (SGLang logs one line per 40 decode batches)."""
+def _kv61_decode_log(fmt: str, order: str) -> list[tuple[int, float]]:
+    """(requests running, generated tokens/s) of every decode log line of one server of one full-depth KV-limited
+    pair, from its logs tarball (SGLang logs one line per 40 decode batches)."""
     import tarfile
 
-    with tarfile.open(RESULTS / (_KV61.format("logs_") + ".tar.gz")) as tar:
+    with tarfile.open(RESULTS / (_KV61.format("logs_", order=order) + ".tar.gz")) as tar:
         log = tar.extractfile(f"logs/serving_{fmt}.jsonl.server.log").read().decode()
     return [(int(m[1]), float(m[2])) for m in
             re.finditer(r"Decode batch, #running-req: (\d+),.*?gen throughput \(token/s\): ([\d.]+)", log)]
 
 
-def test_full_depth_kv_limited_load_is_the_measured_pair():
-    """The full-depth rank's KV-limited load as docs/benchmarks.md's table and the README's rows quote it: SGLang's
-    result lines, the pair's serving-table, the pools printed at start-up, and the servers' decode log lines
-    (requests running, and the decode throughput with the pool full: every line at the most requests running but
-    the first, whose interval since the previous log line includes the prefill)."""
-    f8, f4 = (json.loads((RESULTS / (_KV61.format(f"{fmt}_") + ".jsonl")).read_text().splitlines()[0])
+def _kv61_pair(order: str) -> dict:
+    """One full-depth KV-limited pair's figures as the pages quote them: SGLang's result lines, checked against the
+    pair's serving-table, the pools printed at start-up, and the servers' decode log lines (requests running, and
+    the decode throughput with the pool full: every line at the most requests running but the first, whose interval
+    since the previous log line includes the prefill)."""
+    f8, f4 = (json.loads((RESULTS / (_KV61.format(f"{fmt}_", order=order) + ".jsonl")).read_text().splitlines()[0])
               for fmt in ("fp8", "fp4"))
-    table = _json(_KV61.format("table_") + ".json")[0]
+    table = _json(_KV61.format("table_", order=order) + ".json")[0]
     assert table["output_throughput"] == {"fp8": f8["output_throughput"], "fp4": f4["output_throughput"]}
     assert (f8["completed"], f4["completed"], f8["random_input_len"], f8["random_output_len"], f8["max_concurrency"]) \
         == (9, 9, 65536, 512, 9)
-    p8, p4 = _pools((RESULTS / (_KV61.format("") + ".txt")).read_text())
+    p8, p4 = _pools((RESULTS / (_KV61.format("", order=order) + ".txt")).read_text())
     per_request = 65536 + 512
     assert (p8, p4, p8 // per_request, p4 // per_request) == (589120, 641216, 8, 9)
-    logs = {fmt: _kv61_decode_log(fmt) for fmt in ("fp8", "fp4")}
+    logs = {fmt: _kv61_decode_log(fmt, order) for fmt in ("fp8", "fp4")}
     assert max(n for n, _ in logs["fp8"]) == 8 and {n for n, _ in logs["fp8"]} == {1, 8}
     assert {n for n, _ in logs["fp4"]} == {9}
     full = {fmt: [t for n, t in rows if n == max(m for m, _ in rows)][1:] for fmt, rows in logs.items()}
-    span = {fmt: f"{min(v):.1f}-{max(v):.1f}" for fmt, v in full.items()}
-    ratio = (sum(full["fp4"]) / len(full["fp4"])) / (sum(full["fp8"]) / len(full["fp8"]))
-    gain = 100 * (f4["output_throughput"] / f8["output_throughput"] - 1)
+    return {"f8": f8, "f4": f4, "table": table,
+            "span": {fmt: f"{min(v):.1f}-{max(v):.1f}" for fmt, v in full.items()},
+            "ratio": (sum(full["fp4"]) / len(full["fp4"])) / (sum(full["fp8"]) / len(full["fp8"])),
+            "gain": 100 * (f4["output_throughput"] / f8["output_throughput"] - 1)}
+
+
+def test_full_depth_kv_limited_load_is_the_measured_pair():
+    """The full-depth rank's KV-limited load in both server orders as docs/benchmarks.md's table (each cell: the
+    FP8-first pair's figure; the FP4-first pair's) and the README's rows quote it."""
+    a, b = (_kv61_pair(order) for order in _KV61_ORDERS)
+
+    def cell(fmt, spec, scale=1.0, unit=""):
+        return "; ".join(f"{x[fmt][spec[0]] / scale:.{spec[1]}f}{unit}" for x in (a, b))
+
     page = _flat(_page("docs/benchmarks.md"))
-    assert f"| output tokens/s | {f8['output_throughput']:.1f} | **{f4['output_throughput']:.1f} (+{gain:.1f} %)** |" in page
-    assert f"| benchmark duration | {f8['duration']:.2f} s | {f4['duration']:.2f} s |" in page
-    assert (f"| decode throughput with the pool full (SGLang's decode log, tokens/s) | {span['fp8']} (8 running) | "
-            f"**{span['fp4']} (9 running)** |") in page
-    assert (f"| median inter-token latency (one verify cycle and its draft steps) | {f8['median_itl_ms']:.2f} ms | "
-            f"{f4['median_itl_ms']:.2f} ms |") in page
-    assert (f"| median TTFT / p99 TTFT | {f8['median_ttft_ms'] / 1e3:.1f} s / {f8['p99_ttft_ms'] / 1e3:.1f} s | "
-            f"{f4['median_ttft_ms'] / 1e3:.1f} s / {f4['p99_ttft_ms'] / 1e3:.1f} s |") in page
-    assert f"| median TPOT | {f8['median_tpot_ms']:.2f} ms | {f4['median_tpot_ms']:.2f} ms |" in page
-    assert (f"| median end-to-end latency of a request | {f8['median_e2e_latency_ms'] / 1e3:.1f} s | "
-            f"{f4['median_e2e_latency_ms'] / 1e3:.1f} s |") in page
-    assert f"{ratio:.2f}x the decode throughput" in page and f"towards the decode throughput's {ratio:.2f}x" in page
-    assert f"the whole benchmark gains {gain:.1f} %" in page and f"The output throughput here is {table['output_ratio']:.3f}x FP8's" in page
-    assert f"prefilling the {f8['total_input_tokens']:,} input tokens".replace(",", " ") in page
-    assert f"one verify cycle {f4['median_itl_ms']:.1f} against {f8['median_itl_ms']:.1f} ms" in page
+    assert (f"| output tokens/s | {a['f8']['output_throughput']:.1f}; {b['f8']['output_throughput']:.1f} | "
+            f"**{a['f4']['output_throughput']:.1f} (+{a['gain']:.1f} %); {b['f4']['output_throughput']:.1f} "
+            f"(+{b['gain']:.1f} %)** |") in page
+    assert f"| benchmark duration | {cell('f8', ('duration', 2), unit=' s')} | {cell('f4', ('duration', 2), unit=' s')} |" in page
+    assert (f"| decode throughput with the pool full (SGLang's decode log, tokens/s) | {a['span']['fp8']}; "
+            f"{b['span']['fp8']} (8 running) | **{a['span']['fp4']}; {b['span']['fp4']} (9 running)** |") in page
+    assert (f"| median inter-token latency (one verify cycle and its draft steps) | "
+            f"{cell('f8', ('median_itl_ms', 2), unit=' ms')} | {cell('f4', ('median_itl_ms', 2), unit=' ms')} |") in page
+    ttft = {fmt: "; ".join(f"{x[fmt]['median_ttft_ms'] / 1e3:.1f} s / {x[fmt]['p99_ttft_ms'] / 1e3:.1f} s"
+                           for x in (a, b)) for fmt in ("f8", "f4")}
+    assert f"| median TTFT / p99 TTFT | {ttft['f8']} | {ttft['f4']} |" in page
+    assert f"| median TPOT | {cell('f8', ('median_tpot_ms', 2), unit=' ms')} | {cell('f4', ('median_tpot_ms', 2), unit=' ms')} |" in page
+    assert (f"| median end-to-end latency of a request | {cell('f8', ('median_e2e_latency_ms', 1), 1e3, ' s')} | "
+            f"{cell('f4', ('median_e2e_latency_ms', 1), 1e3, ' s')} |") in page
+    assert f"{a['ratio']:.2f}x the decode throughput in both orders" in page and f"{b['ratio']:.2f}" == f"{a['ratio']:.2f}"
+    assert f"towards the decode throughput's {a['ratio']:.2f}x" in page
+    assert f"the whole benchmark gains {a['gain']:.1f} % (FP8 first) and {b['gain']:.1f} % (FP4 first)" in page
+    lo, hi = sorted(x["table"]["output_ratio"] for x in (a, b))
+    assert f"The output throughput here is {lo:.3f}-{hi:.3f}x FP8's (two pairs, one per order)" in page
+    assert f"prefilling the {a['f8']['total_input_tokens']:,} input tokens".replace(",", " ") in page
+    assert a["f8"]["total_input_tokens"] == b["f8"]["total_input_tokens"]
+    assert f"one verify cycle {a['f4']['median_itl_ms']:.1f} against {a['f8']['median_itl_ms']:.1f} ms" in page
+    d4, d8 = (b[f]["duration"] - a[f]["duration"] for f in ("f4", "f8"))
+    assert (f"FP4's server took {d4:.1f} s longer over the benchmark (its median TTFT "
+            f"{b['f4']['median_ttft_ms'] / 1e3:.1f} against {a['f4']['median_ttft_ms'] / 1e3:.1f} s), while FP8's "
+            f"moved by {abs(d8):.1f} s") in page
     readme = _flat(_page("README.md"))
-    assert (f"output tokens/s, one pair, FP8 first | {f8['output_throughput']:.1f} | "
-            f"**{f4['output_throughput']:.1f} (+{gain:.1f} %)** |") in readme
-    assert f"| {span['fp8']} | **{span['fp4']}** |" in readme
-    assert f"**+{gain:.1f} % output tokens/s** and {ratio:.2f}x the decode throughput with the pool full" in readme
+    assert (f"output tokens/s; FP8 first; FP4 first | {a['f8']['output_throughput']:.1f}; "
+            f"{b['f8']['output_throughput']:.1f} | **{a['f4']['output_throughput']:.1f} (+{a['gain']:.1f} %); "
+            f"{b['f4']['output_throughput']:.1f} (+{b['gain']:.1f} %)** |") in readme
+    assert (f"| {a['span']['fp8']}; {b['span']['fp8']} | **{a['span']['fp4']}; {b['span']['fp4']}** |") in readme
+    g_lo, g_hi = sorted((a["gain"], b["gain"]))
+    assert (f"**+{g_lo:.1f} to +{g_hi:.1f} % output tokens/s** and {a['ratio']:.2f}x the decode throughput with the "
+            f"pool full (H100, one pair in each server order") in readme
 
 
 def test_glm5_index_path_run_is_the_raw_file():

@@ -127,8 +127,7 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
                                  other_orders=[(json.loads((REPO / p).read_text()), 4)
                                                for p in m.get("other_order_sources", [])] or None,
                                  other_order_sources=m.get("other_order_sources"),
-                                 loads=[_load_from(m["load_sources"][3 * i:3 * i + 3], x)
-                                        for i, x in enumerate(m.get("loads", []))] or None,
+                                 loads=[_load_from(m["load_sources"], x) for x in m.get("loads", [])] or None,
                                  load_sources=m.get("load_sources"))
             for m in tables["cycle_more"]]
     # Up to date: re-running scripts/update_check_tables.py on the recorded sources changes nothing.
@@ -161,12 +160,16 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
 
 
 def _load_from(sources: list[str], recorded: dict) -> dict:
-    """A recorded KV-limited load rebuilt from its sources (each server's result line, the printed pool lines),
-    with the next_n and depth it records (not in those files)."""
-    fp8, fp4 = (json.loads((REPO / p).read_text().splitlines()[0]) for p in sources[:2])
-    p8, p4 = kv_pools((REPO / sources[2]).read_text())
-    return kv_limited_load(fp8, fp4, fp8_pool=p8, fp4_pool=p4, next_n=recorded["next_n"], layers=recorded["layers"],
-                           full_depth=recorded["full_depth"])
+    """A recorded KV-limited load rebuilt from its sources (each server's result line, the printed pool lines; then
+    the same three of each other run order, whose pools must be the first order's), with the next_n and depth it
+    records (not in those files)."""
+    pairs = [[json.loads((REPO / p).read_text().splitlines()[0]) for p in sources[i:i + 2]]
+             for i in range(0, len(sources), 3)]
+    pools = {kv_pools((REPO / p).read_text()) for p in sources[2::3]}
+    assert len(pools) == 1
+    (p8, p4), = pools
+    return kv_limited_load(*pairs[0], fp8_pool=p8, fp4_pool=p4, next_n=recorded["next_n"], layers=recorded["layers"],
+                           full_depth=recorded["full_depth"], other_orders=[tuple(x) for x in pairs[1:]] or None)
 
 
 def _serving_line(**kw):
@@ -207,14 +210,35 @@ def test_kv_limited_load_counts_the_requests_each_pool_holds_and_refuses_what_is
 
 
 def test_kv_pools_reads_each_servers_pool_line():
-    printed = ("[t] KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 589120, KV size: 26.38 GB\n"
-               "[t] FP4 indexer active: MXFP4 index-key cache\n"
-               "[t] KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 641216, KV size: 26.38 GB\n")
-    assert kv_pools(printed) == (589120, 641216)
-    with pytest.raises(ValueError, match="FP4 indexer active"):
-        kv_pools(printed.replace("FP4 indexer active", "something else"))
-    with pytest.raises(ValueError, match="each server"):
-        kv_pools(printed.split("[t] FP4")[0] + "[t] FP4 indexer active\n")
+    """Each server's block (under its '## ' heading) in either order; the target pool is a block's first line."""
+    fp8 = ("## command 1 (FP8 server)\n"
+           "[t] KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 589120, KV size: 26.38 GB\n"
+           "[t] KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 589120, KV size: 0.43 GB\n")
+    fp4 = ("## command 2 (FP4 server)\n"
+           "[t] FP4 indexer active: MXFP4 index-key cache\n"
+           "[t] KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 641216, KV size: 26.38 GB\n"
+           "[t] KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 7, KV size: 0.43 GB\n")
+    assert kv_pools("# header\n" + fp8 + fp4) == (589120, 641216)
+    assert kv_pools(fp4 + "\n" + fp8) == (589120, 641216)
+    with pytest.raises(ValueError, match="found 2 FP8 and 0 FP4"):
+        kv_pools(fp8 + fp4.replace("FP4 indexer active", "something else"))
+    with pytest.raises(ValueError, match="found 0 FP8 and 1 FP4"):
+        kv_pools(fp4)
+    with pytest.raises(ValueError, match="found 0 FP8 and 1 FP4"):  # one block: the two servers not told apart
+        kv_pools(fp8.replace("## command 1 (FP8 server)\n", "") + fp4.replace("## command 2 (FP4 server)\n", ""))
+
+
+def test_kv_limited_load_keeps_the_other_order_and_refuses_another_load_there():
+    """The other run order's output tokens/s are kept beside the first pair's; a line of another load is refused."""
+    load = kv_limited_load(_serving_line(), _serving_line(output_throughput=27.0), fp8_pool=589120,
+                           fp4_pool=641216, next_n=4, layers=61, full_depth=61,
+                           other_orders=[(_serving_line(output_throughput=24.5), _serving_line(output_throughput=26.3))])
+    assert load["other_orders"] == [{"fp8_tok_s": 24.5, "fp4_tok_s": 26.3}] and load["fp4_tok_s"] == 27.0
+    assert "other_orders" not in kv_limited_load(_serving_line(), _serving_line(), fp8_pool=589120, fp4_pool=641216,
+                                                 next_n=4, layers=61, full_depth=61)
+    with pytest.raises(ValueError, match=r"other_orders\[0\]: the FP8 and FP4 lines differ"):
+        kv_limited_load(_serving_line(), _serving_line(), fp8_pool=589120, fp4_pool=641216, next_n=4, layers=61,
+                        full_depth=61, other_orders=[(_serving_line(max_concurrency=8), _serving_line())])
 
 
 def _one_batch_lines():

@@ -252,16 +252,19 @@ def cycle_gain_text(row: dict | None, run: dict | None) -> str | None:
 def load_gain_text(load: dict | None, run: dict | None, requests: tuple[int, int]) -> str | None:
     """A KV-limited load measured on this deployment's rank as the verdict names it: "measured on such a rank inside
     SGLang's server (9 requests of 64K with 512 output tokens each, MTP verifying 4 tokens, NVIDIA H100 80GB HBM3,
-    all 61 layers): FP8 ran 8 at once and FP4 9, 24.8 against 27.4 output tokens/s (1.105x)", from a ``cycle_load``
-    result and its section's ``gpu``; None without one, or where ``requests`` (the FP8 and FP4 pools' requests that
-    ``check`` found for this deployment's memory) are not the load's."""
+    all 61 layers): FP8 ran 8 at once and FP4 9, 24.8 against 27.4 output tokens/s (1.105x); with the servers in the
+    other order 24.5 against 26.3 (1.077x)" (the last clause where the load has ``other_orders``), from a
+    ``cycle_load`` result and its section's ``gpu``; None without one, or where ``requests`` (the FP8 and FP4 pools'
+    requests that ``check`` found for this deployment's memory) are not the load's."""
     if load is None or run is None or requests != (load["fp8_requests"], load["fp4_requests"]):
         return None
     verify = f"MTP verifying {load['next_n']} tokens" if load["next_n"] > 1 else "MTP off"
+    others = "".join(f"; with the servers in the other order {o['fp8_tok_s']:.1f} against {o['fp4_tok_s']:.1f} "
+                     f"({o['fp4_tok_s'] / o['fp8_tok_s']:.3f}x)" for o in load.get("other_orders", []))
     return (f"measured on such a rank inside SGLang's server ({load['concurrency']} requests of {_k(load['context'])} "
             f"with {load['output_len']} output tokens each, {verify}, {run['gpu']}, {depth_text(load)}): FP8 ran "
             f"{load['fp8_requests']} at once and FP4 {load['fp4_requests']}, {load['fp8_tok_s']:.1f} against "
-            f"{load['fp4_tok_s']:.1f} output tokens/s ({load['fp4_tok_s'] / load['fp8_tok_s']:.3f}x)")
+            f"{load['fp4_tok_s']:.1f} output tokens/s ({load['fp4_tok_s'] / load['fp8_tok_s']:.3f}x){others}")
 
 
 def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tables: dict | None = None,
