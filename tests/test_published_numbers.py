@@ -84,10 +84,11 @@ def test_check_tables_are_built_from_the_published_reports():
                                      + TABLES["cycle_more"][0]["other_order_sources"]
                                      + TABLES["cycle_more"][0]["load_sources"])
     assert TABLES["cycle_more"][0]["sources"] == [f"benchmarks/results/{_R61}"]
-    # The full-depth rank's KV-limited load: the pair's result lines and printed pools (test_tables rebuilds it).
+    # The full-depth rank's KV-limited load: each pair's result lines and printed pools, FP8 server first, then
+    # FP4 server first (test_tables rebuilds it).
     assert TABLES["cycle_more"][0]["load_sources"] == [
-        f"benchmarks/results/{_KV61.format(part)}{ext}" for part, ext in (("fp8_", ".jsonl"), ("fp4_", ".jsonl"),
-                                                                          ("", ".txt"))]
+        f"benchmarks/results/{_KV61.format(part, order=order)}{ext}" for order in _KV61_ORDERS
+        for part, ext in (("fp8_", ".jsonl"), ("fp4_", ".jsonl"), ("", ".txt"))]
     assert TABLES["cycle_more"][0]["other_order_sources"] == [f"benchmarks/results/{_R61_FP4_FIRST}"]
     # The verify-cycle rows are the timeline summaries the benchmarks page quotes (medians, both run orders).
     assert TABLES["cycle"]["sources"] == ["benchmarks/results/sglang_timeline_v32_rank20_mtp3x4_h200_2026-12-06.json",
