@@ -279,6 +279,9 @@ def _recorded_bench_client(calls):
     appends the recorded result line of the format the command's ``--base-url`` belongs to, as
     ``--output-file`` would get it."""
     def run(cmd, **kwargs):
+        if cmd[1] == "-c":  # the command's check that SGLang's clients import: they do here
+            assert cmd[2] == "import sglang.benchmark.serving"
+            return subprocess.CompletedProcess(cmd, 0, "", "")
         assert cmd[1:3] == ["-m", "sglang.benchmark.serving"]
         calls.append(cmd)
         fmt = "fp8" if cmd[cmd.index("--base-url") + 1] == calls_urls["fp8"] else "fp4"
@@ -464,6 +467,39 @@ def test_no_gpu_and_no_server_are_one_line_before_anything_is_written(tmp_path, 
     assert len(err) == 1 and err[0].startswith(f"sglang-fp4-indexer ab: not run: --fp4-url: no SGLang server "
                                                f"answers at http://127.0.0.1:{port} (/server_info: ")
     assert not out.exists()
+
+
+def test_clients_that_do_not_import_are_one_line_before_anything_is_written(tmp_path, capsys):
+    """SGLang's benchmark (and, with --gsm8k-data, GSM8K) client is imported by this Python before any server
+    starts: where one fails (a slimmed SGLang without its tests, no Hugging Face datasets), one line, exit 1,
+    nothing written; the check itself runs a real interpreter (here: a module that does not exist fails, the
+    real clients of the installed SGLang import)."""
+    from sglang_fp4_indexer.ab import command
+
+    asked = []
+
+    def run(cmd, **kwargs):
+        asked.append(cmd)
+        assert cmd[:2] == [sys.executable, "-c"] and kwargs.get("capture_output")
+        return subprocess.CompletedProcess(cmd, 1, "", "Traceback (most recent call last):\n  ...\n"
+                                           "ModuleNotFoundError: No module named 'datasets'\n")
+
+    out = tmp_path / "o"
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    assert command.main(_ab_args(_v32_folder(tmp_path), "--out", str(out), "--gsm8k-data", str(data)),
+                        read_sglang=None, gpus=lambda: {"name": "GPU", "count": 1}, run=run) == 1
+    assert asked == [[sys.executable, "-c", "import sglang.benchmark.serving; import sglang.test.few_shot_gsm8k"]]
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"sglang-fp4-indexer ab: not run: SGLang's clients (sglang.benchmark.serving, sglang.test.few_shot_gsm8k) do "
+        f"not import with {sys.executable} (ModuleNotFoundError: No module named 'datasets'); install what it names "
+        "in this environment"]
+    assert not out.exists()
+    # The real check: a module that is not there is named; the installed SGLang's clients import.
+    assert command._clients_problem(("sglang_fp4_indexer_no_such_client",), subprocess.run).endswith(
+        "(ModuleNotFoundError: No module named 'sglang_fp4_indexer_no_such_client'); install what it names in this "
+        "environment")
+    assert command._clients_problem(command._CLIENTS, subprocess.run) is None
 
 
 def test_kept_files_that_are_not_results_are_named(tmp_path):

@@ -271,6 +271,25 @@ def _servers_problem(args) -> str | None:
     return None
 
 
+#: SGLang's clients the arms run as subprocesses of this Python: the serving benchmark always, few-shot GSM8K with
+#: ``--gsm8k-data``.
+_CLIENTS = ("sglang.benchmark.serving", "sglang.test.few_shot_gsm8k")
+
+
+def _clients_problem(modules: tuple[str, ...], run: Callable) -> str | None:
+    """Why SGLang's clients that the arms run (``modules``: ``_CLIENTS``, or its first without GSM8K) cannot be
+    imported by this Python (``sys.executable``, this environment's ``PYTHONPATH``), from one ``python -c "import
+    ..."`` run through ``run`` (``subprocess.run``), or None: the last line of its error, e.g. a module SGLang's
+    benchmark client needs that this environment lacks (Hugging Face ``datasets``)."""
+    p = run([sys.executable, "-c", "; ".join(f"import {m}" for m in modules)], capture_output=True, text=True)
+    if p.returncode == 0:
+        return None
+    lines = [x.strip() for x in ((p.stderr or "") + (p.stdout or "")).splitlines() if x.strip()]
+    why = lines[-1] if lines else f"exit status {p.returncode}"
+    return (f"SGLang's clients ({', '.join(modules)}) do not import with {sys.executable} ({why[:200]}); "
+            "install what it names in this environment")
+
+
 def _plan(args, mode: str) -> dict:
     return {"mode": mode, "model": args.model, "server_flags": args.server_flags, "config": args.config,
             "fp8_url": args.fp8_url, "fp4_url": args.fp4_url, "input_lens": args.input_lens,
@@ -533,7 +552,8 @@ def _run_arm(args, plan: dict, mode: str, out: str, order: str, arm: str, bar, *
 def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_value: Callable | None = None, *,
          run=subprocess.run, gpus: Callable[[], dict] = gpu_description) -> int:
     """Run the A/B and print its verdict; 0 when every arm finished, 1 when nothing can run (FP4 refused, no GPU
-    to launch the servers on, a given server that does not answer), with one line saying why.
+    to launch the servers on, a given server that does not answer, SGLang's benchmark or GSM8K client not importable
+    by this Python), with one line saying why.
 
     ``read_sglang`` is the adapter's SGLang fact reader that ``check`` uses, ``answer_value`` its GSM8K answer
     reader (``cli`` passes both); ``run`` runs the SGLang client subprocesses (``subprocess.run``) and ``gpus``
@@ -550,8 +570,9 @@ def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_v
     to_run = {f"{o}/{a}" for o in args.orders for a in ORDERS[o]} - set(_finished_arms(args.out))
     if refusal is not None:
         refusal = f"FP4 would not serve this deployment ({refusal})"
-    elif to_run:  # servers needed: on this machine's GPUs, or answering at the given URLs
-        refusal = _no_gpu(flags, gpus) if mode == "launch" else _servers_problem(args)
+    elif to_run:  # servers needed: on this machine's GPUs, or answering at the given URLs; and SGLang's clients
+        refusal = ((_no_gpu(flags, gpus) if mode == "launch" else _servers_problem(args))
+                   or _clients_problem(_CLIENTS if args.gsm8k_data is not None else _CLIENTS[:1], run))
     if refusal is not None:
         print(f"sglang-fp4-indexer ab: not run: {refusal}", file=sys.stderr)
         return 1
