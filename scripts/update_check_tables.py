@@ -186,9 +186,10 @@ def main(argv: list[str] | None = None) -> int:
                 others, load_sources = [], [_source(p) for p in (f8, f4, printed)]
                 if args.cycle_more_load_other_order:
                     o8, o4, o_printed = args.cycle_more_load_other_order
-                    if kv_pools(Path(o_printed).read_text()) != (p8, p4):
-                        parser.error(f"--cycle-more-load-other-order: {o_printed}: its pools "
-                                     f"{kv_pools(Path(o_printed).read_text())} are not the first order's {(p8, p4)}")
+                    o_pools = kv_pools(Path(o_printed).read_text())
+                    if o_pools != (p8, p4):
+                        parser.error(f"--cycle-more-load-other-order: {o_printed}: its pools {o_pools} are not the "
+                                     f"first order's {(p8, p4)}")
                     others = [tuple(json.loads(Path(p).read_text().splitlines()[0]) for p in (o8, o4))]
                     load_sources += [_source(p) for p in (o8, o4, o_printed)]
                 loads = [kv_limited_load(*lines, fp8_pool=p8, fp4_pool=p4, next_n=int(n), layers=layers,

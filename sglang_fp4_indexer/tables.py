@@ -348,7 +348,9 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
             run order (e.g. FP4's server first, on another machine), or None; each of their shapes must be a row's.
         other_order_sources: where those came from (recorded as ``other_order_sources``); one per pair.
         loads: ``kv_limited_load`` results measured on the same rank, or None (recorded as ``loads``).
-        load_sources: where those came from (recorded as ``load_sources``); needed with ``loads``.
+        load_sources: where those came from (recorded as ``load_sources``: per load, its FP8 and FP4 result lines
+            and their printed pool lines, then the same three for each of its other run orders); needed with
+            ``loads``.
 
     Returns:
         ``{"gpu", "date", "stack", "method", "sources", "rows"}`` (and ``rank``, ``moe_gpus``,

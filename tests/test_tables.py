@@ -440,3 +440,44 @@ def test_the_cycle_rows_are_the_timeline_summaries_and_are_quoted_only_where_mea
         verify_cycle_section([(mtp, 4), (mtp, 4)], gpu="g", date="d", stack="s", method="m", sources=[])
     with pytest.raises(ValueError, match="no layer count"):
         verify_cycle_section([(dict(mtp, layers=None), 4)], gpu="g", date="d", stack="s", method="m", sources=[])
+
+
+def test_the_packaged_tables_are_what_the_update_script_writes_from_their_recorded_sources(tmp_path):
+    """scripts/update_check_tables.py run with every source and fact the packaged tables record (each summary's
+    next_n from its name: mtp3x4 verifies 4 rows, the others 1) writes them byte for byte, the KV-limited load in
+    both run orders included."""
+    tables_path = REPO / "sglang_fp4_indexer" / "data" / "h200_tables.json"
+    t = json.loads(tables_path.read_text())
+    src, s, v, c, m = t["sources"], t["sglang"], t["timing_serving"], t["cycle"], t["cycle_more"][0]
+
+    def with_next_n(paths):
+        return [f"{p}:{4 if 'mtp3x4' in p else 1}" for p in paths]
+
+    loads = m["load_sources"]
+    assert len(m["loads"]) == 1 and len(loads) == 6  # one load, in two run orders
+    out = tmp_path / "tables.json"
+    argv = [src[0], src[1], "--model-accuracy", *t["model"]["sources"],
+            "--sglang-one-batch", s["sources"][0], "--sglang-profile", *s["sources"][1:],
+            "--sglang-gpu", s["gpu"], "--sglang-date", s["date"],
+            "--serving-profile", *v["sources"], "--serving-gpu", v["gpu"], "--serving-date", v["date"],
+            "--serving-stack", v["stack"], "--serving-layers", str(v["layers"]),
+            "--cycle", *with_next_n(c["sources"]), "--cycle-gpu", c["gpu"], "--cycle-date", c["date"],
+            "--cycle-stack", c["stack"], "--cycle-rank", c["rank"], "--cycle-moe-gpus", str(c["moe_gpus"]),
+            "--cycle-more", *with_next_n(m["sources"]), "--cycle-more-gpu", m["gpu"], "--cycle-more-date", m["date"],
+            "--cycle-more-stack", m["stack"], "--cycle-more-rank", m["rank"],
+            "--cycle-more-moe-gpus", str(m["moe_gpus"]), "--cycle-more-other-order", *with_next_n(m["other_order_sources"]),
+            "--cycle-more-load", *loads[:3], str(m["loads"][0]["next_n"]),
+            "--cycle-more-load-other-order", *loads[3:], "--out", str(out)]
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "update_check_tables.py"), *argv], cwd=REPO,
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert out.read_bytes() == tables_path.read_bytes()
+    # The other order's printed pools must be the first order's: a pair from other memory is refused, named.
+    other = tmp_path / "other.txt"
+    other.write_text((REPO / loads[5]).read_text().replace("#tokens: 641216", "#tokens: 641000"))
+    argv[argv.index(loads[5])] = str(other)
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "update_check_tables.py"), *argv], cwd=REPO,
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 2 and (f"--cycle-more-load-other-order: {other}: its pools (589120, 641000) are not "
+                                    "the first order's (589120, 641216)") in res.stderr
