@@ -1010,8 +1010,11 @@ def test_readme_first_screen_figures_are_the_raw_files():
     (k8, k4), _, printed = _pair("kv_limited_100k_h100")
     p8, p4 = _pools(printed)
     per = 100000 + 256  # each request: its 100 000-token prompt and 256 output tokens
-    assert (f"3 of 61 layers, MTP off, {p8 // per} against {p4 // per} requests of 100K: "
-            f"+{100 * (k4['output_throughput'] / k8['output_throughput'] - 1):.1f} % |") in first
+    # The 3-layer KV-limited load (MTP off, 100K) sits in the H100 table below the first screen.
+    assert (f"| H100, KV-limited: {k8['completed']} prompts of 100K at concurrency {k8['max_concurrency']}, MTP off, "
+            f"FP8's pool holds {p8 // per} requests and FP4's {p4 // per} in the same memory: output tokens/s (one "
+            f"pair, FP8 first) | {k8['output_throughput']:.1f} | **{k4['output_throughput']:.1f} "
+            f"(+{100 * (k4['output_throughput'] / k8['output_throughput'] - 1):.1f} %)** |") in page
     # The full-depth pair's figures in this row: test_full_depth_kv_limited_load_is_the_measured_pair.
     assert "| What was measured (dummy weights; details below) |" in first
     t = _long(LONG[1])
