@@ -1537,6 +1537,8 @@ def test_full_depth_kv_limited_load_is_the_measured_pair():
             f"{b['f4']['output_throughput']:.1f} (+{b['gain']:.1f} %)** |") in readme
     assert (f"| {a['span']['fp8']}; {b['span']['fp8']} | **{a['span']['fp4']}; {b['span']['fp4']}** |") in readme
     g_lo, g_hi = sorted((a["gain"], b["gain"]))
+    assert (f"(FP8's pool holds 8, FP4's 9): FP4 +{g_lo:.1f} to +{g_hi:.1f} % output tokens/s, one pair in each server "
+            "order;") in _flat(_page("docs/user-guide.md"))
     assert (f"**+{g_lo:.1f} to +{g_hi:.1f} % output tokens/s** and {a['ratio']:.2f}x the decode throughput with the "
             f"pool full (H100, one pair in each server order") in readme
 
