@@ -29,6 +29,7 @@ __all__ = [
     "kv_pool_tokens",
     "versions",
     "gpu_description",
+    "client_error",
 ]
 
 #: bench_serving result fields the serving table shows: (field, heading, format).
@@ -68,6 +69,15 @@ def post_json(url: str, body: dict, timeout: float) -> dict:
         return json.loads(raw)
     except ValueError:
         return {"text": raw.decode(errors="replace")}
+
+
+def client_error(output: str, limit: int = 300) -> str:
+    """The line of a failed SGLang client's output (a benchmark, GSM8K or an import, stdout and stderr together)
+    that says why: the last line naming an error, an exception or a server not ready, else the last line, else
+    "no output"; at most ``limit`` characters."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()] or ["no output"]
+    why = next((ln for ln in reversed(lines) if "rror" in ln or "xception" in ln or "not ready" in ln), lines[-1])
+    return why[:limit]
 
 
 def get_json(url: str, timeout: float) -> dict:

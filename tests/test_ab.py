@@ -564,6 +564,27 @@ def test_a_failing_benchmark_client_is_one_line_with_its_log(tmp_path):
                             f"Exiting. (log: {tmp_path / 'bench_stdout.txt'})")
 
 
+def test_a_failing_gsm8k_client_is_one_line_with_its_log(tmp_path):
+    """GSM8K's client failing as it did on the GPU when SGLang's tests were not installed: the line that says why
+    and the log's path; client_error's fallbacks: the last line, or "no output"."""
+    from sglang_fp4_indexer.serving import client_error
+
+    def run(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 1, "", "/usr/bin/python3: Error while finding module specification "
+                                           "for 'sglang.test.few_shot_gsm8k' (ModuleNotFoundError: No module named "
+                                           "'sglang.test')\n")
+
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    with pytest.raises(RuntimeError) as e:
+        quality.run_gsm8k("http://127.0.0.1:1", str(data), 1, str(tmp_path), answer_value=None, run=run)
+    assert str(e.value) == ("few_shot_gsm8k exited with 1: /usr/bin/python3: Error while finding module specification "
+                            "for 'sglang.test.few_shot_gsm8k' (ModuleNotFoundError: No module named 'sglang.test') "
+                            f"(log: {tmp_path / 'gsm8k_stdout.txt'})")
+    assert client_error("first\nKilled\n") == "Killed" and client_error(" \n") == "no output"
+    assert client_error("x" * 400) == "x" * 300
+
+
 def test_a_config_among_the_server_flags_that_turns_fp4_on_is_overridden_in_the_fp8_arm(tmp_path):
     from sglang_fp4_indexer.ab import command
 

@@ -20,8 +20,8 @@ import time
 from typing import Callable
 
 from ..argtypes import integer, int_list
-from ..serving import (bench_serving_command, get_json, gpu_description, kv_pool_tokens, launch_command,
-                       launched_server, read_jsonl, versions)
+from ..serving import (bench_serving_command, client_error, get_json, gpu_description, kv_pool_tokens,
+                       launch_command, launched_server, read_jsonl, versions)
 from . import quality
 from .report import AB_FIELDS, ARMS, build_report, plot_report, report_text
 
@@ -284,10 +284,8 @@ def _clients_problem(modules: tuple[str, ...], run: Callable) -> str | None:
     p = run([sys.executable, "-c", "; ".join(f"import {m}" for m in modules)], capture_output=True, text=True)
     if p.returncode == 0:
         return None
-    lines = [x.strip() for x in ((p.stderr or "") + (p.stdout or "")).splitlines() if x.strip()]
-    why = lines[-1] if lines else f"exit status {p.returncode}"
-    return (f"SGLang's clients ({', '.join(modules)}) do not import with {sys.executable} ({why[:200]}); "
-            "install what it names in this environment")
+    return (f"SGLang's clients ({', '.join(modules)}) do not import with {sys.executable} "
+            f"({client_error((p.stdout or '') + (p.stderr or ''))}); install what it names in this environment")
 
 
 def _plan(args, mode: str) -> dict:
@@ -411,10 +409,8 @@ def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: st
         with open(log, "a") as f:
             f.write(p.stdout + p.stderr)
         if p.returncode != 0:
-            lines = [ln.strip() for ln in (p.stdout + p.stderr).splitlines() if ln.strip()] or ["no output"]
-            why = next((ln for ln in reversed(lines) if "rror" in ln or "not ready" in ln or "xception" in ln),
-                       lines[-1])
-            raise RuntimeError(f"bench_serving exited with {p.returncode}: {why[:300]} (log: {log})")
+            raise RuntimeError(f"bench_serving exited with {p.returncode}: {client_error(p.stdout + p.stderr)} "
+                               f"(log: {log})")
     res["bench"] = _bench_lines(bench_file)
     return res
 

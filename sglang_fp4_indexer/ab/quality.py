@@ -17,7 +17,7 @@ import subprocess
 import sys
 from urllib.parse import urlsplit
 
-from ..serving import post_json
+from ..serving import client_error, post_json
 
 #: The shortest passkey prompt in tokens: the key's sentences and the question take about this many.
 PASSKEY_MIN_TOKENS = 64
@@ -175,14 +175,16 @@ def run_gsm8k(base_url: str, data_path: str, questions: int, workdir: str, *, an
         dict: ``command``, ``accuracy_printed`` (SGLang's own ``Accuracy:`` line), ``outcomes`` (per question).
 
     Raises:
-        RuntimeError: the run exits non-zero (its output's tail in the message).
+        RuntimeError: the run exits non-zero (the line of its output that says why, and its log's path).
     """
     cmd = gsm8k_command(base_url, data_path, questions, parallel=parallel)
     p = run(cmd, cwd=workdir, capture_output=True, text=True)
-    with open(os.path.join(workdir, "gsm8k_stdout.txt"), "w") as f:
+    log = os.path.join(workdir, "gsm8k_stdout.txt")
+    with open(log, "w") as f:
         f.write(p.stdout + p.stderr)
     if p.returncode != 0:
-        raise RuntimeError(f"few_shot_gsm8k exited with {p.returncode}: {(p.stdout + p.stderr)[-500:]}")
+        raise RuntimeError(f"few_shot_gsm8k exited with {p.returncode}: {client_error(p.stdout + p.stderr)} "
+                           f"(log: {log})")
     m = re.search(r"^Accuracy: ([0-9.]+)", p.stdout, re.M)
     with open(os.path.join(workdir, GSM8K_DUMP)) as f:
         outcomes = gsm8k_outcomes(data_path, f.read(), questions, answer_value=answer_value)
