@@ -465,6 +465,9 @@ case "$STEP" in
     # retracts tests nothing of that path). Retraction then happens only under load: the probes, sent to an idle
     # server, are not retracted, so their outputs stay comparable.
     # SOAK_SIZE=v32-layers: DeepSeek-V3.2's real-size layers (3 of them) instead of the tiny model, for a shorter run.
+    # SOAK_SAMPLED_FRAC (default 0): the fraction of the load sampled at temperature 0.8. A batch mixing sampled and
+    # greedy requests takes FlashInfer's top_k_renorm_prob from its Python package, which this runtime lacks (it
+    # carries FlashInfer's headers only): at 0.2 the FP4 server of the first such run stopped there, 12 s into the load.
     HICACHE=(); [ "${SOAK_HICACHE:-0}" = 1 ] && HICACHE=(--enable-hierarchical-cache --hicache-ratio 2)
     # The tiny model's indexer at a real checkpoint's logit scale (TRACE_INDEX_SCALE, as in the mtp step); the
     # FP8 block-quantized sizes keep SGLang's dummy weights as they are.
@@ -498,7 +501,8 @@ case "$STEP" in
       SEND_DEFAULT=$(( ${SOAK_LIMIT:-420} - 180 )); [ "$SEND_DEFAULT" -lt 30 ] && SEND_DEFAULT=30
       stage "${tag}_$fmt" "${SOAK_LIMIT:-420}" "$PY" scripts/soak.py load --url http://127.0.0.1:30791 \
         --out "$OUTDIR/${tag}_$fmt.json" --requests "${SOAK_REQUESTS:-3000}" --concurrency "${SOAK_CONCURRENCY:-32}" \
-        --max-len "${SOAK_MAX_LEN:-60000}" --time-limit "${SOAK_SEND_S:-$SEND_DEFAULT}"
+        --max-len "${SOAK_MAX_LEN:-60000}" --time-limit "${SOAK_SEND_S:-$SEND_DEFAULT}" \
+        --sampled-frac "${SOAK_SAMPLED_FRAC:-0}"
       kill $spid 2>/dev/null; wait $spid 2>/dev/null
       echo "## ${tag} ${fmt}: $([ -s "$OUTDIR/${tag}_$fmt.json" ] && echo load written || echo no load)" >>"$OUTDIR/table.txt"
       "$PY" scripts/soak.py check "$OUTDIR/${tag}_$fmt.json" --log "$log" --trace "$WORK/trace_${tag}_$fmt" \

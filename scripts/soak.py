@@ -13,8 +13,11 @@ is the client and the checks, and talks to the server over HTTP only (it imports
   prompt is prefilled), a fraction are aborted through SGLang's ``/abort_request`` by their ``rid`` after a
   random delay (``--abort-frac``), a fraction ask for log-probabilities with the top 5
   (``--logprob-frac``), which must all be finite, a fraction are sampled (``--sampled-frac``: temperature 0.8,
-  through SGLang's speculative sampling kernel instead of its greedy verify; no top-p or top-k, whose renormalization
-  SGLang takes from FlashInfer's Python package, which the measurement runtime does not carry) and a fraction ask for
+  through SGLang's speculative sampling kernel instead of its greedy verify; no top-p or top-k of its own, but in a
+  batch that also holds greedy requests, which SGLang samples as top-k 1, SGLang renormalizes with FlashInfer's
+  top_k_renorm_prob from FlashInfer's Python package, which the GPU measurement runtime does not carry: there
+  ``scripts/sglang_gpu_check.sh soak`` passes ``--sampled-frac 0`` unless SOAK_SAMPLED_FRAC says otherwise) and a
+  fraction ask for
   ``--long-output-len`` new tokens (``--long-frac``). The load's requests do not set ``ignore_eos`` (for such a
   request SGLang reserves pool room for all of its ``max_new_tokens`` at admission, and never has to retract it):
   SGLang reserves a fraction of the output (``SGLANG_INIT_NEW_TOKEN_RATIO``), decode outgrows it, and SGLang
@@ -238,7 +241,9 @@ def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: i
         shared = rng.random() < shared_frac
         if shared:
             ids = prefixes[rng.randrange(SHARED_PREFIXES)] + ids[: max(1, n // 4)]
-        body = {"rid": f"soak-{seed}-{i}", "input_ids": ids[:max_len], "stream": True,
+        # Every rid of the load the same length: SGLang 0.5.23's scheduler aborts every request whose rid STARTS
+        # with the one /abort_request names, so "soak-0-2" would also abort "soak-0-21" (a first run did).
+        body = {"rid": f"soak-{seed}-{i:0{len(str(requests - 1))}d}", "input_ids": ids[:max_len], "stream": True,
                 "sampling_params": {"max_new_tokens": rng.randint(1, output_len), "temperature": 0.0}}
         if rng.random() < logprob_frac:
             body.update(return_logprob=True, top_logprobs_num=5)

@@ -1201,43 +1201,66 @@ def test_user_guide_real_scale_oracle_run_and_topk_probe_are_the_raw_files():
     assert f"({at_128k[0]:,} to {at_128k[-1]:,} of 2,048 entries in a row of 131,072)" in text
 
 
-def test_user_guide_soak_run_is_the_raw_files():
-    """The soak on an H100 as the user guide tells it: per format the requests completed, disconnected and aborted,
-    no server error, the pool back to full, the sampled rows and worst oracle margins, and the checks that failed."""
+def _soak_files(name: str) -> tuple[dict, dict]:
+    """The runs and checks (by check name) per format in a committed soak tarball."""
     import io
     import tarfile
 
-    with tarfile.open(RESULTS / "sglang_soak_tiny_h100_2026-12-06.tar.gz") as tar:
+    with tarfile.open(RESULTS / name) as tar:
         read = lambda n: json.load(io.TextIOWrapper(tar.extractfile(f"./{n}")))  # noqa: E731
         runs = {f: read(f"soak_{f}.json") for f in ("fp4", "fp8")}
         checks = {f: {c["check"]: c for c in read(f"soak_checks_{f}.json")} for f in ("fp4", "fp8")}
+    return runs, checks
+
+
+def test_user_guide_soak_run_is_the_raw_files():
+    """The soak with retractions as the user guide and README tell it: per format the requests sent, completed,
+    disconnected and aborted, the seconds of load, retractions, no server error, the pool back to full, the sampled
+    rows and worst oracle margins, the one check FP4 failed, and that every request aborted unasked has as its rid's
+    prefix the rid of one the load aborted (SGLang's prefix match, the explanation the docs give)."""
+    runs, checks = _soak_files("sglang_soak_tiny_retract_h100_2026-12-07.tar.gz")
     text = _flat(_page("docs/user-guide.md"))
     c = {f: runs[f]["load"]["counts"] for f in runs}
-    assert all(sum(c[f].values()) == 3000 and "not sent (time limit)" not in c[f] and c[f].get("error", 0) == 0
-               for f in c)
-    assert (f"{c['fp4']['completed']:,} (FP4) and {c['fp8']['completed']:,} (FP8) completed, "
-            f"{c['fp4']['disconnected']} disconnected by their clients, {c['fp4']['aborted']} and "
-            f"{c['fp8']['aborted']} aborted, no server error") in text
-    assert c["fp4"]["disconnected"] == c["fp8"]["disconnected"]
+    sent = {f: sum(v for k, v in c[f].items() if k != "not sent (time limit)") for f in c}
+    secs = {f: runs[f]["load"]["seconds"] for f in runs}
+    assert all(c[f].get("error", 0) == 0 for f in c)
+    assert (f"{sent['fp4']:,} (FP4) and {sent['fp8']:,} (FP8) requests sent in {secs['fp4']:.0f} s and "
+            f"{secs['fp8']:.0f} s, {c['fp4']['completed']:,} and {c['fp8']['completed']:,} completed, "
+            f"{c['fp4']['disconnected']} and {c['fp8']['disconnected']} disconnected by their clients, "
+            f"{c['fp4']['aborted']} and {c['fp8']['aborted']} aborted, no server error") in text
     oracle = "sampled rows = fp64 oracle top-k on the server's pages (within the bound)"
+    retract = "retraction exercised: SGLang retracted decode requests"
     got = {}
     for f in checks:
-        pool = (runs[f]["pool_before"], runs[f]["pool_after"])
-        assert all(p["free_tokens"] == p["max_total_num_tokens"] == 262144 for p in pool)
-        failed = sorted(k for k, v in checks[f].items() if not v["ok"])
-        assert failed == ["bad input, empty prompt: an answer, server healthy",
-                          "bad input, log-probabilities with the top 5: an answer, server healthy",
-                          "retraction exercised: SGLang retracted decode requests",
-                          "server log: no traceback, no pool leak SGLang reports"] and len(checks[f]) == 13
+        assert all(p["free_tokens"] == p["max_total_num_tokens"] == 262144
+                   for p in (runs[f]["pool_before"], runs[f]["pool_after"]))
+        assert checks[f][retract]["ok"] and checks[f][retract]["detail"] == "2 requests in 2 retractions"
         d = checks[f][oracle]["detail"]
         got[f] = (sum(int(n) for n in re.findall(r"(\d+) rows, 0 failed", d)),
                   f"{float(d.rsplit('worst margin ', 1)[1].split(';')[0]):.2f}")
-        assert checks[f][oracle]["ok"] and len(re.findall(r"0 failed", d)) == 3
+        assert checks[f][oracle]["ok"] and len(re.findall(r"0 failed", d)) == 3 and len(checks[f]) == 16
+    failed = {f: sorted(k for k, v in checks[f].items() if not v["ok"]) for f in checks}
+    assert failed == {"fp4": ["no request aborted by the server that its client did not abort"], "fp8": []}
+    assert "retracted decode requests under both servers (2 each)" in text
     assert (f"(FP4: {got['fp4'][0]:,} rows, FP8: {got['fp8'][0]:,}, of the three modes; worst margins "
             f"{got['fp4'][1]} and {got['fp8'][1]})") in text
-    assert "Four of the 13 checks failed" in text and "back to 262,144 free tokens of 262,144" in text
+    assert "FP8 passed all 16 checks, FP4 15: 6 of its requests were aborted unasked" in text
+    results = runs["fp4"]["load"]["results"]
+    asked = [i for i, r in enumerate(results) if r and r.get("abort_asked")]
+    unasked = [i for i, r in enumerate(results) if r and r["outcome"] == "aborted" and not r.get("abort_asked")]
+    assert len(unasked) == runs["fp4"]["load"]["unasked_aborts"] == 6
+    assert all(any(str(i).startswith(str(j)) and i != j for j in asked) for i in unasked)
+    assert min(unasked) == 21 and max(unasked) == 29 and 2 in asked
+    assert "(`soak-0-21` ... `soak-0-29` after `soak-0-2`)" in text
     readme = _flat(_page("README.md"))
-    assert "**Under load** (H100, a tiny model): 3,000 requests per format" in readme
+    assert (f"{sent['fp4']:,} (FP4) and {sent['fp8']:,} (FP8) streamed requests with disconnecting and aborted "
+            "clients gave no server error") in readme
+    assert "FP8 passed its 16 checks, FP4 15: 6 of its requests were aborted by the load's own rids" in readme
+    first, _ = _soak_files("sglang_soak_tiny_h100_2026-12-06.tar.gz")
+    c = {f: first[f]["load"]["counts"] for f in first}
+    assert all(sum(c[f].values()) == 3000 for f in c)
+    assert (f"3,000 requests per format, {c['fp4']['completed']:,} (FP4) and {c['fp8']['completed']:,} (FP8) "
+            "completed, no server error, the pool back to full") in text
 
 
 def test_benchmarks_soak_table_is_rebuilt_from_the_raw_files(tmp_path):
@@ -1246,7 +1269,7 @@ def test_benchmarks_soak_table_is_rebuilt_from_the_raw_files(tmp_path):
     import importlib.util
     import tarfile
 
-    with tarfile.open(RESULTS / "sglang_soak_tiny_h100_2026-12-06.tar.gz") as tar:
+    with tarfile.open(RESULTS / "sglang_soak_tiny_retract_h100_2026-12-07.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
     spec = importlib.util.spec_from_file_location("soak_for_table", REPO / "scripts" / "soak.py")
     soak = importlib.util.module_from_spec(spec)
@@ -1259,7 +1282,7 @@ def test_benchmarks_soak_table_is_rebuilt_from_the_raw_files(tmp_path):
         f"| {label} | " + " | ".join(str(v) for v in vals) + " |" for label, vals in soak.summary_rows(runs, logs, checks)]
     page = _page("docs/benchmarks.md")
     assert "\n".join(lines) in page
-    assert "`benchmarks/results/sglang_soak_tiny_h100_2026-12-06.tar.gz`" in page
+    assert "`benchmarks/results/sglang_soak_tiny_retract_h100_2026-12-07.tar.gz`" in page
 
 
 _MC = ("bench_h100_sm90_multicast_n4n2_2026-12-06.json", "bench_h100_sm90_multicast_shapes_2026-12-06.json",

@@ -2,7 +2,8 @@
 
 The real soak runs against SGLang's server on a GPU (``scripts/sglang_gpu_check.sh soak``); here a small local
 HTTP server stands in for it (SGLang's server needs a GPU): ``/generate`` streamed and not, ``/abort_request``
-by ``rid``, ``/health`` and ``/get_server_info``, answering as SGLang's do in the fields the script reads.
+by ``rid`` (every request whose rid starts with it, as SGLang 0.5.23's scheduler matches), ``/health`` and
+``/get_server_info``, answering as SGLang's do in the fields the script reads.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _standin(fault=None):
                 return
             for j in range(n):
                 time.sleep(0.005)
-                if body.get("rid") in state["aborted"]:
+                if any(str(body.get("rid")).startswith(a) for a in state["aborted"]):  # by prefix, as SGLang's
                     chunk = {"output_ids": out[:j], "meta_info": dict(meta, finish_reason={"type": "abort"})}
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     break
