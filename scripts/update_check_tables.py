@@ -8,6 +8,8 @@
          --cycle-more-date DATE --cycle-more-stack TEXT --cycle-more-rank TEXT --cycle-more-moe-gpus N
          [--cycle-more-other-order JSON:NEXT_N [...]] [--cycle-more-load FP8_JSONL FP4_JSONL PRINTED NEXT_N
          [--cycle-more-load-other-order FP8_JSONL FP4_JSONL PRINTED]]]
+        [--cycle-fused JSON:NEXT_N --cycle-fused-gpu NAME --cycle-fused-date DATE --cycle-fused-stack TEXT
+         --cycle-fused-rank TEXT --cycle-fused-model NAME]
         [--out PATH]
 
 BENCH_JSON: a ``sglang-fp4-indexer bench --device cuda --json`` report measured
@@ -35,7 +37,10 @@ of the same shapes with the servers in the other order (FP4's first), whose busy
 ``--cycle-more-load``: a KV-limited ``bench_serving`` load on the same rank (``scripts/sglang_gpu_check.sh serving``
 with more requests than FP8's pool holds): each server's result line, what the pair printed (both servers' pool
 lines) and the next_n its servers verified; check quotes its output tokens/s at exactly that per-rank concurrency
-and context; ``--cycle-more-load-other-order``: the same load with the FP4 server first, quoted beside it. Writes ``sglang_fp4_indexer/data/h200_tables.json``
+and context; ``--cycle-more-load-other-order``: the same load with the FP4 server first, quoted beside it.
+``--cycle-fused``: timeline summaries of FP8 and FP4 servers of a model whose index path FP4 changes (GLM-5's
+layers, ``PROFILE_SIZE=glm5-layers``: SGLang's fused index-query kernel for FP8, its unfused path and the plugin's
+rotation for FP4), with its own ``--cycle-fused-*`` facts: check quotes it for that path. Writes ``sglang_fp4_indexer/data/h200_tables.json``
 (shipped inside the wheel) unless ``--out`` says otherwise, and prints what it took.
 """
 
@@ -127,6 +132,14 @@ def main(argv: list[str] | None = None) -> int:
                         metavar=("FP8_JSONL", "FP4_JSONL", "PRINTED"),
                         help="the same KV-limited load with the servers in the other order (FP4's first): each "
                              "server's result line and the pair's printed start-up lines (pools as --cycle-more-load's)")
+    parser.add_argument("--cycle-fused", nargs="+", default=[], metavar="JSON:NEXT_N",
+                        help="timeline summaries of FP8 and FP4 servers of a model whose index path FP4 changes "
+                             "(GLM-5's layers), as --cycle")
+    parser.add_argument("--cycle-fused-gpu", default=None, help="the GPU of the --cycle-fused run")
+    parser.add_argument("--cycle-fused-date", default=None, help="its date (YYYY-MM-DD)")
+    parser.add_argument("--cycle-fused-stack", default=None, help="its torch, triton, SGLang and GEMM path")
+    parser.add_argument("--cycle-fused-rank", default=None, help="what one GPU held, e.g. 'DP-attention + EP8 rank'")
+    parser.add_argument("--cycle-fused-model", default=None, help="the model whose layers it ran, e.g. 'GLM-5'")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     if args.sglang_one_batch and not (args.sglang_gpu and args.sglang_date):
@@ -148,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cycle_more and not (args.cycle and args.cycle_more_gpu and args.cycle_more_date and args.cycle_more_stack):
         parser.error("--cycle-more needs --cycle, and --cycle-more-gpu, --cycle-more-date and --cycle-more-stack "
                      "(what was measured where)")
+    if args.cycle_fused and not (args.cycle_fused_gpu and args.cycle_fused_date and args.cycle_fused_stack
+                                 and args.cycle_fused_model):
+        parser.error("--cycle-fused needs --cycle-fused-gpu, --cycle-fused-date, --cycle-fused-stack and "
+                     "--cycle-fused-model (what was measured where)")
     try:
         model = [_read(p) for p in args.model_accuracy] if args.model_accuracy else None
         def pairs_of(items, flag):
@@ -203,6 +220,20 @@ def main(argv: list[str] | None = None) -> int:
                 sources=[_source(p) for p, _ in pairs], rank=args.cycle_more_rank, moe_gpus=args.cycle_more_moe_gpus,
                 other_orders=[(_read(p), n) for p, n in other] or None,
                 other_order_sources=[_source(p) for p, _ in other] or None, loads=loads, load_sources=load_sources)]
+        cycle_fused = None
+        if args.cycle_fused:
+            pairs = pairs_of(args.cycle_fused, "--cycle-fused")
+            summaries = [(_read(p), n) for p, n in pairs]
+            depth = ", ".join(sorted({f"all {s['full_depth']}" if s["layers"] == s["full_depth"]
+                                      else f"{s['layers']} of its {s['full_depth']}" for s, _ in summaries}))
+            cycle_fused = verify_cycle_section(
+                summaries, gpu=args.cycle_fused_gpu, date=args.cycle_fused_date, stack=args.cycle_fused_stack,
+                method="inside SGLang's server: the GPU's busy time (union of kernel intervals) per decode step or "
+                       "MTP verify cycle, median over the traces of its FP8 and FP4 servers, on one "
+                       f"{args.cycle_fused_rank or 'DP-attention rank'} of {args.cycle_fused_model} with {depth} "
+                       "layers: SGLang's fused index-query kernel with FP8, its unfused path and this plugin's "
+                       "rotation with FP4",
+                sources=[_source(p) for p, _ in pairs], rank=args.cycle_fused_rank, model=args.cycle_fused_model)
         sglang = None
         if args.sglang_one_batch:
             try:
@@ -228,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                               bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json),
                               model_accuracy=model,
                               model_source=[_source(p) for p in args.model_accuracy] if args.model_accuracy else "",
-                              sglang=sglang, timing_serving=serving, cycle=cycle, cycle_more=cycle_more)
+                              sglang=sglang, timing_serving=serving, cycle=cycle, cycle_more=cycle_more,
+                              cycle_fused=cycle_fused)
     except ValueError as exc:
         parser.exit(2, f"update_check_tables: {exc}\n")
     out = Path(args.out)
@@ -243,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
           + (f", {len(tables['sglang']['rows'])} SGLang decode rows" if "sglang" in tables else "")
           + (f", {len(tables['timing_serving']['rows'])} serving timing rows ({tables['timing_serving']['gpu']})"
              if "timing_serving" in tables else "")
-          + "".join(f", {len(sec['rows'])} cycle rows ({sec['gpu']})" for sec in cycle_sections(tables)))
+          + "".join(f", {len(sec['rows'])} cycle rows ({sec['gpu']})" for sec in cycle_sections(tables))
+          + (f", {len(tables['cycle_fused']['rows'])} cycle rows of {tables['cycle_fused']['model']} "
+             f"({tables['cycle_fused']['gpu']})" if "cycle_fused" in tables else ""))
     return 0
 
 

@@ -56,6 +56,9 @@ same form, each with its ``gpu`` and its ``rank``, e.g. all 61 layers of a DP-at
 ``cycle_sections`` lists them all, ``cycle`` first. A section may also hold KV-limited serving loads measured on
 its rank (``loads``, each a ``kv_limited_load``: more requests than FP8's pool holds, output tokens/s of both
 formats); ``cycle_load`` finds the one of exactly the per-rank concurrency, context and next_n asked about.
+A verify-cycle section of GLM-5's layers (optional, ``cycle_fused``, with its ``model``): there FP4 also changes
+SGLang's index path (the unfused index-query path and the plugin's rotation in place of SGLang's fused kernels), so
+``check`` quotes it for that path only, never among DeepSeek-V3.2's sections.
 """
 
 from __future__ import annotations
@@ -331,7 +334,7 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
                          sources: list[str], rank: str | None = None, moe_gpus: int | None = None,
                          other_orders: list[tuple[dict, int]] | None = None,
                          other_order_sources: list[str] | None = None, loads: list[dict] | None = None,
-                         load_sources: list[str] | None = None) -> dict:
+                         load_sources: list[str] | None = None, model: str | None = None) -> dict:
     """The ``cycle`` section: per measured shape and next_n, a server's busy time per decode step or verify cycle
     with FP8 and FP4 index keys, at the depth measured and projected to the model's full depth.
 
@@ -351,10 +354,12 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
         load_sources: where those came from (recorded as ``load_sources``: per load, its FP8 and FP4 result lines
             and their printed pool lines, then the same three for each of its other run orders); needed with
             ``loads``.
+        model: the model whose layers the rank ran, as ``check`` names it (e.g. "GLM-5"); None: DeepSeek-V3.2
+            (not recorded).
 
     Returns:
         ``{"gpu", "date", "stack", "method", "sources", "rows"}`` (and ``rank``, ``moe_gpus``,
-        ``other_order_sources``, ``loads`` and ``load_sources`` where given); a row: ``batch``, ``context``, ``next_n``, ``layers``, ``full_depth``,
+        ``other_order_sources``, ``loads``, ``load_sources`` and ``model`` where given); a row: ``batch``, ``context``, ``next_n``, ``layers``, ``full_depth``,
         ``traces`` (per format, fewest), ``fp8_ms`` / ``fp4_ms`` (busy time per cycle at ``layers``), ``fp8_61_ms``
         / ``fp4_61_ms`` (projected to ``full_depth``), and, where another order measured it, ``other_orders``: a
         list of ``{"fp8_ms", "fp4_ms", "traces"}``, one per such summary.
@@ -402,6 +407,8 @@ def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: s
     out = {"gpu": gpu, "date": date, "stack": stack, "method": method, "sources": sources, "rows": rows}
     if rank is not None:
         out["rank"] = rank
+    if model is not None:
+        out["model"] = model
     if moe_gpus is not None:
         out["moe_gpus"] = moe_gpus
     if others:
@@ -559,7 +566,7 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
                  accuracy_source: str = "accuracy.json", model_accuracy: dict | list[dict] | None = None,
                  model_source: str | list[str] = "model-accuracy.json", sglang: dict | None = None,
                  timing_serving: dict | None = None, cycle: dict | None = None,
-                 cycle_more: list[dict] | None = None) -> dict:
+                 cycle_more: list[dict] | None = None, cycle_fused: dict | None = None) -> dict:
     """The tables file's content from a GPU benchmark report and an accuracy result.
 
     Args:
@@ -575,6 +582,9 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
         timing_serving: a ``serving_timing_section`` result, or None (no ``timing_serving`` section).
         cycle: a ``verify_cycle_section`` result, or None (no ``cycle`` section).
         cycle_more: further ``verify_cycle_section`` results (other GPUs or ranks), or None; needs ``cycle``.
+        cycle_fused: a ``verify_cycle_section`` result of a model whose index path FP4 changes (GLM-5.x's, where
+            SGLang fuses the index-query kernel with its interleaved RoPE and FP4 takes SGLang's unfused path with
+            the plugin's rotation), with its ``model``; or None (no ``cycle_fused`` section).
 
     Returns:
         ``{"format", "timing": {...}, "recall": {...}, "sources": [...]}`` (module docstring).
@@ -607,6 +617,11 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
         out["cycle_more"] = list(cycle_more)
         for sec in cycle_more:
             out["sources"].extend(sec["sources"] + sec.get("other_order_sources", []) + sec.get("load_sources", []))
+    if cycle_fused is not None:
+        if not cycle_fused.get("model"):
+            raise ValueError("cycle_fused: expected the model it measured (verify_cycle_section's model)")
+        out["cycle_fused"] = cycle_fused
+        out["sources"].extend(cycle_fused["sources"] + cycle_fused.get("other_order_sources", []))
     return out
 
 

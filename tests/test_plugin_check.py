@@ -958,18 +958,30 @@ def test_context_claims_no_speed_for_the_rotation_inside_sglangs_fused_indexer(t
     assert ("indexer scorer time: not measured for this configuration (with interleaved indexer RoPE, as in GLM-5.x, "
             "FP4 replaces SGLang's fused index-query kernel by SGLang's unfused path") in out
     assert "faster indexer" not in out
+    assert "that path was measured at one shape only" in " ".join(out.split())
     monkeypatch.setenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", "1")  # SGLang's unfused indexer: the measured path
     code, out = _run(capsys, _write_dir(tmp_path, "unfused", GLM52), "--gpu", "H200", "--context", "131072",
                      "--batch", "8")
     assert f"{_measured_on()} at this shape" in out
 
 
+def _glm5_cycle_oracle() -> tuple[float, float]:
+    """The GLM-5 run's busy time per verify cycle (ms), FP8 and FP4: the median over each server's traces, read
+    from the raw timeline file independently of the tables."""
+    import statistics
+
+    raw = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+                      / "sglang_timeline_glm5_layers3_mtp3x4_h100_2026-12-07.json").read_text())
+    return tuple(statistics.median(r["busy_us"] for r in raw["rows"] if r["format"] == f) / 1e3 for f in ("fp8", "fp4"))
+
+
 @pytest.mark.parametrize("memory", [40, 12])
-def test_glm5_gets_no_turn_it_on_for_an_unmeasured_speed(capsys, monkeypatch, memory):
-    """GLM-5 (interleaved indexer RoPE): FP4 replaces SGLang's fused index-query kernel by its unfused path, a speed
-    never measured, so the verdict leads with the requests gained, says the speed is not measured and may be lower,
-    and how to measure it -- never "turn it on". 40 GiB: the same number of 64K requests (exit 3); 12 GiB: one 128K
-    request fits with FP4 and none with FP8 (exit 0)."""
+def test_glm5_verdict_quotes_the_step_measured_longer_with_fp4(capsys, monkeypatch, memory):
+    """GLM-5 (interleaved indexer RoPE): FP4 replaces SGLang's fused index-query kernel by its unfused path, whose
+    step was measured at one shape (4 x 64K verifying 4 tokens, H100) longer with FP4 than with FP8. The verdict
+    leads with the requests gained, quotes that measurement, and never says "turn it on" unqualified: 40 GiB, the
+    same number of 64K requests: keep FP8 (exit 3); 12 GiB, one 128K request fits with FP4 and none with FP8: FP4
+    only where that request is worth a longer step (exit 0). Both say how to measure the deployer's own shape."""
     from sglang_fp4_indexer.cli import build_parser
 
     monkeypatch.delenv("SGLANG_DISABLE_DSA_INDEXER_FUSION", raising=False)
@@ -977,21 +989,40 @@ def test_glm5_gets_no_turn_it_on_for_an_unmeasured_speed(capsys, monkeypatch, me
     code, out = _run(capsys, "glm-5", "--context", str(context), "--batch", "1", "--memory-gib", str(memory))
     # The oracle: 78 layers, each with a bf16 MLA KV of (512 + 64) x 2 B and an index key of 132 or 68 B.
     r8, r4 = (memory * GIB // (78 * (1152 + index)) // context for index in (132, 68))
-    verdict = out[out.index("verdict: "):]
+    fp8_ms, fp4_ms = _glm5_cycle_oracle()
+    assert fp4_ms > fp8_ms
+    measured = ("with GLM-5.x's index path FP4's step was measured longer, not shorter (measured at one shape only, "
+                "inside SGLang's server on one DP-attention + EP8 rank of GLM-5 with 3 of its 78 layers, NVIDIA H100 "
+                "80GB HBM3, 2026-12-07, dummy weights: at 4 x 64K per rank verifying 4 tokens the GPU's busy time per "
+                f"MTP verify cycle was FP8 {fp8_ms:.2f} ms, FP4 {fp4_ms:.2f} ms, a {fp4_ms / fp8_ms:.3f}x longer cycle "
+                "with FP4)")
+    verdict = " ".join(out[out.index("verdict: "):].split())
     if r4 == r8:
         assert code == 3 and verdict.startswith(f"verdict: FP4 fits no more requests of {context // 1024}K than FP8 "
-                                                f"({r8} either way; +5.2 % KV tokens), and its indexer speed is not "
-                                                "measured for this configuration")
+                                                f"({r8} either way; +5.2 % KV tokens), and {measured}: FP4 gains "
+                                                "nothing measured for this deployment, keep FP8 (to measure your own "
+                                                "shape: the scorer with sglang-fp4-indexer bench --device cuda --quick")
     else:
         assert (code, r8, r4) == (0, 0, 1)
         assert verdict.startswith("verdict: FP4 fits 1 request of 128K where FP8 fits none; your batch fits only with "
-                                  "FP4, but its indexer speed is not measured")
+                                  f"FP4, but {measured}: turn FP4 on only where those extra requests are worth that, "
+                                  "and measure your own shape first, the scorer with sglang-fp4-indexer bench")
     assert "turn it on" not in verdict and "turn FP4 on where" not in verdict
-    assert "replaces SGLang's fused index-query kernel by SGLang's unfused path" in verdict
-    assert "may be slower than with FP8" in verdict
-    assert "measure it before turning FP4 on" in verdict or "measure the speed before turning FP4 on" in verdict
-    assert "sglang-fp4-indexer bench --device cuda --quick" in verdict
+    assert "the query path with SGLang's profiler on your server" in verdict
     build_parser().parse_args(["bench", "--device", "cuda", "--quick"])  # the command named exists as written
+
+
+def test_the_fused_path_without_a_measurement_is_not_measured():
+    """Tables without that path's measurement: check says the indexer may be slower and was not measured."""
+    from sglang_fp4_indexer.check.trade import FUSED_PATH, _unmeasured_configuration, fused_cycle_text
+    from sglang_fp4_indexer.gate import DeviceFacts
+
+    dev = DeviceFacts(kind="cuda", name="NVIDIA H100 80GB HBM3", capability=(9, 0))
+    assert fused_cycle_text(None) is None and fused_cycle_text({"rows": []}) is None
+    assert _unmeasured_configuration(dev, "NVIDIA H100 80GB HBM3", False, 1, True) == (
+        f"{FUSED_PATH}, so the indexer may be slower than with FP8; that path's time on a GPU is not measured")
+    assert _unmeasured_configuration(dev, "NVIDIA H100 80GB HBM3", False, 1, True, fused_measured="measured at X") == (
+        f"{FUSED_PATH}; that path was measured at X")
 
 
 def test_check_says_what_turned_fp4_off(tmp_path, capsys, monkeypatch):

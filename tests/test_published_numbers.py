@@ -82,7 +82,8 @@ def test_check_tables_are_built_from_the_published_reports():
     assert TABLES["sources"][5:] == (TABLES["sglang"]["sources"] + TABLES["timing_serving"]["sources"]
                                      + TABLES["cycle"]["sources"] + TABLES["cycle_more"][0]["sources"]
                                      + TABLES["cycle_more"][0]["other_order_sources"]
-                                     + TABLES["cycle_more"][0]["load_sources"])
+                                     + TABLES["cycle_more"][0]["load_sources"] + TABLES["cycle_fused"]["sources"])
+    assert TABLES["cycle_fused"]["sources"] == [f"benchmarks/results/{_GLM5}"]
     assert TABLES["cycle_more"][0]["sources"] == [f"benchmarks/results/{_R61}"]
     # The full-depth rank's KV-limited load: each pair's result lines and printed pools, FP8 server first, then
     # FP4 server first (test_tables rebuilds it).
@@ -282,6 +283,9 @@ def test_readme_times_are_all_measured_ones():
     for name in _MC:  # the H100 runs against DeepGEMM's newer SM90 kernel
         for r in _json(name)["rows"]:
             measured |= {f"{res['seconds'] * 1e6:.1f}" for res in r["results"].values() if res.get("status") == "ok"}
+    # GLM-5's scorers per verify cycle inside SGLang (H100, 3 layers), whole µs as quoted.
+    measured |= {f"{v:.0f}" for n, pair in _glm5_kernels().items() if "paged_mqa_logits<" in n
+                 or "fp4_paged_logits" in n for v in pair if v}
     quoted = re.findall(r"([\d.]+)(?: / ([\d.]+))? µs", _page("README.md"))
     quoted = [q for pair in quoted for q in pair if q]
     assert quoted and [q for q in quoted if q not in measured] == []
@@ -1589,3 +1593,75 @@ def test_glm5_index_path_run_is_the_raw_file():
     assert (f"(worst margins {margin['target verify'][1]:.2f} and {margin['draft extend'][1]:.2f})" in text)
     printed = (RESULTS / "sglang_mtp1_interleaved_h100_2026-12-07.txt").read_text()
     assert "mtp1_fp8 rc=124 150 s, mtp1_fp4 rc=0 110 s" in printed and "within the 150 s the" in _page("docs/user-guide.md")
+
+
+_GLM5 = "sglang_timeline_glm5_layers3_mtp3x4_h100_2026-12-07.json"
+
+
+def _glm5_kernels() -> dict[str, tuple[float, float]]:
+    """The per-kernel lines of the GLM-5 run's printed record: kernel name (up to its call counts) -> (FP8 µs,
+    FP4 µs) per verify cycle; "all kernels" for the summed line."""
+    text = (RESULTS / "sglang_timeline_glm5_layers3_h100_2026-12-07.txt").read_text()
+    out = {}
+    for m in re.finditer(r"^ *(-?[\d.]+) +([\d.]+) +([\d.]+)  (.+?)(?: \(\d+/\d+\))?$", text, flags=re.M):
+        d, a, b, name = float(m.group(1)), float(m.group(2)), float(m.group(3)), m.group(4)
+        assert abs((b - a) - d) < 0.11, m.group(0)
+        out["all kernels" if name.startswith("all kernels") else name] = (a, b)
+    return out
+
+
+def test_benchmarks_glm5_table_and_kernels_are_the_raw_files():
+    """docs/benchmarks.md's GLM-5 table from the timeline summary (medians, ranges, ratios), and the kernel sums it
+    quotes from the run's printed per-kernel lines."""
+    sh = _json(_GLM5)["shapes"]["4x65536"]
+    page = _flat(_page("docs/benchmarks.md"))
+
+    def cell(fmt, key, scale=1.0, digits=1):
+        v = sh[fmt][key]
+        return f"{v['median'] / scale:.{digits}f} [{v['min'] / scale:.{digits}f}-{v['max'] / scale:.{digits}f}]"
+
+    r = sh["fp8_over_fp4"]
+    for label, key, scale, digits in (("GPU busy time per verify cycle (µs)", "busy_us", 1, 1),
+                                      ("span per verify cycle, first kernel to last (µs)", "span_us", 1, 1),
+                                      ("indexer time not hidden behind other kernels (µs)", "indexer_exposed_us", 1, 1),
+                                      ("busy time projected to GLM-5's 78 layers (ms)", "projected_busy_us", 1e3, 2)):
+        assert (f"| {label} | {cell('fp8', key, scale, digits)} | {cell('fp4', key, scale, digits)} | "
+                f"{r[key]:.3f}x |") in page, label
+    w = [sh[f]["wall_ms_per_cycle"]["median"] for f in ("fp8", "fp4")]
+    assert f"| wall time per cycle at the client, one server each (ms) | {w[0]:.3f} | {w[1]:.3f} | {r['wall_ms_per_cycle']:.3f}x |" in page
+    assert f"**{(1 / r['busy_us'] - 1) * 100:.1f} % longer in GPU busy time**" in page
+    k = _glm5_kernels()
+    scorer = [v for n, v in k.items() if "paged_mqa_logits<" in n][0][0], k["fp4_paged_logits_sm90"][1]
+    plan = [v for n, v in k.items() if "paged_mqa_logits_metadata" in n][0][0], k["plan_paged_schedule"][1]
+    topk = sum(v[0] - v[1] for n, v in k.items() if "topk_" in n)
+    fused = sum(v[0] for n, v in k.items() if "fused_k_indexer" in n or "fused_q_indexer" in n)
+    unfused = sum(v[1] - v[0] for n, v in k.items() if v[1] > v[0] and not any(
+        x in n for x in ("fp4_paged_logits", "plan_paged", "_w8a8", "act_and_mul", "all kernels")))
+    assert (f"FP4's scorer took {scorer[1]:.1f} µs where DeepGEMM's took {scorer[0]:.1f}, its schedule "
+            f"{plan[1]:.1f} µs where DeepGEMM's took {plan[0]:.1f}, and the top-k {topk:.0f} µs less") in page
+    assert f"SGLang's two fused kernels took {fused:.1f} µs for queries and keys" in page
+    assert f"the FP4 store, {unfused:.1f} µs" in page
+    total = k["all kernels"]
+    assert f"Summed over all kernels the two steps differ by {total[1] - total[0]:.1f} µs" in page
+    busy = sh["fp4"]["busy_us"]["median"] - sh["fp8"]["busy_us"]["median"]
+    assert f"the busy time by {busy:.0f} µs" in page
+    spread = max((sh[f]["busy_us"]["max"] - sh[f]["busy_us"]["min"]) / sh[f]["busy_us"]["median"] for f in ("fp8", "fp4"))
+    assert spread < 0.0007 and "(three traces within 0.07 %)" in page
+
+
+def test_readme_and_user_guide_glm5_figures_are_the_raw_files():
+    """The GLM-5 figures the README and the user guide quote: busy time per cycle, the 0.8 %, the scorer times."""
+    sh = _json(_GLM5)["shapes"]["4x65536"]
+    b8, b4 = sh["fp8"]["busy_us"]["median"] / 1e3, sh["fp4"]["busy_us"]["median"] / 1e3
+    pct = f"{(b4 / b8 - 1) * 100:.1f} %"
+    k = _glm5_kernels()
+    s8 = [v for n, v in k.items() if "paged_mqa_logits<" in n][0][0]
+    s4 = k["fp4_paged_logits_sm90"][1]
+    readme = _flat(_page("README.md"))
+    assert (f"the verify cycle's GPU busy time was {pct} longer with FP4 ({b4:.2f} against {b8:.2f} ms)") in readme
+    assert f"inside SGLang its scorer took {s4:.0f} against FP8's {s8:.0f} µs per verify cycle" in readme
+    guide = _flat(_page("docs/user-guide.md"))
+    assert f"that made the verify cycle's GPU busy time {pct} longer than with FP8" in guide
+    assert (f"the verify cycle's GPU busy time was {b8:.2f} ms with FP8 and {b4:.2f} ms with FP4 ({pct} longer)"
+            in guide)
+    assert f"FP4's scorer is faster ({s4:.0f} against {s8:.0f} µs per cycle over the 3 layers)" in guide

@@ -130,15 +130,23 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
                                  loads=[_load_from(m["load_sources"], x) for x in m.get("loads", [])] or None,
                                  load_sources=m.get("load_sources"))
             for m in tables["cycle_more"]]
+    f = tables["cycle_fused"]
+    fused = verify_cycle_section([(json.loads((REPO / p).read_text()), 4) for p in f["sources"]], gpu=f["gpu"],
+                                 date=f["date"], stack=f["stack"], method=f["method"], sources=f["sources"],
+                                 rank=f["rank"], model=f["model"])
     # Up to date: re-running scripts/update_check_tables.py on the recorded sources changes nothing.
     assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src, model_accuracy=model,
                                   model_source=model_src, sglang=sglang, timing_serving=serving, cycle=cycle,
-                                  cycle_more=more)
+                                  cycle_more=more, cycle_fused=fused)
+    # GLM-5's layers, where FP4 also changes SGLang's index path: 4 x 64K verifying 4 tokens on an H100.
+    assert (f["model"], f["gpu"], f["rank"]) == ("GLM-5", "NVIDIA H100 80GB HBM3", "DP-attention + EP8 rank")
+    assert [(r["batch"], r["context"], r["next_n"], r["layers"], r["full_depth"]) for r in f["rows"]] == [
+        (4, 65536, 4, 3, 78)]
     assert tables["timing"]["gpu"] == "NVIDIA H200" and tables["recall"]["topk"] == 2048
     assert tables["sources"][2 + len(model_src):] == (sec["sources"] + srv["sources"] + cyc["sources"]
                                                       + [p for m in tables["cycle_more"]
                                                          for p in m["sources"] + m.get("other_order_sources", [])
-                                                         + m.get("load_sources", [])])
+                                                         + m.get("load_sources", [])] + f["sources"])
     # The full-depth rank's KV-limited load: 9 requests of 64K at once, FP8's pool holding 8 and FP4's 9.
     assert [(x["concurrency"], x["context"], x["next_n"], x["fp8_requests"], x["fp4_requests"])
             for x in tables["cycle_more"][0]["loads"]] == [(9, 65536, 4, 8, 9)]
@@ -320,6 +328,27 @@ def test_update_script_writes_the_tables(tmp_path):
     assert res.returncode == 2 and "not on a GPU" in res.stderr and "Traceback" not in res.stderr
 
 
+def test_glm5_section_needs_its_model_and_facts(tmp_path):
+    """A section of an index path FP4 changes is kept apart from DeepSeek-V3.2's and must name its model: the
+    update script refuses --cycle-fused without its facts, build_tables a section without ``model``."""
+    bench, acc, out = tmp_path / "bench.json", tmp_path / "acc.json", tmp_path / "t.json"
+    bench.write_text(json.dumps(_bench({"ours": {A: 30.0}, "deepgemm-fp8": {A: 38.0}})))
+    acc.write_text(json.dumps(_accuracy()))
+    summary = "benchmarks/results/sglang_timeline_glm5_layers3_mtp3x4_h100_2026-12-07.json"
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "update_check_tables.py"), str(bench), str(acc),
+                          "--cycle-fused", f"{summary}:4", "--cycle-fused-gpu", "G", "--cycle-fused-date", "D",
+                          "--cycle-fused-stack", "S", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert res.returncode == 2 and "--cycle-fused needs" in res.stderr and "--cycle-fused-model" in res.stderr
+    sec = verify_cycle_section([(json.loads((REPO / summary).read_text()), 4)], gpu="G", date="D", stack="S",
+                               method="M", sources=[summary])
+    with pytest.raises(ValueError, match="cycle_fused: expected the model"):
+        build_tables(json.loads(bench.read_text()), _accuracy(), cycle_fused=sec)
+    t = build_tables(json.loads(bench.read_text()), _accuracy(), cycle_fused=dict(sec, model="GLM-5"))
+    assert t["cycle_fused"]["model"] == "GLM-5" and summary in t["sources"] and "cycle_more" not in t
+
+
 def _model_doc():
     w = lambda d8, d4: {"nll": {"dense": 2.0, "exact k=2048": 2.001, "fp8 k=2048": 2.0 + d8,  # noqa: E731
                                 "fp4 k=2048": 2.0 + d4}, "recall": {"fp8 k=2048": {"5": 0.9}, "fp4 k=2048": {"5": 0.8}}}
@@ -445,7 +474,7 @@ def test_the_cycle_rows_are_the_timeline_summaries_and_are_quoted_only_where_mea
 def test_the_packaged_tables_are_what_the_update_script_writes_from_their_recorded_sources(tmp_path):
     """scripts/update_check_tables.py run with every source and fact the packaged tables record (each summary's
     next_n from its name: mtp3x4 verifies 4 rows, the others 1) writes them byte for byte, the KV-limited load in
-    both run orders included."""
+    both run orders and GLM-5's section included."""
     tables_path = REPO / "sglang_fp4_indexer" / "data" / "h200_tables.json"
     t = json.loads(tables_path.read_text())
     src, s, v, c, m = t["sources"], t["sglang"], t["timing_serving"], t["cycle"], t["cycle_more"][0]
@@ -467,7 +496,11 @@ def test_the_packaged_tables_are_what_the_update_script_writes_from_their_record
             "--cycle-more-stack", m["stack"], "--cycle-more-rank", m["rank"],
             "--cycle-more-moe-gpus", str(m["moe_gpus"]), "--cycle-more-other-order", *with_next_n(m["other_order_sources"]),
             "--cycle-more-load", *loads[:3], str(m["loads"][0]["next_n"]),
-            "--cycle-more-load-other-order", *loads[3:], "--out", str(out)]
+            "--cycle-more-load-other-order", *loads[3:],
+            "--cycle-fused", *with_next_n(t["cycle_fused"]["sources"]), "--cycle-fused-gpu", t["cycle_fused"]["gpu"],
+            "--cycle-fused-date", t["cycle_fused"]["date"], "--cycle-fused-stack", t["cycle_fused"]["stack"],
+            "--cycle-fused-rank", t["cycle_fused"]["rank"], "--cycle-fused-model", t["cycle_fused"]["model"],
+            "--out", str(out)]
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     res = subprocess.run([sys.executable, str(REPO / "scripts" / "update_check_tables.py"), *argv], cwd=REPO,
                          capture_output=True, text=True, env=env, timeout=300)

@@ -15,6 +15,8 @@ __all__ = [
     "requests_gain",
     "MEASURE_SPEED",
     "model_indexer_text",
+    "fused_cycle_text",
+    "FUSED_PATH",
     "EXIT_FP4_FITS_MORE",
     "EXIT_REFUSED",
     "EXIT_SAME_REQUESTS",
@@ -121,9 +123,39 @@ def _timing_section(tables: dict, dev: DeviceFacts) -> dict:
     return tables["timing"]
 
 
+#: What FP4 changes in SGLang's index path where the model's indexer RoPE is interleaved (GLM-5.x).
+FUSED_PATH = ("with interleaved indexer RoPE, as in GLM-5.x, FP4 replaces SGLang's fused index-query kernel by "
+              "SGLang's unfused path, where the plugin rotates index queries and keys")
+
+
+def fused_cycle_text(sec: dict | None) -> str | None:
+    """The measured step of the index path FP4 changes (a ``cycle_fused`` section), as ``check`` quotes it for every
+    deployment with that path: "measured at one shape only, inside SGLang's server on one DP-attention + EP8 rank of
+    GLM-5 with 3 of its 78 layers, NVIDIA H100 80GB HBM3, 2026-12-07, dummy weights: at 4 x 64K per rank verifying 4
+    tokens the GPU's busy time per MTP verify cycle was FP8 5.31 ms, FP4 5.36 ms, a 1.009x longer cycle with FP4"
+    (no parentheses: check quotes it inside its own); None without a section (or rows)."""
+    if not sec or not sec.get("rows"):
+        return None
+    shapes = []
+    for row in sec["rows"]:
+        what = "MTP verify cycle" if row["next_n"] > 1 else "decode step"
+        ratio = row["fp8_ms"] / row["fp4_ms"]
+        change = f"a {ratio:.3f}x shorter" if ratio >= 1 else f"a {1 / ratio:.3f}x longer"
+        verify = f"verifying {row['next_n']} tokens" if row["next_n"] > 1 else "with MTP off"
+        shapes.append(f"at {row['batch']} x {_k(row['context'])} per rank {verify} the GPU's busy time per {what} "
+                      f"was FP8 {row['fp8_ms']:.2f} ms, FP4 {row['fp4_ms']:.2f} ms, {change} {what.split()[-1]} with "
+                      "FP4")
+    one = "at one shape only" if len(shapes) == 1 else f"at {len(shapes)} shapes only"
+    # No parentheses: check quotes this inside its own.
+    return (f"measured {one}, inside SGLang's server on one {sec.get('rank', 'DP-attention rank')} of "
+            f"{sec['model']} with {depth_text(sec['rows'][0], 'its ')}, {sec['gpu']}, {sec['date']}, dummy weights: "
+            + "; ".join(shapes))
+
+
 def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_size: int,
                               fused_rotation: bool = False, server: str | None = None,
-                              measured_gpus: str | None = None, in_server: bool = False) -> str | None:
+                              measured_gpus: str | None = None, in_server: bool = False,
+                              fused_measured: str | None = None) -> str | None:
     """Why the measured times (one GPU, ``gpu``, the Hopper kernel, no DCP exchange) do not hold here, or None.
 
     The tables hold the Hopper CUDA kernel against DeepGEMM as SGLang 0.5.23 calls it on Hopper, on ``gpu`` (the
@@ -132,6 +164,7 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
     device given by its compute capability alone (``budget.UNNAMED_GPU``) may be another GPU.
     ``measured_gpus``: every GPU the tables hold times for, named where the device is none of them (default
     ``gpu``). ``in_server``: the times were measured inside one SGLang server (``timing_serving``), without DCP.
+    ``fused_measured``: ``fused_cycle_text`` of the tables, quoted where ``fused_rotation`` (else "not measured").
     """
     if dev.kind != "cuda":
         return f"the times were measured on an NVIDIA {gpu.replace('NVIDIA ', '')}, not on a {dev.kind} device"
@@ -156,9 +189,9 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
     if dcp_size > 2:
         return f"only DCP width 2 was measured (on two H200), not DCP {dcp_size}"
     if fused_rotation:
-        return ("with interleaved indexer RoPE, as in GLM-5.x, FP4 replaces SGLang's fused index-query kernel by "
-                "SGLang's unfused path, where the plugin rotates index queries and keys, so the indexer may be slower "
-                "than with FP8; that path's time on a GPU is not measured")
+        if fused_measured:
+            return f"{FUSED_PATH}; that path was {fused_measured}"
+        return f"{FUSED_PATH}, so the indexer may be slower than with FP8; that path's time on a GPU is not measured"
     return None
 
 
@@ -366,9 +399,13 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     measured_n = sorted({r["next_n"] for r in timing["rows"]})
     gpu = timing["gpu"]
     all_gpus = " and ".join(sec["gpu"] for sec in (tables["timing"], tables.get("timing_serving")) if sec)
+    fused = tables.get("cycle_fused") if found.get("fused_rotation") else None
+    fused_text = fused_cycle_text(fused)
+    # Every measured step of that path longer with FP4: what the verdict says instead of "not measured".
+    fused_longer = fused_text is not None and all(r["fp4_ms"] > r["fp8_ms"] for r in fused["rows"])
     unmeasured = _unmeasured_configuration(dev, gpu, sharded, found["dcp_size"], found.get("fused_rotation", False),
                                           found.get("server_unmeasured"), all_gpus,
-                                          in_server=timing is tables.get("timing_serving"))
+                                          in_server=timing is tables.get("timing_serving"), fused_measured=fused_text)
     graph_max = found.get("decode_graph_max_bs")
     if unmeasured is None and graph_max is not None and rank_batch > graph_max:
         unmeasured = (f"reason: a batch of {rank_batch} is above the largest decode CUDA graph ({graph_max}, set by "
@@ -469,7 +506,11 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     elif rf4 > rf8:
         only = "; your batch fits only with FP4" if out["tokens_needed"] > cap.tokens_fp8 else ""
         out["decision"], out["exit_code"] = "more", EXIT_FP4_FITS_MORE
-        if found.get("fused_rotation") and measured_speed is None and step is None:
+        if found.get("fused_rotation") and measured_speed is None and step is None and fused_longer:
+            out["verdict"] = (f"{gain_text}{only}, but with GLM-5.x's index path FP4's step was measured longer, not "
+                              f"shorter ({fused_text}): turn FP4 on only where those extra requests are worth that, "
+                              f"and measure your own shape first, {measure}; {cost_text}")
+        elif found.get("fused_rotation") and measured_speed is None and step is None:
             # The one configuration whose speed may be lower with FP4 than with FP8: no "turn it on" unmeasured.
             out["verdict"] = (f"{gain_text}{only}, but its indexer speed is {speed_unknown}: measure it before "
                               f"turning FP4 on, {measure}; {cost_text}")
@@ -478,7 +519,11 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
                               f"{cost_text}")
     else:
         out["decision"], out["exit_code"] = "same", EXIT_SAME_REQUESTS
-        if measured_speed is None and step is None:
+        if measured_speed is None and step is None and fused_longer:
+            out["verdict"] = (f"{gain_text}, and with GLM-5.x's index path FP4's step was measured longer, not "
+                              f"shorter ({fused_text}): FP4 gains nothing measured for this deployment, keep FP8 (to "
+                              f"measure your own shape: {measure}); {cost_text}")
+        elif measured_speed is None and step is None:
             against = ("so no measured gain stands against its measured cost" if cost is not None
                        else f"and its cost is not measured either ({topk_unmeasured})")
             measured_cost = f"; {cost_text}" if cost is not None else ""
