@@ -234,6 +234,10 @@ def test_readme_quotes_the_measured_tables():
             f"{_us(chat, 'deepgemm-fp8') / _us(chat, 'ours'):.2f}x at 64 × 4K in decode") in page
     glm52 = dcp_capacity(100 * 2**30, 1, kv_bytes=1152, num_layers=78, num_index_layers=21)
     assert f"21 of its 78 layers: +{glm52.gain_replicated * 100:.1f} % KV tokens with a bf16 MLA KV cache" in page
+    # GLM-5 / 5.1: an index key in every layer, the MLA KV of bf16 (1152 B) or SGLang's FP8 format (656 B).
+    glm5 = [dcp_capacity(100 * 2**30, 1, kv_bytes=kv, num_layers=78, num_index_layers=78) for kv in (1152, 656)]
+    assert (f"GLM-5 and 5.1 keep index keys in all 78 layers: +{glm5[0].gain_replicated * 100:.1f} % KV tokens (bf16 "
+            f"MLA KV cache) or +{glm5[1].gain_replicated * 100:.1f} % (FP8)") in page
     native_rows = [r for r in _decode_rows(next_n=2, heads=64) if r["next_n"] == 2]
     bench_page = _flat(_page("docs/benchmarks.md"))
     assert f"that path is {_deepgemm_native_lead(native_rows)} faster than ours there" in bench_page
