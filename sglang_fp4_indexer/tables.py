@@ -591,7 +591,7 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
 
     Raises:
         ValueError: a report of the wrong kind or without usable rows, naming the source; ``cycle_more`` without
-            ``cycle``.
+            ``cycle``; ``cycle_fused`` without its ``model``.
     """
     if cycle_more and cycle is None:
         raise ValueError("cycle_more: further verify-cycle sections need a first one (cycle)")

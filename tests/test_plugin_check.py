@@ -991,7 +991,8 @@ def test_glm5_verdict_quotes_the_step_measured_longer_with_fp4(capsys, monkeypat
     r8, r4 = (memory * GIB // (78 * (1152 + index)) // context for index in (132, 68))
     fp8_ms, fp4_ms = _glm5_cycle_oracle()
     assert fp4_ms > fp8_ms
-    measured = ("with GLM-5.x's index path FP4's step was measured longer, not shorter (measured at one shape only, "
+    measured = ("on the index path FP4 takes with interleaved indexer RoPE its step was measured longer, not shorter "
+                "(measured at one shape only, "
                 "inside SGLang's server on one DP-attention + EP8 rank of GLM-5 with 3 of its 78 layers, NVIDIA H100 "
                 "80GB HBM3, 2026-12-07, dummy weights: at 4 x 64K per rank verifying 4 tokens the GPU's busy time per "
                 f"MTP verify cycle was FP8 {fp8_ms:.2f} ms, FP4 {fp4_ms:.2f} ms, a {fp4_ms / fp8_ms:.3f}x longer cycle "

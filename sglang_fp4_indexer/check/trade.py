@@ -507,8 +507,9 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         only = "; your batch fits only with FP4" if out["tokens_needed"] > cap.tokens_fp8 else ""
         out["decision"], out["exit_code"] = "more", EXIT_FP4_FITS_MORE
         if found.get("fused_rotation") and measured_speed is None and step is None and fused_longer:
-            out["verdict"] = (f"{gain_text}{only}, but with GLM-5.x's index path FP4's step was measured longer, not "
-                              f"shorter ({fused_text}): turn FP4 on only where those extra requests are worth that, "
+            out["verdict"] = (f"{gain_text}{only}, but on the index path FP4 takes with interleaved indexer RoPE its "
+                              f"step was measured longer, not shorter ({fused_text}): turn FP4 on only where those "
+                              "extra requests are worth that, "
                               f"and measure your own shape first, {measure}; {cost_text}")
         elif found.get("fused_rotation") and measured_speed is None and step is None:
             # The one configuration whose speed may be lower with FP4 than with FP8: no "turn it on" unmeasured.
@@ -520,8 +521,9 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     else:
         out["decision"], out["exit_code"] = "same", EXIT_SAME_REQUESTS
         if measured_speed is None and step is None and fused_longer:
-            out["verdict"] = (f"{gain_text}, and with GLM-5.x's index path FP4's step was measured longer, not "
-                              f"shorter ({fused_text}): FP4 gains nothing measured for this deployment, keep FP8 (to "
+            out["verdict"] = (f"{gain_text}, and on the index path FP4 takes with interleaved indexer RoPE its step "
+                              f"was measured longer, not shorter ({fused_text}): FP4 gains nothing measured for this "
+                              "deployment, keep FP8 (to "
                               f"measure your own shape: {measure}); {cost_text}")
         elif measured_speed is None and step is None:
             against = ("so no measured gain stands against its measured cost" if cost is not None
