@@ -1227,8 +1227,8 @@ def test_check_says_why_no_verify_cycle_is_quoted_elsewhere(capsys, extra, batch
     _, out = _run(capsys, "deepseek-v3.2", "--context", "131072", "--batch", batch, *extra.split(),
                   f"--sglang-args={_DP8} {_MTP4}")
     gpu = "NVIDIA H100 80GB HBM3" if "H100" in extra else "NVIDIA H200"
-    assert f"MTP verify cycle inside SGLang's server ({gpu}) at {int(batch) // 8} x 128K per rank, next_n 4: " \
-           f"not measured ({why})" in " ".join(out.split())
+    assert (f"MTP verify cycle inside SGLang's server ({gpu}, DeepSeek-V3.2's layers) at {int(batch) // 8} x 128K "
+            f"per rank, next_n 4: not measured ({why})") in " ".join(out.split())
 
 
 _DP32 = "--tp-size 32 --attn-dp-size 32 --ep-size 32 --nnodes 4 --kv-cache-dtype fp8_e4m3"
@@ -1319,8 +1319,8 @@ def test_a_measured_slower_cycle_without_an_indexer_time_says_keep_fp8():
 def test_check_quotes_no_step_time_for_another_parallelism(capsys):
     _, out = _run(capsys, "deepseek-v3.2", "--context", "131072", "--batch", "8",
                   "--sglang-args=--tp-size 8 --kv-cache-dtype fp8_e4m3")
-    assert ("decode step inside SGLang's server (NVIDIA H200) at 8 x 128K per rank, next_n 1: not measured (measured "
-            "with DP attention, one rank's batch and layers, not this parallelism)") in out
+    assert ("decode step inside SGLang's server (NVIDIA H200, DeepSeek-V3.2's layers) at 8 x 128K per rank, next_n 1: "
+            "not measured (measured with DP attention, one rank's batch and layers, not this parallelism)") in out
 
 
 # --- what a deployer is told first, and the inputs that are mistakes ------------------------------------------

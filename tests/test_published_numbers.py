@@ -1669,3 +1669,5 @@ def test_readme_and_user_guide_glm5_figures_are_the_raw_files():
     assert (f"the verify cycle's GPU busy time was {b8:.2f} ms with FP8 and {b4:.2f} ms with FP4 ({pct} longer)"
             in guide)
     assert f"FP4's scorer is faster ({s4:.0f} against {s8:.0f} µs per cycle over the 3 layers)" in guide
+    yaml = " ".join(line.lstrip("# ") for line in (REPO / "configs" / "glm-5.yaml").read_text().splitlines())
+    assert f"that made the verify cycle's GPU busy time {pct} longer than with FP8" in " ".join(yaml.split())

@@ -76,8 +76,8 @@ def cycle_line(w: dict, batch: int, context: int, next_n: int) -> str | None:
         return None
     what = "MTP verify cycle" if next_n > 1 else "decode step"
     if row is None:
-        return (f"{what} inside SGLang's server ({run['gpu']}) at {batch} x {_k(context)} per rank, next_n {next_n}: "
-                f"not measured ({w['cycle_why']})")
+        return (f"{what} inside SGLang's server ({run['gpu']}, DeepSeek-V3.2's layers) at {batch} x {_k(context)} "
+                f"per rank, next_n {next_n}: not measured ({w['cycle_why']})")
     return (f"{what} inside SGLang's server at {row['batch']} x {_k(row['context'])} per rank, next_n {row['next_n']} "
             f"({run['gpu']}, {run['date']}; one {run['rank']} of DeepSeek-V3.2 with {depth_text(row, 'its ')}"
             f", dummy weights; {run['stack']}): the GPU's busy time FP8 {row['fp8_ms']:.2f} "
