@@ -1525,3 +1525,28 @@ def test_requests_gain_gives_the_percentage_whole_where_it_is_and_to_one_decimal
     assert requests_gain(4, 4, 131072, 0.088) == ("FP4 fits no more requests of 128K than FP8 (4 either way; +8.8 % "
                                                   "KV tokens)")
     assert requests_gain(0, 1, 131072, 0.088) == "FP4 fits 1 request of 128K where FP8 fits none"
+
+
+def test_help_names_every_measured_server_step_from_the_tables(monkeypatch):
+    """``check --help`` lists where a server's whole step was measured from the packaged tables (every verify-cycle
+    section, GLM-5's included, with its GPU, rank, model and shapes), and falls back to the benchmarks page when
+    the tables cannot be read, so that help never fails."""
+    from sglang_fp4_indexer.check import command
+    from sglang_fp4_indexer.tables import cycle_sections, load_tables
+
+    tables = load_tables()
+    text = command.measured_cycles_text(tables)
+    secs = cycle_sections(tables) + [tables["cycle_fused"]]
+    assert len(secs) == 3 and text.count("; ") == 2
+    for sec in secs:
+        shapes = ", ".join(f"{b} x {c // 1024}K" for b, c in sorted({(r["batch"], r["context"]) for r in sec["rows"]}
+                                                                     | {(x["concurrency"], x["context"])
+                                                                        for x in sec.get("loads") or []}))
+        assert f"{sec['gpu']}, a {sec['rank']} of {sec.get('model', 'DeepSeek-V3.2')}: {shapes}" in text
+    assert "4 x 64K" in text and "of GLM-5: " in text
+
+    def unreadable():
+        raise ValueError("measured tables: cannot be read")
+
+    monkeypatch.setattr(command, "load_tables", unreadable)
+    assert command.measured_cycles_text() == "see docs/benchmarks.md"

@@ -26,6 +26,7 @@ __all__ = [
     "MAX_NEXT_N",
     "MAX_CONTEXT",
     "KV_CACHE_DTYPES",
+    "measured_cycles_text",
 ]
 
 
@@ -38,6 +39,27 @@ MAX_CONTEXT = 2**31 - 1
 #: ``check --kv-cache-dtype`` values: check's own names and SGLang's ``--kv-cache-dtype`` spellings of the same two
 #: MLA KV formats, each to the format it sizes.
 KV_CACHE_DTYPES = {"fp8": "fp8", "fp8_e4m3": "fp8", "bf16": "bf16", "bfloat16": "bf16"}
+def measured_cycles_text(tables: dict | None = None) -> str:
+    """Where a server's whole step was measured, from the packaged tables' verify-cycle sections, for ``--help``:
+    "NVIDIA H200, a DP-attention + EP8 rank of DeepSeek-V3.2: 1 x 128K, 8 x 128K; ...; NVIDIA H100 80GB HBM3, a
+    DP-attention + EP8 rank of GLM-5: 4 x 64K" (per-rank batch x context, each shape once whatever its next_n).
+    Tables that cannot be read give "see docs/benchmarks.md" (help must never fail)."""
+    from ..tables import cycle_sections
+
+    try:
+        tables = load_tables() if tables is None else tables
+    except ValueError:
+        return "see docs/benchmarks.md"
+    secs = cycle_sections(tables) + ([tables["cycle_fused"]] if tables.get("cycle_fused") else [])
+    parts = []
+    for sec in secs:
+        shapes = sorted({(r["batch"], r["context"]) for r in sec["rows"]} | {
+            (x["concurrency"], x["context"]) for x in sec.get("loads") or []})
+        parts.append(f"{sec['gpu']}, a {sec.get('rank', 'DP-attention rank')} of {sec.get('model', 'DeepSeek-V3.2')}: "
+                     + ", ".join(f"{b} x {_k(c)}" for b, c in shapes))
+    return "; ".join(parts) or "none"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``check``."""
     parser.add_argument("model", help="local model directory (with config.json) or a Hugging Face config JSON file, "
@@ -59,8 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and costs at that length -- requests that fit, the indexer's time FP4 vs FP8 (measured "
                              "on H200; on an H100 80GB HBM3 inside SGLang's server, at 1 x 128K and 8 x 64K, next_n "
                              "1 only), the server's whole MTP verify cycle or decode step FP4 vs FP8 where that "
-                             "deployment was measured (an H200 DP-attention rank of DeepSeek-V3.2 at 8 x 128K and "
-                             "1 x 128K per rank), the top-k recall FP4 vs FP8 (measured accuracy study) and the loss cost on a "
+                             f"deployment was measured (per rank: {measured_cycles_text()}), the top-k recall FP4 vs "
+                             "FP8 (measured accuracy study) and the loss cost on a "
                              "real model -- and a verdict, also as the exit code: 0 FP4 fits more requests of that "
                              "length, 3 the same number either way (FP4 buys only indexer time, at the measured "
                              "cost), 4 the batch fits neither; 1 FP4 refused")
