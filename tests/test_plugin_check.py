@@ -530,16 +530,16 @@ def test_context_says_when_the_head_count_is_what_was_not_measured(tmp_path, cap
     assert sorted((b, c) for h, b, c, n in rows if h == 32 and n == 1) == [(8, 131072)]
     for shape, text in ((("--context", "4096"), "1 x 4K"), (("--context", "32768", "--batch", "32"), "32 x 32K")):
         code, out = _run(capsys, _write_dir(tmp_path, text.replace(" ", ""), GLM5), "--gpu", "H200", *shape)
-        assert (f"indexer scorer time at {text}, next_n 1: not measured with 32 index heads at this shape (the "
-                "NVIDIA H200 tables have 32 index heads at 8 x 128K only at next_n 1, and a time measured with "
+        assert (f"indexer scorer time at {text}, next_n 1: not measured with 32 index heads at this shape (at "
+                "next_n 1 the NVIDIA H200 tables have 32 index heads only at 8 x 128K, and a time measured with "
                 "another head count is not quoted for 32)") in out
         assert "H 64" not in out and "too far" not in out and " us " not in out
         assert "an indexer speed that is not measured with 32 index heads at this shape" in out
     # A head count the tables never measured at all.
     code, out = _run(capsys, _write_dir(tmp_path, "h16", {**DSV32, "index_n_heads": 16}), "--gpu", "H200",
                      "--context", "131072", "--batch", "8")
-    assert ("indexer scorer time at 8 x 128K, next_n 1: not measured with 16 index heads at this shape (the NVIDIA "
-            "H200 tables have no time with 16 index heads at next_n 1") in out
+    assert ("indexer scorer time at 8 x 128K, next_n 1: not measured with 16 index heads at this shape (at next_n 1 "
+            "the NVIDIA H200 tables have no time with 16 index heads") in out
     # The model's own head count measured near, not at, the shape: the distance is the reason, as before.
     code, out = _run(capsys, _write_dir(tmp_path, "near", GLM5), "--gpu", "H200", "--context", "8192",
                      "--next-n", "4")

@@ -134,9 +134,9 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
     elif w.get("timing_far") is not None and w["timing_far"]["heads"] != heads:
         # What differs is the head count: the shape (or one near it) was measured with another one only.
         own = w["timing_heads_shapes"]
-        has = (f"{heads} index heads at {', '.join(own)} only" if own else f"no time with {heads} index heads")
+        has = (f"{heads} index heads only at {', '.join(own)}" if own else f"no time with {heads} index heads")
         console.print(f"indexer scorer time at {batch} x {_k(context)}, next_n {next_n}: not measured with {heads} "
-                      f"index heads at this shape (the {w['timing_gpu']} tables have {has} at next_n {next_n}, and a "
+                      f"index heads at this shape (at next_n {next_n} the {w['timing_gpu']} tables have {has}, and a "
                       f"time measured with another head count is not quoted for {heads}); measure it: "
                       "sglang-fp4-indexer bench --device cuda")
     elif w.get("timing_far") is not None:
