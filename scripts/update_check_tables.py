@@ -79,6 +79,13 @@ def _read(path: str) -> dict:
         raise SystemExit(f"update_check_tables: {path}: cannot be read as JSON ({exc})") from None
 
 
+def _depth(summaries: list[tuple[dict, int]]) -> str:
+    """The depths timeline summaries ran at, as a section's method names them: "all 61" or "3 of its 78" (joined
+    where several)."""
+    depths = {(s["layers"], s["full_depth"]) for s, _ in summaries}
+    return ", ".join(f"all {f}" if layers == f else f"{layers} of its {f}" for layers, f in sorted(depths))
+
+
 def _merged(paths: list[str]) -> dict:
     """The ``profile-table --json`` results of ``paths`` as one dict (trace path -> its table)."""
     return {k: v for p in paths for k, v in _read(p).items()}
@@ -189,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             pairs = pairs_of(args.cycle_more, "--cycle-more")
             summaries = [(_read(p), n) for p, n in pairs]
             depths = {(s["layers"], s["full_depth"]) for s, _ in summaries}
-            depth = ", ".join(f"all {f}" if layers == f else f"{layers} of its {f}" for layers, f in sorted(depths))
+            depth = _depth(summaries)
             other = pairs_of(args.cycle_more_other_order, "--cycle-more-other-order")
             loads, load_sources = None, None
             if args.cycle_more_load:
@@ -224,13 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.cycle_fused:
             pairs = pairs_of(args.cycle_fused, "--cycle-fused")
             summaries = [(_read(p), n) for p, n in pairs]
-            depth = ", ".join(sorted({f"all {s['full_depth']}" if s["layers"] == s["full_depth"]
-                                      else f"{s['layers']} of its {s['full_depth']}" for s, _ in summaries}))
             cycle_fused = verify_cycle_section(
                 summaries, gpu=args.cycle_fused_gpu, date=args.cycle_fused_date, stack=args.cycle_fused_stack,
                 method="inside SGLang's server: the GPU's busy time (union of kernel intervals) per decode step or "
                        "MTP verify cycle, median over the traces of its FP8 and FP4 servers, on one "
-                       f"{args.cycle_fused_rank or 'DP-attention rank'} of {args.cycle_fused_model} with {depth} "
+                       f"{args.cycle_fused_rank or 'DP-attention rank'} of {args.cycle_fused_model} with "
+                       f"{_depth(summaries)} "
                        "layers: SGLang's fused index-query kernel with FP8, its unfused path and this plugin's "
                        "rotation with FP4",
                 sources=[_source(p) for p, _ in pairs], rank=args.cycle_fused_rank, model=args.cycle_fused_model)

@@ -1128,13 +1128,7 @@ def test_user_guide_second_oracle_run_is_the_raw_file():
 def test_user_guide_first_soak_run_is_the_raw_files():
     """The first short soak as the user guide tells it: about 50 s of load per server, and the empty prompt that
     stopped both servers (no answer, FP8 and FP4 alike), from the runs and checks it wrote."""
-    import io
-    import tarfile
-
-    with tarfile.open(RESULTS / "sglang_soak_tiny_short_h100_2026-12-06.tar.gz") as tar:
-        read = lambda n: json.load(io.TextIOWrapper(tar.extractfile(f"./{n}")))  # noqa: E731
-        runs = {f: read(f"soak_{f}.json") for f in ("fp4", "fp8")}
-        checks = {f: {c["check"]: c for c in read(f"soak_checks_{f}.json")} for f in ("fp4", "fp8")}
+    runs, checks = _soak_files("sglang_soak_tiny_short_h100_2026-12-06.tar.gz")
     text = _flat(_page("docs/user-guide.md"))
     assert "(50 s of load per format, dummy logit scale;" in text
     for f in checks:

@@ -39,6 +39,8 @@ MAX_CONTEXT = 2**31 - 1
 #: ``check --kv-cache-dtype`` values: check's own names and SGLang's ``--kv-cache-dtype`` spellings of the same two
 #: MLA KV formats, each to the format it sizes.
 KV_CACHE_DTYPES = {"fp8": "fp8", "fp8_e4m3": "fp8", "bf16": "bf16", "bfloat16": "bf16"}
+
+
 def measured_cycles_text(tables: dict | None = None) -> str:
     """Where a server's whole step was measured, from the packaged tables' verify-cycle sections, for ``--help``:
     "NVIDIA H200, a DP-attention + EP8 rank of DeepSeek-V3.2: 1 x 128K, 8 x 128K; ...; NVIDIA H100 80GB HBM3, a

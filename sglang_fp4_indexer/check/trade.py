@@ -140,7 +140,7 @@ def fused_cycle_text(sec: dict | None) -> str | None:
     for row in sec["rows"]:
         what = "MTP verify cycle" if row["next_n"] > 1 else "decode step"
         ratio = row["fp8_ms"] / row["fp4_ms"]
-        change = f"a {ratio:.3f}x shorter" if ratio >= 1 else f"a {1 / ratio:.3f}x longer"
+        change = _step_change(ratio, ratio)
         verify = f"verifying {row['next_n']} tokens" if row["next_n"] > 1 else "with MTP off"
         shapes.append(f"at {row['batch']} x {_k(row['context'])} per rank {verify} the GPU's busy time per {what} "
                       f"was FP8 {row['fp8_ms']:.2f} ms, FP4 {row['fp4_ms']:.2f} ms, {change} {what.split()[-1]} with "
@@ -266,20 +266,23 @@ def cycle_gain_text(row: dict | None, run: dict | None) -> str | None:
     if row is None or run is None:
         return None
     ratios = [row["fp8_ms"] / row["fp4_ms"]] + [o["fp8_ms"] / o["fp4_ms"] for o in row.get("other_orders", [])]
-    lo, hi = min(ratios), max(ratios)
     what = "MTP verify cycle" if row["next_n"] > 1 else "decode step"
+    orders = ", FP8 and FP4 servers in both orders" if len(ratios) > 1 else ""
+    return (f"{_step_change(min(ratios), max(ratios))} {what} (GPU busy time inside SGLang's server{orders}, "
+            f"{run['gpu']}, {depth_text(row)})")
 
+
+def _step_change(lo: float, hi: float) -> str:
+    """FP4's step against FP8's from the FP8 / FP4 time ratios ``lo`` <= ``hi``: "a 1.090-1.092x shorter", "a
+    1.009x longer", or "a 1.020x longer to 1.010x shorter" where they straddle 1."""
     def span(a: float, b: float) -> str:
         return f"{a:.3f}x" if f"{a:.3f}" == f"{b:.3f}" else f"{a:.3f}-{b:.3f}x"
 
     if lo >= 1:
-        change = f"a {span(lo, hi)} shorter"
-    elif hi < 1:
-        change = f"a {span(1 / hi, 1 / lo)} longer"
-    else:
-        change = f"a {1 / lo:.3f}x longer to {hi:.3f}x shorter"
-    orders = ", FP8 and FP4 servers in both orders" if len(ratios) > 1 else ""
-    return f"{change} {what} (GPU busy time inside SGLang's server{orders}, {run['gpu']}, {depth_text(row)})"
+        return f"a {span(lo, hi)} shorter"
+    if hi < 1:
+        return f"a {span(1 / hi, 1 / lo)} longer"
+    return f"a {1 / lo:.3f}x longer to {hi:.3f}x shorter"
 
 
 def load_gain_text(load: dict | None, run: dict | None, requests: tuple[int, int]) -> str | None:
