@@ -38,7 +38,9 @@ input got an answer (SGLang's error for what it refuses); the KV pool, read from
 none in use (the FP4 pool's payload and scale planes live in the same pages, allocated by the same allocator, so
 one count covers both); from the server's log, no traceback and no pool leak SGLang's own invariant checker
 reports (``memory leak detected``; it checks available + evictable + protected = total each time the scheduler
-goes idle), with the retractions SGLang logged counted (``retract``); and, with ``--trace``, every sampled top-k
+goes idle), with the retractions SGLang logged counted (``retract``); on a server with SGLang's hierarchical cache
+(HiCache), some prompt's prefix loaded back from host memory (SGLang's ``cached_tokens_details`` on the finished
+requests: tokens there were evicted from the device pool first); and, with ``--trace``, every sampled top-k
 row valid (``min(top-k, keys)`` distinct entries, each a key the row may see) and the oracle layer's sampled rows
 equal to an fp64 oracle's top-k within the scorer's error bound, on the cache pages the server held then.
 """
@@ -148,6 +150,12 @@ def stream_one(base: str, body: dict, *, disconnect_after: int | None, timeout: 
            "asked": body.get("sampling_params", {}).get("max_new_tokens"),
            "finish": finish.get("type") if isinstance(finish, dict) else None,
            "matched": finish.get("matched") if isinstance(finish, dict) else None}
+    # Where its prompt's cached prefix came from (SGLang's meta_info on the finished output: ``cached_tokens``, and
+    # ``cached_tokens_details`` {"device", "host"} where HiCache loaded part of it back from host memory) and how often
+    # SGLang retracted it (``num_retractions``).
+    details = meta.get("cached_tokens_details") or {}
+    out.update(cached=int(meta.get("cached_tokens") or 0), cached_host=int(details.get("host") or 0),
+               retractions=int(meta.get("num_retractions") or 0))
     if body.get("return_logprob") and outcome == "completed":
         out["finite"] = _finite_logprobs(meta)
     return out
@@ -216,7 +224,9 @@ def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: i
 
     Returns:
         dict: ``counts`` (requests by outcome), ``kinds`` (how many were planned sampled, long, with
-        log-probabilities, behind a shared prefix), ``seconds``, ``results`` (one per request),
+        log-probabilities, behind a shared prefix), ``seconds``, ``results`` (one per request), ``cache`` (over the
+        finished requests, from SGLang's meta_info: ``prefix_tokens`` served from the prefix cache, ``from_host``
+        of them loaded back from HiCache's host memory, ``requests_from_host``, ``requests_retracted``),
         ``nonfinite_logprobs``, ``errors`` (the first 20 server errors).
 
     Raises:
@@ -293,7 +303,11 @@ def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: i
                       or (r.get("finish") == "stop" and type(r.get("matched")) is int
                           and r.get("tokens", 0) <= r["asked"]))]
     unasked = [i for i, r in enumerate(results) if r["outcome"] == "aborted" and not r.get("abort_asked")]
-    return {"counts": counts, "kinds": kinds, "seconds": time.time() - start, "results": results,
+    cache = {"prefix_tokens": sum(r.get("cached", 0) for r in results),
+             "from_host": sum(r.get("cached_host", 0) for r in results),
+             "requests_from_host": sum(1 for r in results if r.get("cached_host", 0) > 0),
+             "requests_retracted": sum(1 for r in results if r.get("retractions", 0) > 0)}
+    return {"counts": counts, "kinds": kinds, "seconds": time.time() - start, "results": results, "cache": cache,
             "short_outputs": len(short), "short_examples": [results[i] | {"request": i} for i in short[:5]],
             "unasked_aborts": len(unasked), "unasked_abort_examples": [results[i] | {"request": i} for i in unasked[:5]],
             "nonfinite_logprobs": sum(1 for r in results if r.get("finite") is False),
@@ -374,6 +388,17 @@ def log_counts(text: str) -> dict:
                                  and ("evict" in ln.lower() or "load" in ln.lower()))}
 
 
+def hicache_on(info: dict) -> bool:
+    """Whether a server's ``/get_server_info`` answer says it runs SGLang's hierarchical cache: an
+    ``enable_hierarchical_cache`` field set at any depth (SGLang 0.5.23 nests its server arguments by group), or
+    ``--enable-hierarchical-cache`` in its ``launch_command``."""
+    def walk(x) -> bool:
+        if isinstance(x, dict):
+            return bool(x.get("enable_hierarchical_cache")) or any(walk(v) for v in x.values())
+        return isinstance(x, list) and any(walk(v) for v in x)
+    return walk(info) or "--enable-hierarchical-cache" in str(info.get("launch_command") or "")
+
+
 def checks(run: dict, log_text: str | None = None, trace: dict | None = None) -> list[dict]:
     """The soak's checks (module docstring) on ``load``'s JSON (and the server log's text, and ``trace_summary``'s
     result, when given): rows of ``check``, ``ok``, ``detail``. A run without a pool reading (``pool_before`` /
@@ -433,6 +458,13 @@ def checks(run: dict, log_text: str | None = None, trace: dict | None = None) ->
                      "detail": ", ".join(f"{mode}: {m['rows']} rows, {m['failed']} failed" for mode, m in oracle.items())
                      + f"; worst margin {worst:.4g}; largest |logit| {scale:.3g}",
                      "examples": {mode: m.get("examples", []) for mode, m in oracle.items() if m.get("examples")}})
+    if hicache_on(run.get("info_before") or {}):
+        # A prefix served from host memory was evicted from the device pool first: eviction and reload both ran.
+        cache = run["load"].get("cache") or {}
+        rows.append({"check": "HiCache exercised: prefix tokens evicted to host memory and loaded back",
+                     "ok": cache.get("from_host", 0) > 0,
+                     "detail": f"{cache.get('from_host', 'not counted')} tokens loaded back for "
+                               f"{cache.get('requests_from_host', 'not counted')} requests"})
     if log_text is not None:
         lc = log_counts(log_text)
         rows.append({"check": "server log: no traceback, no pool leak SGLang reports", "ok": lc["tracebacks"] == 0
@@ -591,6 +623,14 @@ def summary_rows(runs: dict[str, dict], logs: dict[str, str], checks_by_arm: dic
         ("checks passed", col(passed)),
         ("checks failed", col(lambda a: "; ".join(r["check"] for r in checks_by_arm[a] if not r["ok"]) or "none")),
     ]
+    if any("cache" in runs[a]["load"] for a in arms):  # runs since the load read SGLang's cache breakdown
+        def cache(a):
+            c = runs[a]["load"].get("cache")
+            return "not counted" if c is None else (f"{c['prefix_tokens']:,} / {c['from_host']:,} "
+                                                    f"({c['requests_from_host']})")
+        rows.insert(6, ("prefix tokens from the cache / of them loaded back from host memory (requests)", col(cache)))
+        rows.insert(8, ("finished requests SGLang had retracted",
+                        col(lambda a: (runs[a]["load"].get("cache") or {}).get("requests_retracted", "not counted"))))
     if any("kinds" in runs[a]["load"] for a in arms):  # runs since the load counted them
         rows.insert(1, ("of them sampled / long outputs / with log-probabilities / behind a shared prefix",
                         col(lambda a: " / ".join(str((runs[a]["load"].get("kinds") or {}).get(x, "not counted"))

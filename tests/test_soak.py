@@ -30,7 +30,7 @@ VOCAB = 16384
 POOL = 100000
 
 
-def _standin(fault=None):
+def _standin(fault=None, hicache=False):
     """The stand-in server. ``fault``: ``"nan"`` (a NaN log-probability), ``"drift"`` (the probes' answers change
     once the load has run), ``"error"`` (every 7th streamed request gets SGLang's error chunk), ``"leak"`` (each
     disconnected request keeps 64 tokens of the KV pool, as a page freed on no path would), ``"short"`` (every 5th
@@ -38,7 +38,10 @@ def _standin(fault=None):
     token would), ``"eos"`` (every 3rd request stops at an end-of-sequence token half way, finish reason
     ``stop`` matching token 1, as a model may), ``"nan_stop"`` (every 3rd request stops half way with SGLang's
     ``NaN happened`` stop), ``"self_abort"`` (every 7th streamed request is aborted by the server half way, as a
-    request lost in a retraction would be). ``/v1/loads``
+    request lost in a retraction would be), ``"no_reload"`` (with ``hicache``: no prefix ever comes back from host
+    memory). ``hicache``: the server says it runs HiCache (``/get_server_info``, nested as SGLang 0.5.23 nests it)
+    and every second request behind a prompt it has seen before reports its first 64 tokens loaded back from host
+    memory (SGLang's ``cached_tokens_details``). ``/v1/loads``
     answers as SGLang's does in the fields the script reads, from the tokens the stand-in holds."""
     state = {"aborted": set(), "generated": 0, "lock": threading.Lock(), "held": 0}
 
@@ -59,7 +62,7 @@ def _standin(fault=None):
             if self.path == "/health":
                 self._send(200, {})
             elif self.path == "/get_server_info":
-                self._send(200, {"max_total_num_tokens": POOL})
+                self._send(200, {"max_total_num_tokens": POOL, "memory": {"enable_hierarchical_cache": hicache}})
             elif self.path == "/v1/loads":
                 self._send(200, {"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0,
                                             "num_used_tokens": state["held"], "max_total_num_tokens": POOL}]})
@@ -96,7 +99,15 @@ def _standin(fault=None):
                 n, finish = n // 2, {"type": "abort"}
             out = [(sum(ids) + j + shift) % 997 for j in range(n)]
             lp = float("nan") if fault == "nan" else -0.5
-            meta = {"finish_reason": finish,
+            with state["lock"]:
+                seen = state.setdefault("prefixes", {})
+                key = tuple(ids[:64])
+                seen[key] = seen.get(key, 0) + 1
+                hits = seen[key]
+            cached = 64 if hits > 1 and len(ids) > 64 else 0
+            host = cached if hicache and fault != "no_reload" and hits % 2 == 0 else 0
+            meta = {"finish_reason": finish, "cached_tokens": cached, "num_retractions": 1 if k % 11 == 0 else 0,
+                    "cached_tokens_details": {"device": cached - host, "host": host} if cached else None,
                     "output_token_logprobs": [[lp, t, None] for t in out] if body.get("return_logprob") else None}
             if not body.get("stream"):
                 return self._send(200, {"output_ids": out, "meta_info": meta})
@@ -127,8 +138,8 @@ def _standin(fault=None):
     return srv
 
 
-def _run(fault=None, **kw):
-    srv = _standin(fault)
+def _run(fault=None, hicache=False, **kw):
+    srv = _standin(fault, hicache)
     base = f"http://127.0.0.1:{srv.server_port}"
     try:
         args = dict(requests=60, concurrency=8, min_len=10, max_len=2000, output_len=40, shared_frac=1 / 3,
@@ -364,3 +375,25 @@ def test_the_docs_table_reads_every_value_from_the_run(tmp_path):
     assert rows["of them sampled / long outputs / with log-probabilities / behind a shared prefix"] == (
         f"{k['sampled']} / {k['long']} / {k['logprob']} / {k['shared_prefix']}",)
     assert rows["KV pool before the load (after /flush_cache)"] == rows["KV pool after the load (after /flush_cache)"]
+    cache = run["load"]["cache"]
+    assert rows["prefix tokens from the cache / of them loaded back from host memory (requests)"] == (
+        f"{cache['prefix_tokens']:,} / {cache['from_host']:,} ({cache['requests_from_host']})",)
+    assert rows["finished requests SGLang had retracted"] == (cache["requests_retracted"],)
+
+
+def test_hicache_reload_is_counted_and_a_hicache_server_that_never_reloads_fails():
+    """On a server that says it runs HiCache, the load sums SGLang's ``cached_tokens_details`` host tokens and the
+    check passes only when some prefix came back from host memory; a server without HiCache gets no such row."""
+    check = "HiCache exercised: prefix tokens evicted to host memory and loaded back"
+    run = _run(hicache=True, shared_frac=1.0, disconnect_frac=0.0, abort_frac=0.0)
+    results = [r for r in run["load"]["results"] if r["outcome"] == "completed"]
+    cache = run["load"]["cache"]
+    assert cache["from_host"] == sum(r["cached_host"] for r in results) > 0
+    assert cache["requests_from_host"] == sum(1 for r in results if r["cached_host"]) == cache["from_host"] // 64
+    assert cache["prefix_tokens"] == sum(r["cached"] for r in results) >= cache["from_host"]
+    assert cache["requests_retracted"] == sum(1 for r in results if r["retractions"]) > 0
+    assert _ok(soak.checks(run))[check] is True
+    assert _ok(soak.checks(_run("no_reload", hicache=True, shared_frac=1.0)))[check] is False
+    assert check not in _ok(soak.checks(_run(shared_frac=1.0)))
+    assert soak.hicache_on({"launch_command": "python -m sglang.launch_server --enable-hierarchical-cache"})
+    assert not soak.hicache_on({"memory": {"enable_hierarchical_cache": False}, "launch_command": "x"})
