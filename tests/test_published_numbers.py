@@ -1203,61 +1203,101 @@ def test_user_guide_real_scale_oracle_run_and_topk_probe_are_the_raw_files():
     assert f"({at_128k[0]:,} to {at_128k[-1]:,} of 2,048 entries in a row of 131,072)" in text
 
 
-def _soak_files(name: str) -> tuple[dict, dict]:
-    """The runs and checks (by check name) per format in a committed soak tarball."""
+def _soak_names(arm: str) -> tuple[str, str, str]:
+    """A soak arm's run, checks and server log as scripts/sglang_gpu_check.sh names them: ``fp4`` ->
+    ``soak_fp4.json``, ``soak_checks_fp4.json``, ``soak_server_fp4.log.gz``; ``hicache_fp4`` -> ``soak_hicache_...``."""
+    tag, _, fmt = ("soak_" + arm).rpartition("_")
+    return f"{tag}_{fmt}.json", f"{tag}_checks_{fmt}.json", f"{tag}_server_{fmt}.log.gz"
+
+
+def _soak_files(name: str, arms: tuple[str, ...] = ("fp4", "fp8")) -> tuple[dict, dict]:
+    """The runs and checks (by check name) per arm (``_soak_names``) in a committed soak tarball."""
     import io
     import tarfile
 
     with tarfile.open(RESULTS / name) as tar:
         read = lambda n: json.load(io.TextIOWrapper(tar.extractfile(f"./{n}")))  # noqa: E731
-        runs = {f: read(f"soak_{f}.json") for f in ("fp4", "fp8")}
-        checks = {f: {c["check"]: c for c in read(f"soak_checks_{f}.json")} for f in ("fp4", "fp8")}
+        runs = {f: read(_soak_names(f)[0]) for f in arms}
+        checks = {f: {c["check"]: c for c in read(_soak_names(f)[1])} for f in arms}
     return runs, checks
 
 
+_SOAK_NEW = "sglang_soak_tiny_fp4_hicache_h100_2026-12-07.tar.gz"
+_SOAK_RETRACT = "sglang_soak_tiny_retract_h100_2026-12-07.tar.gz"
+
+
+def _soak_published() -> tuple[dict, dict]:
+    """The published soak's servers: FP8 (the retraction run), FP4 and FP4 with HiCache (the rerun)."""
+    old_runs, old_checks = _soak_files(_SOAK_RETRACT)
+    runs, checks = _soak_files(_SOAK_NEW, ("fp4", "hicache_fp4"))
+    return {"fp8": old_runs["fp8"], **runs}, {"fp8": old_checks["fp8"], **checks}
+
+
 def test_user_guide_soak_run_is_the_raw_files():
-    """The soak with retractions as the user guide and README tell it: per format the requests sent, completed,
-    disconnected and aborted, the seconds of load, retractions, no server error, the pool back to full, the sampled
-    rows and worst oracle margins, the one check FP4 failed, and that every request aborted unasked has as its rid's
-    prefix the rid of one the load aborted (SGLang's prefix match, the explanation the docs give)."""
-    runs, checks = _soak_files("sglang_soak_tiny_retract_h100_2026-12-07.tar.gz")
+    """The soak as the user guide and README tell it: per server the requests sent, completed, disconnected and
+    aborted, the seconds of load, retractions, no server error, the pool back to full, the sampled rows and worst
+    oracle margins, HiCache's reloaded prefix tokens, every check passed; and the earlier FP4 run's one failed check,
+    whose every request aborted unasked has as its rid's prefix the rid of one the load aborted (SGLang's prefix
+    match, the explanation the docs give)."""
+    runs, checks = _soak_published()
     text = _flat(_page("docs/user-guide.md"))
     c = {f: runs[f]["load"]["counts"] for f in runs}
     sent = {f: sum(v for k, v in c[f].items() if k != "not sent (time limit)") for f in c}
     secs = {f: runs[f]["load"]["seconds"] for f in runs}
     assert all(c[f].get("error", 0) == 0 for f in c)
-    assert (f"{sent['fp4']:,} (FP4) and {sent['fp8']:,} (FP8) requests sent in {secs['fp4']:.0f} s and "
-            f"{secs['fp8']:.0f} s, {c['fp4']['completed']:,} and {c['fp8']['completed']:,} completed, "
-            f"{c['fp4']['disconnected']} and {c['fp8']['disconnected']} disconnected by their clients, "
-            f"{c['fp4']['aborted']} and {c['fp8']['aborted']} aborted, no server error") in text
+    assert (f"{sent['fp8']:,} (FP8) and {sent['fp4']:,} (FP4) requests sent in {secs['fp8']:.0f} s and "
+            f"{secs['fp4']:.0f} s, {c['fp8']['completed']:,} and {c['fp4']['completed']:,} completed, "
+            f"{c['fp8']['disconnected']} and {c['fp4']['disconnected']} disconnected by their clients, "
+            f"{c['fp8']['aborted']} and {c['fp4']['aborted']} aborted, no server error") in text
     oracle = "sampled rows = fp64 oracle top-k on the server's pages (within the bound)"
     retract = "retraction exercised: SGLang retracted decode requests"
+    hicache = "HiCache exercised: prefix tokens evicted to host memory and loaded back"
     got = {}
     for f in checks:
         assert all(p["free_tokens"] == p["max_total_num_tokens"] == 262144
                    for p in (runs[f]["pool_before"], runs[f]["pool_after"]))
-        assert checks[f][retract]["ok"] and checks[f][retract]["detail"] == "2 requests in 2 retractions"
+        assert checks[f][retract]["ok"] and runs[f]["load"]["unasked_aborts"] == 0
         d = checks[f][oracle]["detail"]
         got[f] = (sum(int(n) for n in re.findall(r"(\d+) rows, 0 failed", d)),
                   f"{float(d.rsplit('worst margin ', 1)[1].split(';')[0]):.2f}")
-        assert checks[f][oracle]["ok"] and len(re.findall(r"0 failed", d)) == 3 and len(checks[f]) == 16
-    failed = {f: sorted(k for k, v in checks[f].items() if not v["ok"]) for f in checks}
+        assert checks[f][oracle]["ok"] and len(re.findall(r"0 failed", d)) == 3
+        assert all(v["ok"] for v in checks[f].values()), f
+    assert {f: len(checks[f]) for f in checks} == {"fp8": 16, "fp4": 16, "hicache_fp4": 17}
+    assert (hicache in checks["hicache_fp4"]) and all(hicache not in checks[f] for f in ("fp8", "fp4"))
+    assert "(16, and 17 with HiCache)" in text
+    assert (f"(FP8: {got['fp8'][0]:,} rows, FP4: {got['fp4'][0]:,}, of the three modes; worst margins "
+            f"{got['fp8'][1]} and {got['fp4'][1]})") in text
+    h, hc = runs["hicache_fp4"]["load"], runs["hicache_fp4"]["load"]["cache"]
+    assert (f"{sent['hicache_fp4']:,} requests sent, {h['counts']['completed']:,} completed, "
+            f"{hc['from_host']:,} prefix tokens loaded back from host memory for {hc['requests_from_host']} of them"
+            ) in text
+    assert (f"({got['hicache_fp4'][0]:,} oracle rows, worst margin {got['hicache_fp4'][1]})") in text
+    assert checks["hicache_fp4"][hicache]["detail"] == (
+        f"{hc['from_host']} tokens loaded back for {hc['requests_from_host']} requests")
+    stages = (RESULTS / _SOAK_NEW.replace(".tar.gz", ".txt")).read_text()
+    assert "soak_fp4 server ready after 233 s" in _tar_text(_SOAK_NEW, "stages.txt")
+    assert "soak_hicache_fp4 server ready after 96 s" in _tar_text(_SOAK_NEW, "stages.txt")
+    assert "soak_fp4 rc=0 270 s" in _tar_text(_SOAK_NEW, "stages.txt") and "(that call took 106 s)" in stages
+    assert ("a server's start took 96 s once SGLang's and DeepGEMM's JIT kernels were compiled and 233 s on a "
+            "fresh machine, which compiles them; the FP4 load 270 s and its checks 106 s") in text
+    readme = _flat(_page("README.md"))
+    assert (f"{sent['fp8']:,} (FP8) and {sent['fp4']:,} (FP4) streamed requests with disconnecting and aborted "
+            f"clients, and {sent['hicache_fp4']} more to an FP4 server with HiCache ({hc['from_host']:,} prefix tokens "
+            "evicted to host memory and loaded back), gave no server error") in readme
+    # The earlier FP4 run beside the FP8 one: its one failed check, the load's rids.
+    old, old_checks = _soak_files(_SOAK_RETRACT)
+    failed = {f: sorted(k for k, v in old_checks[f].items() if not v["ok"]) for f in old_checks}
     assert failed == {"fp4": ["no request aborted by the server that its client did not abort"], "fp8": []}
-    assert "retracted decode requests under both servers (2 each)" in text
-    assert (f"(FP4: {got['fp4'][0]:,} rows, FP8: {got['fp8'][0]:,}, of the three modes; worst margins "
-            f"{got['fp4'][1]} and {got['fp8'][1]})") in text
-    assert "FP8 passed all 16 checks, FP4 15: 6 of its requests were aborted unasked" in text
-    results = runs["fp4"]["load"]["results"]
+    results = old["fp4"]["load"]["results"]
     asked = [i for i, r in enumerate(results) if r and r.get("abort_asked")]
     unasked = [i for i, r in enumerate(results) if r and r["outcome"] == "aborted" and not r.get("abort_asked")]
-    assert len(unasked) == runs["fp4"]["load"]["unasked_aborts"] == 6
+    assert len(unasked) == old["fp4"]["load"]["unasked_aborts"] == 6
     assert all(any(str(i).startswith(str(j)) and i != j for j in asked) for i in unasked)
     assert min(unasked) == 21 and max(unasked) == 29 and 2 in asked
     assert "(`soak-0-21` ... `soak-0-29` after `soak-0-2`)" in text
-    readme = _flat(_page("README.md"))
-    assert (f"{sent['fp4']:,} (FP4) and {sent['fp8']:,} (FP8) streamed requests with disconnecting and aborted "
-            "clients gave no server error") in readme
-    assert "FP8 passed its 16 checks, FP4 15: 6 of its requests were aborted by the load's own rids" in readme
+    assert "6 of its requests were aborted unasked" in text
+    # The rerun's rids: all of one width, so none is another's prefix (soak.py's own rule, and the docs' example).
+    assert len(runs["fp4"]["load"]["results"]) == 3000 and "(`soak-0-0002`)" in _flat(_page("docs/benchmarks.md"))
     first, _ = _soak_files("sglang_soak_tiny_h100_2026-12-06.tar.gz")
     c = {f: first[f]["load"]["counts"] for f in first}
     assert all(sum(c[f].values()) == 3000 for f in c)
@@ -1265,26 +1305,38 @@ def test_user_guide_soak_run_is_the_raw_files():
             "completed, no server error, the pool back to full") in text
 
 
+def _tar_text(name: str, member: str) -> str:
+    """One text member of a committed tarball."""
+    import tarfile
+
+    with tarfile.open(RESULTS / name) as tar:
+        return tar.extractfile(f"./{member}").read().decode()
+
+
 def test_benchmarks_soak_table_is_rebuilt_from_the_raw_files(tmp_path):
     """The soak's table in docs/benchmarks.md equals scripts/soak.py's table rebuilt from the runs, checks and
-    server logs in the committed tarball."""
+    server logs in the committed tarballs (FP8 from the retraction run, FP4 and FP4 with HiCache from the rerun)."""
     import importlib.util
     import tarfile
 
-    with tarfile.open(RESULTS / "sglang_soak_tiny_retract_h100_2026-12-07.tar.gz") as tar:
-        tar.extractall(tmp_path, filter="data")
+    for name, sub in ((_SOAK_RETRACT, "old"), (_SOAK_NEW, "new")):
+        with tarfile.open(RESULTS / name) as tar:
+            tar.extractall(tmp_path / sub, filter="data")
     spec = importlib.util.spec_from_file_location("soak_for_table", REPO / "scripts" / "soak.py")
     soak = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(soak)
-    arms = {"FP4": "fp4", "FP8": "fp8"}
-    runs = {a: json.loads((tmp_path / f"soak_{f}.json").read_text()) for a, f in arms.items()}
-    checks = {a: json.loads((tmp_path / f"soak_checks_{f}.json").read_text()) for a, f in arms.items()}
-    logs = {a: gzip.open(tmp_path / f"soak_server_{f}.log.gz", "rt", errors="replace").read() for a, f in arms.items()}
-    lines = ["| | FP4 | FP8 |", "| --- | --- | --- |"] + [
+    arms = {"FP4": ("new", "fp4"), "FP8": ("old", "fp8"), "FP4 with HiCache": ("new", "hicache_fp4")}
+    runs = {a: json.loads((tmp_path / d / _soak_names(f)[0]).read_text()) for a, (d, f) in arms.items()}
+    checks = {a: json.loads((tmp_path / d / _soak_names(f)[1]).read_text()) for a, (d, f) in arms.items()}
+    logs = {a: gzip.open(tmp_path / d / _soak_names(f)[2], "rt", errors="replace").read()
+            for a, (d, f) in arms.items()}
+    lines = ["| | FP4 | FP8 | FP4 with HiCache |", "| --- | --- | --- | --- |"] + [
         f"| {label} | " + " | ".join(str(v) for v in vals) + " |" for label, vals in soak.summary_rows(runs, logs, checks)]
     page = _page("docs/benchmarks.md")
     assert "\n".join(lines) in page
-    assert "`benchmarks/results/sglang_soak_tiny_retract_h100_2026-12-07.tar.gz`" in page
+    assert "\n".join(lines) in (RESULTS / _SOAK_NEW.replace(".tar.gz", ".txt")).read_text()
+    for name in (_SOAK_NEW, _SOAK_RETRACT):
+        assert f"`benchmarks/results/{name}`" in page
 
 
 _MC = ("bench_h100_sm90_multicast_n4n2_2026-12-06.json", "bench_h100_sm90_multicast_shapes_2026-12-06.json",
