@@ -23,7 +23,8 @@
 #   bash scripts/sglang_gpu_check.sh hicache   # the radix cache's prefix reuse and HiCache's eviction and reload, FP4
 #                                              # then FP8, on the tiny model (scripts/hicache_radix_gpu.py)
 #   bash scripts/sglang_gpu_check.sh soak      # thousands of requests that disconnect, abort and retract, FP4 then
-#                                              # FP8, with the checks of scripts/soak.py (tiny model, MTP on)
+#                                              # FP8, with the checks of scripts/soak.py (tiny model, MTP on);
+#                                              # soak-check: the checks of loads run with SOAK_CHECK=0
 #   bash scripts/sglang_gpu_check.sh ab        # `sglang-fp4-indexer ab` end to end (both arms, both orders) on the
 #                                              # tiny model with MTP (AB_SIZE=v32-layers: the real-size layers)
 #   bash scripts/sglang_gpu_check.sh topk      # SGLang's decode and verify top-k kernels against the exact top-k at
@@ -173,6 +174,15 @@ stage_or_bisect() {  # name limit out command...
 # A sample of top-k traces' records into ONE tarball under $OUT (what comes back from a call: at most 8 files of 16 MB),
 # each trace folder's records in the order they were written, those that fit 14 MB together (a record larger than
 # what is left is skipped, not the rest): the rows behind a failed check, to read here.
+soak_check() {  # tag fmt: scripts/soak.py check on the load $OUTDIR/<tag>_<fmt>.json, its server log and its trace
+  local tag=$1 fmt=$2
+  "$PY" scripts/soak.py check "$OUTDIR/${tag}_$fmt.json" --log "$WORK/logs/${tag}_server_$fmt.log" \
+    --trace "$WORK/trace_${tag}_$fmt" --draft-tokens 4 --json "$OUTDIR/${tag}_checks_$fmt.json" >>"$OUTDIR/table.txt" 2>&1 \
+    || { echo "${tag} $fmt: a check failed (table.txt)"; pack_trace "$OUTDIR/trace_${tag}_$fmt.tar.gz" "$WORK/trace_${tag}_$fmt"; }
+  cp "$OUTDIR/${tag}_checks_$fmt.json" "$WORK/soak/" 2>/dev/null
+  gzip -c "$WORK/logs/${tag}_server_$fmt.log" >"$OUTDIR/${tag}_server_$fmt.log.gz" 2>/dev/null
+}
+
 pack_trace() {  # out-file trace-dir...
   local out=$1 list total=0 size f d
   shift
@@ -465,6 +475,7 @@ case "$STEP" in
     # retracts tests nothing of that path). Retraction then happens only under load: the probes, sent to an idle
     # server, are not retracted, so their outputs stay comparable.
     # SOAK_SIZE=v32-layers: DeepSeek-V3.2's real-size layers (3 of them) instead of the tiny model, for a shorter run.
+    # SOAK_CHECK=0: the loads only; the soak-check step then runs their checks (a call of its own on the same machine).
     # SOAK_SAMPLED_FRAC (default 0): the fraction of the load sampled at temperature 0.8. A batch mixing sampled and
     # greedy requests takes FlashInfer's top_k_renorm_prob from its Python package, which this runtime lacks (it
     # carries FlashInfer's headers only): at 0.2 the FP4 server of the first such run stopped there, 12 s into the load.
@@ -505,10 +516,21 @@ case "$STEP" in
         --sampled-frac "${SOAK_SAMPLED_FRAC:-0}"
       kill $spid 2>/dev/null; wait $spid 2>/dev/null
       echo "## ${tag} ${fmt}: $([ -s "$OUTDIR/${tag}_$fmt.json" ] && echo load written || echo no load)" >>"$OUTDIR/table.txt"
-      "$PY" scripts/soak.py check "$OUTDIR/${tag}_$fmt.json" --log "$log" --trace "$WORK/trace_${tag}_$fmt" \
-        --draft-tokens 4 --json "$OUTDIR/${tag}_checks_$fmt.json" >>"$OUTDIR/table.txt" 2>&1 \
-        || { echo "${tag} $fmt: a check failed (table.txt)"; pack_trace "$OUTDIR/trace_${tag}_$fmt.tar.gz" "$WORK/trace_${tag}_$fmt"; }
+      mkdir -p "$WORK/soak"; cp "$OUTDIR/${tag}_$fmt.json" "$WORK/soak/" 2>/dev/null
+      [ "${SOAK_CHECK:-1}" = 1 ] && soak_check "$tag" "$fmt"
     done  # the server logs come back in logs.tar.gz
+    ;;
+  soak-check)
+    # The checks of every soak load this machine ran whose checks have not run (SOAK_CHECK=0 on the soak step
+    # leaves them for this step: on a fresh machine the first server's start compiles SGLang's JIT kernels for
+    # about 4 minutes, and a load with its checks then passes the device's 600 s per command).
+    for run in "$WORK"/soak/*.json; do
+      [ -f "$run" ] || { echo "soak-check: no soak load on this machine"; break; }
+      b=$(basename "$run" .json); tag=${b%_*}; fmt=${b##*_}
+      case "$tag" in *_checks) continue ;; esac
+      [ -f "$WORK/soak/${tag}_checks_$fmt.json" ] && continue
+      cp "$run" "$OUTDIR/"; soak_check "$tag" "$fmt"
+    done
     ;;
   ab)
     # `sglang-fp4-indexer ab` end to end, as a deployer runs it, on AB_SIZE (default tiny; v32-layers: the real-size
