@@ -99,7 +99,8 @@ def launched_server(cmd: list[str], port: int, log_path: str, ready_timeout: flo
     (``http://127.0.0.1:PORT``) once ``/health`` answers 200, and terminate it on leaving.
 
     Raises:
-        RuntimeError: the server exits, or ``/health`` does not answer within ``ready_timeout`` seconds.
+        RuntimeError: the server exits (with the last error line of its log, ``client_error``), or ``/health``
+            does not answer within ``ready_timeout`` seconds.
     """
     import urllib.request
 
@@ -110,7 +111,10 @@ def launched_server(cmd: list[str], port: int, log_path: str, ready_timeout: flo
             deadline = time.time() + ready_timeout
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"launch_server exited with {proc.returncode} (log: {log_path})")
+                    log.flush()
+                    with open(log_path, errors="replace") as f:
+                        why = client_error(f.read())
+                    raise RuntimeError(f"launch_server exited with {proc.returncode}: {why} (log: {log_path})")
                 try:
                     with urllib.request.urlopen(base + "/health", timeout=2) as r:
                         if r.status == 200:
@@ -282,6 +286,8 @@ def gpu_description(run=subprocess.run) -> dict:
     try:
         p = run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader,nounits"],
                 capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return {"error": "nvidia-smi not found: no NVIDIA driver on this machine"}
     except (OSError, subprocess.SubprocessError) as e:
         return {"error": f"nvidia-smi: {type(e).__name__}: {e}"}
     if p.returncode != 0:

@@ -165,8 +165,14 @@ def test_passkey_prompts_place_the_key_at_each_depth():
     (["--out", "d", "--fp8-url", "http://127.0.0.1:1"], "--fp8-url: give both --fp8-url and --fp4-url"),
     (["--out", "d", "--fp8-url", "127.0.0.1:1", "--fp4-url", "http://127.0.0.1:2"], "--fp8-url: expected http://"),
     (["--out", "d"], "model: give the model path"),
-    (["/m", "--out", "d", "--gsm8k-data", "/nonexistent.jsonl"], "--gsm8k-data: no such file"),
+    (["/m", "--out", "d", "--gsm8k-data", "/nonexistent.jsonl"], "--gsm8k-data: cannot read /nonexistent.jsonl"),
     (["--out", "d", "--config", "/nonexistent.yaml"], "--config: cannot read"),
+    (["--out", "d", "--fp8-url", "http://h:1/v1", "--fp4-url", "http://h:2"], "--fp8-url: expected http://HOST:PORT (no path)"),
+    (["--out", "d", "--fp8-url", "https://h:1", "--fp4-url", "http://h:2"], "--fp8-url: expected http://HOST:PORT (no path)"),
+    (["--out", "d", "--fp8-url", "http://h:1", "--fp4-url", "http://h:2", "--port", "1234"],
+     "--port: sets the launched servers' port; with --fp8-url/--fp4-url the URLs name the servers' ports"),
+    (["/no/such/DeepSeek-V3.2", "--out", "d"], "model: no folder /no/such/DeepSeek-V3.2 on this machine"),
+    (["/m", "--out", "d", "--", "--no-enable-fp4-indexer"], "server flags: --no-enable-fp4-indexer is the A/B's own switch"),
 ])
 def test_bad_options_name_the_option(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -307,7 +313,16 @@ def test_two_running_servers_and_resume(tmp_path, capsys):
     out = tmp_path / "ab"
     try:
         u8, u4 = (f"http://127.0.0.1:{s.server_port}" for s in (srv8, srv4))
-        argv = ["ab", "--out", str(out), "--fp8-url", u8, "--fp4-url", u4, "--input-lens", "2048",
+        # The stand-ins' model path (/models/v32) is not on this machine: without MODEL or --tokenizer the serving
+        # benchmark could not load the tokenizer, and the command says so before anything runs.
+        argv = ["ab", "--out", str(out), "--fp8-url", u8, "--fp4-url", u4]
+        assert command.main(build_parser().parse_args(argv), run=_recorded_bench_client([])) == 1
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            "sglang-fp4-indexer ab: not run: --tokenizer: SGLang's serving benchmark loads the tokenizer from the "
+            "servers' model path /models/v32, which this machine does not have; give MODEL or --tokenizer (a folder "
+            "with the checkpoint's tokenizer files)")
+        assert not out.exists()
+        argv = ["ab", "--out", str(out), "--fp8-url", u8, "--fp4-url", u4, "--tokenizer", str(tmp_path), "--input-lens", "2048",
                 "--output-len", "256", "--concurrency", "4", "--passkey-lengths", "1000,3000",
                 "--passkey-depths", "0.1,0.5,0.9", "--passkey-trials", "2"]
         calls = []
@@ -319,6 +334,7 @@ def test_two_running_servers_and_resume(tmp_path, capsys):
         assert (s8["generate"], s4["generate"]) == (14, 12)
         # the deployer's shape, then the KV-limited load: twice what FP8's pool holds at 2048 + 256 tokens
         assert [c[c.index("--max-concurrency") + 1] for c in calls] == ["4", str(2 * (379968 // 2304))] * 2
+        assert all(c[c.index("--tokenizer") + 1] == str(tmp_path) for c in calls)
         report = json.loads((out / "report.json").read_text())
         assert report["capacity"]["fp8-first"] == {"fp8": 379968, "fp4": 413568,
                                                    "fp4_gain": pytest.approx(413568 / 379968 - 1)}
@@ -334,6 +350,7 @@ def test_two_running_servers_and_resume(tmp_path, capsys):
         printed = capsys.readouterr().out
         assert f"2048 in / 256 out, {2 * (379968 // 2304)} at a time, the KV-limited load" in printed
         assert "passkey retrieval (12 items): FP8 100.0 ± 0.0 %, FP4 66.7 ± 13.6 %" in printed
+        assert printed.startswith("environment of this client (the servers given by URL may run elsewhere): ")
 
         # Resume: both arms kept, nothing is asked again.
         calls.clear()
@@ -464,8 +481,10 @@ def test_no_gpu_and_no_server_are_one_line_before_anything_is_written(tmp_path, 
     finally:
         srv.shutdown()
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"sglang-fp4-indexer ab: not run: --fp4-url: no SGLang server "
-                                               f"answers at http://127.0.0.1:{port} (/server_info: ")
+    # No MODEL: one warning that the plugin's check is not run, then the one line that says why nothing runs.
+    assert len(err) == 2 and err[0].startswith("sglang-fp4-indexer ab: warning: no MODEL given, so the plugin's check")
+    assert err[1].startswith(f"sglang-fp4-indexer ab: not run: --fp4-url: no SGLang server "
+                             f"answers at http://127.0.0.1:{port} (/server_info: ")
     assert not out.exists()
 
 
@@ -486,8 +505,9 @@ def test_clients_that_do_not_import_are_one_line_before_anything_is_written(tmp_
 
     out = tmp_path / "o"
     data = tmp_path / "gsm8k.jsonl"
-    data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
-    assert command.main(_ab_args(_v32_folder(tmp_path), "--out", str(out), "--gsm8k-data", str(data)),
+    data.write_text("".join(json.dumps({"question": f"{i}+1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(5)))
+    assert command.main(_ab_args(_v32_folder(tmp_path), "--out", str(out), "--gsm8k-data", str(data),
+                                 "--gsm8k-questions", "5"),
                         read_sglang=None, gpus=lambda: {"name": "GPU", "count": 1}, run=run) == 1
     assert asked == [[sys.executable, "-c", "import sglang.benchmark.serving; import sglang.test.few_shot_gsm8k"]]
     assert capsys.readouterr().err.strip().splitlines() == [
@@ -634,3 +654,85 @@ def test_kept_results_with_wrong_values_are_named(tmp_path):
         path.write_text(json.dumps(dict(good, **change)))
         with pytest.raises(ValueError, match=f"is not a finished arm's result \\({why}"):
             read_result(str(path))
+
+
+def test_a_gsm8k_file_that_is_not_gsm8k_is_named_before_any_server(tmp_path, capsys):
+    """--gsm8k-data is read before anything starts: a line that is not a question-and-answer object, or fewer
+    lines than the questions asked (or than SGLang's 5 few-shot examples), is one line naming the option (exit 2)."""
+    good = "".join(json.dumps({"question": f"{i}?", "answer": f"#### {i}"}) + "\n" for i in range(6))
+    cases = [(good + "not json\n", "7", "--gsm8k-data: line 7 of"),
+             (good.replace('"answer"', '"solution"', 1), "3", "--gsm8k-data: line 1 of"),
+             (good, "200", "holds 6 questions; --gsm8k-questions 200 (and SGLang's 5 few-shot examples) need 200"),
+             (good.splitlines(keepends=True)[0], "1", "holds 1 questions; --gsm8k-questions 1 (and SGLang's 5 "
+                                                       "few-shot examples) need 5")]
+    for i, (text, questions, message) in enumerate(cases):
+        data = tmp_path / f"g{i}.jsonl"
+        data.write_text(text)
+        with pytest.raises(SystemExit) as e:
+            cli_main(["ab", _v32_folder(tmp_path), "--out", str(tmp_path / "o"), "--gsm8k-data", str(data),
+                      "--gsm8k-questions", questions])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and message in err[0], (i, err)
+    assert not (tmp_path / "o").exists()
+
+
+def test_fewer_gpus_than_the_flags_take_is_one_line(tmp_path, capsys):
+    """--tp-size x --pp-size (or the config's tp-size) GPUs per server, against what nvidia-smi lists."""
+    from sglang_fp4_indexer.ab import command
+
+    one = lambda: {"name": "NVIDIA H100 80GB HBM3", "driver": "580", "count": 1}  # noqa: E731
+    assert command._no_gpu(["--tp-size", "8"], one) == (
+        "--tp-size 8 takes 8 GPUs per server; nvidia-smi lists 1 on this machine (NVIDIA H100 80GB HBM3)")
+    assert command._no_gpu(["--tp-size=4", "--pp-size", "2"], one).startswith("--tp-size 4 x --pp-size 2 takes 8 GPUs")
+    assert command._no_gpu([], one, {"tp-size": 8}).startswith("tp-size 8 in --config takes 8 GPUs")
+    assert command._no_gpu(["--tp-size", "1"], one, {"tp-size": 8}) is None  # the flags win
+    assert command._no_gpu(["--tp-size", "8"], lambda: {"name": "H200", "count": 8}) is None
+    from sglang_fp4_indexer.sglang_plugin.check_facts import read_sglang_facts
+
+    out = tmp_path / "o"
+    assert command.main(_ab_args(_v32_folder(tmp_path), "--out", str(out), "--", "--tp-size", "8"),
+                        read_sglang=read_sglang_facts, gpus=one) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "sglang-fp4-indexer ab: not run: --tp-size 8 takes 8 GPUs per server; nvidia-smi lists 1 on this machine "
+        "(NVIDIA H100 80GB HBM3)")
+    assert not out.exists()
+
+
+def test_a_server_that_exits_at_start_is_named_with_its_error_line(tmp_path):
+    """launched_server quotes the last error line of the server's log (a real child process that exits)."""
+    from sglang_fp4_indexer.serving import gpu_description, launched_server
+
+    cmd = [sys.executable, "-c", "import sys; print('loading ...'); print('RuntimeError: CUDA out of memory'); "
+                                 "print('done'); sys.exit(3)"]
+    log = tmp_path / "server.log"
+    with pytest.raises(RuntimeError) as e:
+        with launched_server(cmd, 9, str(log), 30):
+            pytest.fail("the server never answered")
+    assert str(e.value) == f"launch_server exited with 3: RuntimeError: CUDA out of memory (log: {log})"
+
+    def no_smi(cmd, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", "nvidia-smi")
+
+    assert gpu_description(run=no_smi) == {"error": "nvidia-smi not found: no NVIDIA driver on this machine"}
+
+
+def test_the_user_guides_ab_commands_parse_as_written():
+    """Every `sglang-fp4-indexer ab` command of the user guide's "Validate on your deployment" parses with the
+    command's own parser (the config path command substituted by what it prints)."""
+    import re
+    import shlex
+
+    from sglang_fp4_indexer.cli import build_parser
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "user-guide.md").read_text()
+    section = guide.split("## Validate on your deployment", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.replace("\\\n", " ") for b in re.findall(r"```bash\n(.*?)```", section, re.S)]
+    commands = [ln for b in blocks for ln in b.splitlines() if ln.startswith("sglang-fp4-indexer ab ")]
+    commands += re.findall(r"`(sglang-fp4-indexer ab [^`]*)`", section)
+    assert len(commands) >= 2
+    for line in commands:
+        line = line.replace('"$(sglang-fp4-indexer docs --config deepseek-v3.2)"', "configs/deepseek-v3.2.yaml")
+        argv = shlex.split(line)[1:]
+        tail = argv[argv.index("--") + 1:] if "--" in argv else []
+        args = build_parser().parse_args(argv[:len(argv) - len(tail) - (1 if tail else 0)])
+        assert args.command == "ab" and args.out, line

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from typing import Callable
+from urllib.parse import urlsplit
 
 from ..argtypes import integer, int_list
 from ..serving import (bench_serving_command, client_error, get_json, gpu_description, kv_pool_tokens,
@@ -27,6 +28,10 @@ from .report import AB_FIELDS, ARMS, build_report, plot_report, report_text
 
 __all__ = ["ORDERS", "add_arguments", "main", "parse_orders", "parse_depths", "dummy_weights"]
 
+#: The launched servers' port where ``--port`` is not given.
+DEFAULT_PORT = 30741
+#: Few-shot examples SGLang's ``few_shot_gsm8k`` puts before each question (its first lines; ``quality.gsm8k_command``).
+GSM8K_SHOTS = 5
 #: The run orders: which arm's server starts first.
 ORDERS = {"fp8-first": ("fp8", "fp4"), "fp4-first": ("fp4", "fp8")}
 #: What a kept arm's ``result.json`` holds (``run_arms`` writes it): the keys and their types.
@@ -111,8 +116,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the key sits in the prompt, as fractions (default 0.1,0.5,0.9)")
     parser.add_argument("--passkey-trials", type=integer(1), default=4, metavar="N",
                         help="prompts per length and depth, each with its own key (default 4)")
-    parser.add_argument("--port", type=integer(1, 65535), default=30741,
-                        help="port of the launched servers on 127.0.0.1 (default 30741)")
+    parser.add_argument("--tokenizer", metavar="PATH", default=None,
+                        help="the tokenizer SGLang's serving benchmark loads (a folder with the checkpoint's "
+                             "tokenizer files, or a Hugging Face name); default MODEL, else the servers' model path")
+    parser.add_argument("--port", type=integer(1, 65535), default=None,
+                        help=f"port of the launched servers on 127.0.0.1 (default {DEFAULT_PORT}; launch mode only)")
     parser.add_argument("--ready-timeout", type=integer(1), default=3600, metavar="S",
                         help="seconds a launched server may take to answer /health (default 3600)")
 
@@ -175,18 +183,24 @@ def _validate(args: argparse.Namespace) -> tuple[str, dict]:
         raise ValueError(f"{given}: give both --fp8-url and --fp4-url (two running servers), or neither")
     if args.fp8_url:
         for name in ("fp8_url", "fp4_url"):
+            url = getattr(args, name)
             try:
-                quality._host_port(getattr(args, name))
+                quality._host_port(url)
+                ok = url.startswith("http://") and urlsplit(url).path in ("", "/")
             except ValueError:
-                raise ValueError(f"--{name.replace('_', '-')}: expected http://HOST:PORT, got "
-                                 f"{getattr(args, name)!r}") from None
+                ok = False
+            if not ok:  # SGLang's GSM8K client takes a host and port and speaks plain HTTP
+                raise ValueError(f"--{name.replace('_', '-')}: expected http://HOST:PORT (no path), got {url!r}")
+        if args.port is not None:
+            raise ValueError("--port: sets the launched servers' port; with --fp8-url/--fp4-url the URLs name the "
+                             "servers' ports, drop it")
         if args.orders != ["fp8-first"]:
             raise ValueError("--orders: with --fp8-url/--fp4-url both servers run already; no order to choose")
         if args.fp8_url.rstrip("/") == args.fp4_url.rstrip("/"):
             raise ValueError(f"--fp4-url: {args.fp4_url} is --fp8-url's server too; give the URL of the server "
                              "launched with --enable-fp4-indexer")
-    if args.gsm8k_data is not None and not os.path.isfile(args.gsm8k_data):
-        raise ValueError(f"--gsm8k-data: no such file {args.gsm8k_data}")
+    if args.gsm8k_data is not None:
+        _check_gsm8k(args.gsm8k_data, args.gsm8k_questions)
     if not args.out or (os.path.exists(args.out) and not os.path.isdir(args.out)):
         raise ValueError(f"--out: expected a folder (new or of an earlier run), got {args.out!r}")
     for path in _config_paths(args)[1 if args.config else 0:]:
@@ -195,14 +209,46 @@ def _validate(args: argparse.Namespace) -> tuple[str, dict]:
         return "urls", config
     if args.model is None and not (config.get("model-path") or config.get("model_path")):
         raise ValueError("model: give the model path (or --config with model-path, or --fp8-url and --fp4-url)")
-    launch_command(args.model, args.port, list(args.server_flags), fp4=False)  # flags the command sets itself
+    launch_command(args.model, DEFAULT_PORT, list(args.server_flags), fp4=True)  # flags the command sets itself
     if any(f.split("=", 1)[0] in ("--model-path", "--model") for f in args.server_flags):
         raise ValueError("server flags: --model-path: give the model as ab's MODEL instead")
     if args.model is not None and (os.path.isfile(args.model) or (not os.path.exists(args.model)
                                                                   and "/" not in args.model)):
         raise ValueError(f"model: expected the checkpoint's folder or its Hugging Face name (ORG/NAME), as "
                          f"launch_server's --model-path takes it, got {args.model!r}")
+    if args.model is not None and not os.path.exists(args.model) and args.model.startswith(("/", ".", "~")):
+        raise ValueError(f"model: no folder {args.model} on this machine; give the checkpoint's folder (with its "
+                         "config.json), as launch_server's --model-path takes it")
     return "launch", config
+
+
+def _check_gsm8k(path: str, questions: int) -> None:
+    """``--gsm8k-data`` read before any server starts: JSON lines, each an object with ``question`` and ``answer``
+    strings (GSM8K's ``test.jsonl``), at least ``questions`` of them and at least ``GSM8K_SHOTS`` (SGLang's
+    few-shot GSM8K puts the first lines before every question).
+
+    Raises:
+        ValueError: naming ``--gsm8k-data`` (and ``--gsm8k-questions`` when the file holds fewer), the file and
+            the first line that is not such an object.
+    """
+    try:
+        with open(path, errors="replace") as f:
+            lines = [(i, ln) for i, ln in enumerate(f, 1) if ln.strip()]
+    except OSError as e:
+        raise ValueError(f"--gsm8k-data: cannot read {path} ({e.strerror})") from None
+    for i, ln in lines:
+        try:
+            obj = json.loads(ln)
+        except ValueError:
+            obj = None
+        if not (isinstance(obj, dict) and isinstance(obj.get("question"), str) and isinstance(obj.get("answer"), str)):
+            raise ValueError(f"--gsm8k-data: line {i} of {path} is not a JSON object with question and answer "
+                             "strings; expected GSM8K's test.jsonl (one such object per line)")
+    need = max(questions, GSM8K_SHOTS)
+    if len(lines) < need:
+        raise ValueError(f"--gsm8k-data: {path} holds {len(lines)} questions; --gsm8k-questions {questions} (and "
+                         f"SGLang's {GSM8K_SHOTS} few-shot examples) need {need}: give a smaller --gsm8k-questions "
+                         "or the whole test set")
 
 
 def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | None, str | None]:
@@ -246,19 +292,49 @@ def _ab_terms(text: str) -> str:
     return text.replace("--sglang-args", "the server flags after --").replace("as check's model", "as the model")
 
 
-def _no_gpu(flags: list[str], gpus: Callable[[], dict]) -> str | None:
-    """Why the servers cannot start on this machine (no NVIDIA GPU that ``nvidia-smi`` lists), or None; None
-    also when the flags ask SGLang for another ``--device``."""
+def _gpus_needed(flags: list[str], config: dict) -> tuple[int, str]:
+    """The GPUs one server takes, tensor x pipeline parallel (``--tp-size``/``--tensor-parallel-size``,
+    ``--pp-size``/``--pipeline-parallel-size``; the flags win over the YAML config, 1 where neither says), and
+    where that was read, e.g. ``"--tp-size 8"``."""
+    total, said = 1, []
+    for names in (("--tp-size", "--tensor-parallel-size"), ("--pp-size", "--pipeline-parallel-size")):
+        value = next((v for n in names for v in _flag_values(flags, n)), None)
+        where = names[0]
+        if value is None:
+            key = next((k for n in names for k in (n[2:], n[2:].replace("-", "_")) if k in config), None)
+            value, where = (config.get(key), f"{key} in --config") if key else (None, None)
+        try:
+            n = int(value) if value is not None else 1
+        except (TypeError, ValueError):
+            n = 1  # SGLang's own parser names a bad value
+        if n > 1:
+            total *= n
+            said.append(f"{where} {n}" if where.startswith("--") else f"{where.split(' ')[0]} {n} in --config")
+    return total, " x ".join(said)
+
+
+def _no_gpu(flags: list[str], gpus: Callable[[], dict], config: dict | None = None) -> str | None:
+    """Why the servers cannot start on this machine (no NVIDIA GPU that ``nvidia-smi`` lists, or fewer than one
+    server takes: ``_gpus_needed``), or None; None also when the flags ask SGLang for another ``--device``."""
     device = (_flag_values(flags, "--device") or ["cuda"])[0]
     if not device.startswith("cuda"):
         return None
     found = gpus()
-    return None if "error" not in found else f"no GPU found on this machine ({found['error']})"
+    if "error" in found:
+        return f"no GPU found on this machine ({found['error']})"
+    need, said = _gpus_needed(flags, config or {})
+    if isinstance(found.get("count"), int) and found["count"] < need:
+        return (f"{said} takes {need} GPUs per server; nvidia-smi lists {found['count']} on this machine "
+                f"({found.get('name', '?')})")
+    return None
 
 
 def _servers_problem(args) -> str | None:
     """With ``--fp8-url``/``--fp4-url``: why the first of the two cannot be measured as its arm (no server answers
-    ``/server_info``, or it reports ``enable_fp4_indexer`` contrary to its arm), or None."""
+    ``/server_info``, or it reports ``enable_fp4_indexer`` contrary to its arm), then why SGLang's serving benchmark
+    could not load their tokenizer here (no MODEL or ``--tokenizer``, and a model path this machine does not
+    have), or None."""
+    infos = []
     for name, fp4 in (("fp8_url", False), ("fp4_url", True)):
         url, option = getattr(args, name), "--" + name.replace("_", "-")
         info = get_json(url.rstrip("/") + "/server_info", 30.0)
@@ -268,7 +344,20 @@ def _servers_problem(args) -> str | None:
         if said is not None and bool(said) != fp4:
             return (f"{option}: the server at {url} runs with enable_fp4_indexer {said} (its /server_info); "
                     f"expected a server launched {'with' if fp4 else 'without'} --enable-fp4-indexer")
+        infos.append(info)
+    for info in infos:
+        path = str(info.get("model_path") or "")
+        if _tokenizer(args) is None and path.startswith(("/", ".", "~")) and not os.path.exists(path):
+            return (f"--tokenizer: SGLang's serving benchmark loads the tokenizer from the servers' model path "
+                    f"{path}, which this machine does not have; give MODEL or --tokenizer (a folder with the "
+                    "checkpoint's tokenizer files)")
     return None
+
+
+def _tokenizer(args) -> str | None:
+    """The tokenizer the serving benchmark loads: ``--tokenizer``, else MODEL, else None (the benchmark then reads
+    the server's model path)."""
+    return args.tokenizer or args.model
 
 
 #: SGLang's clients the arms run as subprocesses of this Python: the serving benchmark always, few-shot GSM8K with
@@ -290,7 +379,7 @@ def _clients_problem(modules: tuple[str, ...], run: Callable) -> str | None:
 
 def _plan(args, mode: str) -> dict:
     return {"mode": mode, "model": args.model, "server_flags": args.server_flags, "config": args.config,
-            "fp8_url": args.fp8_url, "fp4_url": args.fp4_url, "input_lens": args.input_lens,
+            "fp8_url": args.fp8_url, "fp4_url": args.fp4_url, "tokenizer": _tokenizer(args), "input_lens": args.input_lens,
             "output_len": args.output_len, "concurrency": args.concurrency,
             "prompts": args.prompts or 4 * args.concurrency, "kv_limited_concurrency": args.kv_limited_concurrency,
             "gsm8k_data": os.path.abspath(args.gsm8k_data) if args.gsm8k_data else None,
@@ -402,7 +491,7 @@ def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: st
     for il, conc, prompts in loads:
         progress(f"bench {il}x{conc}")
         cmd = bench_serving_command(base, input_len=il, output_len=plan["output_len"], prompts=prompts,
-                                    concurrency=conc, output_file=bench_file)
+                                    concurrency=conc, output_file=bench_file, tokenizer=plan.get("tokenizer"))
         res["commands"].append(cmd)
         p = run(cmd, capture_output=True, text=True)
         log = os.path.join(arm_dir, "bench_stdout.txt")
@@ -531,10 +620,11 @@ def _run_arm(args, plan: dict, mode: str, out: str, order: str, arm: str, bar, *
         flags = list(args.server_flags) + (["--config", os.path.abspath(args.config)] if args.config else [])
         if arm == "fp8" and _config_enables_fp4(_config_paths(args)):
             flags.append("--no-enable-fp4-indexer")  # the file turns FP4 on; the command line overrides it
-        cmd = launch_command(args.model, args.port, flags, fp4=arm == "fp4")
+        port = args.port or DEFAULT_PORT
+        cmd = launch_command(args.model, port, flags, fp4=arm == "fp4")
         log = os.path.join(arm_dir, "server.log")
         progress("launching the server")
-        with launched_server(cmd, args.port, log, args.ready_timeout) as base:
+        with launched_server(cmd, port, log, args.ready_timeout) as base:
             res = _measure(base, arm_dir, plan, with_quality=with_quality, out=out, progress=progress,
                            answer_value=answer_value, run=run)
         res["commands"].insert(0, cmd)
@@ -562,12 +652,15 @@ def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_v
     """
     mode, config = _validate(args)
     flags = list(args.server_flags)
-    refusal, check_text = _refusal(args, flags, config, read_sglang)
     to_run = {f"{o}/{a}" for o in args.orders for a in ORDERS[o]} - set(_finished_arms(args.out))
+    if mode == "urls" and args.model is None and not (config.get("model-path") or config.get("model_path")):
+        print("sglang-fp4-indexer ab: warning: no MODEL given, so the plugin's check of the model and flags is not "
+              "run: give the model path and, after --, the flags the servers run with", file=sys.stderr)
+    refusal, check_text = _refusal(args, flags, config, read_sglang)
     if refusal is not None:
         refusal = f"FP4 would not serve this deployment ({refusal})"
     elif to_run:  # servers needed: on this machine's GPUs, or answering at the given URLs; and SGLang's clients
-        refusal = ((_no_gpu(flags, gpus) if mode == "launch" else _servers_problem(args))
+        refusal = ((_no_gpu(flags, gpus, config) if mode == "launch" else _servers_problem(args))
                    or _clients_problem(_CLIENTS if args.gsm8k_data is not None else _CLIENTS[:1], run))
     if refusal is not None:
         print(f"sglang-fp4-indexer ab: not run: {refusal}", file=sys.stderr)

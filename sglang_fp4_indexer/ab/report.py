@@ -133,7 +133,9 @@ def report_text(r: dict) -> str:
     """The report as text: the environment, then the verdict lines."""
     env = r["meta"].get("environment", {})
     gpu = env.get("gpu", {})
-    head = [f"environment: {gpu.get('count', '?')} x {gpu.get('name', gpu.get('error', '?'))}, driver "
+    where = "environment of this client (the servers given by URL may run elsewhere)" if env.get("where") \
+        else "environment"
+    head = [f"{where}: {gpu.get('count', '?')} x {gpu.get('name', gpu.get('error', '?'))}, driver "
             f"{gpu.get('driver', '?')}; " + ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
             + "".join(f" ({env[k]})" for k in ("note", "differs") if env.get(k))]
     if r["meta"].get("check"):
@@ -171,7 +173,7 @@ def plot_report(r: dict, path: str) -> str:
         for k, arm in enumerate(("fp8", "fp4")):
             ax.bar(i + 0.4 * k, r["capacity"][order].get(arm) or 0, 0.4, color=colors[arm])
     ax.set_xticks([i + 0.2 for i in range(len(orders))], orders, fontsize=8)
-    ax.set_title("KV pool tokens (server log)")
+    ax.set_title("KV pool tokens" + (" (/server_info)" if r["meta"].get("mode") == "urls" else " (server log)"))
     ax = axes[1][1]
     checks = [w for w in ("gsm8k", "passkey") if r["quality"].get(w)]
     for i, what in enumerate(checks):
