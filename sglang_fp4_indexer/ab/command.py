@@ -72,13 +72,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=None,
                         help="the model you serve (local directory with config.json), as --model-path; optional "
                              "with --config when the YAML names model-path, and with --fp8-url/--fp4-url (then "
-                             "only the plugin's check reads it)")
+                             "the plugin's check reads its config.json and the serving benchmark its tokenizer)")
     # After "--": the SGLang server flags (cli.main splits them off before argparse sees them).
     parser.set_defaults(server_flags=[])
     parser.usage = "%(prog)s [MODEL] --out DIR [options] [-- SGLANG SERVER FLAGS]"
     parser.epilog = ("SGLang server flags go last, after --, as you serve with them (e.g. -- --tp-size 8 "
-                     "--kv-cache-dtype fp8_e4m3); the FP4 arm adds --enable-fp4-indexer. With --fp8-url/--fp4-url "
-                     "give the flags the two servers run with: the plugin's check reads them.")
+                     "--kv-cache-dtype fp8_e4m3); the FP4 arm adds --enable-fp4-indexer. Without --fp8-url/--fp4-url "
+                     "the servers run here, one at a time on this machine's GPUs (python -m sglang.launch_server "
+                     "with this Python): each order takes two of your server's start-ups plus GSM8K, the passkey "
+                     "prompts and the serving benchmark runs on each, with progress shown. With "
+                     "--fp8-url/--fp4-url give the flags the two servers run with: the plugin's check reads them.")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="output folder: each arm's result, the report (report.json, report.png); the same "
                              "command again (same DIR, same options) skips the arms already finished")
