@@ -301,18 +301,18 @@ def _gpus_needed(flags: list[str], config: dict) -> tuple[int, str]:
     where that was read, e.g. ``"--tp-size 8"``."""
     total, said = 1, []
     for names in (("--tp-size", "--tensor-parallel-size"), ("--pp-size", "--pipeline-parallel-size")):
-        value = next((v for n in names for v in _flag_values(flags, n)), None)
-        where = names[0]
+        value, label = next((v for n in names for v in _flag_values(flags, n)), None), names[0] + " {}"
         if value is None:
             key = next((k for n in names for k in (n[2:], n[2:].replace("-", "_")) if k in config), None)
-            value, where = (config.get(key), f"{key} in --config") if key else (None, None)
+            if key is not None:
+                value, label = config[key], key + " {} in --config"
         try:
             n = int(value) if value is not None else 1
         except (TypeError, ValueError):
             n = 1  # SGLang's own parser names a bad value
         if n > 1:
             total *= n
-            said.append(f"{where} {n}" if where.startswith("--") else f"{where.split(' ')[0]} {n} in --config")
+            said.append(label.format(n))
     return total, " x ".join(said)
 
 
