@@ -736,3 +736,34 @@ def test_the_user_guides_ab_commands_parse_as_written():
         tail = argv[argv.index("--") + 1:] if "--" in argv else []
         args = build_parser().parse_args(argv[:len(argv) - len(tail) - (1 if tail else 0)])
         assert args.command == "ab" and args.out, line
+
+
+def test_the_verdict_line_says_turn_fp4_on_or_keep_fp8_and_why():
+    """The report's first line: FP4's KV gain, its output tokens/s against FP8's, the quality checks, and the
+    advice, from recorded arms (turned slower or worse by hand where the case needs it)."""
+    import copy
+
+    def arms(gsm8k_fp4=(1, 1, 1, 1), fp4_speed=1.0):
+        a = {"fp8-first": {"fp8": _recorded_arm("fp8", [1, 1, 1, 1], [1, 1, 1, 1]),
+                           "fp4": _recorded_arm("fp4", list(gsm8k_fp4), [1, 1, 1, 1])}}
+        a = copy.deepcopy(a)
+        for line in a["fp8-first"]["fp4"]["bench"]:
+            line["output_throughput"] = a["fp8-first"]["fp8"]["bench"][0]["output_throughput"] * fp4_speed
+        return a
+
+    gain = f"{(413568 / 379968 - 1) * 100:+.1f} % KV tokens"
+    assert build_report(arms(), meta={})["verdict"][0] == (
+        f"verdict: turn FP4 on: {gain}, output tok/s FP4 / FP8 1.000 over 1 load, quality: no difference resolved")
+    assert build_report(arms(fp4_speed=0.95), meta={})["verdict"][0].startswith(
+        "verdict: keep FP8 (FP4 slower at 100000 in / 256 out, 8 at a time): ")
+    assert build_report(arms(fp4_speed=0.99), meta={})["verdict"][0].startswith("verdict: turn FP4 on: ")
+    # 40 GSM8K questions, FP8 all right, FP4 half: resolved worse beyond 2 standard errors.
+    worse = build_report({"fp8-first": {"fp8": _recorded_arm("fp8", [1] * 40, [1]),
+                                        "fp4": _recorded_arm("fp4", [1, 0] * 20, [1])}}, meta={})
+    assert worse["verdict"][0].startswith("verdict: keep FP8 (FP4 worse on gsm8k): ")
+    assert worse["verdict"][0].endswith("quality: FP4 worse on gsm8k")
+    assert build_report(arms(), meta={"dummy_weights": True})["verdict"][0] == (
+        f"verdict: FP4 holds more and was not slower, but turn it on only after a run with the real weights: {gain}, "
+        "output tok/s FP4 / FP8 1.000 over 1 load, quality not measured (dummy weights)")
+    assert build_report({"fp8-first": {"fp8": _recorded_arm("fp8", [1], [1])}}, meta={})["verdict"][0].startswith(
+        "not finished")

@@ -92,8 +92,53 @@ def _pp(x: float) -> str:
     return f"{x * 100:+.1f}"
 
 
+#: A load where FP4's output tokens/s fell below this fraction of FP8's counts as slower (the order effect of a pair
+#: of servers on one machine was up to about 2 % in this repository's own runs; one pair resolves no less).
+SLOWER_BELOW = 0.98
+
+
+def _summary(r: dict) -> str | None:
+    """The one-line verdict in the deployer's units, first of ``_verdict``'s lines: FP4's KV pool gain, its output
+    tokens/s against FP8's over every load and order, and the quality checks; "keep FP8" where a load was slower
+    (below ``SLOWER_BELOW``) or a quality check resolved FP4 worse (beyond 2 standard errors), "turn FP4 on" where
+    FP4 holds more KV tokens and neither happened (with dummy weights: only after a run with the real ones); None
+    before any pair of arms finished."""
+    gains = [c["fp4_gain"] for c in r["capacity"].values() if "fp4_gain" in c]
+    rows = [row for rows in r["speed"].values() for row in rows if row.get("output_ratio")]
+    if not gains and not rows:
+        return None
+    parts, against = [], []
+    if gains:
+        parts.append(f"{gains[0] * 100:+.1f} % KV tokens")
+    if rows:
+        lo, hi = min(x["output_ratio"] for x in rows), max(x["output_ratio"] for x in rows)
+        parts.append(f"output tok/s FP4 / FP8 {lo:.3f}" + (f" to {hi:.3f}" if hi - lo >= 0.0005 else "")
+                     + f" over {len(rows)} load{'s' if len(rows) > 1 else ''}")
+        slow = [x for x in rows if x["output_ratio"] < SLOWER_BELOW]
+        if slow:
+            x = min(slow, key=lambda x: x["output_ratio"])
+            against.append(f"FP4 slower at {x['input_len']} in / {x['output_len']} out, {x['concurrency']} at a time")
+    worse = [w for w in ("gsm8k", "passkey") if (q := r["quality"].get(w)) and q["fp4_minus_fp8"]["se"] is not None
+             and q["fp4_minus_fp8"]["diff"] < -2 * q["fp4_minus_fp8"]["se"]]
+    if r["quality"].get("note"):
+        parts.append("quality not measured (dummy weights)")
+    elif any(r["quality"].get(w) for w in ("gsm8k", "passkey")):
+        parts.append("quality: " + ("FP4 worse on " + " and ".join(worse) if worse else "no difference resolved"))
+        against += [f"FP4 worse on {w}" for w in worse]
+    if against:
+        advice = "keep FP8 (" + "; ".join(against) + ")"
+    elif gains and gains[0] > 0 and r["quality"].get("note"):
+        advice = "FP4 holds more and was not slower, but turn it on only after a run with the real weights"
+    elif gains and gains[0] > 0:
+        advice = "turn FP4 on"
+    else:
+        advice = "FP4 gains nothing measured here: keep FP8"
+    return "verdict: " + advice + ": " + ", ".join(parts) + (" (not finished: see below)" if r["missing"] else "")
+
+
 def _verdict(r: dict) -> list[str]:
-    lines = []
+    summary = _summary(r)
+    lines = [summary] if summary else []
     for order, cap in r["capacity"].items():
         if "fp4_gain" in cap:
             lines.append(f"capacity ({order}): the KV pool holds {cap['fp4']} tokens with FP4, {cap['fp8']} with "
