@@ -158,8 +158,11 @@ def launch_command(model: str | None, port: int, server_flags: list[str], *, fp4
         if name in ("--host", "--port"):
             raise ValueError(f"server flags: {name} is set by the command (it serves on 127.0.0.1 and --port); "
                              f"drop {flag}")
-        if name == "--enable-fp4-indexer" or (name == "--no-enable-fp4-indexer" and fp4):
+        if name == "--enable-fp4-indexer":
             raise ValueError(f"server flags: {name} is the A/B's own switch (added to the FP4 arm only); drop it")
+        if name == "--no-enable-fp4-indexer" and fp4:
+            raise ValueError(f"server flags: {name} would turn FP4 off in the FP4 arm too (the A/B adds "
+                             "--enable-fp4-indexer to that arm only); drop it")
     cmd = [python, "-m", "sglang.launch_server"]
     if model is not None:
         cmd += ["--model-path", model]

@@ -172,7 +172,9 @@ def test_passkey_prompts_place_the_key_at_each_depth():
     (["--out", "d", "--fp8-url", "http://h:1", "--fp4-url", "http://h:2", "--port", "1234"],
      "--port: sets the launched servers' port; with --fp8-url/--fp4-url the URLs name the servers' ports"),
     (["/no/such/DeepSeek-V3.2", "--out", "d"], "model: no folder /no/such/DeepSeek-V3.2 on this machine"),
-    (["/m", "--out", "d", "--", "--no-enable-fp4-indexer"], "server flags: --no-enable-fp4-indexer is the A/B's own switch"),
+    (["/m", "--out", "d", "--", "--no-enable-fp4-indexer"],
+     "server flags: --no-enable-fp4-indexer would turn FP4 off in the FP4 arm too"),
+    (["/m", "--out", "d", "--tokenizer", "/no/such/tok"], "--tokenizer: no folder /no/such/tok on this machine"),
 ])
 def test_bad_options_name_the_option(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -238,7 +240,7 @@ def test_refuses_a_model_fp4_would_not_serve_before_anything_runs(tmp_path):
 # -- two running servers: a local stand-in --------------------------------------------------------------------
 
 def _standin_server(state, *, pool: int, wrong_depth: float | None, fp4: bool | None = None):
-    """A small local HTTP server standing in for a running SGLang server (which needs a GPU): ``/server_info``
+    """A small local HTTP server standing in for a running SGLang server (which needs a GPU): ``/server_info``, ``/v1/models`` (unless ``state["models"]`` is false)
     (the keys the command reads; ``enable_fp4_indexer`` when ``fp4`` is given), and ``/generate`` answering the passkey prompts -- with the key, except at
     ``wrong_depth`` -- and counting the prompt's words as its ``prompt_tokens``."""
     import re
@@ -261,6 +263,8 @@ def _standin_server(state, *, pool: int, wrong_depth: float | None, fp4: bool | 
             if self.path == "/server_info":
                 info = {"model_path": "/models/v32", "load_format": "auto", "max_total_num_tokens": pool}
                 self._send(info if fp4 is None else dict(info, enable_fp4_indexer=fp4))
+            elif self.path == "/v1/models" and state.get("models", True):
+                self._send({"object": "list", "data": [{"id": "/models/v32", "object": "model"}]})
             else:
                 self.send_error(404)
 
@@ -322,7 +326,16 @@ def test_two_running_servers_and_resume(tmp_path, capsys):
             "servers' model path /models/v32, which this machine does not have; give MODEL or --tokenizer (a folder "
             "with the checkpoint's tokenizer files)")
         assert not out.exists()
-        argv = ["ab", "--out", str(out), "--fp8-url", u8, "--fp4-url", u4, "--tokenizer", str(tmp_path), "--input-lens", "2048",
+        tok = tmp_path / "tok"
+        tok.mkdir()
+        argv = ["ab", "--out", str(out), "--fp8-url", u8, "--fp4-url", u4, "--tokenizer", str(tok)]
+        with pytest.raises(SystemExit):  # a folder without tokenizer files: named before anything runs
+            cli_main(argv)
+        assert capsys.readouterr().err.strip().endswith(
+            f"--tokenizer: {tok} holds none of tokenizer.json, tokenizer_config.json, tokenizer.model, which SGLang's "
+            "serving benchmark loads; give a folder with the checkpoint's tokenizer files")
+        (tok / "tokenizer_config.json").write_text("{}")
+        argv = ["ab", "--out", str(out), "--fp8-url", u8, "--fp4-url", u4, "--tokenizer", str(tok), "--input-lens", "2048",
                 "--output-len", "256", "--concurrency", "4", "--passkey-lengths", "1000,3000",
                 "--passkey-depths", "0.1,0.5,0.9", "--passkey-trials", "2"]
         calls = []
@@ -334,7 +347,7 @@ def test_two_running_servers_and_resume(tmp_path, capsys):
         assert (s8["generate"], s4["generate"]) == (14, 12)
         # the deployer's shape, then the KV-limited load: twice what FP8's pool holds at 2048 + 256 tokens
         assert [c[c.index("--max-concurrency") + 1] for c in calls] == ["4", str(2 * (379968 // 2304))] * 2
-        assert all(c[c.index("--tokenizer") + 1] == str(tmp_path) for c in calls)
+        assert all(c[c.index("--tokenizer") + 1] == str(tok) for c in calls)
         report = json.loads((out / "report.json").read_text())
         assert report["capacity"]["fp8-first"] == {"fp8": 379968, "fp4": 413568,
                                                    "fp4_gain": pytest.approx(413568 / 379968 - 1)}
@@ -661,8 +674,11 @@ def test_a_gsm8k_file_that_is_not_gsm8k_is_named_before_any_server(tmp_path, cap
     lines than the questions asked (or than SGLang's 5 few-shot examples), is one line naming the option (exit 2)."""
     good = "".join(json.dumps({"question": f"{i}?", "answer": f"#### {i}"}) + "\n" for i in range(6))
     cases = [(good + "not json\n", "7", "--gsm8k-data: line 7 of"),
+             (good + "\n", "3", "is blank; SGLang's few-shot GSM8K reads every line as JSON"),  # its reader's way
+             ("# a comment SGLang skips\n" + good.replace("#### 2", "two"), "3",
+              "has an answer without a number SGLang can read as its label"),
              (good.replace('"answer"', '"solution"', 1), "3", "--gsm8k-data: line 1 of"),
-             (good, "200", "holds 6 questions; --gsm8k-questions 200 (and SGLang's 5 few-shot examples) need 200"),
+             ("# a comment SGLang skips\n" + good, "200", "holds 6 questions; --gsm8k-questions 200 (and SGLang's 5 few-shot examples) need 200"),
              (good.splitlines(keepends=True)[0], "1", "holds 1 questions; --gsm8k-questions 1 (and SGLang's 5 "
                                                        "few-shot examples) need 5")]
     for i, (text, questions, message) in enumerate(cases):
@@ -767,3 +783,30 @@ def test_the_verdict_line_says_turn_fp4_on_or_keep_fp8_and_why():
         "output tok/s FP4 / FP8 1.000 over 1 load, quality not measured (dummy weights)")
     assert build_report({"fp8-first": {"fp8": _recorded_arm("fp8", [1], [1])}}, meta={})["verdict"][0].startswith(
         "not finished")
+
+
+def test_a_config_model_path_or_a_server_without_v1_models_is_named(tmp_path, capsys):
+    """A --config whose model-path is not on this machine names --config; a server that answers /server_info but
+    not /v1/models (what SGLang's serving benchmark waits on: a gateway in front, say) is one line before anything
+    runs."""
+    from sglang_fp4_indexer.ab import command
+
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("model-path: /srv/nothere/DeepSeek-V3.2\ntp-size: 8\n")
+    with pytest.raises(SystemExit) as e:
+        cli_main(["ab", "--out", str(tmp_path / "o"), "--config", str(cfg)])
+    assert e.value.code == 2 and capsys.readouterr().err.strip().endswith(
+        "--config: its model-path /srv/nothere/DeepSeek-V3.2 is no folder on this machine; give the checkpoint's "
+        "folder as MODEL or in the file")
+    s8, s4 = {"generate": 0, "models": False}, {"generate": 0}
+    srv8, srv4 = _standin_server(s8, pool=1000, wrong_depth=None), _standin_server(s4, pool=1000, wrong_depth=None)
+    try:
+        u8, u4 = (f"http://127.0.0.1:{s.server_port}" for s in (srv8, srv4))
+        argv = ["--out", str(tmp_path / "o"), "--fp8-url", u8, "--fp4-url", u4, "--tokenizer", "org/name"]
+        assert command.main(_ab_args(*argv), read_sglang=None) == 1
+    finally:
+        srv8.shutdown()
+        srv4.shutdown()
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"sglang-fp4-indexer ab: not run: --fp8-url: the server at {u8} answers /server_info but not /v1/models (")
+    assert not (tmp_path / "o").exists()

@@ -28,6 +28,8 @@ from .report import AB_FIELDS, ARMS, build_report, plot_report, report_text
 
 __all__ = ["ORDERS", "add_arguments", "main", "parse_orders", "parse_depths", "dummy_weights"]
 
+#: Files of which a local tokenizer folder holds at least one (Hugging Face's fast and slow tokenizers).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 #: The launched servers' port where ``--port`` is not given.
 DEFAULT_PORT = 30741
 #: Few-shot examples SGLang's ``few_shot_gsm8k`` puts before each question (its first lines; ``quality.gsm8k_command``).
@@ -208,10 +210,24 @@ def _validate(args: argparse.Namespace) -> tuple[str, dict]:
         raise ValueError(f"--out: expected a folder (new or of an earlier run), got {args.out!r}")
     for path in _config_paths(args)[1 if args.config else 0:]:
         _read_config(path)  # a --config among the server flags: readable, or named
+    tokenizer = args.tokenizer
+    if tokenizer is not None and tokenizer.startswith(("/", ".", "~")) and not os.path.isdir(tokenizer):
+        raise ValueError(f"--tokenizer: no folder {tokenizer} on this machine; give a folder with the checkpoint's "
+                         "tokenizer files (or its Hugging Face name)")
     if args.fp8_url:
+        folder = tokenizer or args.model
+        if folder is not None and os.path.isdir(folder) and not any(
+                os.path.exists(os.path.join(folder, f)) for f in _TOKENIZER_FILES):
+            option = "--tokenizer" if tokenizer else "model"
+            raise ValueError(f"{option}: {folder} holds none of {', '.join(_TOKENIZER_FILES)}, which SGLang's "
+                             "serving benchmark loads; give a folder with the checkpoint's tokenizer files")
         return "urls", config
     if args.model is None and not (config.get("model-path") or config.get("model_path")):
         raise ValueError("model: give the model path (or --config with model-path, or --fp8-url and --fp4-url)")
+    from_config = str(config.get("model-path") or config.get("model_path") or "")
+    if args.model is None and from_config.startswith(("/", ".", "~")) and not os.path.exists(from_config):
+        raise ValueError(f"--config: its model-path {from_config} is no folder on this machine; give the "
+                         "checkpoint's folder as MODEL or in the file")
     launch_command(args.model, DEFAULT_PORT, list(args.server_flags), fp4=True)  # flags the command sets itself
     if any(f.split("=", 1)[0] in ("--model-path", "--model") for f in args.server_flags):
         raise ValueError("server flags: --model-path: give the model as ab's MODEL instead")
@@ -225,21 +241,38 @@ def _validate(args: argparse.Namespace) -> tuple[str, dict]:
     return "launch", config
 
 
+def _gsm8k_label(answer: str) -> int | None:
+    """The label SGLang's few-shot GSM8K reads from a reference answer (its ``get_answer_value``: the last run of
+    digits once commas are dropped, as a Python literal), or None where it reads none (and stops on an assert)."""
+    import ast
+    import re
+
+    numbers = re.findall(r"\d+", answer.replace(",", ""))
+    try:
+        return ast.literal_eval(numbers[-1]) if numbers else None
+    except SyntaxError:  # e.g. "0123": no literal
+        return None
+
+
 def _check_gsm8k(path: str, questions: int) -> None:
-    """``--gsm8k-data`` read before any server starts: JSON lines, each an object with ``question`` and ``answer``
-    strings (GSM8K's ``test.jsonl``), at least ``questions`` of them and at least ``GSM8K_SHOTS`` (SGLang's
-    few-shot GSM8K puts the first lines before every question).
+    """``--gsm8k-data`` read before any server starts, as SGLang's few-shot GSM8K will read it: every line not
+    starting with ``#`` a JSON object with ``question`` and ``answer`` strings, the answer holding the number SGLang
+    takes as its label (``_gsm8k_label``; GSM8K's ``test.jsonl``), at least ``questions`` of them and at least
+    ``GSM8K_SHOTS`` (SGLang's few-shot GSM8K puts the first lines before every question).
 
     Raises:
         ValueError: naming ``--gsm8k-data`` (and ``--gsm8k-questions`` when the file holds fewer), the file and
             the first line that is not such an object.
     """
     try:
-        with open(path, errors="replace") as f:
-            lines = [(i, ln) for i, ln in enumerate(f, 1) if ln.strip()]
+        with open(path, errors="replace") as f:  # as SGLang's read_jsonl reads it: every line but those with "#"
+            lines = [(i, ln) for i, ln in enumerate(f, 1) if not ln.startswith("#")]
     except OSError as e:
         raise ValueError(f"--gsm8k-data: cannot read {path} ({e.strerror})") from None
     for i, ln in lines:
+        if not ln.strip():
+            raise ValueError(f"--gsm8k-data: line {i} of {path} is blank; SGLang's few-shot GSM8K reads every "
+                             "line as JSON: remove it")
         try:
             obj = json.loads(ln)
         except ValueError:
@@ -247,6 +280,9 @@ def _check_gsm8k(path: str, questions: int) -> None:
         if not (isinstance(obj, dict) and isinstance(obj.get("question"), str) and isinstance(obj.get("answer"), str)):
             raise ValueError(f"--gsm8k-data: line {i} of {path} is not a JSON object with question and answer "
                              "strings; expected GSM8K's test.jsonl (one such object per line)")
+        if _gsm8k_label(obj["answer"]) is None:
+            raise ValueError(f"--gsm8k-data: line {i} of {path} has an answer without a number SGLang can read "
+                             "as its label (GSM8K's answers end in '#### N')")
     need = max(questions, GSM8K_SHOTS)
     if len(lines) < need:
         raise ValueError(f"--gsm8k-data: {path} holds {len(lines)} questions; --gsm8k-questions {questions} (and "
@@ -334,7 +370,8 @@ def _no_gpu(flags: list[str], gpus: Callable[[], dict], config: dict | None = No
 
 def _servers_problem(args) -> str | None:
     """With ``--fp8-url``/``--fp4-url``: why the first of the two cannot be measured as its arm (no server answers
-    ``/server_info``, or it reports ``enable_fp4_indexer`` contrary to its arm), then why SGLang's serving benchmark
+    ``/server_info``, it reports ``enable_fp4_indexer`` contrary to its arm, or it does not answer ``/v1/models``,
+    which SGLang's serving benchmark waits on), then why SGLang's serving benchmark
     could not load their tokenizer here (no MODEL or ``--tokenizer``, and a model path this machine does not
     have), or None."""
     infos = []
@@ -347,6 +384,11 @@ def _servers_problem(args) -> str | None:
         if said is not None and bool(said) != fp4:
             return (f"{option}: the server at {url} runs with enable_fp4_indexer {said} (its /server_info); "
                     f"expected a server launched {'with' if fp4 else 'without'} --enable-fp4-indexer")
+        models = get_json(url.rstrip("/") + "/v1/models", 30.0)  # SGLang's serving benchmark waits on it
+        if "error" in models:
+            why = " ".join(str(models["error"]).split())[:200]  # one line, whatever the server answered
+            return (f"{option}: the server at {url} answers /server_info but not /v1/models ({why}), "
+                    "which SGLang's serving benchmark needs; give the SGLang server's own URL")
         infos.append(info)
     for info in infos:
         path = str(info.get("model_path") or "")
