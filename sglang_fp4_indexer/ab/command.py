@@ -211,7 +211,7 @@ def _validate(args: argparse.Namespace) -> tuple[str, dict]:
     for path in _config_paths(args)[1 if args.config else 0:]:
         _read_config(path)  # a --config among the server flags: readable, or named
     tokenizer = args.tokenizer
-    if tokenizer is not None and tokenizer.startswith(("/", ".", "~")) and not os.path.isdir(tokenizer):
+    if tokenizer is not None and _missing_local(tokenizer):
         raise ValueError(f"--tokenizer: no folder {tokenizer} on this machine; give a folder with the checkpoint's "
                          "tokenizer files (or its Hugging Face name)")
     if args.fp8_url:
@@ -225,7 +225,7 @@ def _validate(args: argparse.Namespace) -> tuple[str, dict]:
     if args.model is None and not (config.get("model-path") or config.get("model_path")):
         raise ValueError("model: give the model path (or --config with model-path, or --fp8-url and --fp4-url)")
     from_config = str(config.get("model-path") or config.get("model_path") or "")
-    if args.model is None and from_config.startswith(("/", ".", "~")) and not os.path.exists(from_config):
+    if args.model is None and _missing_local(from_config):
         raise ValueError(f"--config: its model-path {from_config} is no folder on this machine; give the "
                          "checkpoint's folder as MODEL or in the file")
     launch_command(args.model, DEFAULT_PORT, list(args.server_flags), fp4=True)  # flags the command sets itself
@@ -235,10 +235,16 @@ def _validate(args: argparse.Namespace) -> tuple[str, dict]:
                                                                   and "/" not in args.model)):
         raise ValueError(f"model: expected the checkpoint's folder or its Hugging Face name (ORG/NAME), as "
                          f"launch_server's --model-path takes it, got {args.model!r}")
-    if args.model is not None and not os.path.exists(args.model) and args.model.startswith(("/", ".", "~")):
+    if args.model is not None and _missing_local(args.model):
         raise ValueError(f"model: no folder {args.model} on this machine; give the checkpoint's folder (with its "
                          "config.json), as launch_server's --model-path takes it")
     return "launch", config
+
+
+def _missing_local(path: str) -> bool:
+    """Whether ``path`` is written as a local path (``/``, ``.`` or ``~`` first: not a Hugging Face name) and no
+    folder is there on this machine."""
+    return path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path))
 
 
 def _gsm8k_label(answer: str) -> int | None:
@@ -392,7 +398,7 @@ def _servers_problem(args) -> str | None:
         infos.append(info)
     for info in infos:
         path = str(info.get("model_path") or "")
-        if _tokenizer(args) is None and path.startswith(("/", ".", "~")) and not os.path.exists(path):
+        if _tokenizer(args) is None and _missing_local(path):
             return (f"--tokenizer: SGLang's serving benchmark loads the tokenizer from the servers' model path "
                     f"{path}, which this machine does not have; give MODEL or --tokenizer (a folder with the "
                     "checkpoint's tokenizer files)")
