@@ -86,6 +86,15 @@ def _depth(summaries: list[tuple[dict, int]]) -> str:
     return ", ".join(f"all {f}" if layers == f else f"{layers} of its {f}" for layers, f in sorted(depths))
 
 
+def _add_run_facts(parser: argparse.ArgumentParser, flag: str, rank_example: str) -> None:
+    """``FLAG-gpu``, ``FLAG-date``, ``FLAG-stack`` and ``FLAG-rank``: what was measured where, for a further
+    verify-cycle run given by ``flag`` (``--cycle-more``, ``--cycle-fused``)."""
+    parser.add_argument(f"{flag}-gpu", default=None, help=f"the GPU of the {flag} run")
+    parser.add_argument(f"{flag}-date", default=None, help="its date (YYYY-MM-DD)")
+    parser.add_argument(f"{flag}-stack", default=None, help="its torch, triton, SGLang and GEMM path")
+    parser.add_argument(f"{flag}-rank", default=None, help=f"what one GPU held, e.g. '{rank_example}'")
+
+
 def _merged(paths: list[str]) -> dict:
     """The ``profile-table --json`` results of ``paths`` as one dict (trace path -> its table)."""
     return {k: v for p in paths for k, v in _read(p).items()}
@@ -124,10 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="over how many GPUs that deployment spread the routed experts (its --tp-size)")
     parser.add_argument("--cycle-more", nargs="+", default=[], metavar="JSON:NEXT_N",
                         help="timeline summaries of a further run (another GPU or rank), as --cycle")
-    parser.add_argument("--cycle-more-gpu", default=None, help="the GPU of the --cycle-more run")
-    parser.add_argument("--cycle-more-date", default=None, help="its date (YYYY-MM-DD)")
-    parser.add_argument("--cycle-more-stack", default=None, help="its torch, triton, SGLang and GEMM path")
-    parser.add_argument("--cycle-more-rank", default=None, help="what one GPU held, e.g. 'DP-attention + EP32 rank'")
+    _add_run_facts(parser, "--cycle-more", "DP-attention + EP32 rank")
     parser.add_argument("--cycle-more-moe-gpus", type=int, default=None,
                         help="over how many GPUs its routed experts spread (its --tp-size)")
     parser.add_argument("--cycle-more-other-order", nargs="+", default=[], metavar="JSON:NEXT_N",
@@ -142,10 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycle-fused", nargs="+", default=[], metavar="JSON:NEXT_N",
                         help="timeline summaries of FP8 and FP4 servers of a model whose index path FP4 changes "
                              "(GLM-5's layers), as --cycle")
-    parser.add_argument("--cycle-fused-gpu", default=None, help="the GPU of the --cycle-fused run")
-    parser.add_argument("--cycle-fused-date", default=None, help="its date (YYYY-MM-DD)")
-    parser.add_argument("--cycle-fused-stack", default=None, help="its torch, triton, SGLang and GEMM path")
-    parser.add_argument("--cycle-fused-rank", default=None, help="what one GPU held, e.g. 'DP-attention + EP8 rank'")
+    _add_run_facts(parser, "--cycle-fused", "DP-attention + EP8 rank")
     parser.add_argument("--cycle-fused-model", default=None, help="the model whose layers it ran, e.g. 'GLM-5'")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)

@@ -406,6 +406,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     fused_text = fused_cycle_text(fused)
     # Every measured step of that path longer with FP4: what the verdict says instead of "not measured".
     fused_longer = fused_text is not None and all(r["fp4_ms"] > r["fp8_ms"] for r in fused["rows"])
+    fused_said = ("on the index path FP4 takes with interleaved indexer RoPE its step was measured longer, not "
+                  f"shorter ({fused_text})")
     unmeasured = _unmeasured_configuration(dev, gpu, sharded, found["dcp_size"], found.get("fused_rotation", False),
                                           found.get("server_unmeasured"), all_gpus,
                                           in_server=timing is tables.get("timing_serving"), fused_measured=fused_text)
@@ -510,8 +512,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         only = "; your batch fits only with FP4" if out["tokens_needed"] > cap.tokens_fp8 else ""
         out["decision"], out["exit_code"] = "more", EXIT_FP4_FITS_MORE
         if found.get("fused_rotation") and measured_speed is None and step is None and fused_longer:
-            out["verdict"] = (f"{gain_text}{only}, but on the index path FP4 takes with interleaved indexer RoPE its "
-                              f"step was measured longer, not shorter ({fused_text}): turn FP4 on only where those "
+            out["verdict"] = (f"{gain_text}{only}, but {fused_said}: turn FP4 on only where those "
                               "extra requests are worth that, "
                               f"and measure your own shape first, {measure}; {cost_text}")
         elif found.get("fused_rotation") and measured_speed is None and step is None:
@@ -524,8 +525,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     else:
         out["decision"], out["exit_code"] = "same", EXIT_SAME_REQUESTS
         if measured_speed is None and step is None and fused_longer:
-            out["verdict"] = (f"{gain_text}, and on the index path FP4 takes with interleaved indexer RoPE its step "
-                              f"was measured longer, not shorter ({fused_text}): FP4 gains nothing measured for this "
+            out["verdict"] = (f"{gain_text}, and {fused_said}: FP4 gains nothing measured for this "
                               "deployment, keep FP8 (to "
                               f"measure your own shape: {measure}); {cost_text}")
         elif measured_speed is None and step is None:
