@@ -42,6 +42,8 @@ PY="${PYTHON:-python3}"
 OUTDIR="${OUT:-$PWD/out}"
 WORK=/tmp/sglang-check
 mkdir -p "$OUTDIR" "$WORK/logs"
+# When this call began (steps run in processes of their own below): SOAK_CALL_S counts from here.
+export CALL_T0="${CALL_T0:-$(date +%s)}"
 # Several steps in one call: bash scripts/sglang_gpu_check.sh install mtp serving (each as if called alone, in order).
 if [ $# -gt 1 ]; then
   rc=0
@@ -501,16 +503,32 @@ case "$STEP" in
         --speculative-num-draft-tokens 4 --disable-prefill-cuda-graph --cuda-graph-max-bs-decode 32 \
         ${HICACHE[@]+"${HICACHE[@]}"} $([ $fmt = fp4 ] && echo --enable-fp4-indexer) >"$log" 2>&1 &
       spid=$!
-      t0=$SECONDS
-      for _ in $(seq 1 "${SOAK_READY_S:-400}"); do
-        "$PY" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:30791/health', timeout=2)" \
-          >/dev/null 2>&1 && break
+      # /health answers 503 until SGLang's own warm-up request has finished (on a fresh machine its first prefill
+      # compiles kernels for about 40 s after "Application startup complete"). The load starts only on a server
+      # that answered 200: a load sent earlier batched its sampled warm-up with SGLang's greedy one, and that verify
+      # batch took FlashInfer's top_k_renorm_prob, which this runtime lacks (the server stopped).
+      t0=$SECONDS; ready=0
+      while [ $((SECONDS - t0)) -lt "${SOAK_READY_S:-540}" ]; do
+        "$PY" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:30791/health', timeout=5)" \
+          >/dev/null 2>&1 && { ready=1; break; }
         kill -0 $spid 2>/dev/null || break
-        sleep 1
+        sleep 2
       done
-      echo "${tag}_${fmt} server ready after $((SECONDS - t0)) s" | tee -a "$WORK/stages.txt"
-      SEND_DEFAULT=$(( ${SOAK_LIMIT:-420} - 180 )); [ "$SEND_DEFAULT" -lt 30 ] && SEND_DEFAULT=30
-      stage "${tag}_$fmt" "${SOAK_LIMIT:-420}" "$PY" scripts/soak.py load --url http://127.0.0.1:30791 \
+      LIMIT="${SOAK_LIMIT:-420}"
+      # SOAK_CALL_S: the seconds this step may take in all (the device's limit per command); the load's limit is
+      # what is left once the server is ready, less 20 s to stop it and pack the output, so that a slow start
+      # shortens the load instead of cutting it.
+      if [ -n "${SOAK_CALL_S:-}" ]; then LIMIT=$(( SOAK_CALL_S - ($(date +%s) - CALL_T0) - 20 )); fi
+      if [ $ready = 0 ] || [ "$LIMIT" -lt 210 ]; then
+        echo "${tag}_${fmt} server not ready after $((SECONDS - t0)) s (or under 210 s left for the load): no load sent" \
+          | tee -a "$WORK/stages.txt"
+        kill $spid 2>/dev/null; wait $spid 2>/dev/null
+        echo "## ${tag} ${fmt}: no load (server not ready)" >>"$OUTDIR/table.txt"
+        continue
+      fi
+      echo "${tag}_${fmt} server ready after $((SECONDS - t0)) s; load limit $LIMIT s" | tee -a "$WORK/stages.txt"
+      SEND_DEFAULT=$(( LIMIT - 180 ))
+      stage "${tag}_$fmt" "$LIMIT" "$PY" scripts/soak.py load --url http://127.0.0.1:30791 \
         --out "$OUTDIR/${tag}_$fmt.json" --requests "${SOAK_REQUESTS:-3000}" --concurrency "${SOAK_CONCURRENCY:-32}" \
         --max-len "${SOAK_MAX_LEN:-60000}" --time-limit "${SOAK_SEND_S:-$SEND_DEFAULT}" \
         --sampled-frac "${SOAK_SAMPLED_FRAC:-0}"
