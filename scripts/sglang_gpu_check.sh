@@ -558,6 +558,8 @@ case "$STEP" in
     # AB_INPUT_LEN (default 4096) in / AB_OUTPUT_LEN (default 64) out at concurrency 8, and a KV-limited load at
     # AB_KV_CONCURRENCY (default 64) on a pool capped at AB_POOL_TOKENS (default 131072: 31 such requests). MTP as the
     # shipped config (EAGLE 3 steps / 4 draft tokens). The report and each arm's result land in $OUT/ab_<size>.
+    # AB_READY_S (default 540): each server's wait for /health (a fresh machine's first start compiles SGLang's and
+    # DeepGEMM's JIT kernels for 4 to 8 minutes; JIT caches carried in .peers/jit-cache shorten it).
     AB_SIZE="${AB_SIZE:-tiny}"
     if [ "$AB_SIZE" != tiny ]; then
       M="$WORK/$AB_SIZE"
@@ -570,7 +572,7 @@ case "$STEP" in
     PYTHONPATH="$AB_PATH" stage "ab_$AB_SIZE" "${AB_LIMIT:-560}" "$PY" -m sglang_fp4_indexer.cli ab "$M" --out "$OUTDIR/ab_$AB_SIZE" \
       --orders "${AB_ORDERS:-fp8-first,fp4-first}" --input-lens "${AB_INPUT_LEN:-4096}" --output-len "${AB_OUTPUT_LEN:-64}" \
       --concurrency 8 --prompts 16 --kv-limited-concurrency "${AB_KV_CONCURRENCY:-64}" ${GSM[@]+"${GSM[@]}"} \
-      --passkey-trials 2 --port 30793 --ready-timeout 400 -- \
+      --passkey-trials 2 --port 30793 --ready-timeout "${AB_READY_S:-540}" -- \
       --load-format dummy --kv-cache-dtype fp8_e4m3 --max-total-tokens "${AB_POOL_TOKENS:-131072}" --random-seed 0 \
       --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 \
       --disable-prefill-cuda-graph --cuda-graph-max-bs-decode 32
