@@ -25,6 +25,8 @@
 #   bash scripts/sglang_gpu_check.sh soak      # thousands of requests that disconnect, abort and retract, FP4 then
 #                                              # FP8, with the checks of scripts/soak.py (tiny model, MTP on);
 #                                              # soak-check: the checks of loads run with SOAK_CHECK=0
+#   bash scripts/sglang_gpu_check.sh warm      # starts the tiny model's MTP servers (FP8, FP4) once, so that a fresh
+#                                              # machine's JIT compile is paid in a call of its own (JIT_CACHE_OUT=1)
 #   bash scripts/sglang_gpu_check.sh ab        # `sglang-fp4-indexer ab` end to end (both arms, both orders) on the
 #                                              # tiny model with MTP (AB_SIZE=v32-layers: the real-size layers)
 #   bash scripts/sglang_gpu_check.sh topk      # SGLang's decode and verify top-k kernels against the exact top-k at
@@ -143,6 +145,27 @@ fi
 DG_SITE="$(cat "$WORK/deepgemm.site" 2>/dev/null)"
 export PYTHONPATH="/tmp/site${DG_SITE:+:$DG_SITE}"
 "$PY" scripts/sglang_one_batch.py make-model "$WORK/tiny" >/dev/null
+
+mtp_server() {  # model format port log [flags...]: launch_server in the background as the soak and warm steps start it
+  # (the tiny model's sizes: MTP as shipped, EAGLE 3 steps / 4 draft tokens, CUDA graphs up to batch 32)
+  local model=$1 fmt=$2 port=$3 log=$4; shift 4
+  "$PY" -m sglang.launch_server --model-path "$model" --host 127.0.0.1 --port "$port" --load-format dummy \
+    --kv-cache-dtype fp8_e4m3 --max-total-tokens "${SOAK_POOL_TOKENS:-262144}" --random-seed 0 \
+    --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 \
+    --speculative-num-draft-tokens 4 --disable-prefill-cuda-graph --cuda-graph-max-bs-decode 32 \
+    "$@" $([ "$fmt" = fp4 ] && echo --enable-fp4-indexer) >"$log" 2>&1 &
+}
+
+wait_healthy() {  # port pid seconds: status 0 once /health answered 200, 1 when the server exited or time ran out
+  local t0=$SECONDS
+  while [ $((SECONDS - t0)) -lt "$3" ]; do
+    "$PY" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$1/health', timeout=5)" \
+      >/dev/null 2>&1 && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 2
+  done
+  return 1
+}
 
 stage() {  # name limit command...
   local name=$1 limit=$2; shift 2
@@ -497,23 +520,14 @@ case "$STEP" in
         FP4_INDEXER_TOPK_TRACE_INDEX_SCALE="$SCALE" \
         FP4_INDEXER_TOPK_TRACE_EVERY="${SOAK_TRACE_EVERY:-20}" \
         SGLANG_INIT_NEW_TOKEN_RATIO="${SOAK_NEW_TOKEN_RATIO:-0.05}" \
-        "$PY" -m sglang.launch_server --model-path "$M" --host 127.0.0.1 --port 30791 --load-format dummy \
-        --kv-cache-dtype fp8_e4m3 --max-total-tokens "${SOAK_POOL_TOKENS:-262144}" --random-seed 0 \
-        --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 \
-        --speculative-num-draft-tokens 4 --disable-prefill-cuda-graph --cuda-graph-max-bs-decode 32 \
-        ${HICACHE[@]+"${HICACHE[@]}"} $([ $fmt = fp4 ] && echo --enable-fp4-indexer) >"$log" 2>&1 &
+        mtp_server "$M" "$fmt" 30791 "$log" ${HICACHE[@]+"${HICACHE[@]}"}
       spid=$!
       # /health answers 503 until SGLang's own warm-up request has finished (on a fresh machine its first prefill
       # compiles kernels for about 40 s after "Application startup complete"). The load starts only on a server
       # that answered 200: a load sent earlier batched its sampled warm-up with SGLang's greedy one, and that verify
       # batch took FlashInfer's top_k_renorm_prob, which this runtime lacks (the server stopped).
       t0=$SECONDS; ready=0
-      while [ $((SECONDS - t0)) -lt "${SOAK_READY_S:-540}" ]; do
-        "$PY" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:30791/health', timeout=5)" \
-          >/dev/null 2>&1 && { ready=1; break; }
-        kill -0 $spid 2>/dev/null || break
-        sleep 2
-      done
+      wait_healthy 30791 $spid "${SOAK_READY_S:-540}" && ready=1
       LIMIT="${SOAK_LIMIT:-420}"
       # SOAK_CALL_S: the seconds this step may take in all (the device's limit per command); the load's limit is
       # what is left once the server is ready, less 20 s to stop it and pack the output, so that a slow start
@@ -548,6 +562,22 @@ case "$STEP" in
       case "$tag" in *_checks) continue ;; esac
       [ -f "$WORK/soak/${tag}_checks_$fmt.json" ] && continue
       cp "$run" "$OUTDIR/"; soak_check "$tag" "$fmt"
+    done
+    ;;
+  warm)
+    # A fresh machine's first server start compiles SGLang's and DeepGEMM's JIT kernels (4 to 8 minutes on an H100);
+    # this step pays that once, in a call of its own, for the tiny model's MTP servers the soak and ab steps start:
+    # WARM_FORMATS (default "fp8 fp4") one after the other, each until /health answers 200 (SGLang's own warm-up
+    # request done) or WARM_S (default 540) seconds have passed since the call began. With JIT_CACHE_OUT=1 the
+    # caches come back for .peers/jit-cache (above), so that a later machine skips the compile too.
+    for fmt in ${WARM_FORMATS:-fp8 fp4}; do
+      left=$(( ${WARM_S:-540} - ($(date +%s) - CALL_T0) ))
+      [ "$left" -gt 30 ] || { echo "warm_$fmt: no time left" | tee -a "$WORK/stages.txt"; break; }
+      mtp_server "$WORK/tiny" "$fmt" 30795 "$WORK/logs/warm_server_$fmt.log"
+      wpid=$!; t0=$SECONDS
+      if wait_healthy 30795 $wpid "$left"; then w="ready after $((SECONDS - t0)) s"; else w="not ready after $((SECONDS - t0)) s"; fi
+      kill $wpid 2>/dev/null; wait $wpid 2>/dev/null
+      echo "warm_$fmt server $w" | tee -a "$WORK/stages.txt"
     done
     ;;
   ab)
@@ -602,7 +632,7 @@ case "$STEP" in
     tar -czf "$WORK/logs/pd_traces.tar.gz" -C "$WORK/logs" trace_decode_fp4 trace_plain_fp4 2>/dev/null \
       && rm -rf "$WORK"/logs/trace_decode_fp4 "$WORK"/logs/trace_plain_fp4
     ;;
-  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|profile|hicache|soak|ab|topk|server|pd]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|profile|hicache|soak|soak-check|warm|ab|topk|server|pd]" >&2; exit 2 ;;
 esac
 
 ENGINE=()
