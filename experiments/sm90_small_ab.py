@@ -21,7 +21,11 @@ Probe variants (wrong scores by construction, so they fail the check; their time
 * ``no_decode``: the payload words fed to the wgmma as they are (no LUT, no nibble-to-byte decode);
 * ``no_mma``: no score wgmma (the fragments kept alive, the accumulators zero; the head sum and the stores as
   in the product);
-* ``no_decode_mma``: both.
+* ``no_decode_mma``: both;
+* ``no_qload``: the index queries not read from global memory (each math warpgroup's load of its request's
+  queries, ``NEXT_N x HEADS x 128`` bytes through L2, replaced by constants; still written to shared memory):
+  what that load costs where an entry covers few pages (one long request over every SM's four entries reads
+  the same queries 528 times).
 
 A structural variant:
 
@@ -169,6 +173,11 @@ VARIANT_EDITS = {
     "no_mma": _NO_MMA,
     "no_decode_mma": [_NO_DECODE, *_NO_MMA],
     "pipeline": [(_LOOP, _PIPELINED_LOOP, 1)],
+    "no_qload": [
+        ("""                v[k] = __ldg(reinterpret_cast<const uint4*>(
+                    q + static_cast<i64>(b * NEXT_N + i) * stride_q_row + h * stride_q_head + 16 * m));""",
+         """                v[k] = make_uint4(static_cast<u32>(i + h + m), 0u, 0u, 0u);""", 1),
+    ],
 }
 
 
