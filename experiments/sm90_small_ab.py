@@ -27,6 +27,14 @@ Probe variants (wrong scores by construction, so they fail the check; their time
   what that load costs where an entry covers few pages (one long request over every SM's four entries reads
   the same queries 528 times).
 
+A structural variant aimed at that load:
+
+* ``coop_q``: where all four math warpgroups of a CTA begin with the same request (a long request spread over
+  every SM), its queries are read from global memory once per CTA, each math thread a quarter of them, written
+  into every math warpgroup's query tile, published by a fence and one named barrier over the CTA's math
+  threads; each warpgroup's first ``load_request`` then loads only the weights and lengths. Later requests load
+  as in the product.
+
 A structural variant:
 
 * ``pipeline``: the next page read and decoded while this page's score wgmma runs (two fragment sets, the loop
@@ -173,6 +181,20 @@ VARIANT_EDITS = {
     "no_mma": _NO_MMA,
     "no_decode_mma": [_NO_DECODE, *_NO_MMA],
     "pipeline": [(_LOOP, _PIPELINED_LOOP, 1)],
+    "coop_q": [
+        ("    auto load_request = [&](int b) {\n", "    auto load_request = [&](int b, bool with_q) {\n", 1),
+        ("            load_request(b0);\n", "            load_request(b0, true);\n", 1),
+        ("            load_request(cur_b);  // no wgmma is in flight here\n",
+         "            load_request(cur_b, true);  // no wgmma is in flight here\n", 1),
+        ("        load_chunk(0);     // in flight across the barrier\n",
+         "        if (with_q) load_chunk(0);     // in flight across the barrier\n", 1),
+        ("""        for (int k0 = 0; k0 < QV; k0 += Q_CHUNK) {
+            if (k0 > 0) load_chunk(k0);""",
+         """        for (int k0 = 0; k0 < QV; k0 += Q_CHUNK) {
+            if (!with_q) break;
+            if (k0 > 0) load_chunk(k0);""", 1),
+        ('    if (vcta < num_ctas) {\n        const int b0 = max(__ldg(schedule + 2 * vcta), 0), blk0', '    // coop_q: do the CTA\'s WGS entries all begin with one request? Then its queries are read once per CTA.\n    int coop_b = -1;\n    {\n        bool same = true;\n#pragma unroll\n        for (int g = 0; g < WGS; ++g) {\n            const int e = blockIdx.x * WGS + g;\n            int bb = -1;\n            if (e < num_ctas) {\n                const int x0 = max(__ldg(schedule + 2 * e), 0), y0 = max(__ldg(schedule + 2 * e + 1), 0);\n                const int x1 = __ldg(schedule + 2 * e + 2), y1 = __ldg(schedule + 2 * e + 3);\n                if (x0 < batch && (x0 < x1 || (x0 == x1 && y0 < y1))) bb = x0;\n            }\n            if (g == 0) coop_b = bb;\n            same = same && bb >= 0 && bb == coop_b;\n        }\n        if (!same) coop_b = -1;\n    }\n    if (coop_b >= 0) {\n        constexpr int QT = NEXT_N * HEADS * 8, CQ = (QT + WGS * MATH_THREADS - 1) / (WGS * MATH_THREADS);\n        const int gt = wg * MATH_THREADS + tid;\n        uint4 cv[CQ];\n#pragma unroll\n        for (int k = 0; k < CQ; ++k) {\n            const int idx = gt + k * WGS * MATH_THREADS;\n            const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;\n            cv[k] = idx < QT ? __ldg(reinterpret_cast<const uint4*>(\n                                   q + static_cast<i64>(coop_b * NEXT_N + i) * stride_q_row + h * stride_q_head + 16 * m))\n                             : make_uint4(0u, 0u, 0u, 0u);\n        }\n#pragma unroll\n        for (int k = 0; k < CQ; ++k) {\n            const int idx = gt + k * WGS * MATH_THREADS;\n            if (idx >= QT) break;\n            const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;\n            const u32 words[4] = {zero_nan_e4m3(cv[k].x), zero_nan_e4m3(cv[k].y), zero_nan_e4m3(cv[k].z),\n                                  zero_nan_e4m3(cv[k].w)};\n#pragma unroll\n            for (int kk = 0; kk < 4; ++kk) {\n                const int wi = 4 * m + kk, cc = wi >> 3, s = (wi >> 1) & 3, hi = wi & 1;\n                const int off = i * Q_BYTES + h * 128 + (((2 * s + hi) ^ (h & 7)) << 4) + 4 * cc;\n#pragma unroll\n                for (int g = 0; g < WGS; ++g) *reinterpret_cast<u32*>(smem_base + g * WG_BYTES + off) = words[kk];\n            }\n        }\n        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");\n        asm volatile("bar.sync 5, %0;" ::"n"(WGS * MATH_THREADS) : "memory");\n        cur_b = coop_b;\n        load_request(coop_b, false);\n    } else if (vcta < num_ctas) {\n        const int b0 = max(__ldg(schedule + 2 * vcta), 0), blk0', 1),
+    ],
     "no_qload": [
         ("""                v[k] = __ldg(reinterpret_cast<const uint4*>(
                     q + static_cast<i64>(b * NEXT_N + i) * stride_q_row + h * stride_q_head + 16 * m));""",
