@@ -532,16 +532,19 @@ case "$STEP" in
       # SOAK_CALL_S: the seconds this step may take in all (the device's limit per command); the load's limit is
       # what is left once the server is ready, less 20 s to stop it and pack the output, so that a slow start
       # shortens the load instead of cutting it.
-      if [ -n "${SOAK_CALL_S:-}" ]; then LIMIT=$(( SOAK_CALL_S - ($(date +%s) - CALL_T0) - 20 )); fi
-      if [ $ready = 0 ] || [ "$LIMIT" -lt 210 ]; then
-        echo "${tag}_${fmt} server not ready after $((SECONDS - t0)) s (or under 210 s left for the load): no load sent" \
-          | tee -a "$WORK/stages.txt"
+      short=0
+      if [ -n "${SOAK_CALL_S:-}" ]; then
+        LIMIT=$(( SOAK_CALL_S - ($(date +%s) - CALL_T0) - 20 )); [ "$LIMIT" -lt 210 ] && short=1
+      fi
+      if [ $ready = 0 ] || [ $short = 1 ]; then
+        echo "${tag}_${fmt} server $([ $ready = 1 ] && echo "ready after $((SECONDS - t0)) s, with $LIMIT s of SOAK_CALL_S left (under 210)" \
+          || echo "not ready after $((SECONDS - t0)) s"): no load sent" | tee -a "$WORK/stages.txt"
         kill $spid 2>/dev/null; wait $spid 2>/dev/null
-        echo "## ${tag} ${fmt}: no load (server not ready)" >>"$OUTDIR/table.txt"
+        echo "## ${tag} ${fmt}: no load sent" >>"$OUTDIR/table.txt"
         continue
       fi
       echo "${tag}_${fmt} server ready after $((SECONDS - t0)) s; load limit $LIMIT s" | tee -a "$WORK/stages.txt"
-      SEND_DEFAULT=$(( LIMIT - 180 ))
+      SEND_DEFAULT=$(( LIMIT - 180 )); [ "$SEND_DEFAULT" -lt 30 ] && SEND_DEFAULT=30
       stage "${tag}_$fmt" "$LIMIT" "$PY" scripts/soak.py load --url http://127.0.0.1:30791 \
         --out "$OUTDIR/${tag}_$fmt.json" --requests "${SOAK_REQUESTS:-3000}" --concurrency "${SOAK_CONCURRENCY:-32}" \
         --max-len "${SOAK_MAX_LEN:-60000}" --time-limit "${SOAK_SEND_S:-$SEND_DEFAULT}" \
