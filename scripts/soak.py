@@ -15,23 +15,27 @@ is the client and the checks, and talks to the server over HTTP only (it imports
   (``--logprob-frac``), which must all be finite, a fraction are sampled (``--sampled-frac``: temperature 0.8,
   through SGLang's speculative sampling kernel instead of its greedy verify; no top-p or top-k of its own, but in a
   batch that also holds greedy requests, which SGLang samples as top-k 1, SGLang renormalizes with FlashInfer's
-  top_k_renorm_prob from FlashInfer's Python package, which the GPU measurement runtime does not carry: there
-  ``scripts/sglang_gpu_check.sh soak`` passes ``--sampled-frac 0`` unless SOAK_SAMPLED_FRAC says otherwise) and a
-  fraction ask for
+  top_k_renorm_prob from FlashInfer's Python package, which a ``pip install`` of SGLang brings; the slimmed runtime
+  of this repository's own GPU runs has only FlashInfer's headers, so ``scripts/sglang_gpu_check.sh soak`` passes
+  ``--sampled-frac 0`` unless SOAK_SAMPLED_FRAC says otherwise) and a fraction ask for
   ``--long-output-len`` new tokens (``--long-frac``). The load's requests do not set ``ignore_eos`` (for such a
   request SGLang reserves pool room for all of its ``max_new_tokens`` at admission, and never has to retract it):
   SGLang reserves a fraction of the output (``SGLANG_INIT_NEW_TOKEN_RATIO``), decode outgrows it, and SGLang
-  retracts decode requests when the pool is full. Then the bad inputs a deployer sends (``bad_inputs``).
-  The load is bounded in requests and in time (``--time-limit``) and talks only to ``--url``.
-* ``table LABEL=RUN.json,CHECKS.json,SERVER.log ...``: the docs' table (``summary_rows``), one column per run.
+  retracts decode requests when the pool is full. Then the bad inputs a deployer sends (a prompt longer than the
+  context, ``max_new_tokens`` 0, top-5 log-probabilities, an empty prompt). The load is bounded in requests and in
+  time (``--time-limit``: no request is sent after it; those in flight finish, each within 900 s) and talks only
+  to ``--url``. Before anything is sent it checks that ``--out``'s folder exists, that the server answers
+  ``/health`` with 200, and that ``--max-len`` fits the server's longest prompt (``max_req_input_len``).
+* ``table LABEL=RUN.json,CHECKS.json,SERVER.log ...``: the docs' table, one column per run.
 * ``check OUT.json [--log SERVER.log] [--trace DIR --draft-tokens N] [--json CHECKS.json]``: the checks, as a
   table; exit 1 when one fails. ``--trace``: the test-only top-k trace plugin's records of the run
   (``scripts/topk_trace``, a sample of batches with ``FP4_INDEXER_TOPK_TRACE_EVERY``, layer 0's scorer inputs
   and pages with ``FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS=0``), checked by ``scripts/sglang_one_batch.py``'s
   ``check_trace`` and ``oracle_check``.
 
-What the checks hold a server to (``checks``): no request failed with a server error (HTTP 5xx or SGLang's
-error chunk) and every finished request's log-probabilities are finite; the probes gave the same tokens before
+What the checks hold a server to: the load completed requests; no request failed with a server error (HTTP 5xx,
+SGLang's error chunk or no answer) and none was refused (HTTP 4xx: the load sends only valid requests); every
+finished request's log-probabilities are finite; the probes gave the same tokens before
 and after the load; the server answered ``/health`` after the load and after each bad input, and each bad
 input got an answer (SGLang's error for what it refuses); the KV pool, read from SGLang's ``/v1/loads`` after
 ``/flush_cache`` before the load and again after it has drained, has as many free tokens afterwards as before and
@@ -51,6 +55,7 @@ import argparse
 import gzip
 import json
 import math
+import os
 import random
 import re
 import sys
@@ -112,7 +117,7 @@ def stream_one(base: str, body: dict, *, disconnect_after: int | None, timeout: 
 
     Returns:
         dict: ``outcome`` (``completed``, ``aborted`` when SGLang finished it with an abort, ``disconnected``,
-        ``error``), ``chunks``, ``finite`` (its log-probabilities, when it asked for them and finished),
+        ``refused`` (HTTP 4xx), ``error`` (HTTP 5xx, SGLang's error chunk, or no answer)), ``chunks``, ``finite`` (its log-probabilities, when it asked for them and finished),
         ``tokens`` (new tokens received, from the last chunk's ``meta_info.completion_tokens`` or its cumulative
         ``output_ids``), ``asked`` (``max_new_tokens``), ``finish`` (SGLang's finish reason type: ``length``,
         ``stop``, ``abort``) and ``matched`` (what a ``stop`` matched: a stop token's id, or SGLang's text such as
@@ -138,7 +143,9 @@ def stream_one(base: str, body: dict, *, disconnect_after: int | None, timeout: 
                 if disconnect_after is not None and chunks >= disconnect_after:
                     return {"outcome": "disconnected", "chunks": chunks}
     except urllib.error.HTTPError as e:
-        return {"outcome": "error", "chunks": chunks, "detail": f"HTTP {e.code}: {e.read()[:300]!r}"}
+        # 4xx: the server refused the request (a prompt past its limit, say): not a server error, counted apart.
+        return {"outcome": "refused" if 400 <= e.code < 500 else "error", "chunks": chunks,
+                "detail": f"HTTP {e.code}: {e.read()[:300]!r}"}
     except OSError as e:
         return {"outcome": "error", "chunks": chunks, "detail": f"{type(e).__name__}: {e}"}
     meta = (last or {}).get("meta_info", {})
@@ -227,7 +234,7 @@ def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: i
         log-probabilities, behind a shared prefix), ``seconds``, ``results`` (one per request), ``cache`` (over the
         finished requests, from SGLang's meta_info: ``prefix_tokens`` served from the prefix cache, ``from_host``
         of them loaded back from HiCache's host memory, ``requests_from_host``, ``requests_retracted``),
-        ``nonfinite_logprobs``, ``errors`` (the first 20 server errors).
+        ``nonfinite_logprobs``, ``errors`` (the first 20 server errors), ``refusals`` (the first 20 HTTP 4xx answers).
 
     Raises:
         ValueError: a fraction outside 0..1, ``min_len`` > ``max_len``, or a count or length below 1.
@@ -311,7 +318,8 @@ def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: i
             "short_outputs": len(short), "short_examples": [results[i] | {"request": i} for i in short[:5]],
             "unasked_aborts": len(unasked), "unasked_abort_examples": [results[i] | {"request": i} for i in unasked[:5]],
             "nonfinite_logprobs": sum(1 for r in results if r.get("finite") is False),
-            "errors": [r["detail"] for r in results if r["outcome"] == "error"][:20]}
+            "errors": [r["detail"] for r in results if r["outcome"] == "error"][:20],
+            "refusals": [r["detail"] for r in results if r["outcome"] == "refused"][:20]}
 
 
 def pool_state(base: str, settle_s: float = 20.0) -> dict:
@@ -405,8 +413,12 @@ def checks(run: dict, log_text: str | None = None, trace: dict | None = None) ->
     ``pool_after``) fails the pool row: nothing passes unread."""
     c = run["load"]["counts"]
     rows = [
+        {"check": "the load ran: requests sent and completed", "ok": c.get("completed", 0) > 0,
+         "detail": f"{c.get('completed', 0)} completed of {sum(c.values())} planned"},
         {"check": "no request failed with a server error", "ok": c.get("error", 0) == 0,
          "detail": f"{c} in {run['load']['seconds']:.0f} s; first errors: {run['load']['errors'][:3]}"},
+        {"check": "no request of the load refused (HTTP 4xx)", "ok": c.get("refused", 0) == 0,
+         "detail": f"{c.get('refused', 0)} refused; first: {run['load'].get('refusals', [])[:2]}"},
         {"check": "no request aborted by the server that its client did not abort",
          "ok": run["load"].get("unasked_aborts") == 0,  # a run that did not count them fails
          "detail": f"{run['load'].get('unasked_aborts', 'not counted')} aborted unasked"
@@ -445,7 +457,8 @@ def checks(run: dict, log_text: str | None = None, trace: dict | None = None) ->
                for mode, m in valid.items()}
         bad = {mode: v for mode, v in bad.items() if v}
         rows.append({"check": "sampled top-k rows valid (count, range, no duplicates)", "ok": rows_seen > 0 and not bad,
-                     "detail": f"{trace.get('records', 0)} batches sampled, " + ", ".join(
+                     "detail": (f"{trace['error']}; " if trace.get("error") else "")
+                     + f"{trace.get('records', 0)} batches sampled, " + ", ".join(
                          f"{mode}: {m['rows']} rows in {m['calls']} calls ({m['stale']} stale)"
                          for mode, m in valid.items()) + (f"; failures {bad}" if bad else ""),
                      "examples": {mode: m.get("examples", []) for mode, m in valid.items() if m.get("examples")}})
@@ -520,41 +533,80 @@ def soak_run(base: str, load_args: dict, context_len: int, probe_output_len: int
     return run
 
 
+def preflight(base: str, out: str, max_len: int, time_limit: float) -> dict:
+    """What ``load`` checks before it sends anything: ``out``'s folder exists, ``time_limit`` is positive, the
+    server answers ``/health`` with 200, and ``max_len`` fits its longest prompt (``max_req_input_len`` in
+    ``/get_server_info``, where it says). Returns the server info (``{}`` where it gave none).
+
+    Raises:
+        ValueError: naming the option (``--out``, ``--time-limit``, ``--url``, ``--max-len``) and what was expected.
+    """
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--out: the folder {folder} does not exist")
+    if not time_limit > 0:
+        raise ValueError(f"--time-limit: expected seconds > 0, got {time_limit}")
+    status = _get(base + "/health", timeout=30.0)[0]
+    if status == 0:
+        raise ValueError(f"--url: no answer from {base} (is the server running and reachable from here?)")
+    if status != 200:
+        raise ValueError(f"--url: {base}/health answered HTTP {status}, not 200: SGLang answers 503 until its "
+                         f"warm-up request has finished; wait until it answers 200")
+    info = json.loads(_get(base + "/get_server_info")[1] or b"{}")
+    limit = info.get("max_req_input_len") if isinstance(info, dict) else None
+    if isinstance(limit, int) and max_len > limit:
+        raise ValueError(f"--max-len: {max_len} tokens, but the server takes prompts of at most {limit} "
+                         f"(max_req_input_len); lower --max-len")
+    return info if isinstance(info, dict) else {}
+
+
 def _load_cmd(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="soak.py load")
+    p = argparse.ArgumentParser(prog="soak.py load", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                description="The load against a running SGLang server, then the readings the checks "
+                                            "need (probes, KV pool, bad inputs); writes them to --out.")
     p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:30000 (only it is sent to)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--requests", type=int, default=3000)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--min-len", type=int, default=100)
-    p.add_argument("--max-len", type=int, default=60000)
-    p.add_argument("--output-len", type=int, default=256, help="most new tokens a request asks for")
-    p.add_argument("--shared-frac", type=float, default=1 / 3)
-    p.add_argument("--disconnect-frac", type=float, default=0.1)
-    p.add_argument("--abort-frac", type=float, default=0.05)
-    p.add_argument("--logprob-frac", type=float, default=0.05)
+    p.add_argument("--out", required=True, help="the JSON file the run is written to (its folder must exist)")
+    p.add_argument("--requests", type=int, default=3000, help="requests planned (those after --time-limit are not sent)")
+    p.add_argument("--concurrency", type=int, default=32, help="requests in flight at once")
+    p.add_argument("--min-len", type=int, default=100, help="shortest prompt, in tokens")
+    p.add_argument("--max-len", type=int, default=60000,
+                   help="longest prompt, in tokens (lengths log-uniform in between); at most the server's longest")
+    p.add_argument("--output-len", type=int, default=256, help="most new tokens a request asks for (uniform from 1)")
+    p.add_argument("--shared-frac", type=float, default=1 / 3, help="fraction behind one of a few shared prefixes")
+    p.add_argument("--disconnect-frac", type=float, default=0.1,
+                   help="fraction whose client disconnects after 0 to 8 streamed chunks")
+    p.add_argument("--abort-frac", type=float, default=0.05, help="fraction aborted through /abort_request")
+    p.add_argument("--logprob-frac", type=float, default=0.05, help="fraction asking for the top-5 log-probabilities")
     p.add_argument("--sampled-frac", type=float, default=0.2,
                    help="fraction sampled at temperature 0.8 (the rest greedy)")
     p.add_argument("--long-frac", type=float, default=0.05,
                    help="fraction asking for --long-output-len new tokens, so that decode outgrows the pool")
-    p.add_argument("--long-output-len", type=int, default=2048)
+    p.add_argument("--long-output-len", type=int, default=2048, help="new tokens a long-output request asks for")
     p.add_argument("--abort-within", type=float, default=5.0, help="seconds after its start an abort goes out, at most")
-    p.add_argument("--context-len", type=int, default=163840, help="the server's context length (bad inputs)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--context-len", type=int, default=None,
+                   help="the server's context length, for the bad input longer than it (default: the server's "
+                        "max_req_input_len, else 163840)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of every client's choices")
     p.add_argument("--time-limit", type=float, default=1800.0, help="seconds after which no request is sent")
     o = p.parse_args(argv)
+    base = o.url.rstrip("/")
+    try:
+        info = preflight(base, o.out, o.max_len, o.time_limit)
+    except ValueError as e:
+        p.error(str(e))
+    context_len = o.context_len or info.get("max_req_input_len") or 163840
 
     def write(run: dict) -> None:
         with open(o.out, "w") as f:
             json.dump(run, f, indent=1, default=str)
 
     try:
-        run = soak_run(o.url.rstrip("/"), dict(
+        run = soak_run(base, dict(
             requests=o.requests, concurrency=o.concurrency, min_len=o.min_len, max_len=o.max_len,
             output_len=o.output_len, shared_frac=o.shared_frac, disconnect_frac=o.disconnect_frac,
             abort_frac=o.abort_frac, logprob_frac=o.logprob_frac, seed=o.seed, time_limit=o.time_limit,
             abort_within_s=o.abort_within, sampled_frac=o.sampled_frac, long_frac=o.long_frac,
-            long_output_len=o.long_output_len), o.context_len, on_step=write)
+            long_output_len=o.long_output_len), context_len, on_step=write)
     except ValueError as e:
         p.error(str(e))
     write(run)
@@ -563,19 +615,31 @@ def _load_cmd(argv: list[str]) -> int:
 
 
 def _check_cmd(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="soak.py check")
+    p = argparse.ArgumentParser(prog="soak.py check", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                description="The checks of one run that `load` wrote, as a table; exit 1 when one "
+                                            "fails, 2 for a missing file or folder.")
     p.add_argument("run", help="what `load` wrote")
-    p.add_argument("--log", help="the server's log")
-    p.add_argument("--trace", help="the top-k trace plugin's folder for this run (sampled rows, oracle layer)")
+    p.add_argument("--log", help="the server's log (no traceback or leak, retractions); without it those are not checked")
+    p.add_argument("--trace", help="the top-k trace plugin's folder for this run (sampled rows, oracle layer); "
+                                   "without it the top-k rows are not checked")
     p.add_argument("--draft-tokens", type=int, default=4, help="the server's --speculative-num-draft-tokens")
-    p.add_argument("--json")
+    p.add_argument("--json", help="also write the rows here")
     o = p.parse_args(argv)
-    run = json.load(open(o.run))
+    for opt, path, want in (("run", o.run, os.path.isfile), ("--log", o.log, os.path.isfile),
+                            ("--trace", o.trace, os.path.isdir)):
+        if path and not want(path):
+            p.error(f"{opt}: no {'folder' if want is os.path.isdir else 'file'} {path}")
+    try:
+        run = json.load(open(o.run))
+    except json.JSONDecodeError as e:
+        p.error(f"run: {o.run} is not the JSON `load` writes ({e})")
+    if not isinstance(run, dict) or "load" not in run:
+        p.error(f"run: {o.run} is not the JSON `load` writes (no load in it)")
     trace = None
     if o.trace:
         try:
             trace = trace_summary(o.trace, o.draft_tokens)
-        except FileNotFoundError as e:
+        except FileNotFoundError as e:  # a folder without a record: the top-k rows fail, with why
             trace = {"records": 0, "valid": {}, "oracle": {}, "error": str(e)}
     rows = checks(run, open(o.log, errors="replace").read() if o.log else None, trace)
     if o.json:
@@ -583,6 +647,10 @@ def _check_cmd(argv: list[str]) -> int:
             json.dump(rows, f, indent=1)
     for r in rows:
         print(f"{r['check']:<66} {'PASS' if r['ok'] else 'FAIL'} {r['detail']}")
+    not_run = [what for what, given in (("the server log's (--log)", o.log), ("the top-k rows' (--trace)", o.trace))
+               if not given]
+    print(f"{sum(r['ok'] for r in rows)} of {len(rows)} checks passed"
+          + (f"; not checked: {' and '.join(not_run)}" if not_run else ""))
     return 0 if all(r["ok"] for r in rows) else 1
 
 
@@ -631,6 +699,10 @@ def summary_rows(runs: dict[str, dict], logs: dict[str, str], checks_by_arm: dic
         rows.insert(6, ("prefix tokens from the cache / of them loaded back from host memory (requests)", col(cache)))
         rows.insert(8, ("finished requests SGLang had retracted",
                         col(lambda a: (runs[a]["load"].get("cache") or {}).get("requests_retracted", "not counted"))))
+    if any("refusals" in runs[a]["load"] for a in arms):  # runs since the load counted HTTP 4xx apart
+        rows.insert([r[0] for r in rows].index("server errors") + 1,
+                    ("requests refused (HTTP 4xx)", col(lambda a: count(a, "refused")
+                                                        if "refusals" in runs[a]["load"] else "not counted")))
     if any("kinds" in runs[a]["load"] for a in arms):  # runs since the load counted them
         rows.insert(1, ("of them sampled / long outputs / with log-probabilities / behind a shared prefix",
                         col(lambda a: " / ".join(str((runs[a]["load"].get("kinds") or {}).get(x, "not counted"))
@@ -662,8 +734,12 @@ def _table_cmd(argv: list[str]) -> int:
 
 def main() -> int:
     cmds = {"load": _load_cmd, "check": _check_cmd, "table": _table_cmd}
+    if len(sys.argv) >= 2 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 0
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         print(__doc__)
+        print("usage: soak.py {load,check,table} ... (each with --help)", file=sys.stderr)
         return 2
     return cmds[sys.argv[1]](sys.argv[2:])
 

@@ -62,7 +62,8 @@ def _standin(fault=None, hicache=False):
             if self.path == "/health":
                 self._send(200, {})
             elif self.path == "/get_server_info":
-                self._send(200, {"max_total_num_tokens": POOL, "memory": {"enable_hierarchical_cache": hicache}})
+                self._send(200, {"max_total_num_tokens": POOL, "max_req_input_len": CONTEXT,
+                                 "memory": {"enable_hierarchical_cache": hicache}})
             elif self.path == "/v1/loads":
                 self._send(200, {"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0,
                                             "num_used_tokens": state["held"], "max_total_num_tokens": POOL}]})
@@ -379,6 +380,9 @@ def test_the_docs_table_reads_every_value_from_the_run(tmp_path):
     assert rows["prefix tokens from the cache / of them loaded back from host memory (requests)"] == (
         f"{cache['prefix_tokens']:,} / {cache['from_host']:,} ({cache['requests_from_host']})",)
     assert rows["finished requests SGLang had retracted"] == (cache["requests_retracted"],)
+    assert rows["requests refused (HTTP 4xx)"] == (c.get("refused", 0),)
+    labels = [r[0] for r in soak.summary_rows({"FP4": run}, {"FP4": log}, {"FP4": soak.checks(run, log)})]
+    assert labels.index("requests refused (HTTP 4xx)") == labels.index("server errors") + 1
 
 
 def test_hicache_reload_is_counted_and_a_hicache_server_that_never_reloads_fails():
@@ -397,3 +401,67 @@ def test_hicache_reload_is_counted_and_a_hicache_server_that_never_reloads_fails
     assert check not in _ok(soak.checks(_run(shared_frac=1.0)))
     assert soak.hicache_on({"launch_command": "python -m sglang.launch_server --enable-hierarchical-cache"})
     assert not soak.hicache_on({"memory": {"enable_hierarchical_cache": False}, "launch_command": "x"})
+
+
+# --- what a deployer running the load against their own server meets first -------------------------------------
+
+def test_a_prompt_the_server_refuses_is_counted_apart_and_fails_its_check():
+    # Prompts past the stand-in's context: SGLang answers such a prompt with HTTP 400, which is not a server error.
+    run = _run(requests=30, min_len=CONTEXT + 1, max_len=CONTEXT + 50, shared_frac=0.0, disconnect_frac=0.0,
+               abort_frac=0.0)
+    counts = run["load"]["counts"]
+    assert counts.get("refused") == 30 and counts.get("error", 0) == 0, counts
+    ok = _ok(soak.checks(run))
+    assert ok["no request of the load refused (HTTP 4xx)"] is False
+    assert ok["no request failed with a server error"] is True
+    assert ok["the load ran: requests sent and completed"] is False
+    assert "exceeds" in run["load"]["refusals"][0]
+
+
+def test_a_load_that_sent_nothing_fails():
+    run = _run(time_limit=-1.0)
+    assert set(run["load"]["counts"]) == {"not sent (time limit)"}
+    assert _ok(soak.checks(run))["the load ran: requests sent and completed"] is False
+
+
+def _cli(*argv):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, str(_PATH), *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_load_refuses_before_sending_anything(tmp_path):
+    srv = _standin()
+    base = f"http://127.0.0.1:{srv.server_port}"
+    try:
+        out = str(tmp_path / "run.json")
+        cases = [
+            (["--out", str(tmp_path / "no" / "run.json")], "--out: the folder"),
+            (["--out", out, "--time-limit", "0"], "--time-limit: expected seconds > 0"),
+            (["--out", out, "--max-len", str(CONTEXT + 1)], f"the server takes prompts of at most {CONTEXT}"),
+        ]
+        for extra, message in cases:
+            r = _cli("load", "--url", base, *extra)
+            assert r.returncode == 2 and message in r.stderr, (extra, r.stderr)
+    finally:
+        srv.shutdown()
+    r = _cli("load", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "run.json"))
+    assert r.returncode == 2 and "--url: no answer from http://127.0.0.1:9" in r.stderr, r.stderr
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_check_names_a_missing_file_and_says_what_it_did_not_check(tmp_path):
+    r = _cli("check", str(tmp_path / "none.json"))
+    assert r.returncode == 2 and "run: no file" in r.stderr, r.stderr
+    run = _run()
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    r = _cli("check", str(path), "--trace", str(tmp_path / "no_trace"))
+    assert r.returncode == 2 and "--trace: no folder" in r.stderr, r.stderr
+    r = _cli("check", str(path))
+    rows = soak.checks(run)
+    assert r.returncode == (0 if all(x["ok"] for x in rows) else 1)
+    assert r.stdout.strip().splitlines()[-1] == (
+        f"{sum(x['ok'] for x in rows)} of {len(rows)} checks passed; not checked: the server log's (--log) and "
+        "the top-k rows' (--trace)")
+    assert _cli("--help").returncode == 0
