@@ -40,6 +40,17 @@
 # Output: $OUT (default ./out): summary.json, table.txt, logs.tar.gz; the table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Every step is named before anything is installed or started (the header above says what each does).
+STEPS="install runner engine mtp e2e serving profile hicache soak soak-check warm ab topk server pd"
+for arg in "${@:-runner}"; do
+  case "$arg" in
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+  esac
+  case " $STEPS " in
+    *" $arg "*) ;;
+    *) echo "usage: bash scripts/sglang_gpu_check.sh STEP [STEP ...] with STEP one of: $STEPS (got '$arg'; --help says what each does)" >&2; exit 2 ;;
+  esac
+done
 PY="${PYTHON:-python3}"
 OUTDIR="${OUT:-$PWD/out}"
 WORK=/tmp/sglang-check
