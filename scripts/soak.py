@@ -219,6 +219,23 @@ def bad_inputs(base: str, context_len: int, timeout: float = 120.0) -> list[dict
     return out
 
 
+def load_args_problem(**args) -> str | None:
+    """What is wrong with ``load``'s arguments (``None``: nothing), each named as its option (``--abort-frac``)
+    and as its argument (``abort_frac``): fractions in 0..1, ``1 <= min_len <= max_len``, counts and lengths >= 1."""
+    def opt(name: str) -> str:
+        return f"--{name.replace('_', '-')} ({name})"
+
+    for name in ("shared_frac", "disconnect_frac", "abort_frac", "logprob_frac", "sampled_frac", "long_frac"):
+        if name in args and not 0.0 <= args[name] <= 1.0:
+            return f"{opt(name)}: expected a fraction in 0..1, got {args[name]}"
+    for name in ("requests", "concurrency", "min_len", "output_len", "long_output_len"):
+        if name in args and args[name] < 1:
+            return f"{opt(name)}: expected at least 1, got {args[name]}"
+    if args.get("min_len", 1) > args.get("max_len", args.get("min_len", 1)):
+        return (f"{opt('max_len')}: expected at least {opt('min_len')} = {args['min_len']}, got {args['max_len']}")
+    return None
+
+
 def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: int, output_len: int,
          shared_frac: float, disconnect_frac: float, abort_frac: float, logprob_frac: float, seed: int,
          time_limit: float, timeout: float = 900.0, vocab: tuple[int, int] = TOKEN_IDS,
@@ -239,14 +256,12 @@ def load(base: str, *, requests: int, concurrency: int, min_len: int, max_len: i
     Raises:
         ValueError: a fraction outside 0..1, ``min_len`` > ``max_len``, or a count or length below 1.
     """
-    for name, v in (("shared_frac", shared_frac), ("disconnect_frac", disconnect_frac), ("abort_frac", abort_frac),
-                    ("logprob_frac", logprob_frac), ("sampled_frac", sampled_frac), ("long_frac", long_frac)):
-        if not 0.0 <= v <= 1.0:
-            raise ValueError(f"{name}: expected a fraction in 0..1, got {v}")
-    if not 1 <= min_len <= max_len or requests < 1 or concurrency < 1 or output_len < 1 or long_output_len < 1:
-        raise ValueError(f"min_len, max_len, requests, concurrency, output_len, long_output_len: expected "
-                         f"1 <= min_len <= max_len and counts and lengths >= 1, got {min_len}, {max_len}, {requests}, "
-                         f"{concurrency}, {output_len}, {long_output_len}")
+    problem = load_args_problem(requests=requests, concurrency=concurrency, min_len=min_len, max_len=max_len,
+                                output_len=output_len, long_output_len=long_output_len, shared_frac=shared_frac,
+                                disconnect_frac=disconnect_frac, abort_frac=abort_frac, logprob_frac=logprob_frac,
+                                sampled_frac=sampled_frac, long_frac=long_frac)
+    if problem:
+        raise ValueError(problem)
     rng = random.Random(seed)
     lo, hi = vocab
     prefixes = [[rng.randrange(lo, hi) for _ in range(rng.randint(min_len, max(min_len, max_len // 2)))]
@@ -419,6 +434,10 @@ def checks(run: dict, log_text: str | None = None, trace: dict | None = None) ->
          "detail": f"{c} in {run['load']['seconds']:.0f} s; first errors: {run['load']['errors'][:3]}"},
         {"check": "no request of the load refused (HTTP 4xx)", "ok": c.get("refused", 0) == 0,
          "detail": f"{c.get('refused', 0)} refused; first: {run['load'].get('refusals', [])[:2]}"},
+        {"check": "clients disconnected and requests aborted during the load", "ok": c.get("disconnected", 0) > 0
+         and c.get("aborted", 0) > 0,
+         "detail": f"{c.get('disconnected', 0)} disconnected, {c.get('aborted', 0)} aborted through /abort_request "
+                   "(an abort that reaches a finished request aborts nothing)"},
         {"check": "no request aborted by the server that its client did not abort",
          "ok": run["load"].get("unasked_aborts") == 0,  # a run that did not count them fails
          "detail": f"{run['load'].get('unasked_aborts', 'not counted')} aborted unasked"
@@ -533,17 +552,24 @@ def soak_run(base: str, load_args: dict, context_len: int, probe_output_len: int
     return run
 
 
-def preflight(base: str, out: str, max_len: int, time_limit: float) -> dict:
-    """What ``load`` checks before it sends anything: ``out``'s folder exists, ``time_limit`` is positive, the
-    server answers ``/health`` with 200, and ``max_len`` fits its longest prompt (``max_req_input_len`` in
+def preflight(base: str, out: str, max_len: int, time_limit: float, load_args: dict | None = None) -> dict:
+    """What ``load`` checks before it sends anything: ``out`` is a file in a folder that exists, ``load_args``
+    (``load``'s keyword arguments) are valid (``load_args_problem``), ``time_limit`` is positive, the server
+    answers ``/health`` with 200, and ``max_len`` fits its longest prompt (``max_req_input_len`` in
     ``/get_server_info``, where it says). Returns the server info (``{}`` where it gave none).
 
     Raises:
-        ValueError: naming the option (``--out``, ``--time-limit``, ``--url``, ``--max-len``) and what was expected.
+        ValueError: naming the option (``--out``, ``--time-limit``, ``--url``, ``--max-len``, ...) and what was
+        expected.
     """
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):
         raise ValueError(f"--out: the folder {folder} does not exist")
+    if os.path.isdir(out):
+        raise ValueError(f"--out: {out} is a folder; give the JSON file to write, e.g. {os.path.join(out, 'soak.json')}")
+    problem = load_args_problem(**(load_args or {}))
+    if problem:
+        raise ValueError(problem)
     if not time_limit > 0:
         raise ValueError(f"--time-limit: expected seconds > 0, got {time_limit}")
     status = _get(base + "/health", timeout=30.0)[0]
@@ -584,14 +610,21 @@ def _load_cmd(argv: list[str]) -> int:
     p.add_argument("--long-output-len", type=int, default=2048, help="new tokens a long-output request asks for")
     p.add_argument("--abort-within", type=float, default=5.0, help="seconds after its start an abort goes out, at most")
     p.add_argument("--context-len", type=int, default=None,
-                   help="the server's context length, for the bad input longer than it (default: the server's "
-                        "max_req_input_len, else 163840)")
+                   help="the server's context length, for the bad input longer than it; None: the server's "
+                        "max_req_input_len, else 163840")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of every client's choices")
     p.add_argument("--time-limit", type=float, default=1800.0, help="seconds after which no request is sent")
     o = p.parse_args(argv)
     base = o.url.rstrip("/")
+    load_args = dict(
+        requests=o.requests, concurrency=o.concurrency, min_len=o.min_len, max_len=o.max_len,
+        output_len=o.output_len, shared_frac=o.shared_frac, disconnect_frac=o.disconnect_frac,
+        abort_frac=o.abort_frac, logprob_frac=o.logprob_frac, seed=o.seed, time_limit=o.time_limit,
+        abort_within_s=o.abort_within, sampled_frac=o.sampled_frac, long_frac=o.long_frac,
+        long_output_len=o.long_output_len)
     try:
-        info = preflight(base, o.out, o.max_len, o.time_limit)
+        info = preflight(base, o.out, o.max_len, o.time_limit, {k: v for k, v in load_args.items()
+                                                                 if k not in ("seed", "time_limit", "abort_within_s")})
     except ValueError as e:
         p.error(str(e))
     context_len = o.context_len or info.get("max_req_input_len") or 163840
@@ -600,18 +633,16 @@ def _load_cmd(argv: list[str]) -> int:
         with open(o.out, "w") as f:
             json.dump(run, f, indent=1, default=str)
 
-    try:
-        run = soak_run(base, dict(
-            requests=o.requests, concurrency=o.concurrency, min_len=o.min_len, max_len=o.max_len,
-            output_len=o.output_len, shared_frac=o.shared_frac, disconnect_frac=o.disconnect_frac,
-            abort_frac=o.abort_frac, logprob_frac=o.logprob_frac, seed=o.seed, time_limit=o.time_limit,
-            abort_within_s=o.abort_within, sampled_frac=o.sampled_frac, long_frac=o.long_frac,
-            long_output_len=o.long_output_len), context_len, on_step=write)
-    except ValueError as e:
-        p.error(str(e))
+    run = soak_run(base, load_args, context_len, on_step=write)
     write(run)
     print(json.dumps(run["load"]["counts"]))
     return 0
+
+
+def read_log(path: str) -> str:
+    """A server log's text, gzip-compressed (``.gz``) or not; undecodable bytes replaced."""
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", errors="replace") as f:
+        return f.read()
 
 
 def _check_cmd(argv: list[str]) -> int:
@@ -622,7 +653,8 @@ def _check_cmd(argv: list[str]) -> int:
     p.add_argument("--log", help="the server's log (no traceback or leak, retractions); without it those are not checked")
     p.add_argument("--trace", help="the top-k trace plugin's folder for this run (sampled rows, oracle layer); "
                                    "without it the top-k rows are not checked")
-    p.add_argument("--draft-tokens", type=int, default=4, help="the server's --speculative-num-draft-tokens")
+    p.add_argument("--draft-tokens", type=int, default=4,
+                   help="with --trace: the server's --speculative-num-draft-tokens")
     p.add_argument("--json", help="also write the rows here")
     o = p.parse_args(argv)
     for opt, path, want in (("run", o.run, os.path.isfile), ("--log", o.log, os.path.isfile),
@@ -633,15 +665,17 @@ def _check_cmd(argv: list[str]) -> int:
         run = json.load(open(o.run))
     except json.JSONDecodeError as e:
         p.error(f"run: {o.run} is not the JSON `load` writes ({e})")
-    if not isinstance(run, dict) or "load" not in run:
-        p.error(f"run: {o.run} is not the JSON `load` writes (no load in it)")
+    if not isinstance(run, dict) or not isinstance(run.get("load"), dict) or "counts" not in run["load"]:
+        p.error(f"run: {o.run} is not the JSON `load` writes (no load counts in it)")
+    if o.json and not os.path.isdir(os.path.dirname(os.path.abspath(o.json))):
+        p.error(f"--json: the folder {os.path.dirname(os.path.abspath(o.json))} does not exist")
     trace = None
     if o.trace:
         try:
             trace = trace_summary(o.trace, o.draft_tokens)
         except FileNotFoundError as e:  # a folder without a record: the top-k rows fail, with why
             trace = {"records": 0, "valid": {}, "oracle": {}, "error": str(e)}
-    rows = checks(run, open(o.log, errors="replace").read() if o.log else None, trace)
+    rows = checks(run, read_log(o.log) if o.log else None, trace)
     if o.json:
         with open(o.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -711,7 +745,9 @@ def summary_rows(runs: dict[str, dict], logs: dict[str, str], checks_by_arm: dic
 
 
 def _table_cmd(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="soak.py table")
+    p = argparse.ArgumentParser(prog="soak.py table",
+                                description="Runs side by side as a Markdown table (one column each): what `load` "
+                                            "wrote, what `check --json` wrote, and the server's log (.gz or not).")
     p.add_argument("arms", nargs="+", metavar="LABEL=RUN.json,CHECKS.json,SERVER.log",
                    help="one per column, e.g. FP8=soak_fp8.json,soak_checks_fp8.json,soak_server_fp8.log")
     o = p.parse_args(argv)
@@ -722,9 +758,16 @@ def _table_cmd(argv: list[str]) -> int:
             run, chk, log = files.split(",")
         except ValueError:
             p.error(f"arms: expected LABEL=RUN.json,CHECKS.json,SERVER.log, got {spec!r}")
-        runs[label] = json.load(open(run))
-        checks_by_arm[label] = json.load(open(chk))
-        logs[label] = (gzip.open if log.endswith(".gz") else open)(log, "rt", errors="replace").read()
+        for what, path in (("RUN.json", run), ("CHECKS.json", chk), ("SERVER.log", log)):
+            if not os.path.isfile(path):
+                p.error(f"arms: {label}'s {what}: no file {path}")
+        try:
+            runs[label], checks_by_arm[label] = json.load(open(run)), json.load(open(chk))
+        except json.JSONDecodeError as e:
+            p.error(f"arms: {label}: {e}")
+        if not (isinstance(runs[label], dict) and "load" in runs[label] and isinstance(checks_by_arm[label], list)):
+            p.error(f"arms: {label}: expected `load`'s JSON, then `check --json`'s, then the log, in that order")
+        logs[label] = read_log(log)
     print("| | " + " | ".join(runs) + " |")
     print("| --- |" + " --- |" * len(runs))
     for label, vals in summary_rows(runs, logs, checks_by_arm):

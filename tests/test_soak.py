@@ -360,7 +360,7 @@ def test_invalid_sampled_rows_or_no_sampled_rows_fail():
 
 
 def test_the_docs_table_reads_every_value_from_the_run(tmp_path):
-    run = _run(requests=20, disconnect_frac=0.2, abort_frac=0.0)
+    run = _run(requests=20, disconnect_frac=0.2, abort_frac=0.2)
     log = ("x\nKV cache pool is full. Retract requests. #retracted_reqs: 3, #new_tokens_gained: 9\n"
            "Testing retraction. #retracted_reqs: 1, #new_tokens_gained: 2\n")
     rows = dict(soak.summary_rows({"FP4": run}, {"FP4": log}, {"FP4": soak.checks(run, log)}))
@@ -370,8 +370,10 @@ def test_the_docs_table_reads_every_value_from_the_run(tmp_path):
     assert rows["decode requests SGLang retracted (times it retracted)"] == ("4 (2)",)
     assert rows["KV pool after the load (after /flush_cache)"] == (f"{POOL:,} free of {POOL:,}",)
     assert rows["probes identical before and after"] == ("yes",)
-    n = len(soak.checks(run, log))
-    assert rows["checks passed"] == (f"{n} of {n}",) and rows["checks failed"] == ("none",)
+    rows_checked = soak.checks(run, log)
+    failed = [r["check"] for r in rows_checked if not r["ok"]]
+    assert rows["checks passed"] == (f"{len(rows_checked) - len(failed)} of {len(rows_checked)}",)
+    assert rows["checks failed"] == ("; ".join(failed) or "none",)
     k = run["load"]["kinds"]
     assert rows["of them sampled / long outputs / with log-probabilities / behind a shared prefix"] == (
         f"{k['sampled']} / {k['long']} / {k['logprob']} / {k['shared_prefix']}",)
@@ -465,3 +467,42 @@ def test_check_names_a_missing_file_and_says_what_it_did_not_check(tmp_path):
         f"{sum(x['ok'] for x in rows)} of {len(rows)} checks passed; not checked: the server log's (--log) and "
         "the top-k rows' (--trace)")
     assert _cli("--help").returncode == 0
+
+
+def test_a_load_without_aborts_or_disconnects_fails_their_check():
+    check = "clients disconnected and requests aborted during the load"
+    assert _ok(soak.checks(_run()))[check] is True
+    assert _ok(soak.checks(_run(requests=20, abort_frac=0.0)))[check] is False
+    assert _ok(soak.checks(_run(requests=20, disconnect_frac=0.0, abort_frac=0.0)))[check] is False
+
+
+def test_more_mistakes_are_refused_before_anything_is_sent(tmp_path):
+    # Nothing listens on port 9: a refusal that names an option, not the URL, came before any request.
+    for extra, message in ((["--max-len", "50"], "--max-len (max_len): expected at least --min-len (min_len) = 100"),
+                           (["--concurrency", "0"], "--concurrency (concurrency): expected at least 1"),
+                           (["--abort-frac", "2"], "--abort-frac (abort_frac): expected a fraction in 0..1"),
+                           (["--requests", "0"], "--requests (requests): expected at least 1")):
+        r = _cli("load", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "run.json"), *extra)
+        assert r.returncode == 2 and message in r.stderr, (extra, r.stderr)
+    r = _cli("load", "--url", "http://127.0.0.1:9", "--out", str(tmp_path))
+    assert r.returncode == 2 and "is a folder" in r.stderr, r.stderr
+
+
+def test_check_reads_a_gzipped_log_and_table_names_a_missing_file(tmp_path):
+    import gzip
+    run = _run(requests=20)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    text = "x\nTraceback (most recent call last):\n  boom\n"
+    with gzip.open(tmp_path / "server.log.gz", "wt") as f:
+        f.write(text)
+    (tmp_path / "server.log").write_text(text)
+    for log in ("server.log", "server.log.gz"):
+        r = _cli("check", str(path), "--log", str(tmp_path / log))
+        assert r.returncode == 1 and "server log: no traceback, no pool leak SGLang reports" in r.stdout
+        line = next(x for x in r.stdout.splitlines() if x.startswith("server log: no traceback"))
+        assert " FAIL " in line and "'tracebacks': 1" in line, line
+    r = _cli("check", str(path), "--json", str(tmp_path / "no" / "c.json"))
+    assert r.returncode == 2 and "--json: the folder" in r.stderr, r.stderr
+    r = _cli("table", f"FP4={path},{tmp_path / 'none.json'},{tmp_path / 'server.log'}")
+    assert r.returncode == 2 and "FP4's CHECKS.json: no file" in r.stderr, r.stderr
