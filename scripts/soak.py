@@ -33,7 +33,8 @@ is the client and the checks, and talks to the server over HTTP only (it imports
   and pages with ``FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS=0``), checked by ``scripts/sglang_one_batch.py``'s
   ``check_trace`` and ``oracle_check``.
 
-What the checks hold a server to: the load completed requests; no request failed with a server error (HTTP 5xx,
+What the checks hold a server to: the load completed requests, and some of its clients disconnected and some
+of its aborts took effect (the paths a soak exists to exercise); no request failed with a server error (HTTP 5xx,
 SGLang's error chunk or no answer) and none was refused (HTTP 4xx: the load sends only valid requests); every
 finished request's log-probabilities are finite; the probes gave the same tokens before
 and after the load; the server answered ``/health`` after the load and after each bad input, and each bad
@@ -633,7 +634,11 @@ def _load_cmd(argv: list[str]) -> int:
         with open(o.out, "w") as f:
             json.dump(run, f, indent=1, default=str)
 
-    run = soak_run(base, load_args, context_len, on_step=write)
+    try:
+        run = soak_run(base, load_args, context_len, on_step=write)
+    except RuntimeError as e:  # a probe before the load not answered: the server was not serving
+        print(f"soak.py load: {e}; nothing of the load was sent", file=sys.stderr)
+        return 1
     write(run)
     print(json.dumps(run["load"]["counts"]))
     return 0
