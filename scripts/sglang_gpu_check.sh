@@ -601,7 +601,7 @@ case "$STEP" in
     # test.jsonl; left out when absent), AB_QUESTIONS questions, passkey at the input length, a serving benchmark of
     # AB_INPUT_LEN (default 4096) in / AB_OUTPUT_LEN (default 64) out at concurrency 8, and a KV-limited load at
     # AB_KV_CONCURRENCY (default 64) on a pool capped at AB_POOL_TOKENS (default 131072: 31 such requests). MTP as the
-    # shipped config (EAGLE 3 steps / 4 draft tokens). The report and each arm's result land in $OUT/ab_<size>.
+    # shipped config (EAGLE 3 steps / 4 draft tokens).
     # AB_READY_S (default 540): each server's wait for /health (a fresh machine's first start compiles SGLang's and
     # DeepGEMM's JIT kernels for 4 to 8 minutes; JIT caches carried in .peers/jit-cache shorten it).
     AB_SIZE="${AB_SIZE:-tiny}"
@@ -613,14 +613,23 @@ case "$STEP" in
     # prompts never call: scripts/bench_standins stands in for it on the clients' path (as in sglang_bench.py serving).
     AB_PATH="$PYTHONPATH"; "$PY" -c "import datasets" 2>/dev/null || AB_PATH="$PYTHONPATH:$PWD/scripts/bench_standins"
     GSM=(); [ -f "${AB_GSM8K:-.peers/gsm8k_test_head60.jsonl}" ] && GSM=(--gsm8k-data "${AB_GSM8K:-.peers/gsm8k_test_head60.jsonl}" --gsm8k-questions "${AB_QUESTIONS:-40}")
-    PYTHONPATH="$AB_PATH" stage "ab_$AB_SIZE" "${AB_LIMIT:-560}" "$PY" -m sglang_fp4_indexer.cli ab "$M" --out "$OUTDIR/ab_$AB_SIZE" \
+    # The command's folder stays on the machine ($WORK/ab_<size>): the same step in a later call on a warm machine
+    # resumes it (the arms already finished are kept; AB_FRESH=1 starts over), so a run longer than one command's
+    # time limit spreads over several. Each call brings back the whole folder as $OUT/ab_<size>.tar.gz (its arms
+    # sit two folders down, deeper than what comes back from a call as files) and the report beside it.
+    AB_DIR="$WORK/ab_$AB_SIZE"
+    [ "${AB_FRESH:-0}" = 1 ] && rm -rf "$AB_DIR"
+    PYTHONPATH="$AB_PATH" stage "ab_$AB_SIZE" "${AB_LIMIT:-560}" "$PY" -m sglang_fp4_indexer.cli ab "$M" --out "$AB_DIR" \
       --orders "${AB_ORDERS:-fp8-first,fp4-first}" --input-lens "${AB_INPUT_LEN:-4096}" --output-len "${AB_OUTPUT_LEN:-64}" \
       --concurrency 8 --prompts 16 --kv-limited-concurrency "${AB_KV_CONCURRENCY:-64}" ${GSM[@]+"${GSM[@]}"} \
       --passkey-trials 2 --port 30793 --ready-timeout "${AB_READY_S:-540}" -- \
       --load-format dummy --kv-cache-dtype fp8_e4m3 --max-total-tokens "${AB_POOL_TOKENS:-131072}" --random-seed 0 \
       --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 \
       --disable-prefill-cuda-graph --cuda-graph-max-bs-decode 32
-    cp "$WORK/logs/ab_$AB_SIZE.log" "$OUTDIR/ab_$AB_SIZE/ab_command.log" 2>/dev/null
+    mkdir -p "$AB_DIR"
+    cat "$WORK/logs/ab_$AB_SIZE.log" >>"$AB_DIR/ab_command.log" 2>/dev/null
+    tar -czf "$OUTDIR/ab_$AB_SIZE.tar.gz" -C "$WORK" "ab_$AB_SIZE"
+    for f in report.json report.png; do [ -f "$AB_DIR/$f" ] && cp "$AB_DIR/$f" "$OUTDIR/ab_${AB_SIZE}_$f"; done
     ;;
   topk)
     # SGLang's two top-k kernels against the exact top-k on random scores at real and at dummy-weight scale
