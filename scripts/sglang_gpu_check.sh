@@ -26,7 +26,7 @@
 #                                              # FP8, with the checks of scripts/soak.py (tiny model, MTP on);
 #                                              # soak-check: the checks of loads run with SOAK_CHECK=0
 #   bash scripts/sglang_gpu_check.sh warm      # starts the tiny model's MTP servers (FP8, FP4) once, so that a fresh
-#                                              # machine's JIT compile is paid in a call of its own (JIT_CACHE_OUT=1)
+#                                              # machine's JIT compile is paid in a command of its own (JIT_CACHE_OUT=1)
 #   bash scripts/sglang_gpu_check.sh ab        # `sglang-fp4-indexer ab` end to end (both arms, both orders) on the
 #                                              # tiny model with MTP (AB_SIZE=v32-layers: the real-size layers)
 #   bash scripts/sglang_gpu_check.sh topk      # SGLang's decode and verify top-k kernels against the exact top-k at
@@ -35,7 +35,7 @@
 #   bash scripts/sglang_gpu_check.sh pd        # PD disaggregation on one GPU (scripts/pd_gpu.py): FP4 prefill ->
 #                                              # FP4 decode over Mooncake TCP against a plain FP4 server, then FP8
 #                                              # prefill -> FP4 decode refused at bootstrap. Needs .peers/pd-runtime
-#                                              # (scripts/fetch_pd_wheels.sh), carried in a call of its own.
+#                                              # (scripts/fetch_pd_wheels.sh), brought along in a command of its own.
 # Each step installs whatever wheels it finds under .peers/sglang-runtime into /tmp/site.
 # Output: $OUT (default ./out): summary.json, table.txt, logs.tar.gz; the table is printed last.
 set -uo pipefail
@@ -44,7 +44,8 @@ cd "$(dirname "$0")/.."
 STEPS="install runner engine mtp e2e serving profile hicache soak soak-check warm ab topk server pd"
 for arg in "${@:-runner}"; do
   case "$arg" in
-    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) { sed -n '2,4p' "$0"; sed -n '/^#   bash scripts\/sglang_gpu_check.sh install/,/^# Output:/p' "$0"; } \
+                 | sed 's/^# \{0,1\}//'; exit 0 ;;
   esac
   case " $STEPS " in
     *" $arg "*) ;;
