@@ -175,7 +175,7 @@ def _config_enables_fp4(paths: list[str]) -> bool:
     return False
 
 
-def _validate(args: argparse.Namespace) -> tuple[str, dict]:
+def _validate(args: argparse.Namespace, answer_value: Callable | None = None) -> tuple[str, dict]:
     """The mode (``launch`` or ``urls``) and the YAML config; ValueError naming the option when they conflict.
     Everything that can be told from the options is told here, before the check and before any server."""
     config = _read_config(args.config)
@@ -205,7 +205,7 @@ def _validate(args: argparse.Namespace) -> tuple[str, dict]:
             raise ValueError(f"--fp4-url: {args.fp4_url} is --fp8-url's server too; give the URL of the server "
                              "launched with --enable-fp4-indexer")
     if args.gsm8k_data is not None:
-        _check_gsm8k(args.gsm8k_data, args.gsm8k_questions)
+        _check_gsm8k(args.gsm8k_data, args.gsm8k_questions, answer_value)
     if not args.out or (os.path.exists(args.out) and not os.path.isdir(args.out)):
         raise ValueError(f"--out: expected a folder (new or of an earlier run), got {args.out!r}")
     for path in _config_paths(args)[1 if args.config else 0:]:
@@ -247,24 +247,13 @@ def _missing_local(path: str) -> bool:
     return path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path))
 
 
-def _gsm8k_label(answer: str) -> int | None:
-    """The label SGLang's few-shot GSM8K reads from a reference answer (its ``get_answer_value``: the last run of
-    digits once commas are dropped, as a Python literal), or None where it reads none (and stops on an assert)."""
-    import ast
-    import re
-
-    numbers = re.findall(r"\d+", answer.replace(",", ""))
-    try:
-        return ast.literal_eval(numbers[-1]) if numbers else None
-    except SyntaxError:  # e.g. "0123": no literal
-        return None
-
-
-def _check_gsm8k(path: str, questions: int) -> None:
+def _check_gsm8k(path: str, questions: int, answer_value: Callable | None = None) -> None:
     """``--gsm8k-data`` read before any server starts, as SGLang's few-shot GSM8K will read it: every line not
-    starting with ``#`` a JSON object with ``question`` and ``answer`` strings, the answer holding the number SGLang
-    takes as its label (``_gsm8k_label``; GSM8K's ``test.jsonl``), at least ``questions`` of them and at least
-    ``GSM8K_SHOTS`` (SGLang's few-shot GSM8K puts the first lines before every question).
+    starting with ``#`` a JSON object with ``question`` and ``answer`` strings, the answer holding a number SGLang
+    can take as its label (``answer_value``, SGLang's ``get_answer_value`` that ``cli`` passes: not its invalid
+    marker, which it gives a text without a number; not checked without it; GSM8K's ``test.jsonl``), at least
+    ``questions`` of them and at least ``GSM8K_SHOTS`` (SGLang's few-shot GSM8K puts the first lines before every
+    question).
 
     Raises:
         ValueError: naming ``--gsm8k-data`` (and ``--gsm8k-questions`` when the file holds fewer), the file and
@@ -286,7 +275,7 @@ def _check_gsm8k(path: str, questions: int) -> None:
         if not (isinstance(obj, dict) and isinstance(obj.get("question"), str) and isinstance(obj.get("answer"), str)):
             raise ValueError(f"--gsm8k-data: line {i} of {path} is not a JSON object with question and answer "
                              "strings; expected GSM8K's test.jsonl (one such object per line)")
-        if _gsm8k_label(obj["answer"]) is None:
+        if answer_value is not None and answer_value(obj["answer"]) == answer_value(""):
             raise ValueError(f"--gsm8k-data: line {i} of {path} has an answer without a number SGLang can read "
                              "as its label (GSM8K's answers end in '#### N')")
     need = max(questions, GSM8K_SHOTS)
@@ -701,7 +690,7 @@ def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_v
             holding another run's settings, or a kept file that is not what the run wrote.
         RuntimeError: a server fails to start, or an SGLang client exits non-zero (the arm is not kept).
     """
-    mode, config = _validate(args)
+    mode, config = _validate(args, answer_value)
     flags = list(args.server_flags)
     to_run = {f"{o}/{a}" for o in args.orders for a in ORDERS[o]} - set(_finished_arms(args.out))
     if mode == "urls" and args.model is None and not (config.get("model-path") or config.get("model_path")):
