@@ -158,14 +158,16 @@ DG_SITE="$(cat "$WORK/deepgemm.site" 2>/dev/null)"
 export PYTHONPATH="/tmp/site${DG_SITE:+:$DG_SITE}"
 "$PY" scripts/sglang_one_batch.py make-model "$WORK/tiny" >/dev/null
 
-mtp_server() {  # model format port log [flags...]: launch_server in the background as the soak and warm steps start it
-  # (the tiny model's sizes: MTP as shipped, EAGLE 3 steps / 4 draft tokens, CUDA graphs up to batch 32)
+# The server flags of the soak, warm and ab steps (dummy weights, an FP8 MLA KV cache, MTP as shipped: EAGLE 3 steps /
+# 4 draft tokens, decode CUDA graphs up to batch 32): one list, so that the warm step compiles what the others run.
+MTP_FLAGS=(--load-format dummy --kv-cache-dtype fp8_e4m3 --random-seed 0 --speculative-algorithm EAGLE
+  --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --disable-prefill-cuda-graph
+  --cuda-graph-max-bs-decode 32)
+
+mtp_server() {  # model format port log [flags...]: launch_server in the background with MTP_FLAGS (soak, warm)
   local model=$1 fmt=$2 port=$3 log=$4; shift 4
-  "$PY" -m sglang.launch_server --model-path "$model" --host 127.0.0.1 --port "$port" --load-format dummy \
-    --kv-cache-dtype fp8_e4m3 --max-total-tokens "${SOAK_POOL_TOKENS:-262144}" --random-seed 0 \
-    --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 \
-    --speculative-num-draft-tokens 4 --disable-prefill-cuda-graph --cuda-graph-max-bs-decode 32 \
-    "$@" $([ "$fmt" = fp4 ] && echo --enable-fp4-indexer) >"$log" 2>&1 &
+  "$PY" -m sglang.launch_server --model-path "$model" --host 127.0.0.1 --port "$port" "${MTP_FLAGS[@]}" \
+    --max-total-tokens "${SOAK_POOL_TOKENS:-262144}" "$@" $([ "$fmt" = fp4 ] && echo --enable-fp4-indexer) >"$log" 2>&1 &
 }
 
 wait_healthy() {  # port pid seconds: status 0 once /health answered 200, 1 when the server exited or time ran out
@@ -624,9 +626,7 @@ case "$STEP" in
       --orders "${AB_ORDERS:-fp8-first,fp4-first}" --input-lens "${AB_INPUT_LEN:-4096}" --output-len "${AB_OUTPUT_LEN:-64}" \
       --concurrency 8 --prompts 16 --kv-limited-concurrency "${AB_KV_CONCURRENCY:-64}" ${GSM[@]+"${GSM[@]}"} \
       --passkey-trials 2 --port 30793 --ready-timeout "${AB_READY_S:-540}" -- \
-      --load-format dummy --kv-cache-dtype fp8_e4m3 --max-total-tokens "${AB_POOL_TOKENS:-131072}" --random-seed 0 \
-      --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 \
-      --disable-prefill-cuda-graph --cuda-graph-max-bs-decode 32
+      "${MTP_FLAGS[@]}" --max-total-tokens "${AB_POOL_TOKENS:-131072}"
     mkdir -p "$AB_DIR"
     cat "$WORK/logs/ab_$AB_SIZE.log" >>"$AB_DIR/ab_command.log" 2>/dev/null
     tar -czf "$OUTDIR/ab_$AB_SIZE.tar.gz" -C "$WORK" "ab_$AB_SIZE"
@@ -656,7 +656,7 @@ case "$STEP" in
     tar -czf "$WORK/logs/pd_traces.tar.gz" -C "$WORK/logs" trace_decode_fp4 trace_plain_fp4 2>/dev/null \
       && rm -rf "$WORK"/logs/trace_decode_fp4 "$WORK"/logs/trace_plain_fp4
     ;;
-  *) echo "usage: bash scripts/sglang_gpu_check.sh [install|runner|engine|mtp|e2e|serving|profile|hicache|soak|soak-check|warm|ab|topk|server|pd]" >&2; exit 2 ;;
+  *) echo "step $STEP is in STEPS but has no branch here" >&2; exit 2 ;;  # the steps were checked at the top
 esac
 
 ENGINE=()
