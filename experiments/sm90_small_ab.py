@@ -25,7 +25,10 @@ Probe variants (wrong scores by construction, so they fail the check; their time
 * ``no_qload``: the index queries not read from global memory (each math warpgroup's load of its request's
   queries, ``NEXT_N x HEADS x 128`` bytes through L2, replaced by constants; still written to shared memory):
   what that load costs where an entry covers few pages (one long request over every SM's four entries reads
-  the same queries 528 times).
+  the same queries 528 times). Its queries are nearly all zero bytes, so the tensor cores also draw less power
+  (the board's clock limit, docs/perf-notes.md);
+* ``no_qload_dense``: the same with dense constant queries (every byte a nonzero e4m3 of either sign, varying
+  with the thread): the load's cost without the power confound.
 
 A structural variant aimed at that load:
 
@@ -199,6 +202,13 @@ VARIANT_EDITS = {
         ("""                v[k] = __ldg(reinterpret_cast<const uint4*>(
                     q + static_cast<i64>(b * NEXT_N + i) * stride_q_row + h * stride_q_head + 16 * m));""",
          """                v[k] = make_uint4(static_cast<u32>(i + h + m), 0u, 0u, 0u);""", 1),
+    ],
+    "no_qload_dense": [
+        ("""                v[k] = __ldg(reinterpret_cast<const uint4*>(
+                    q + static_cast<i64>(b * NEXT_N + i) * stride_q_row + h * stride_q_head + 16 * m));""",
+         """                const u32 r = static_cast<u32>(idx) * 0x9E3779B1u;
+                v[k] = make_uint4(0x38B848C8u | (r & 0x07070707u), 0xC848B838u | ((r >> 3) & 0x07070707u),
+                                  0xB83848C8u | ((r >> 6) & 0x07070707u), 0x48C838B8u | ((r >> 9) & 0x07070707u));""", 1),
     ],
 }
 

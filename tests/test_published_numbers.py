@@ -346,6 +346,21 @@ def test_readme_says_what_the_headline_was_measured_on():
     assert "a348cd9" in (RESULTS / "bench_h200_summary_2026-12-03.log").read_text() and "DeepGEMM` a348cd9" in page
 
 
+def test_perf_notes_query_load_table_quotes_its_run():
+    """The query-load table (perf notes, open item 5): every cell is its raw run's median, rounded as shown."""
+    run = _json("sm90_small_ab_qload_h100_2026-12-07.json")
+    assert run["meta"]["device"] == "NVIDIA H100 80GB HBM3"
+    page = _page("docs/perf-notes.md")
+    rows = re.findall(r"^ *\| (\d+) x (\d+)K next_n (\d) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", page, re.M)
+    assert len(rows) == 5
+    for batch, ctx, next_n, *cells in rows:
+        row = next(r for r in run["rows"] if (r["heads"], r["batch"], r["context"], r["next_n"])
+                   == (64, int(batch), int(ctx) * K, int(next_n)))
+        assert row["results"]["ab[coop_q]"]["status"] == "ok" and row["results"]["ab[product]"]["status"] == "ok"
+        for cell, name in zip(cells, ("ab[product]", "ab[coop_q]", "ab[no_qload]")):
+            us = row["results"][name]["seconds"] * 1e6
+            assert cell == f"{us:.{len(cell.split('.')[1])}f}", (row["label"], name, cell, us)
+
 def test_perf_notes_quote_the_benchmark():
     page = _flat(_page("docs/perf-notes.md"))
     big, small, verify = _row(64, 8, 128 * K, 1), _row(64, 1, 4 * K, 1), _row(64, 8, 128 * K, 2)
