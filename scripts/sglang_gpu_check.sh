@@ -607,6 +607,8 @@ case "$STEP" in
     # shipped config (EAGLE 3 steps / 4 draft tokens).
     # AB_READY_S (default 540): each server's wait for /health (a fresh machine's first start compiles SGLang's and
     # DeepGEMM's JIT kernels for 4 to 8 minutes; JIT caches carried in .peers/jit-cache shorten it).
+    # The command gets what is left of AB_CALL_S (default 580) seconds since the call began, less 20 (AB_LIMIT: a
+    # fixed limit instead), so that steps before it in the same call (install) shorten it.
     AB_SIZE="${AB_SIZE:-tiny}"
     if [ "$AB_SIZE" != tiny ]; then
       M="$WORK/$AB_SIZE"
@@ -622,7 +624,8 @@ case "$STEP" in
     # sit two folders down, deeper than what comes back from a call as files) and the report beside it.
     AB_DIR="$WORK/ab_$AB_SIZE"
     [ "${AB_FRESH:-0}" = 1 ] && rm -rf "$AB_DIR"
-    PYTHONPATH="$AB_PATH" stage "ab_$AB_SIZE" "${AB_LIMIT:-560}" "$PY" -m sglang_fp4_indexer.cli ab "$M" --out "$AB_DIR" \
+    AB_LEFT=$(( ${AB_CALL_S:-580} - ($(date +%s) - CALL_T0) - 20 ))
+    PYTHONPATH="$AB_PATH" stage "ab_$AB_SIZE" "${AB_LIMIT:-$AB_LEFT}" "$PY" -m sglang_fp4_indexer.cli ab "$M" --out "$AB_DIR" \
       --orders "${AB_ORDERS:-fp8-first,fp4-first}" --input-lens "${AB_INPUT_LEN:-4096}" --output-len "${AB_OUTPUT_LEN:-64}" \
       --concurrency 8 --prompts 16 --kv-limited-concurrency "${AB_KV_CONCURRENCY:-64}" ${GSM[@]+"${GSM[@]}"} \
       --passkey-trials 2 --port 30793 --ready-timeout "${AB_READY_S:-540}" -- \
