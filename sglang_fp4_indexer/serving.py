@@ -27,6 +27,7 @@ __all__ = [
     "serving_table",
     "read_jsonl",
     "kv_pool_tokens",
+    "peak_running_requests",
     "versions",
     "gpu_description",
     "client_error",
@@ -261,6 +262,17 @@ def kv_pool_tokens(log_text: str) -> dict:
             "kv_cache_dtype": alloc.group(1).strip() if alloc else None,
             "max_total_num_tokens": int(total.group(1)) if total else None,
             "fp4_indexer_active": active}
+
+
+_RUNNING = re.compile(r"#running-req: (\d+)")
+
+
+def peak_running_requests(log_text: str) -> int | None:
+    """The most requests a server ran at once: the largest ``#running-req: N`` of SGLang's prefill and decode
+    batch lines in its log (requests admitted to the KV pool; those queued are ``#queue-req``); None when the log
+    has no such line."""
+    found = [int(m) for m in _RUNNING.findall(log_text)]
+    return max(found) if found else None
 
 
 def versions(packages: tuple[str, ...] = VERSION_PACKAGES) -> dict:

@@ -239,7 +239,7 @@ def test_refuses_a_model_fp4_would_not_serve_before_anything_runs(tmp_path):
 
 # -- two running servers: a local stand-in --------------------------------------------------------------------
 
-def _standin_server(state, *, pool: int, wrong_depth: float | None, fp4: bool | None = None):
+def _standin_server(state, *, pool: int, wrong_depth: float | None, fp4: bool | None = None, info: dict | None = None):
     """A small local HTTP server standing in for a running SGLang server (which needs a GPU): ``/server_info``, ``/v1/models`` (unless ``state["models"]`` is false)
     (the keys the command reads; ``enable_fp4_indexer`` when ``fp4`` is given), and ``/generate`` answering the passkey prompts -- with the key, except at
     ``wrong_depth`` -- and counting the prompt's words as its ``prompt_tokens``."""
@@ -261,8 +261,9 @@ def _standin_server(state, *, pool: int, wrong_depth: float | None, fp4: bool | 
 
         def do_GET(self):
             if self.path == "/server_info":
-                info = {"model_path": "/models/v32", "load_format": "auto", "max_total_num_tokens": pool}
-                self._send(info if fp4 is None else dict(info, enable_fp4_indexer=fp4))
+                said = dict({"model_path": "/models/v32", "load_format": "auto", "max_total_num_tokens": pool},
+                            **(info or {}))
+                self._send(said if fp4 is None else dict(said, enable_fp4_indexer=fp4))
             elif self.path == "/v1/models" and state.get("models", True):
                 self._send({"object": "list", "data": [{"id": "/models/v32", "object": "model"}]})
             else:
@@ -297,7 +298,8 @@ def _recorded_bench_client(calls):
         fmt = "fp8" if cmd[cmd.index("--base-url") + 1] == calls_urls["fp8"] else "fp4"
         line = read_jsonl(str(FIX / f"bench_{fmt}.jsonl"))[0]
         line.update(random_input_len=int(cmd[cmd.index("--random-input-len") + 1]),
-                    max_concurrency=int(cmd[cmd.index("--max-concurrency") + 1]))
+                    max_concurrency=int(cmd[cmd.index("--max-concurrency") + 1]),
+                    completed=int(cmd[cmd.index("--num-prompts") + 1]))  # every request sent completed
         with open(cmd[cmd.index("--output-file") + 1], "a") as f:
             f.write(json.dumps(line) + "\n")
         return subprocess.CompletedProcess(cmd, 0, "", "")
@@ -768,8 +770,38 @@ def test_the_verdict_line_says_turn_fp4_on_or_keep_fp8_and_why():
         return a
 
     gain = f"{(413568 / 379968 - 1) * 100:+.1f} % KV tokens"
+    one = "over 1 load in one server order (fp8-first; run both orders before trusting a speed ratio)"
     assert build_report(arms(), meta={})["verdict"][0] == (
-        f"verdict: turn FP4 on: {gain}, output tok/s FP4 / FP8 1.000 over 1 load, quality: no difference resolved")
+        f"verdict: turn FP4 on: {gain}, output tok/s FP4 / FP8 1.000 {one}, quality: no difference resolved")
+    # Both orders: no one-order caveat.
+    both = dict(arms(), **{"fp4-first": arms()["fp8-first"]})
+    assert build_report(both, meta={})["verdict"][0] == (
+        f"verdict: turn FP4 on: {gain}, output tok/s FP4 / FP8 1.000 over 2 loads, quality: no difference resolved")
+    # The same KV pool in both arms: faster beyond 2 % is a gain; level is none.
+    same = arms(fp4_speed=1.5)
+    same["fp8-first"]["fp4"]["kv"] = dict(same["fp8-first"]["fp8"]["kv"], fp4_indexer_active="MXFP4 ...")
+    assert build_report(same, meta={})["verdict"][0].startswith("verdict: turn FP4 on: +0.0 % KV tokens, output "
+                                                                 "tok/s FP4 / FP8 1.500 ")
+    assert build_report(same, meta={"dummy_weights": True})["verdict"][0].startswith(
+        "verdict: FP4 was faster, but turn it on only after a run with the real weights: +0.0 % KV tokens")
+    level = arms(fp4_speed=1.01)
+    level["fp8-first"]["fp4"]["kv"] = dict(level["fp8-first"]["fp8"]["kv"], fp4_indexer_active="MXFP4 ...")
+    assert build_report(level, meta={})["verdict"][0].startswith("verdict: FP4 gains nothing measured here: keep FP8")
+    # An FP4 server whose log has no "FP4 indexer active" line (the plugin fell back): no verdict.
+    fell = arms(fp4_speed=1.5)
+    fell["fp8-first"]["fp4"]["kv"] = dict(fell["fp8-first"]["fp4"]["kv"], fp4_indexer_active=None)
+    r = build_report(fell, meta={})
+    assert r["verdict"][0].startswith("verdict: no verdict (the FP4 server of fp8-first did not use FP4 (its log has "
+                                      "no \"FP4 indexer active\" line; its warning says why)): ")
+    assert r["problems"] and "turn" not in r["verdict"][0]
+    # A load where an arm completed fewer requests than the command sent: no verdict, and which.
+    lost = arms(fp4_speed=1.5)
+    lost["fp8-first"]["fp4"]["bench"][0]["completed"] = 3
+    sent = lost["fp8-first"]["fp8"]["bench"][0]["completed"]
+    r = build_report(lost, meta={"plan": {"prompts": sent, "input_lens": [100000], "kv_limited_concurrency": 0}})
+    assert r["problems"] == [f"the FP4 server of fp8-first completed 3 of {sent} requests at 100000 in / 256 out, "
+                             "8 at a time"]
+    assert r["verdict"][0].startswith("verdict: no verdict (the FP4 server of fp8-first completed 3 of ")
     assert build_report(arms(fp4_speed=0.95), meta={})["verdict"][0].startswith(
         "verdict: keep FP8 (FP4 slower at 100000 in / 256 out, 8 at a time): ")
     assert build_report(arms(fp4_speed=0.99), meta={})["verdict"][0].startswith("verdict: turn FP4 on: ")
@@ -779,8 +811,8 @@ def test_the_verdict_line_says_turn_fp4_on_or_keep_fp8_and_why():
     assert worse["verdict"][0].startswith("verdict: keep FP8 (FP4 worse on gsm8k): ")
     assert worse["verdict"][0].endswith("quality: FP4 worse on gsm8k")
     assert build_report(arms(), meta={"dummy_weights": True})["verdict"][0] == (
-        f"verdict: FP4 holds more and was not slower, but turn it on only after a run with the real weights: {gain}, "
-        "output tok/s FP4 / FP8 1.000 over 1 load, quality not measured (dummy weights)")
+        "verdict: FP4 holds more KV tokens and was not slower, but turn it on only after a run with the real weights: "
+        f"{gain}, output tok/s FP4 / FP8 1.000 {one}, quality not measured (dummy weights)")
     assert build_report({"fp8-first": {"fp8": _recorded_arm("fp8", [1], [1])}}, meta={})["verdict"][0].startswith(
         "not finished")
 
@@ -810,3 +842,98 @@ def test_a_config_model_path_or_a_server_without_v1_models_is_named(tmp_path, ca
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         f"sglang-fp4-indexer ab: not run: --fp8-url: the server at {u8} answers /server_info but not /v1/models (")
     assert not (tmp_path / "o").exists()
+
+
+def test_two_servers_that_differ_in_model_or_flags_are_refused(tmp_path, capsys):
+    """Two servers given by URL must serve the same model the same way (their /server_info), FP4's switch apart."""
+    from sglang_fp4_indexer.ab import command
+
+    srv8 = _standin_server({"generate": 0}, pool=1000, wrong_depth=None, fp4=False)
+    srv4 = _standin_server({"generate": 0}, pool=1100, wrong_depth=None, fp4=True, info={"load_format": "dummy"})
+    try:
+        u8, u4 = (f"http://127.0.0.1:{s.server_port}" for s in (srv8, srv4))
+        args = _ab_args("--out", str(tmp_path / "o"), "--fp8-url", u8, "--fp4-url", u4)
+        assert command.main(args, read_sglang=None) == 1
+    finally:
+        srv8.shutdown()
+        srv4.shutdown()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "sglang-fp4-indexer ab: not run: --fp4-url: the two servers differ in load_format (FP8 server auto, FP4 "
+        "server dummy, their /server_info): an A/B needs the same model and flags on both, FP4's switch apart")
+    assert not (tmp_path / "o").exists()
+
+
+class _Bar:
+    def set_postfix_str(self, text):
+        pass
+
+
+def _launch_args(tmp_path, port):
+    import argparse
+
+    return argparse.Namespace(server_flags=["--tp-size", "1"], config=None, model=str(tmp_path), port=port,
+                              ready_timeout=30, orders=["fp8-first"])
+
+
+def test_launch_mode_refuses_a_port_something_already_answers_on(tmp_path):
+    """A server left on the port (an interrupted run's, say) would be measured in place of the one launched: the
+    arm stops before launching anything, naming --port."""
+    from sglang_fp4_indexer.ab import command
+
+    srv = _standin_server({"generate": 0}, pool=1000, wrong_depth=None)
+    launched = []
+    try:
+        with pytest.raises(RuntimeError) as e:
+            command._run_arm(_launch_args(tmp_path, srv.server_port), {}, "launch", str(tmp_path / "o"), "fp8-first",
+                             "fp8", _Bar(), answer_value=None, run=lambda *a, **k: launched.append(a))
+    finally:
+        srv.shutdown()
+    assert str(e.value) == (f"--port: something already answers on 127.0.0.1:{srv.server_port} (a server left from an "
+                            "interrupted run?): stop it or give another --port; nothing was measured")
+    assert not launched and not (tmp_path / "o" / "fp8-first" / "fp8" / "result.json").exists()
+
+
+def test_launch_mode_refuses_a_server_whose_switch_is_not_its_arms(tmp_path, monkeypatch):
+    """The server that answers on the port after the launch must report the arm's FP4 setting where it reports
+    one: a real child process standing in for launch_server (SGLang's needs a GPU) answers /health and
+    /server_info with enable_fp4_indexer false to the FP4 arm."""
+    import socket
+
+    from sglang_fp4_indexer.ab import command
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    child = (
+        "import json, sys\n"
+        "from http.server import BaseHTTPRequestHandler, HTTPServer\n"
+        "class H(BaseHTTPRequestHandler):\n"
+        "    def log_message(self, *a): pass\n"
+        "    def do_GET(self):\n"
+        "        body = json.dumps({'enable_fp4_indexer': False} if self.path == '/server_info' else {}).encode()\n"
+        "        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()\n"
+        "        self.wfile.write(body)\n"
+        f"HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n")
+    monkeypatch.setattr(command, "launch_command", lambda model, port, flags, fp4: [sys.executable, "-c", child])
+    with pytest.raises(RuntimeError) as e:
+        command._run_arm(_launch_args(tmp_path, port), {}, "launch", str(tmp_path / "o"), "fp8-first", "fp4", _Bar(),
+                         answer_value=None, run=None)
+    log = tmp_path / "o" / "fp8-first" / "fp4" / "server.log"
+    assert str(e.value) == (f"the server answering on 127.0.0.1:{port} runs with enable_fp4_indexer False, not the FP4 "
+                            f"server this command started (log: {log})")
+    assert not (log.parent / "result.json").exists()
+
+
+def test_peak_running_requests_from_a_real_server_log():
+    """The most requests running at once: the largest #running-req of SGLang's batch lines (a real log's lines)."""
+    from sglang_fp4_indexer.serving import peak_running_requests
+
+    text = (FIX / "server_fp8.log").read_text()
+    import re
+
+    values = [int(v) for v in re.findall(r"#running-req: (\d+)", text)]
+    assert values and peak_running_requests(text) == max(values)
+    line = ("[2026-12-07 16:05:01] Decode batch, #running-req: 40, #token: 131000, token usage: 0.99, accept len: 3.1, "
+            "#queue-req: 24, cuda graph: True\n")
+    assert peak_running_requests(text + line) == 40
+    assert peak_running_requests("no batch lines") is None

@@ -1732,3 +1732,34 @@ def test_readme_and_user_guide_glm5_figures_are_the_raw_files():
     assert f"FP4's scorer is faster ({s4:.0f} against {s8:.0f} µs per cycle over the 3 layers)" in guide
     yaml = " ".join(line.lstrip("# ") for line in (REPO / "configs" / "glm-5.yaml").read_text().splitlines())
     assert f"that made the verify cycle's GPU busy time {pct} longer than with FP8" in " ".join(yaml.split())
+
+
+def test_user_guide_quotes_the_ab_run_on_the_gpu():
+    """The user guide's status of `sglang-fp4-indexer ab`: the verdict the report printed, the arms' times and
+    their tail latencies, from the arms the command kept (the tar.gz) and the report built from them."""
+    import io
+    import tarfile
+
+    page = _flat(_page("docs/user-guide.md"))
+    report = _json("ab_tiny_h100_2026-12-07_report.json")
+    assert f'Its verdict, as printed: "{report["verdict"][0][len("verdict: "):]}"' in page
+    with tarfile.open(RESULTS / "ab_tiny_h100_2026-12-07.tar.gz") as tar:
+        arms = {a: json.load(io.TextIOWrapper(tar.extractfile(f"ab_tiny/fp8-first/{a}/result.json")))
+                for a in ("fp8", "fp4")}
+        names = tar.getnames()
+        progress = tar.extractfile("ab_tiny/ab_command.log").read().decode()
+    # Each server's start: the progress bar's elapsed time when the arm moved from its launch to GSM8K.
+    starts = {a: re.findall(r"\[(\d\d):(\d\d)<[^\]]*, fp8-first/" + a + r": GSM8K\]", progress)[-1] for a in ("fp8", "fp4")}
+    start_s = {a: int(m) * 60 + int(s) for a, (m, s) in starts.items()}
+    assert f"of which {start_s['fp8']} s was the server's start" in page and f"of which {start_s['fp4']} s was its start" in page
+    assert "ab_tiny/fp4-first/fp4/result.json" not in names  # the other order did not finish
+    assert f"FP8's arm {arms['fp8']['wall_s']:.0f} s" in page and f"FP4's arm {arms['fp4']['wall_s']:.0f} s" in page
+    env = arms["fp8"]["environment"]
+    assert env["gpu"]["name"] == "NVIDIA H100 80GB HBM3" and f"driver {env['gpu']['driver']}" in page
+    b8, b4 = ({b["max_concurrency"]: b for b in arms[a]["bench"]} for a in ("fp8", "fp4"))
+    assert (f"p99 TPOT ({b8[8]['p99_tpot_ms']:.1f} and {b8[64]['p99_tpot_ms']:.1f} ms, against FP4's "
+            f"{b4[8]['p99_tpot_ms']:.1f} and {b4[64]['p99_tpot_ms']:.1f})") in page
+    assert (f"p99 TTFT ({b8[8]['p99_ttft_ms'] / 1e3:.1f} and {b8[64]['p99_ttft_ms'] / 1e3:.1f} s, against "
+            f"{b4[8]['p99_ttft_ms'] / 1e3:.2f} and {b4[64]['p99_ttft_ms'] / 1e3:.1f})") in page
+    assert all(arms[a]["kv"]["max_total_num_tokens"] == 131072 for a in arms) and "capped at 131,072 tokens" in page
+    assert arms["fp4"]["kv"]["fp4_indexer_active"] and arms["fp8"]["kv"]["fp4_indexer_active"] is None

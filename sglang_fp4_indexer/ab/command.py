@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from ..argtypes import integer, int_list
 from ..serving import (bench_serving_command, client_error, get_json, gpu_description, kv_pool_tokens,
-                       launch_command, launched_server, read_jsonl, versions)
+                       launch_command, launched_server, peak_running_requests, read_jsonl, versions)
 from . import quality
 from .report import AB_FIELDS, ARMS, build_report, plot_report, report_text
 
@@ -363,10 +363,17 @@ def _no_gpu(flags: list[str], gpus: Callable[[], dict], config: dict | None = No
     return None
 
 
+#: ``/server_info`` fields that must agree between the two servers given by URL (the model, how its weights load,
+#: the KV cache's type, speculative decoding and the parallel layout).
+_SAME_ON_BOTH = ("model_path", "load_format", "kv_cache_dtype", "speculative_algorithm", "speculative_num_steps",
+                 "speculative_num_draft_tokens", "tp_size", "dp_size", "enable_dp_attention", "page_size")
+
+
 def _servers_problem(args) -> str | None:
     """With ``--fp8-url``/``--fp4-url``: why the first of the two cannot be measured as its arm (no server answers
     ``/server_info``, it reports ``enable_fp4_indexer`` contrary to its arm, or it does not answer ``/v1/models``,
-    which SGLang's serving benchmark waits on), then why SGLang's serving benchmark
+    which SGLang's serving benchmark waits on), then whether they differ in a field of ``_SAME_ON_BOTH``, then why
+    SGLang's serving benchmark
     could not load their tokenizer here (no MODEL or ``--tokenizer``, and a model path this machine does not
     have), or None."""
     infos = []
@@ -385,6 +392,11 @@ def _servers_problem(args) -> str | None:
             return (f"{option}: the server at {url} answers /server_info but not /v1/models ({why}), "
                     "which SGLang's serving benchmark needs; give the SGLang server's own URL")
         infos.append(info)
+    for key in _SAME_ON_BOTH:
+        a, b = (info.get(key) for info in infos)
+        if a is not None and b is not None and a != b:
+            return (f"--fp4-url: the two servers differ in {key} (FP8 server {a}, FP4 server {b}, their "
+                    "/server_info): an A/B needs the same model and flags on both, FP4's switch apart")
     for info in infos:
         path = str(info.get("model_path") or "")
         if _tokenizer(args) is None and _missing_local(path):
@@ -638,6 +650,16 @@ def run_arms(args, plan: dict, mode: str, out: str, *, answer_value=None, run=su
     return results
 
 
+def _port_taken(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port`` (a launched server would not be the one
+    answering there)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _run_arm(args, plan: dict, mode: str, out: str, order: str, arm: str, bar, *, answer_value, run) -> dict:
     """One arm of ``run_arms``: its kept result, or the arm run and its result kept."""
     arm_dir = os.path.join(out, order, arm)
@@ -664,12 +686,20 @@ def _run_arm(args, plan: dict, mode: str, out: str, order: str, arm: str, bar, *
         cmd = launch_command(args.model, port, flags, fp4=arm == "fp4")
         log = os.path.join(arm_dir, "server.log")
         progress("launching the server")
+        if _port_taken(port):
+            raise RuntimeError(f"--port: something already answers on 127.0.0.1:{port} (a server left from an "
+                               "interrupted run?): stop it or give another --port; nothing was measured")
         with launched_server(cmd, port, log, args.ready_timeout) as base:
+            said = get_json(base + "/server_info", 60.0).get("enable_fp4_indexer")
+            if said is not None and bool(said) != (arm == "fp4"):
+                raise RuntimeError(f"the server answering on 127.0.0.1:{port} runs with enable_fp4_indexer {said}, "
+                                   f"not the {arm.upper()} server this command started (log: {log})")
             res = _measure(base, arm_dir, plan, with_quality=with_quality, out=out, progress=progress,
                            answer_value=answer_value, run=run)
         res["commands"].insert(0, cmd)
         with open(log, errors="replace") as f:
-            res["kv"] = kv_pool_tokens(f.read())
+            text = f.read()
+        res["kv"] = dict(kv_pool_tokens(text), running_peak=peak_running_requests(text))
     res.update(order=order, arm=arm, wall_s=time.time() - t0, environment=_environment(mode))
     _write_json(path, res)
     return res
@@ -722,4 +752,4 @@ def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_v
     plot_report(report, os.path.join(args.out, "report.png"))
     print(report_text(report))
     print(f"report: {os.path.join(args.out, 'report.json')}, {os.path.join(args.out, 'report.png')}")
-    return 0 if not report["missing"] else 1
+    return 0 if not report["missing"] and not report["problems"] else 1

@@ -13,9 +13,9 @@ __all__ = ["AB_FIELDS", "ARMS", "build_report", "report_text", "plot_report"]
 
 #: The two arms: FP8 (SGLang's own index cache, the plugin not asked) and FP4 (``--enable-fp4-indexer``).
 ARMS = ("fp8", "fp4")
-#: bench_serving fields the A/B pairs: the serving table's, and the tail percentiles and requests running.
+#: bench_serving fields the A/B pairs: the serving table's, the tail percentiles and the client's peak requests in flight.
 AB_FIELDS = SERVING_FIELDS + (("p99_tpot_ms", "p99 TPOT ms", "{:.2f}"), ("p99_ttft_ms", "p99 TTFT ms", "{:.0f}"),
-                              ("max_concurrent_requests", "peak requests running", "{:.0f}"))
+                              ("max_concurrent_requests", "peak requests in flight at the client", "{:.0f}"))
 
 
 def _accuracy(outcomes: list[int]) -> dict:
@@ -60,7 +60,9 @@ def build_report(arms: dict[str, dict[str, dict]], *, meta: dict) -> dict:
         dict: ``meta``, ``capacity`` (per order and arm the KV pool tokens and FP4's gain), ``speed`` (per order
         the paired bench rows of ``AB_FIELDS``), ``quality`` (``gsm8k`` and ``passkey``: per arm accuracy and
         binomial SE, the paired FP4 - FP8, from the first order that has both arms; ``note`` when weights are
-        dummy), ``verdict`` (lines of text) and ``missing`` (arms not finished).
+        dummy), ``arms_kv`` (per order and arm the KV pool lines read from its server log), ``problems`` (why no
+        verdict can be drawn: an FP4 server that did not use FP4, an arm that lost requests), ``verdict`` (lines
+        of text) and ``missing`` (arms not finished).
     """
     capacity, speed, missing = {}, {}, []
     for order, per in arms.items():
@@ -83,7 +85,9 @@ def build_report(arms: dict[str, dict[str, dict]], *, meta: dict) -> dict:
     if meta.get("dummy_weights"):
         quality["note"] = ("the servers load dummy weights (--load-format dummy): the quality numbers are "
                            "meaningless; only speed and capacity count")
-    report = {"meta": meta, "capacity": capacity, "speed": speed, "quality": quality, "missing": missing}
+    report = {"meta": meta, "capacity": capacity, "speed": speed, "quality": quality, "missing": missing,
+              "arms_kv": {order: {arm: res.get("kv") or {} for arm, res in per.items()} for order, per in arms.items()}}
+    report["problems"] = _problems(report)
     report["verdict"] = _verdict(report)
     return report
 
@@ -97,24 +101,61 @@ def _pp(x: float) -> str:
 SLOWER_BELOW = 0.98
 
 
+def _expected_requests(plan: dict, row: dict) -> int | None:
+    """The requests the command sent in the load of ``row`` (``plan``'s prompts, or twice the KV-limited
+    concurrency for that load); None where the plan does not say."""
+    kvc = plan.get("kv_limited_concurrency")
+    if kvc and row["concurrency"] == kvc and row["input_len"] == max(plan.get("input_lens") or [0]):
+        return 2 * kvc
+    return plan.get("prompts")
+
+
+def _problems(r: dict) -> list[str]:
+    """Why no verdict can be drawn: an FP4 server whose log has no "FP4 indexer active" line (the plugin fell back
+    to FP8: its warning in that log says why), or a load where an arm completed fewer requests than were sent."""
+    out = []
+    for order, per in r.get("arms_kv", {}).items():
+        kv4 = per.get("fp4") or {}
+        if "fp4_indexer_active" in kv4 and kv4["fp4_indexer_active"] is None:
+            out.append(f"the FP4 server of {order} did not use FP4 (its log has no \"FP4 indexer active\" line; "
+                       "its warning says why)")
+    plan = r["meta"].get("plan") or {}
+    for order, rows in r["speed"].items():
+        for row in rows:
+            sent = _expected_requests(plan, row)
+            done = row.get("completed") or {}
+            for arm in ARMS:
+                if sent and done.get(arm) is not None and done[arm] < sent:
+                    out.append(f"the {arm.upper()} server of {order} completed {done[arm]:.0f} of {sent} requests at "
+                               f"{row['input_len']} in / {row['output_len']} out, {row['concurrency']} at a time")
+    return out
+
+
 def _summary(r: dict) -> str | None:
     """The one-line verdict in the deployer's units, first of ``_verdict``'s lines: FP4's KV pool gain, its output
-    tokens/s against FP8's over every load and order, and the quality checks; "keep FP8" where a load was slower
-    (below ``SLOWER_BELOW``) or a quality check resolved FP4 worse (beyond 2 standard errors), "turn FP4 on" where
-    FP4 holds more KV tokens and neither happened (with dummy weights: only after a run with the real ones); None
-    before any pair of arms finished."""
+    tokens/s against FP8's over every load and order, and the quality checks. "no verdict" (and why) where the FP4
+    server did not use FP4 or an arm lost requests (``_problems``); "keep FP8" where a load was slower (below
+    ``SLOWER_BELOW``) or a quality check resolved FP4 worse (beyond 2 standard errors); "turn FP4 on" where FP4
+    holds more KV tokens or every load was faster (above ``1 / SLOWER_BELOW``) and neither happened (with dummy
+    weights: only after a run with the real ones); speed from one server order only is marked as such (the first
+    server on a fresh machine also pays its JIT compiles). None before any pair of arms finished."""
     gains = [c["fp4_gain"] for c in r["capacity"].values() if "fp4_gain" in c]
     rows = [row for rows in r["speed"].values() for row in rows if row.get("output_ratio")]
     if not gains and not rows:
         return None
     parts, against = [], []
+    faster = False
     if gains:
         parts.append(f"{gains[0] * 100:+.1f} % KV tokens")
     if rows:
         lo, hi = min(x["output_ratio"] for x in rows), max(x["output_ratio"] for x in rows)
+        orders = [o for o, rs in r["speed"].items() if any(x.get("output_ratio") for x in rs)]
         parts.append(f"output tok/s FP4 / FP8 {lo:.3f}" + (f" to {hi:.3f}" if hi - lo >= 0.0005 else "")
-                     + f" over {len(rows)} load{'s' if len(rows) > 1 else ''}")
+                     + f" over {len(rows)} load{'s' if len(rows) > 1 else ''}"
+                     + (f" in one server order ({orders[0]}; run both orders before trusting a speed ratio)"
+                        if len(orders) == 1 else ""))
         slow = [x for x in rows if x["output_ratio"] < SLOWER_BELOW]
+        faster = lo > 1 / SLOWER_BELOW
         if slow:
             x = min(slow, key=lambda x: x["output_ratio"])
             against.append(f"FP4 slower at {x['input_len']} in / {x['output_len']} out, {x['concurrency']} at a time")
@@ -125,11 +166,15 @@ def _summary(r: dict) -> str | None:
     elif any(r["quality"].get(w) for w in ("gsm8k", "passkey")):
         parts.append("quality: " + ("FP4 worse on " + " and ".join(worse) if worse else "no difference resolved"))
         against += [f"FP4 worse on {w}" for w in worse]
-    if against:
+    gained = bool(gains and gains[0] > 0)
+    if r.get("problems"):
+        advice = "no verdict (" + "; ".join(r["problems"]) + ")"
+    elif against:
         advice = "keep FP8 (" + "; ".join(against) + ")"
-    elif gains and gains[0] > 0 and r["quality"].get("note"):
-        advice = "FP4 holds more and was not slower, but turn it on only after a run with the real weights"
-    elif gains and gains[0] > 0:
+    elif (gained or faster) and r["quality"].get("note"):
+        pros = (["holds more KV tokens"] if gained else []) + ["was faster" if faster else "was not slower"]
+        advice = "FP4 " + " and ".join(pros) + ", but turn it on only after a run with the real weights"
+    elif gained or faster:
         advice = "turn FP4 on"
     else:
         advice = "FP4 gains nothing measured here: keep FP8"
@@ -141,8 +186,11 @@ def _verdict(r: dict) -> list[str]:
     lines = [summary] if summary else []
     for order, cap in r["capacity"].items():
         if "fp4_gain" in cap:
+            peak = {arm: (r.get("arms_kv", {}).get(order, {}).get(arm) or {}).get("running_peak") for arm in ARMS}
             lines.append(f"capacity ({order}): the KV pool holds {cap['fp4']} tokens with FP4, {cap['fp8']} with "
-                         f"FP8 ({cap['fp4_gain'] * 100:+.1f} %)")
+                         f"FP8 ({cap['fp4_gain'] * 100:+.1f} %)"
+                         + (f"; at most {peak['fp4']} requests ran at once with FP4, {peak['fp8']} with FP8 (server "
+                            "logs)" if None not in peak.values() else ""))
     for order, rows in r["speed"].items():
         for row in rows:
             ratio = row["output_ratio"]
