@@ -361,6 +361,37 @@ def test_perf_notes_query_load_table_quotes_its_run():
             us = row["results"][name]["seconds"] * 1e6
             assert cell == f"{us:.{len(cell.split('.')[1])}f}", (row["label"], name, cell, us)
 
+def test_perf_notes_query_load_dense_run_quotes_its_run():
+    """The second query-load run (dense constant queries): product, no_qload, no_qload_dense per shape as quoted."""
+    run = _json("sm90_small_ab_qload_dense_h100_2026-12-07.json")
+    assert run["meta"]["device"] == "NVIDIA H100 80GB HBM3"
+    page = _flat(_page("docs/perf-notes.md"))
+    names = {"1 x 128K next_n 4": (1, 128, 4), "8 x 4K next_n 2": (8, 4, 2), "8 x 128K next_n 4": (8, 128, 4),
+             "4 x 128K next_n 4": (4, 128, 4), "8 x 128K next_n 1": (8, 128, 1)}
+    for i, (name, (batch, ctx, next_n)) in enumerate(names.items()):
+        row = next(r for r in run["rows"] if (r["heads"], r["batch"], r["context"], r["next_n"])
+                   == (64, batch, ctx * K, next_n))
+        us = [row["results"][v]["seconds"] * 1e6 for v in ("ab[product]", "ab[no_qload]", "ab[no_qload_dense]")]
+        assert row["results"]["ab[product]"]["status"] == "ok"
+        digits = 2 if us[0] < 10 else 1
+        text = (f"{name}: product {us[0]:.{digits}f}, `no_qload` {us[1]:.{digits}f}, `no_qload_dense` {us[2]:.{digits}f}"
+                if i == 0 else f"{name}: {us[0]:.{digits}f}, {us[1]:.{digits}f}, {us[2]:.{digits}f}")
+        assert text in page, text
+    drop = {name: row for name, row in zip(names, (next(r for r in run["rows"] if (r["batch"], r["context"] // K, r["next_n"])
+                                                         == b) for b in names.values()))}
+
+    def saved(name):
+        res = drop[name]["results"]
+        p, q = res["ab[product]"]["seconds"] * 1e6, res["ab[no_qload_dense]"]["seconds"] * 1e6
+        return p - q, 100 * (p - q) / p
+
+    (a, ap), (b, bp), (c, cp) = saved("1 x 128K next_n 4"), saved("8 x 128K next_n 4"), saved("8 x 128K next_n 1")
+    assert f"costs {a:.1f} µs at 1 x 128K next_n 4" in page and f"; {ap:.0f} % of the time), {b:.1f} µs ({bp:.0f} %)" in page
+    assert f"and {c:.1f} µs ({cp:.0f} %) at 8 x 128K next_n 1" in page
+    lo, hi = min(saved(n)[1] for n in names), max(saved(n)[1] for n in names)
+    assert f"their load costs {lo:.0f}-{hi:.0f} % of the time" in page
+
+
 def test_perf_notes_quote_the_benchmark():
     page = _flat(_page("docs/perf-notes.md"))
     big, small, verify = _row(64, 8, 128 * K, 1), _row(64, 1, 4 * K, 1), _row(64, 8, 128 * K, 2)
