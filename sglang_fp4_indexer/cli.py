@@ -166,6 +166,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A server that does not start or an SGLang client that fails: one line, the finished arms kept.
         parser.exit(1, f"{parser.prog} ab: stopped: {exc}\n(the arms finished so far are kept in {args.out}; the "
                        "same command resumes there)\n")
+    except KeyboardInterrupt:
+        if args.command != "ab":
+            raise
+        # Ctrl-C during an A/B: the arm running is dropped (its server stopped on the way out), the finished kept.
+        parser.exit(130, f"\n{parser.prog} ab: interrupted (the arms finished so far are kept in {args.out}; the "
+                         "same command resumes there)\n")
 
 
 if __name__ == "__main__":

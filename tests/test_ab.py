@@ -217,6 +217,22 @@ def test_a_server_that_does_not_start_stops_the_run_in_one_line(monkeypatch, cap
                    "(the arms finished so far are kept in d; the same command resumes there)"]
 
 
+def test_ctrl_c_during_an_ab_is_one_line_saying_the_run_resumes(monkeypatch, capsys):
+    """Ctrl-C (KeyboardInterrupt) in ``ab``: one line saying where the finished arms are, exit 130, no traceback."""
+    from sglang_fp4_indexer.ab import command
+
+    def interrupted(args, read_sglang=None, answer_value=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "main", interrupted)
+    monkeypatch.setattr("sglang_fp4_indexer.ab.main", interrupted, raising=False)
+    with pytest.raises(SystemExit) as e:
+        cli_main(["ab", "/m", "--out", "d", "--", "--tp-size", "8"])
+    assert e.value.code == 130
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "sglang-fp4-indexer ab: interrupted (the arms finished so far are kept in d; the same command resumes there)"]
+
+
 def test_refuses_a_model_fp4_would_not_serve_before_anything_runs(tmp_path):
     """A Llama config: the plugin's own check (through SGLang's classifier) says no DSA indexer; one line, exit 1,
     no output folder."""
@@ -937,3 +953,29 @@ def test_peak_running_requests_from_a_real_server_log():
             "#queue-req: 24, cuda graph: True\n")
     assert peak_running_requests(text + line) == 40
     assert peak_running_requests("no batch lines") is None
+
+
+def test_the_kv_limited_load_counts_every_dp_attention_ranks_pool(tmp_path):
+    """With DP attention SGLang reports one rank's pool: the default KV-limited load is twice what all dp_size
+    ranks hold at the longest input length, not one rank's."""
+    from sglang_fp4_indexer.ab import command
+    from sglang_fp4_indexer.cli import build_parser
+
+    dp = {"dp_size": 8, "enable_dp_attention": True}
+    srv8 = _standin_server({"generate": 0}, pool=100000, wrong_depth=None, info=dp)
+    srv4 = _standin_server({"generate": 0}, pool=110000, wrong_depth=None, info=dp)
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer_config.json").write_text("{}")
+    try:
+        u8, u4 = (f"http://127.0.0.1:{s.server_port}" for s in (srv8, srv4))
+        calls = []
+        run = _recorded_bench_client(calls)
+        run.urls["fp8"] = u8
+        argv = ["ab", "--out", str(tmp_path / "ab"), "--fp8-url", u8, "--fp4-url", u4, "--tokenizer", str(tok),
+                "--input-lens", "2048", "--output-len", "256", "--concurrency", "4", "--passkey-lengths", "0"]
+        assert command.main(build_parser().parse_args(argv), run=run) == 0
+    finally:
+        srv8.shutdown()
+        srv4.shutdown()
+    assert [c[c.index("--max-concurrency") + 1] for c in calls] == ["4", str(2 * 8 * (100000 // 2304))] * 2

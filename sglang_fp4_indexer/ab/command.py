@@ -108,7 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests per serving benchmark run (default 4 x --concurrency)")
     parser.add_argument("--kv-limited-concurrency", type=integer(0), default=None, metavar="N",
                         help="requests at a time of the KV-limited load (the longest --input-lens): default twice "
-                             "what the first server's KV pool holds at that length; 0 leaves the load out")
+                             "what the first server's KV pool holds at that length (its pool on every DP-attention "
+                             "rank); 0 leaves the load out")
     parser.add_argument("--gsm8k-data", metavar="PATH", default=None,
                         help="GSM8K test set as local JSONL (question and answer per line; no network is used); "
                              "without it GSM8K is left out")
@@ -508,7 +509,7 @@ def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: st
     res = {"base_url": base, "commands": [],
            "server_info": {k: info.get(k) for k in ("model_path", "load_format", "max_total_num_tokens",
                                                     "speculative_algorithm", "kv_cache_dtype", "tp_size", "dp_size",
-                                                    "error")},
+                                                    "enable_dp_attention", "error")},
            "gsm8k": None, "passkey": None, "bench": []}
     if with_quality and plan["gsm8k_data"]:
         progress("GSM8K")
@@ -535,7 +536,10 @@ def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: st
     if kvc is None:
         pool = res["server_info"].get("max_total_num_tokens")
         if pool:
-            kvc = plan["kv_limited_concurrency"] = 2 * max(1, pool // (max(plan["input_lens"]) + plan["output_len"]))
+            # With DP attention each rank has a pool of this size (SGLang reports one rank's): the server holds
+            # dp_size times as many requests.
+            ranks = int(res["server_info"].get("dp_size") or 1) if res["server_info"].get("enable_dp_attention") else 1
+            kvc = plan["kv_limited_concurrency"] = 2 * ranks * max(1, pool // (max(plan["input_lens"]) + plan["output_len"]))
             plan["kv_limited_auto"] = True
             _write_json(os.path.join(out, "plan.json"), plan)
     if kvc:
