@@ -115,6 +115,9 @@ def test_report_from_recorded_outputs(tmp_path):
     assert "379968 with FP8 (+8.8 %)" in text and "FP4 / FP8 1.096" in text
     assert "GSM8K few-shot (4 items): FP8 75.0 ± 21.7 %, FP4 75.0 ± 21.7 %; FP4 - FP8 +0.0 ± 40.8 points" in text
     assert "quality: the servers load dummy weights" in text
+    assert all(ln.endswith(" (dummy weights: meaningless)") for ln in r["verdict"] if ln.startswith(("GSM8K", "passkey")))
+    real = build_report(arms, meta={})
+    assert not any("meaningless" in ln for ln in real["verdict"])
     assert r["missing"] == []
     png = plot_report(r, str(tmp_path / "r.png"))
     assert Path(png).read_bytes()[:4] == b"\x89PNG"
@@ -979,3 +982,22 @@ def test_the_kv_limited_load_counts_every_dp_attention_ranks_pool(tmp_path):
         srv8.shutdown()
         srv4.shutdown()
     assert [c[c.index("--max-concurrency") + 1] for c in calls] == ["4", str(2 * 8 * (100000 // 2304))] * 2
+
+
+def test_the_plugin_check_says_when_its_gpu_is_assumed(tmp_path, monkeypatch):
+    """On a machine without a GPU (a client of two servers given by URL) the check's CUDA 9.0 is assumed, and the
+    report's check line says so; with a local Hopper GPU (its facts stood in for: none here) it does not."""
+    from sglang_fp4_indexer.ab import command
+    from sglang_fp4_indexer.check import budget
+
+    args = _ab_args(_v32_folder(tmp_path), "--out", str(tmp_path / "o"))
+    monkeypatch.setattr(budget, "local_gpu", lambda: None)
+    refusal, text = command._refusal(args, [], {}, None)
+    assert refusal is None and text.startswith("FP4 enabled: ") and text.endswith(
+        " (CUDA 9.0 assumed: no GPU on this machine, and the servers' GPUs are not read)")
+    from sglang_fp4_indexer.check import findings
+
+    local = findings.DeviceFacts("cuda", (9, 0), "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(findings, "_device", lambda capability, gpu: (local, "NVIDIA H100 80GB HBM3, CUDA 9.0 (local)"))
+    refusal, text = command._refusal(args, [], {}, None)
+    assert refusal is None and text.startswith("FP4 enabled: ") and "assumed" not in text

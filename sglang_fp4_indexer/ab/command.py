@@ -319,7 +319,10 @@ def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | N
         if long_keys:
             raise ValueError(f"--passkey-lengths: {long_keys[0]} tokens, more than the {positions} the model "
                              f"serves ({_ab_terms(res['positions_from'])})")
-    return None, "FP4 enabled: " + d.reason
+    device = str(res.get("device") or "")
+    assumed = " (CUDA 9.0 assumed: no GPU on this machine, and the servers' GPUs are not read)" if "assumed" in device \
+        else ""
+    return None, "FP4 enabled: " + d.reason + assumed
 
 
 def _ab_terms(text: str) -> str:

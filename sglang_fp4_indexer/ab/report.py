@@ -214,7 +214,8 @@ def _verdict(r: dict) -> list[str]:
         lines.append(f"{label} ({q['fp8']['n']} items): FP8 {q['fp8']['accuracy'] * 100:.1f} ± "
                      f"{q['fp8']['se'] * 100:.1f} %, FP4 {q['fp4']['accuracy'] * 100:.1f} ± {q['fp4']['se'] * 100:.1f} %; "
                      f"FP4 - FP8 {_pp(d['diff'])}" + (f" ± {se * 100:.1f}" if se is not None else "")
-                     + f" points, paired: {resolved}")
+                     + f" points, paired: {resolved}"
+                     + (" (dummy weights: meaningless)" if r["quality"].get("note") else ""))
     if r["quality"].get("note"):
         lines.append("quality: " + r["quality"]["note"])
     if r["missing"]:
