@@ -625,7 +625,10 @@ case "$STEP" in
     AB_DIR="$WORK/ab_$AB_SIZE"
     [ "${AB_FRESH:-0}" = 1 ] && rm -rf "$AB_DIR"
     AB_LEFT=$(( ${AB_CALL_S:-580} - ($(date +%s) - CALL_T0) - 20 ))
-    PYTHONPATH="$AB_PATH" stage "ab_$AB_SIZE" "${AB_LIMIT:-$AB_LEFT}" "$PY" -m sglang_fp4_indexer.cli ab "$M" --out "$AB_DIR" \
+    if [ -z "${AB_LIMIT:-}" ] && [ "$AB_LEFT" -lt 60 ]; then
+      echo "ab_$AB_SIZE: $AB_LEFT s left of AB_CALL_S: not started" | tee -a "$WORK/stages.txt"; AB_LEFT=
+    fi
+    [ -n "${AB_LIMIT:-$AB_LEFT}" ] && PYTHONPATH="$AB_PATH" stage "ab_$AB_SIZE" "${AB_LIMIT:-$AB_LEFT}" "$PY" -m sglang_fp4_indexer.cli ab "$M" --out "$AB_DIR" \
       --orders "${AB_ORDERS:-fp8-first,fp4-first}" --input-lens "${AB_INPUT_LEN:-4096}" --output-len "${AB_OUTPUT_LEN:-64}" \
       --concurrency 8 --prompts 16 --kv-limited-concurrency "${AB_KV_CONCURRENCY:-64}" ${GSM[@]+"${GSM[@]}"} \
       --passkey-trials 2 --port 30793 --ready-timeout "${AB_READY_S:-540}" -- \

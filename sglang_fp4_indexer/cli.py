@@ -156,6 +156,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if _wants_interpreter(args):
         # Must precede the first import of triton / the ops modules.
         os.environ["TRITON_INTERPRET"] = "1"
+    if args.command == "ab":
+        # A time limit's SIGTERM (timeout, a job scheduler) ends an A/B as Ctrl-C does: the launched server is
+        # stopped on the way out instead of being left holding the GPU and the port.
+        import signal
+
+        def _terminated(signum, frame):
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         return int(_run(args._subcommand, args))
     except ValueError as exc:

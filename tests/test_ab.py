@@ -170,6 +170,8 @@ def test_passkey_prompts_place_the_key_at_each_depth():
     (["--out", "d"], "model: give the model path"),
     (["/m", "--out", "d", "--gsm8k-data", "/nonexistent.jsonl"], "--gsm8k-data: cannot read /nonexistent.jsonl"),
     (["--out", "d", "--config", "/nonexistent.yaml"], "--config: cannot read"),
+    (["/m", "--out", "d", "--concurrency", "8", "--kv-limited-concurrency", "8"],
+     "--kv-limited-concurrency: 8 is --concurrency too; give another value"),
     (["--out", "d", "--fp8-url", "http://h:1/v1", "--fp4-url", "http://h:2"], "--fp8-url: expected http://HOST:PORT (no path)"),
     (["--out", "d", "--fp8-url", "https://h:1", "--fp4-url", "http://h:2"], "--fp8-url: expected http://HOST:PORT (no path)"),
     (["--out", "d", "--fp8-url", "http://h:1", "--fp4-url", "http://h:2", "--port", "1234"],
@@ -789,20 +791,49 @@ def test_the_verdict_line_says_turn_fp4_on_or_keep_fp8_and_why():
         return a
 
     gain = f"{(413568 / 379968 - 1) * 100:+.1f} % KV tokens"
-    one = "over 1 load in one server order (fp8-first; run both orders before trusting a speed ratio)"
+    one = "over 1 load in one server order (fp8-first; a speed gain counts only over both orders)"
     assert build_report(arms(), meta={})["verdict"][0] == (
         f"verdict: turn FP4 on: {gain}, output tok/s FP4 / FP8 1.000 {one}, quality: no difference resolved")
     # Both orders: no one-order caveat.
     both = dict(arms(), **{"fp4-first": arms()["fp8-first"]})
     assert build_report(both, meta={})["verdict"][0] == (
         f"verdict: turn FP4 on: {gain}, output tok/s FP4 / FP8 1.000 over 2 loads, quality: no difference resolved")
-    # The same KV pool in both arms: faster beyond 2 % is a gain; level is none.
+    # The same KV pool in both arms: faster beyond 2 % in both server orders is a gain; in one order it is not (the
+    # first server on a fresh machine also pays its compiles); level is none.
     same = arms(fp4_speed=1.5)
     same["fp8-first"]["fp4"]["kv"] = dict(same["fp8-first"]["fp8"]["kv"], fp4_indexer_active="MXFP4 ...")
+    assert build_report(same, meta={})["verdict"][0].startswith(
+        "verdict: nothing counted yet: FP4 was faster in one server order only; run both orders: +0.0 % KV tokens, "
+        "output tok/s FP4 / FP8 1.500 over 1 load in one server order")
+    same["fp4-first"] = same["fp8-first"]
     assert build_report(same, meta={})["verdict"][0].startswith("verdict: turn FP4 on: +0.0 % KV tokens, output "
-                                                                 "tok/s FP4 / FP8 1.500 ")
+                                                                 "tok/s FP4 / FP8 1.500 over 2 loads, ")
     assert build_report(same, meta={"dummy_weights": True})["verdict"][0].startswith(
         "verdict: FP4 was faster, but turn it on only after a run with the real weights: +0.0 % KV tokens")
+    # An FP8 server whose log says FP4 was active (the environment switched it on): no verdict.
+    on8 = arms()
+    on8["fp8-first"]["fp8"]["kv"] = dict(on8["fp8-first"]["fp8"]["kv"], fp4_indexer_active="MXFP4 ...")
+    assert build_report(on8, meta={})["problems"] == [
+        "the FP8 server of fp8-first used FP4 (its log has an \"FP4 indexer active\" line: is SGLANG_ENABLE_FP4_INDEXER "
+        "set where the servers run?)"]
+    # Servers given by URL (no log read: no fp4_indexer_active key) with the same pool: nothing shows FP4 in use.
+    urls = arms(fp4_speed=1.5)
+    for arm in ("fp8", "fp4"):
+        urls["fp8-first"][arm]["kv"] = {"max_total_num_tokens": 379968}
+    assert build_report(urls, meta={})["verdict"][0].startswith(
+        "verdict: no verdict (the FP4 server of fp8-first holds no more KV tokens than the FP8 server, and its log is "
+        "not read for servers given by URL: nothing shows that it uses FP4")
+    urls["fp8-first"]["fp4"]["kv"] = {"max_total_num_tokens": 413568}  # a larger pool: FP4's
+    assert build_report(urls, meta={})["verdict"][0].startswith("verdict: turn FP4 on: ")
+    # A load of the plan that one server has no result for, or no completed count: no verdict.
+    plan = {"prompts": 12, "input_lens": [100000, 4096], "output_len": 256, "concurrency": 8,
+            "kv_limited_concurrency": 0}
+    r = build_report(arms(), meta={"plan": plan})
+    assert r["problems"] == ["no result from both servers of fp8-first for the load at 4096 in / 256 out, 8 at a time"]
+    nocount = arms()
+    del nocount["fp8-first"]["fp4"]["bench"][0]["completed"]
+    assert build_report(nocount, meta={"plan": dict(plan, input_lens=[100000])})["problems"] == [
+        "the FP4 server's result of fp8-first at 100000 in / 256 out, 8 at a time has no completed count"]
     level = arms(fp4_speed=1.01)
     level["fp8-first"]["fp4"]["kv"] = dict(level["fp8-first"]["fp8"]["kv"], fp4_indexer_active="MXFP4 ...")
     assert build_report(level, meta={})["verdict"][0].startswith("verdict: FP4 gains nothing measured here: keep FP8")
@@ -912,10 +943,15 @@ def test_launch_mode_refuses_a_port_something_already_answers_on(tmp_path):
     assert not launched and not (tmp_path / "o" / "fp8-first" / "fp8" / "result.json").exists()
 
 
-def test_launch_mode_refuses_a_server_whose_switch_is_not_its_arms(tmp_path, monkeypatch):
-    """The server that answers on the port after the launch must report the arm's FP4 setting where it reports
-    one: a real child process standing in for launch_server (SGLang's needs a GPU) answers /health and
-    /server_info with enable_fp4_indexer false to the FP4 arm."""
+@pytest.mark.parametrize("arm, line, why", [
+    ("fp4", "", "has no \"FP4 indexer active\" line: the plugin kept FP8 (its warning in the log says why)"),
+    ("fp8", "FP4 indexer active: MXFP4 index-key cache, 68 B/token/layer instead of 132",
+     "has an \"FP4 indexer active\" line: FP4 is on for it (is SGLANG_ENABLE_FP4_INDEXER set in this environment?)"),
+])
+def test_launch_mode_refuses_a_server_whose_log_contradicts_its_arm(tmp_path, monkeypatch, arm, line, why):
+    """Once the launched server answers /health its log must show the arm's indexer: the plugin's "FP4 indexer
+    active" line in the FP4 server's, none in the FP8 server's; else the arm stops before measuring. A real child
+    process stands in for launch_server (SGLang's needs a GPU): it prints ``line`` to its log, then answers."""
     import socket
 
     from sglang_fp4_indexer.ab import command
@@ -926,20 +962,20 @@ def test_launch_mode_refuses_a_server_whose_switch_is_not_its_arms(tmp_path, mon
     child = (
         "import json, sys\n"
         "from http.server import BaseHTTPRequestHandler, HTTPServer\n"
+        f"print({line!r}, flush=True)\n"
         "class H(BaseHTTPRequestHandler):\n"
         "    def log_message(self, *a): pass\n"
         "    def do_GET(self):\n"
-        "        body = json.dumps({'enable_fp4_indexer': False} if self.path == '/server_info' else {}).encode()\n"
+        "        body = b'{}'\n"
         "        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()\n"
         "        self.wfile.write(body)\n"
         f"HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n")
     monkeypatch.setattr(command, "launch_command", lambda model, port, flags, fp4: [sys.executable, "-c", child])
     with pytest.raises(RuntimeError) as e:
-        command._run_arm(_launch_args(tmp_path, port), {}, "launch", str(tmp_path / "o"), "fp8-first", "fp4", _Bar(),
+        command._run_arm(_launch_args(tmp_path, port), {}, "launch", str(tmp_path / "o"), "fp8-first", arm, _Bar(),
                          answer_value=None, run=None)
-    log = tmp_path / "o" / "fp8-first" / "fp4" / "server.log"
-    assert str(e.value) == (f"the server answering on 127.0.0.1:{port} runs with enable_fp4_indexer False, not the FP4 "
-                            f"server this command started (log: {log})")
+    log = tmp_path / "o" / "fp8-first" / arm / "server.log"
+    assert str(e.value) == f"the {arm.upper()} server's log {why}; nothing was measured (log: {log})"
     assert not (log.parent / "result.json").exists()
 
 
@@ -948,10 +984,7 @@ def test_peak_running_requests_from_a_real_server_log():
     from sglang_fp4_indexer.serving import peak_running_requests
 
     text = (FIX / "server_fp8.log").read_text()
-    import re
-
-    values = [int(v) for v in re.findall(r"#running-req: (\d+)", text)]
-    assert values and peak_running_requests(text) == max(values)
+    assert text.count("#running-req: 0,") == 2 and peak_running_requests(text) == 0  # the fixture's two batch lines
     line = ("[2026-12-07 16:05:01] Decode batch, #running-req: 40, #token: 131000, token usage: 0.99, accept len: 3.1, "
             "#queue-req: 24, cuda graph: True\n")
     assert peak_running_requests(text + line) == 40
@@ -959,12 +992,13 @@ def test_peak_running_requests_from_a_real_server_log():
 
 
 def test_the_kv_limited_load_counts_every_dp_attention_ranks_pool(tmp_path):
-    """With DP attention SGLang reports one rank's pool: the default KV-limited load is twice what all dp_size
-    ranks hold at the longest input length, not one rank's."""
+    """With DP attention SGLang reports one rank's pool: the default KV-limited load is twice what all
+    attention-DP ranks hold at the longest input length, not one rank's."""
     from sglang_fp4_indexer.ab import command
     from sglang_fp4_indexer.cli import build_parser
 
-    dp = {"dp_size": 8, "enable_dp_attention": True}
+    dp = {"dp_size": 1, "attn_dp_size": 8, "enable_dp_attention": True}  # SGLang 0.5.23's /server_info for
+    # --dp-size 8 --enable-dp-attention (its parallel_hook moves the width to attn_dp_size)
     srv8 = _standin_server({"generate": 0}, pool=100000, wrong_depth=None, info=dp)
     srv4 = _standin_server({"generate": 0}, pool=110000, wrong_depth=None, info=dp)
     tok = tmp_path / "tok"

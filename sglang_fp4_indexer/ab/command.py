@@ -184,6 +184,9 @@ def _validate(args: argparse.Namespace, answer_value: Callable | None = None) ->
     if short:
         raise ValueError(f"--passkey-lengths: expected 0 (no passkey check) or >= {quality.PASSKEY_MIN_TOKENS} tokens, "
                          f"got {short[0]}")
+    if args.kv_limited_concurrency and args.kv_limited_concurrency == args.concurrency:
+        raise ValueError(f"--kv-limited-concurrency: {args.kv_limited_concurrency} is --concurrency too; give another "
+                         "value (the two loads would not be told apart), or 0 to leave the KV-limited load out")
     if (args.fp8_url is None) != (args.fp4_url is None):
         given = "--fp8-url" if args.fp8_url else "--fp4-url"
         raise ValueError(f"{given}: give both --fp8-url and --fp4-url (two running servers), or neither")
@@ -370,7 +373,8 @@ def _no_gpu(flags: list[str], gpus: Callable[[], dict], config: dict | None = No
 #: ``/server_info`` fields that must agree between the two servers given by URL (the model, how its weights load,
 #: the KV cache's type, speculative decoding and the parallel layout).
 _SAME_ON_BOTH = ("model_path", "load_format", "kv_cache_dtype", "speculative_algorithm", "speculative_num_steps",
-                 "speculative_num_draft_tokens", "tp_size", "dp_size", "enable_dp_attention", "page_size")
+                 "speculative_num_draft_tokens", "tp_size", "dp_size", "attn_dp_size", "enable_dp_attention",
+                 "page_size")
 
 
 def _servers_problem(args) -> str | None:
@@ -512,7 +516,7 @@ def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: st
     res = {"base_url": base, "commands": [],
            "server_info": {k: info.get(k) for k in ("model_path", "load_format", "max_total_num_tokens",
                                                     "speculative_algorithm", "kv_cache_dtype", "tp_size", "dp_size",
-                                                    "enable_dp_attention", "error")},
+                                                    "attn_dp_size", "enable_dp_attention", "error")},
            "gsm8k": None, "passkey": None, "bench": []}
     if with_quality and plan["gsm8k_data"]:
         progress("GSM8K")
@@ -540,9 +544,17 @@ def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: st
         pool = res["server_info"].get("max_total_num_tokens")
         if pool:
             # With DP attention each rank has a pool of this size (SGLang reports one rank's): the server holds
-            # dp_size times as many requests.
-            ranks = int(res["server_info"].get("dp_size") or 1) if res["server_info"].get("enable_dp_attention") else 1
-            kvc = plan["kv_limited_concurrency"] = 2 * ranks * max(1, pool // (max(plan["input_lens"]) + plan["output_len"]))
+            # that many times as many requests
+            # (SGLang 0.5.23 reports the DP-attention width as attn_dp_size; older versions as dp_size with
+            # enable_dp_attention.)
+            info_ = res["server_info"]
+            ranks = int(info_.get("attn_dp_size") or 1)
+            if ranks == 1 and info_.get("enable_dp_attention"):
+                ranks = int(info_.get("dp_size") or 1)
+            kvc = 2 * ranks * max(1, pool // (max(plan["input_lens"]) + plan["output_len"]))
+            if kvc == plan["concurrency"]:  # one more, so that the two loads stay apart in the report
+                kvc += 1
+            plan["kv_limited_concurrency"] = kvc
             plan["kv_limited_auto"] = True
             _write_json(os.path.join(out, "plan.json"), plan)
     if kvc:
@@ -697,10 +709,15 @@ def _run_arm(args, plan: dict, mode: str, out: str, order: str, arm: str, bar, *
             raise RuntimeError(f"--port: something already answers on 127.0.0.1:{port} (a server left from an "
                                "interrupted run?): stop it or give another --port; nothing was measured")
         with launched_server(cmd, port, log, args.ready_timeout) as base:
-            said = get_json(base + "/server_info", 60.0).get("enable_fp4_indexer")
-            if said is not None and bool(said) != (arm == "fp4"):
-                raise RuntimeError(f"the server answering on 127.0.0.1:{port} runs with enable_fp4_indexer {said}, "
-                                   f"not the {arm.upper()} server this command started (log: {log})")
+            # The plugin logs "FP4 indexer active" while the model loads, before /health answers: the FP4 server
+            # must have the line (else the plugin fell back, its warning says why) and the FP8 server must not.
+            with open(log, errors="replace") as f:
+                active = kv_pool_tokens(f.read())["fp4_indexer_active"] is not None
+            if active != (arm == "fp4"):
+                why = ("has no \"FP4 indexer active\" line: the plugin kept FP8 (its warning in the log says why)"
+                       if arm == "fp4" else "has an \"FP4 indexer active\" line: FP4 is on for it (is "
+                       "SGLANG_ENABLE_FP4_INDEXER set in this environment?)")
+                raise RuntimeError(f"the {arm.upper()} server's log {why}; nothing was measured (log: {log})")
             res = _measure(base, arm_dir, plan, with_quality=with_quality, out=out, progress=progress,
                            answer_value=answer_value, run=run)
         res["commands"].insert(0, cmd)
@@ -714,7 +731,8 @@ def _run_arm(args, plan: dict, mode: str, out: str, order: str, arm: str, bar, *
 
 def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_value: Callable | None = None, *,
          run=subprocess.run, gpus: Callable[[], dict] = gpu_description) -> int:
-    """Run the A/B and print its verdict; 0 when every arm finished, 1 when nothing can run (FP4 refused, no GPU
+    """Run the A/B and print its verdict; 0 when every arm finished and the report found no reason to withhold a
+    verdict (``report._problems``), 1 then, or when nothing can run (FP4 refused, no GPU
     to launch the servers on, a given server that does not answer, SGLang's benchmark or GSM8K client not importable
     by this Python), with one line saying why.
 

@@ -101,50 +101,71 @@ def _pp(x: float) -> str:
 SLOWER_BELOW = 0.98
 
 
-def _expected_requests(plan: dict, row: dict) -> int | None:
-    """The requests the command sent in the load of ``row`` (``plan``'s prompts, or twice the KV-limited
-    concurrency for that load); None where the plan does not say."""
+def _expected_loads(plan: dict) -> list[tuple[int, int, int]]:
+    """The loads the plan sends to each server, as ``(input_len, output_len, concurrency)``: one per input length
+    at ``concurrency``, then the KV-limited load at the longest (where it runs)."""
+    loads = [(il, plan["output_len"], plan["concurrency"]) for il in plan.get("input_lens") or []]
     kvc = plan.get("kv_limited_concurrency")
-    if kvc and row["concurrency"] == kvc and row["input_len"] == max(plan.get("input_lens") or [0]):
-        return 2 * kvc
-    return plan.get("prompts")
+    if kvc and plan.get("input_lens"):
+        loads.append((max(plan["input_lens"]), plan["output_len"], kvc))
+    return loads
 
 
 def _problems(r: dict) -> list[str]:
     """Why no verdict can be drawn: an FP4 server whose log has no "FP4 indexer active" line (the plugin fell back
-    to FP8: its warning in that log says why), or a load where an arm completed fewer requests than were sent."""
+    to FP8: its warning in that log says why), an FP8 server whose log has one (FP4 switched on for it, e.g. by
+    ``SGLANG_ENABLE_FP4_INDEXER`` in the environment), servers given by URL (their logs unread) whose KV pools are
+    the same size (nothing shows FP4 in use), a load of the plan without a result from both servers or without its
+    completed count, or a load where a server completed fewer requests than were sent."""
     out = []
     for order, per in r.get("arms_kv", {}).items():
-        kv4 = per.get("fp4") or {}
+        kv4, kv8 = per.get("fp4") or {}, per.get("fp8") or {}
         if "fp4_indexer_active" in kv4 and kv4["fp4_indexer_active"] is None:
             out.append(f"the FP4 server of {order} did not use FP4 (its log has no \"FP4 indexer active\" line; "
                        "its warning says why)")
+        if kv8.get("fp4_indexer_active"):
+            out.append(f"the FP8 server of {order} used FP4 (its log has an \"FP4 indexer active\" line: is "
+                       "SGLANG_ENABLE_FP4_INDEXER set where the servers run?)")
+        gain = r["capacity"].get(order, {}).get("fp4_gain")
+        if kv4 and "fp4_indexer_active" not in kv4 and gain is not None and gain <= 0:
+            out.append(f"the FP4 server of {order} holds no more KV tokens than the FP8 server, and its log is not "
+                       "read for servers given by URL: nothing shows that it uses FP4 (look for \"FP4 indexer "
+                       "active\" in its log)")
     plan = r["meta"].get("plan") or {}
     for order, rows in r["speed"].items():
-        for row in rows:
-            sent = _expected_requests(plan, row)
+        by_load = {(row["input_len"], row["output_len"], row["concurrency"]): row for row in rows}
+        for load in (_expected_loads(plan) if plan.get("output_len") is not None else by_load):
+            row = by_load.get(load)
+            what = f"{load[0]} in / {load[1]} out, {load[2]} at a time"
+            if row is None:
+                out.append(f"no result from both servers of {order} for the load at {what}")
+                continue
+            sent = (2 * load[2] if load[2] == plan.get("kv_limited_concurrency") and load[2] != plan.get("concurrency")
+                    else plan.get("prompts"))
             done = row.get("completed") or {}
             for arm in ARMS:
-                if sent and done.get(arm) is not None and done[arm] < sent:
+                if done.get(arm) is None:
+                    out.append(f"the {arm.upper()} server's result of {order} at {what} has no completed count")
+                elif sent and done[arm] < sent:
                     out.append(f"the {arm.upper()} server of {order} completed {done[arm]:.0f} of {sent} requests at "
-                               f"{row['input_len']} in / {row['output_len']} out, {row['concurrency']} at a time")
+                               f"{what}")
     return out
 
 
 def _summary(r: dict) -> str | None:
     """The one-line verdict in the deployer's units, first of ``_verdict``'s lines: FP4's KV pool gain, its output
-    tokens/s against FP8's over every load and order, and the quality checks. "no verdict" (and why) where the FP4
-    server did not use FP4 or an arm lost requests (``_problems``); "keep FP8" where a load was slower (below
-    ``SLOWER_BELOW``) or a quality check resolved FP4 worse (beyond 2 standard errors); "turn FP4 on" where FP4
-    holds more KV tokens or every load was faster (above ``1 / SLOWER_BELOW``) and neither happened (with dummy
-    weights: only after a run with the real ones); speed from one server order only is marked as such (the first
-    server on a fresh machine also pays its JIT compiles). None before any pair of arms finished."""
+    tokens/s against FP8's over every load and order, and the quality checks. "no verdict" (and why) where
+    ``_problems`` finds any; "keep FP8" where a load was slower (below ``SLOWER_BELOW``) or a quality check resolved
+    FP4 worse (beyond 2 standard errors); "turn FP4 on" where FP4 holds more KV tokens, or every load in both server
+    orders was faster (above ``1 / SLOWER_BELOW``; in one order the first server on a fresh machine also pays its
+    JIT compiles, so one order's speed gain does not count), and neither happened (with dummy weights: only after a
+    run with the real ones). None before any pair of arms finished."""
     gains = [c["fp4_gain"] for c in r["capacity"].values() if "fp4_gain" in c]
     rows = [row for rows in r["speed"].values() for row in rows if row.get("output_ratio")]
     if not gains and not rows:
         return None
     parts, against = [], []
-    faster = False
+    faster = faster_once = False
     if gains:
         parts.append(f"{gains[0] * 100:+.1f} % KV tokens")
     if rows:
@@ -152,10 +173,12 @@ def _summary(r: dict) -> str | None:
         orders = [o for o, rs in r["speed"].items() if any(x.get("output_ratio") for x in rs)]
         parts.append(f"output tok/s FP4 / FP8 {lo:.3f}" + (f" to {hi:.3f}" if hi - lo >= 0.0005 else "")
                      + f" over {len(rows)} load{'s' if len(rows) > 1 else ''}"
-                     + (f" in one server order ({orders[0]}; run both orders before trusting a speed ratio)"
+                     + (f" in one server order ({orders[0]}; a speed gain counts only over both orders)"
                         if len(orders) == 1 else ""))
         slow = [x for x in rows if x["output_ratio"] < SLOWER_BELOW]
-        faster = lo > 1 / SLOWER_BELOW
+        # Faster counts only over both server orders: in one order the first server also pays its compiles.
+        faster = lo > 1 / SLOWER_BELOW and len(orders) > 1
+        faster_once = lo > 1 / SLOWER_BELOW and len(orders) == 1
         if slow:
             x = min(slow, key=lambda x: x["output_ratio"])
             against.append(f"FP4 slower at {x['input_len']} in / {x['output_len']} out, {x['concurrency']} at a time")
@@ -176,6 +199,8 @@ def _summary(r: dict) -> str | None:
         advice = "FP4 " + " and ".join(pros) + ", but turn it on only after a run with the real weights"
     elif gained or faster:
         advice = "turn FP4 on"
+    elif faster_once:
+        advice = "nothing counted yet: FP4 was faster in one server order only; run both orders"
     else:
         advice = "FP4 gains nothing measured here: keep FP8"
     return "verdict: " + advice + ": " + ", ".join(parts) + (" (not finished: see below)" if r["missing"] else "")
