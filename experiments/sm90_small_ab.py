@@ -27,6 +27,10 @@ Probe variants (wrong scores by construction, so they fail the check; their time
   what that load costs where an entry covers few pages (one long request over every SM's four entries reads
   the same queries 528 times). Its queries are nearly all zero bytes, so the tensor cores also draw less power
   (the board's clock limit, docs/perf-notes.md);
+* ``q_one_chunk``: every one of a thread's query loads issued before the first is used (one round trip to
+  memory instead of one per chunk of 8; at next_n 4 and 64 heads, 16 loads instead of two chunks of 8; next_n 1
+  and 2 already take one chunk), at the cost of their registers (NVRTC for sm_90a: 12 bytes of spills at next_n 4,
+  64 heads; none at next_n 4, 32 heads, nor at next_n 1 and 2);
 * ``no_qload_dense``: the same with dense constant queries (every byte a nonzero e4m3 of either sign, varying
   with the thread): the load's cost without the power confound.
 
@@ -202,6 +206,10 @@ VARIANT_EDITS = {
         ("""                v[k] = __ldg(reinterpret_cast<const uint4*>(
                     q + static_cast<i64>(b * NEXT_N + i) * stride_q_row + h * stride_q_head + 16 * m));""",
          """                v[k] = make_uint4(static_cast<u32>(i + h + m), 0u, 0u, 0u);""", 1),
+    ],
+    "q_one_chunk": [
+        ("        constexpr int Q_CHUNK = QV % 8 == 0 ? 8 : QV % 7 == 0 ? 7 : QV % 6 == 0 ? 6 : QV % 5 == 0 ? 5 : QV % 4 == 0 ? 4 : QV % 3 == 0 ? 3 : QV % 2 == 0 ? 2 : 1;",
+         "        constexpr int Q_CHUNK = QV;  // q_one_chunk: every query load in flight at once", 1),
     ],
     "no_qload_dense": [
         ("""                v[k] = __ldg(reinterpret_cast<const uint4*>(
