@@ -181,6 +181,10 @@ wait_healthy() {  # port pid seconds: status 0 once /health answered 200, 1 when
   return 1
 }
 
+call_left() {  # seconds [margin]: what is left of SECONDS since the call began (CALL_T0), less MARGIN
+  echo $(( $1 - ($(date +%s) - CALL_T0) - ${2:-0} ))
+}
+
 stage() {  # name limit command...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
@@ -548,7 +552,7 @@ case "$STEP" in
       # shortens the load instead of cutting it.
       short=0
       if [ -n "${SOAK_CALL_S:-}" ]; then
-        LIMIT=$(( SOAK_CALL_S - ($(date +%s) - CALL_T0) - 20 )); [ "$LIMIT" -lt 210 ] && short=1
+        LIMIT=$(call_left "$SOAK_CALL_S" 20); [ "$LIMIT" -lt 210 ] && short=1
       fi
       if [ $ready = 0 ] || [ $short = 1 ]; then
         echo "${tag}_${fmt} server $([ $ready = 1 ] && echo "ready after $((SECONDS - t0)) s, with $LIMIT s of SOAK_CALL_S left (under 210)" \
@@ -588,7 +592,7 @@ case "$STEP" in
     # request done) or WARM_S (default 540) seconds have passed since the call began. With JIT_CACHE_OUT=1 the
     # caches come back for .peers/jit-cache (above), so that a later machine skips the compile too.
     for fmt in ${WARM_FORMATS:-fp8 fp4}; do
-      left=$(( ${WARM_S:-540} - ($(date +%s) - CALL_T0) ))
+      left=$(call_left "${WARM_S:-540}")
       [ "$left" -gt 30 ] || { echo "warm_$fmt: no time left" | tee -a "$WORK/stages.txt"; break; }
       mtp_server "$WORK/tiny" "$fmt" 30795 "$WORK/logs/warm_server_$fmt.log"
       wpid=$!; t0=$SECONDS
@@ -624,7 +628,7 @@ case "$STEP" in
     # sit two folders down, deeper than what comes back from a call as files) and the report beside it.
     AB_DIR="$WORK/ab_$AB_SIZE"
     [ "${AB_FRESH:-0}" = 1 ] && rm -rf "$AB_DIR"
-    AB_LEFT=$(( ${AB_CALL_S:-580} - ($(date +%s) - CALL_T0) - 20 ))
+    AB_LEFT=$(call_left "${AB_CALL_S:-580}" 20)
     if [ -z "${AB_LIMIT:-}" ] && [ "$AB_LEFT" -lt 60 ]; then
       echo "ab_$AB_SIZE: $AB_LEFT s left of AB_CALL_S: not started" | tee -a "$WORK/stages.txt"; AB_LEFT=
     fi

@@ -514,9 +514,7 @@ def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: st
     """Quality (first order only) and speed against one running server; the arm's result (without ``kv``)."""
     info = get_json(base + "/server_info", 60.0)
     res = {"base_url": base, "commands": [],
-           "server_info": {k: info.get(k) for k in ("model_path", "load_format", "max_total_num_tokens",
-                                                    "speculative_algorithm", "kv_cache_dtype", "tp_size", "dp_size",
-                                                    "attn_dp_size", "enable_dp_attention", "error")},
+           "server_info": {k: info.get(k) for k in ("max_total_num_tokens", "error") + _SAME_ON_BOTH},
            "gsm8k": None, "passkey": None, "bench": []}
     if with_quality and plan["gsm8k_data"]:
         progress("GSM8K")
@@ -543,14 +541,12 @@ def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: st
     if kvc is None:
         pool = res["server_info"].get("max_total_num_tokens")
         if pool:
-            # With DP attention each rank has a pool of this size (SGLang reports one rank's): the server holds
-            # that many times as many requests
-            # (SGLang 0.5.23 reports the DP-attention width as attn_dp_size; older versions as dp_size with
-            # enable_dp_attention.)
-            info_ = res["server_info"]
-            ranks = int(info_.get("attn_dp_size") or 1)
-            if ranks == 1 and info_.get("enable_dp_attention"):
-                ranks = int(info_.get("dp_size") or 1)
+            # With DP attention SGLang reports one rank's pool, and every rank has one: its width is attn_dp_size
+            # in SGLang 0.5.23, dp_size with enable_dp_attention before.
+            si = res["server_info"]
+            ranks = int(si.get("attn_dp_size") or 1)
+            if ranks == 1 and si.get("enable_dp_attention"):
+                ranks = int(si.get("dp_size") or 1)
             kvc = 2 * ranks * max(1, pool // (max(plan["input_lens"]) + plan["output_len"]))
             if kvc == plan["concurrency"]:  # one more, so that the two loads stay apart in the report
                 kvc += 1

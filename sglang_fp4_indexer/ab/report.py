@@ -101,13 +101,14 @@ def _pp(x: float) -> str:
 SLOWER_BELOW = 0.98
 
 
-def _expected_loads(plan: dict) -> list[tuple[int, int, int]]:
-    """The loads the plan sends to each server, as ``(input_len, output_len, concurrency)``: one per input length
-    at ``concurrency``, then the KV-limited load at the longest (where it runs)."""
-    loads = [(il, plan["output_len"], plan["concurrency"]) for il in plan.get("input_lens") or []]
+def _expected_loads(plan: dict) -> dict[tuple[int, int, int], int | None]:
+    """The loads the plan sends to each server, ``(input_len, output_len, concurrency)`` -> requests sent: one per
+    input length at ``concurrency`` (``prompts`` each), then the KV-limited load at the longest (twice its
+    concurrency) where it runs."""
+    loads = {(il, plan["output_len"], plan["concurrency"]): plan.get("prompts") for il in plan.get("input_lens") or []}
     kvc = plan.get("kv_limited_concurrency")
     if kvc and plan.get("input_lens"):
-        loads.append((max(plan["input_lens"]), plan["output_len"], kvc))
+        loads[(max(plan["input_lens"]), plan["output_len"], kvc)] = 2 * kvc
     return loads
 
 
@@ -134,14 +135,14 @@ def _problems(r: dict) -> list[str]:
     plan = r["meta"].get("plan") or {}
     for order, rows in r["speed"].items():
         by_load = {(row["input_len"], row["output_len"], row["concurrency"]): row for row in rows}
-        for load in (_expected_loads(plan) if plan.get("output_len") is not None else by_load):
+        expected = (_expected_loads(plan) if plan.get("output_len") is not None
+                    else dict.fromkeys(by_load, plan.get("prompts")))
+        for load, sent in expected.items():
             row = by_load.get(load)
             what = f"{load[0]} in / {load[1]} out, {load[2]} at a time"
             if row is None:
                 out.append(f"no result from both servers of {order} for the load at {what}")
                 continue
-            sent = (2 * load[2] if load[2] == plan.get("kv_limited_concurrency") and load[2] != plan.get("concurrency")
-                    else plan.get("prompts"))
             done = row.get("completed") or {}
             for arm in ARMS:
                 if done.get(arm) is None:
