@@ -102,10 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s {__version__} (for SGLang {SGLANG_VERSION})")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.subcommand_parsers = {}  # name -> its parser, whose error names the subcommand (main)
     for sub in SUBCOMMANDS:
         sp = subparsers.add_parser(sub.name, help=sub.help, description=sub.help)
         _module(sub).add_arguments(sp)
         sp.set_defaults(_subcommand=sub)
+        parser.subcommand_parsers[sub.name] = sp
     return parser
 
 
@@ -150,7 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "ab" and "--" in argv:  # ab's SGLang server flags: everything after the first --
         at = argv.index("--")
         argv, tail = argv[:at], argv[at + 1:]
-    args = parser.parse_args(argv)
+    # argparse reports a subcommand's unknown option from the top-level parser; the subcommand's own names it.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.subcommand_parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     if tail is not None:
         args.server_flags = tail
     if _wants_interpreter(args):

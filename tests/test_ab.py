@@ -735,6 +735,15 @@ def test_fewer_gpus_than_the_flags_take_is_one_line(tmp_path, capsys):
         "sglang-fp4-indexer ab: not run: --tp-size 8 takes 8 GPUs per server; nvidia-smi lists 1 on this machine "
         "(NVIDIA H100 80GB HBM3)")
     assert not out.exists()
+    # SGLang's parser takes an unambiguous prefix of an option (argparse's abbreviations): --tp 8 is --tp-size 8,
+    # and data-parallel replicas (--dp-size without DP attention) are whole servers of --tp-size GPUs each.
+    for given, need in ((["--tp", "8"], 8), (["--tp-size", "2", "--dp-size", "2"], 4)):
+        assert command.main(_ab_args(_v32_folder(tmp_path), "--out", str(out), "--", *given),
+                            read_sglang=read_sglang_facts, gpus=one) == 1
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"sglang-fp4-indexer ab: not run: the server flags, as SGLang's parser reads them, take {need} GPUs per "
+            "server; nvidia-smi lists 1 on this machine (NVIDIA H100 80GB HBM3)"), given
+        assert not out.exists()
 
 
 def test_a_server_that_exits_at_start_is_named_with_its_error_line(tmp_path):
@@ -1026,12 +1035,12 @@ def test_the_plugin_check_says_when_its_gpu_is_assumed(tmp_path, monkeypatch):
 
     args = _ab_args(_v32_folder(tmp_path), "--out", str(tmp_path / "o"))
     monkeypatch.setattr(budget, "local_gpu", lambda: None)
-    refusal, text = command._refusal(args, [], {}, None)
+    refusal, text, _ = command._refusal(args, [], {}, None)
     assert refusal is None and text.startswith("FP4 enabled: ") and text.endswith(
         " (CUDA 9.0 assumed: no GPU on this machine, and the servers' GPUs are not read)")
     from sglang_fp4_indexer.check import findings
 
     local = findings.DeviceFacts("cuda", (9, 0), "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(findings, "_device", lambda capability, gpu: (local, "NVIDIA H100 80GB HBM3, CUDA 9.0 (local)"))
-    refusal, text = command._refusal(args, [], {}, None)
+    refusal, text, _ = command._refusal(args, [], {}, None)
     assert refusal is None and text.startswith("FP4 enabled: ") and "assumed" not in text

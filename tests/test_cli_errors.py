@@ -209,6 +209,15 @@ def test_an_option_before_the_command_names_the_commands(capsys):
     assert "unrecognized option --bogus: the command comes first, one of demo, check, bench" in err
 
 
+@pytest.mark.parametrize("argv", [["ab", "/tmp", "--out", "/tmp/ab-never-made", "--bogus"], ["check", "m", "--bogus"],
+                                  ["bench", "--bogus", "x"]])
+def test_an_unknown_option_is_named_under_its_command(capsys, argv):
+    """argparse reports a subcommand's unknown option from the top-level parser; the line names the command."""
+    err = _usage_error(capsys, argv)
+    unknown = " ".join(argv[argv.index("--bogus"):])
+    assert err.strip() == f"sglang-fp4-indexer {argv[0]}: error: unrecognized arguments: {unknown} (--help lists the options)"
+
+
 @pytest.mark.parametrize("cases, detail", [
     ("4096:0", "'4096:0': expected each top-k >= 1 and below the context"),
     ("4096:4096", "'4096:4096': expected each top-k >= 1 and below the context"),

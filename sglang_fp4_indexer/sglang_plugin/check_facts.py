@@ -95,7 +95,7 @@ def memory_facts(record) -> dict:
     also the FP8 GEMM backend (the measured SGLang decode step holds for one backend only).
 
     Returns:
-        dict: ``tp``, ``fp8_gemm_backend`` (``--fp8-gemm-backend``, SGLang's ``auto`` when not given), ``attn_dp``
+        dict: ``tp``, ``pp`` (``--pp-size``), ``fp8_gemm_backend`` (``--fp8-gemm-backend``, SGLang's ``auto`` when not given), ``attn_dp``
         (the DP-attention size: ``--attn-dp-size``, or ``--dp-size`` with ``--enable-dp-attention``, or
         ``--dwdp-size``, which also turns CUDA graphs off; 1 without),
         ``dp_replicas`` (``--dp-size`` without DP attention: data-parallel replicas, each a whole server),
@@ -166,7 +166,8 @@ def memory_facts(record) -> dict:
 
     eager, graph_max_bs = _decode_graphs(record)
     eager = eager or dwdp > 1
-    return {"tp": tp, "attn_dp": attn_dp, "dp_replicas": 1 if dp_attention else dp,
+    return {"tp": tp, "pp": int(server_field(record, "pp_size", 1) or 1), "attn_dp": attn_dp,
+            "dp_replicas": 1 if dp_attention else dp,
             "device": server_field(record, "device", None),
             "eager_decode": eager, "decode_graph_max_bs": graph_max_bs,
             "two_batch_overlap": bool(server_field(record, "enable_two_batch_overlap", False)),
