@@ -267,12 +267,30 @@ def kv_pool_tokens(log_text: str) -> dict:
 _RUNNING = re.compile(r"#running-req: (\d+)")
 
 
+_DP_RANK = re.compile(r"^\[[^\]]* DP(\d+)\b")
+
+
+def running_peaks(log_text: str) -> dict:
+    """The most requests each scheduler of a server ran at once: per DP rank (the `` DPn`` in the bracket SGLang
+    opens each scheduler's log line with; the key None for lines without one) the largest ``#running-req: N`` of
+    its prefill and decode batch lines (requests admitted to the KV pool; those queued are ``#queue-req``).
+    Under DP attention every rank schedules its own batches: the ranks' peaks need not fall at the same time, so
+    their sum is no count of requests running at once."""
+    peaks: dict = {}
+    for line in log_text.splitlines():
+        m = _RUNNING.search(line)
+        if m:
+            dp = _DP_RANK.match(line)
+            rank = int(dp.group(1)) if dp else None
+            peaks[rank] = max(peaks.get(rank, 0), int(m.group(1)))
+    return peaks
+
+
 def peak_running_requests(log_text: str) -> int | None:
-    """The most requests a server ran at once: the largest ``#running-req: N`` of SGLang's prefill and decode
-    batch lines in its log (requests admitted to the KV pool; those queued are ``#queue-req``); None when the log
-    has no such line."""
-    found = [int(m) for m in _RUNNING.findall(log_text)]
-    return max(found) if found else None
+    """The most requests one scheduler of a server ran at once (``running_peaks``: under DP attention, the busiest
+    rank's); None when the log has no batch line."""
+    peaks = running_peaks(log_text)
+    return max(peaks.values()) if peaks else None
 
 
 def versions(packages: tuple[str, ...] = VERSION_PACKAGES) -> dict:

@@ -119,6 +119,14 @@ def test_report_from_recorded_outputs(tmp_path):
     real = build_report(arms, meta={})
     assert not any("meaningless" in ln for ln in real["verdict"])
     assert r["missing"] == []
+    # The most requests each server ran (its log), and under DP attention whose figure it is.
+    for fmt, peak in (("fp8", 21), ("fp4", 23)):
+        arms["fp8-first"][fmt]["kv"].update(running_peak=peak, running_ranks=None)
+    assert "; at most 23 requests ran at once with FP4, 21 with FP8 (server logs)" in "\n".join(
+        build_report(arms, meta={})["verdict"])
+    arms["fp8-first"]["fp4"]["kv"]["running_ranks"] = 4
+    assert "; at most 23 requests ran at once on the busiest of 4 DP ranks with FP4, 21 with FP8 (server logs)" in \
+        "\n".join(build_report(arms, meta={})["verdict"])
     png = plot_report(r, str(tmp_path / "r.png"))
     assert Path(png).read_bytes()[:4] == b"\x89PNG"
 
@@ -998,6 +1006,13 @@ def test_peak_running_requests_from_a_real_server_log():
             "#queue-req: 24, cuda graph: True\n")
     assert peak_running_requests(text + line) == 40
     assert peak_running_requests("no batch lines") is None
+    # Under DP attention each scheduler's lines open with its ranks (SGLang's " DP{n} TP{m}" prefix): per rank.
+    from sglang_fp4_indexer.serving import running_peaks
+
+    dp = "".join(line.replace("16:05:01]", f"16:05:0{i} DP{rank} TP{rank}]").replace(": 40,", f": {n},")
+                 for i, (rank, n) in enumerate([(0, 7), (1, 12), (0, 9), (1, 3)]))
+    assert running_peaks(dp) == {0: 9, 1: 12} and peak_running_requests(dp) == 12
+    assert running_peaks(text + line) == {None: 40}
 
 
 def test_the_kv_limited_load_counts_every_dp_attention_ranks_pool(tmp_path):

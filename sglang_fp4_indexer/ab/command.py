@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from ..argtypes import integer, int_list
 from ..serving import (bench_serving_command, client_error, get_json, gpu_description, kv_pool_tokens,
-                       launch_command, launched_server, peak_running_requests, read_jsonl, versions)
+                       launch_command, launched_server, peak_running_requests, running_peaks, read_jsonl, versions)
 from . import quality
 from .report import AB_FIELDS, ARMS, build_report, plot_report, report_text
 
@@ -726,7 +726,8 @@ def _run_arm(args, plan: dict, mode: str, out: str, order: str, arm: str, bar, *
         res["commands"].insert(0, cmd)
         with open(log, errors="replace") as f:
             text = f.read()
-        res["kv"] = dict(kv_pool_tokens(text), running_peak=peak_running_requests(text))
+        res["kv"] = dict(kv_pool_tokens(text), running_peak=peak_running_requests(text),
+                         running_ranks=len(running_peaks(text)) or None)
     res.update(order=order, arm=arm, wall_s=time.time() - t0, environment=_environment(mode))
     _write_json(path, res)
     return res

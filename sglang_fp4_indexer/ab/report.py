@@ -212,11 +212,14 @@ def _verdict(r: dict) -> list[str]:
     lines = [summary] if summary else []
     for order, cap in r["capacity"].items():
         if "fp4_gain" in cap:
-            peak = {arm: (r.get("arms_kv", {}).get(order, {}).get(arm) or {}).get("running_peak") for arm in ARMS}
+            kv = {arm: r.get("arms_kv", {}).get(order, {}).get(arm) or {} for arm in ARMS}
+            peak = {arm: kv[arm].get("running_peak") for arm in ARMS}
+            ranks = max(kv[arm].get("running_ranks") or 1 for arm in ARMS)
+            where = f" on the busiest of {ranks} DP ranks" if ranks > 1 else ""
             lines.append(f"capacity ({order}): the KV pool holds {cap['fp4']} tokens with FP4, {cap['fp8']} with "
                          f"FP8 ({cap['fp4_gain'] * 100:+.1f} %)"
-                         + (f"; at most {peak['fp4']} requests ran at once with FP4, {peak['fp8']} with FP8 (server "
-                            "logs)" if None not in peak.values() else ""))
+                         + (f"; at most {peak['fp4']} requests ran at once{where} with FP4, {peak['fp8']} with FP8 "
+                            "(server logs)" if None not in peak.values() else ""))
     for order, rows in r["speed"].items():
         for row in rows:
             ratio = row["output_ratio"]
