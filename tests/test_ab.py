@@ -1059,3 +1059,42 @@ def test_the_plugin_check_says_when_its_gpu_is_assumed(tmp_path, monkeypatch):
     monkeypatch.setattr(findings, "_device", lambda capability, gpu: (local, "NVIDIA H100 80GB HBM3, CUDA 9.0 (local)"))
     refusal, text, _ = command._refusal(args, [], {}, None)
     assert refusal is None and text.startswith("FP4 enabled: ") and "assumed" not in text
+
+
+def test_sigterm_stops_the_launched_server_and_ends_in_one_line(tmp_path):
+    """A time limit's SIGTERM to a running ``sglang-fp4-indexer ab`` (a real signal to a real child process) ends it
+    as Ctrl-C does: the server it launched is terminated and the command prints one line and exits 130. The arm
+    is a stand-in for what cannot run here (SGLang's server needs a GPU): ``launched_server`` with a child that
+    never answers /health, as a server still starting."""
+    import signal
+    import subprocess
+    import time
+
+    log, out = tmp_path / "server.log", tmp_path / "o"
+    script = f"""
+import sys
+from sglang_fp4_indexer import cli
+from sglang_fp4_indexer.serving import launched_server
+
+def run(sub, args):  # ab waiting for its launched server to answer
+    cmd = [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"]
+    with launched_server(cmd, 9, {str(log)!r}, 600):
+        raise AssertionError("the stand-in server never answers /health")
+
+cli._run = run
+sys.exit(cli.main(["ab", "/nonexistent/model", "--out", {str(out)!r}]))
+"""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 120
+    while not (log.exists() and log.read_text().strip()) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    server_pid = int(log.read_text().split()[0])
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [f"sglang-fp4-indexer ab: interrupted (the arms finished so far are kept in "
+                                        f"{out}; the same command resumes there)"]
+    with pytest.raises(ProcessLookupError):  # terminated and reaped by launched_server on the way out
+        os.kill(server_pid, 0)
