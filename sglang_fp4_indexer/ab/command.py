@@ -72,7 +72,9 @@ def parse_depths(text: str) -> list[float]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``ab``."""
     parser.add_argument("model", nargs="?", default=None,
-                        help="the model you serve (local directory with config.json), as --model-path; optional "
+                        help="the model you serve (local directory with config.json, or its Hugging Face name "
+                             "ORG/NAME, which launch_server downloads the first time as it always does), as "
+                             "--model-path; optional "
                              "with --config when the YAML names model-path, and with --fp8-url/--fp4-url (then "
                              "the plugin's check reads its config.json and the serving benchmark its tokenizer)")
     # After "--": the SGLang server flags (cli.main splits them off before argparse sees them).
