@@ -27,12 +27,17 @@ Probe variants (wrong scores by construction, so they fail the check; their time
   what that load costs where an entry covers few pages (one long request over every SM's four entries reads
   the same queries 528 times). Its queries are nearly all zero bytes, so the tensor cores also draw less power
   (the board's clock limit, docs/perf-notes.md);
+* ``no_qload_dense``: the same with dense constant queries (every byte a nonzero e4m3 of either sign, varying
+  with the thread): the load's cost without the power confound;
 * ``q_one_chunk``: every one of a thread's query loads issued before the first is used (one round trip to
   memory instead of one per chunk of 8; at next_n 4 and 64 heads, 16 loads instead of two chunks of 8; next_n 1
   and 2 already take one chunk), at the cost of their registers (NVRTC for sm_90a: 12 bytes of spills at next_n 4,
   64 heads; none at next_n 4, 32 heads, nor at next_n 1 and 2);
-* ``no_qload_dense``: the same with dense constant queries (every byte a nonzero e4m3 of either sign, varying
-  with the thread): the load's cost without the power confound.
+* ``q_cp_async``: the same one round trip without the registers: every query copy issued at once as
+  ``cp.async`` (global to shared, 16 bytes each, at the copy's own head row of the query tile), then, once they
+  have landed, each head row permuted in place by the 8 lanes that copied it (read, ``__syncwarp``, write); the
+  copies are issued after the barrier that ends the previous request's wgmma (NVRTC for sm_90a: no spills at
+  next_n 1, 2, 4 and 64 heads, nor at next_n 4 and 32 heads; 96 registers, as the product).
 
 A structural variant aimed at that load:
 
@@ -210,6 +215,12 @@ VARIANT_EDITS = {
     "q_one_chunk": [
         ("        constexpr int Q_CHUNK = QV % 8 == 0 ? 8 : QV % 7 == 0 ? 7 : QV % 6 == 0 ? 6 : QV % 5 == 0 ? 5 : QV % 4 == 0 ? 4 : QV % 3 == 0 ? 3 : QV % 2 == 0 ? 2 : 1;",
          "        constexpr int Q_CHUNK = QV;  // q_one_chunk: every query load in flight at once", 1),
+    ],
+    "q_cp_async": [
+        ('        uint4 v[Q_CHUNK];\n        auto load_chunk = [&](int k0) {\n#pragma unroll\n            for (int k = 0; k < Q_CHUNK; ++k) {\n                const int idx = tid + (k0 + k) * MATH_THREADS;\n                const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;\n                v[k] = __ldg(reinterpret_cast<const uint4*>(\n                    q + static_cast<i64>(b * NEXT_N + i) * stride_q_row + h * stride_q_head + 16 * m));\n            }\n        };\n        load_chunk(0);     // in flight across the barrier\n        math_barrier(wg);  // every wgmma reading the previous queries has completed',
+         '        math_barrier(wg);  // every wgmma reading the previous queries has completed\n        // q_cp_async: every query copy in flight at once, global -> shared at its own head row (raw; the\n        // 8 lanes that copy a head row are the 8 that permute it below), no registers held.\n#pragma unroll\n        for (int k = 0; k < QV; ++k) {\n            const int idx = tid + k * MATH_THREADS;\n            const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;\n            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(q_smem + i * Q_BYTES + h * 128 + 16 * m)),\n                         "l"(q + static_cast<i64>(b * NEXT_N + i) * stride_q_row + h * stride_q_head + 16 * m)\n                         : "memory");\n        }\n        asm volatile("cp.async.commit_group;" ::: "memory");', 1),
+        ('#pragma unroll\n        for (int k0 = 0; k0 < QV; k0 += Q_CHUNK) {\n            if (k0 > 0) load_chunk(k0);\n#pragma unroll\n            for (int k = 0; k < Q_CHUNK; ++k) {\n                const int idx = tid + (k0 + k) * MATH_THREADS;\n                const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;\n                unsigned char* row = q_smem + i * Q_BYTES + h * 128;\n                const u32 words[4] = {zero_nan_e4m3(v[k].x), zero_nan_e4m3(v[k].y), zero_nan_e4m3(v[k].z),\n                                      zero_nan_e4m3(v[k].w)};',
+         '        asm volatile("cp.async.wait_all;" ::: "memory");\n        __syncwarp();  // the other 7 lanes\' copies into each of this warp\'s head rows\n#pragma unroll\n        for (int k0 = 0; k0 < QV; k0 += 1) {\n            {\n                const int k = 0;\n                const int idx = tid + (k0 + k) * MATH_THREADS;\n                const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;\n                unsigned char* row = q_smem + i * Q_BYTES + h * 128;\n                const uint4 vk = *reinterpret_cast<const uint4*>(row + 16 * m);\n                __syncwarp();  // the head row\'s 8 raw uint4 read before any is overwritten\n                const u32 words[4] = {zero_nan_e4m3(vk.x), zero_nan_e4m3(vk.y), zero_nan_e4m3(vk.z),\n                                      zero_nan_e4m3(vk.w)};', 1),
     ],
     "no_qload_dense": [
         ("""                v[k] = __ldg(reinterpret_cast<const uint4*>(
