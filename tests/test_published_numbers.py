@@ -392,6 +392,44 @@ def test_perf_notes_query_load_dense_run_quotes_its_run():
     assert f"their load costs {lo:.0f}-{hi:.0f} % of the time" in page
 
 
+def test_perf_notes_query_round_trip_runs_quote_their_runs():
+    """The query round-trip table (product, q_one_chunk, q_cp_async, no_qload_dense) and the repeat in the other
+    variant order: every figure is its raw run's median, rounded as shown; every product and variant output
+    other than no_qload_dense's (constant queries) passed its check."""
+    first, again = _json("sm90_small_ab_qcopy_h100_2026-12-07.json"), _json(
+        "sm90_small_ab_qonechunk_repeat_h100_2026-12-07.json")
+    assert first["meta"]["device"] == again["meta"]["device"] == "NVIDIA H100 80GB HBM3"
+    raw = _page("docs/perf-notes.md")
+    page = _flat(raw)
+
+    def us(run, heads, batch, ctx, next_n, name):
+        row = next(r for r in run["rows"] if (r["heads"], r["batch"], r["context"], r["next_n"])
+                   == (heads, batch, ctx * K, next_n))
+        if name != "ab[no_qload_dense]":
+            assert row["results"][name]["status"] == "ok", (row["label"], name)
+        return row["results"][name]["seconds"] * 1e6
+
+    rows = re.findall(r"^ *\| (\d+) x (\d+)K next_n (\d) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", raw, re.M)
+    assert len(rows) == 4
+    for batch, ctx, next_n, *cells in rows:
+        for cell, name in zip(cells, ("ab[product]", "ab[q_one_chunk]", "ab[q_cp_async]", "ab[no_qload_dense]")):
+            got = us(first, 64, int(batch), int(ctx), int(next_n), name)
+            assert cell == f"{got:.{len(cell.split('.')[1])}f}", (batch, ctx, next_n, name, cell, got)
+    p1, q1 = us(first, 64, 1, 128, 4, "ab[product]"), us(first, 64, 1, 128, 4, "ab[q_one_chunk]")
+    p4, q4 = us(first, 64, 4, 128, 4, "ab[product]"), us(first, 64, 4, 128, 4, "ab[q_one_chunk]")
+    assert f"{p1 - q1:.1f} µs ({100 * (p1 - q1) / p1:.0f} %) faster at 1 x 128K next_n 4 and {p4 - q4:.1f} µs" in page
+    shapes = (("1 x 128K next_n 4 ({pct:.0f} %)", 64, 1, 128), ("4 x 128K", 64, 4, 128), ("8 x 128K", 64, 8, 128),
+              ("32 x 32K", 64, 32, 32))
+    for text, heads, batch, ctx in shapes:
+        a, b = us(again, heads, batch, ctx, 4, "ab[q_one_chunk]"), us(again, heads, batch, ctx, 4, "ab[product]")
+        assert f"{a:.1f} against {b:.1f} at {text.format(pct=100 * (b - a) / b)}" in page.replace(
+            "against 15.2 µs at", "against 15.2 at"), text
+    h8 = us(again, 32, 8, 128, 4, "ab[q_one_chunk]"), us(again, 32, 8, 128, 4, "ab[product]")
+    h1 = us(again, 32, 1, 128, 4, "ab[q_one_chunk]"), us(again, 32, 1, 128, 4, "ab[product]")
+    assert (f"at 32 heads {h8[0]:.1f} against {h8[1]:.1f} (8 x 128K next_n 4) and {h1[0]:.2f} against {h1[1]:.2f} "
+            "(1 x 128K next_n 4)") in page
+
+
 def test_perf_notes_quote_the_benchmark():
     page = _flat(_page("docs/perf-notes.md"))
     big, small, verify = _row(64, 8, 128 * K, 1), _row(64, 1, 4 * K, 1), _row(64, 8, 128 * K, 2)
