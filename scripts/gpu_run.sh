@@ -8,13 +8,17 @@
 #   bash scripts/gpu_run.sh bench ARGS...   # bench with your own arguments (e.g. --shapes 64x8x128Kx1); no pytest
 #   bash scripts/gpu_run.sh tests [PYTEST ARGS...]  # pytest -m gpu only (TEST_LIMIT default 560 s); the files or
 #                                           # -k/--deselect given split the GPU tests over calls that each fit
+#   bash scripts/gpu_run.sh memcheck [PYTEST ARGS...]  # the same under compute-sanitizer's memcheck (out-of-bounds
+#                                           # and misaligned accesses, errors of CUDA calls): memcheck.txt, its
+#                                           # report, and a non-zero rc where it found one (TEST_LIMIT as tests)
 # With .peers/ in the checkout the peers run: scripts/fetch_peer_wheels.sh fills .peers/whl (SGLang's
 # Triton FP4 scorer), scripts/pack_deepgemm.sh writes .peers/deepgemm.tar.xz (DeepGEMM's FP8
 # scorers, built here by scripts/build_deepgemm.sh while the GPU tests run),
 # scripts/pack_deepgemm_multicast.sh writes .peers/deepgemm-multicast.tar.xz (the headers of DeepGEMM's newer
 # SM90 kernel, peer deepgemm-fp8-sm90-multicast: unpacked to /tmp/deepgemm-mc, its launchers built with nvcc
 # by sglang_fp4_indexer.bench.deepgemm_sm90_paged in the background, likewise).
-# Environment: OUT (output folder; default ./out), PYTHON (default python3),
+# Environment: OUT (output folder; default ./out), PYTHON (default python3), COMPUTE_SANITIZER (memcheck mode's
+# compute-sanitizer; default the one on PATH or under /usr/local/cuda*/bin),
 # TEST_LIMIT / BENCH_LIMIT / PREFILL_LIMIT (seconds; quick mode's add up to under 10 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +36,8 @@ case "$MODE" in
   bench) BENCH_ARGS=("$@"); RUN_TESTS=0; : "${BENCH_LIMIT:=540}" ;;
   prefill) BENCH_ARGS=(--prefill "$@"); RUN_TESTS=0; PLOT=0; : "${BENCH_LIMIT:=240}" ;;
   tests) TEST_ARGS=("$@"); RUN_TESTS=1; RUN_BENCH=0; : "${TEST_LIMIT:=560}" ;;
-  *) echo "usage: bash scripts/gpu_run.sh [quick|full|bench|prefill|tests ARGS...]" >&2; exit 2 ;;
+  memcheck) TEST_ARGS=("$@"); RUN_TESTS=1; RUN_BENCH=0; SANITIZE=1; : "${TEST_LIMIT:=560}" ;;
+  *) echo "usage: bash scripts/gpu_run.sh [quick|full|bench|prefill|tests|memcheck ARGS...]" >&2; exit 2 ;;
 esac
 PLOT_ARGS=(--plot "$OUTDIR/bench.png")
 [ "${PLOT:-1}" = 0 ] && PLOT_ARGS=()
@@ -77,14 +82,24 @@ if [ -f .peers/deepgemm-multicast.tar.xz ]; then
   fi
 fi
 
-# 2. GPU tests.
+# 2. GPU tests (memcheck mode: under compute-sanitizer, its report in memcheck.txt).
 TESTS="skipped ($MODE mode)"
+SAN=()
+if [ "${SANITIZE:-0}" = 1 ]; then
+  CS="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)}"
+  if [ -n "$CS" ] && [ -x "$CS" ]; then
+    SAN=("$CS" --tool memcheck --error-exitcode 9 --log-file "$OUTDIR/memcheck.txt")
+  else
+    RUN_TESTS=0; TESTS="not run: no compute-sanitizer (COMPUTE_SANITIZER, PATH, /usr/local/cuda*/bin) ${CS:+at $CS}"
+  fi
+fi
 if [ "$RUN_TESTS" = 1 ]; then
   T0=$SECONDS
-  timeout -k 10 "$TEST_LIMIT" "$PY" -m pytest -m gpu -q -p no:cacheprovider -rfE --continue-on-collection-errors \
+  timeout -k 10 "$TEST_LIMIT" ${SAN[@]+"${SAN[@]}"} "$PY" -m pytest -m gpu -q -p no:cacheprovider -rfE --continue-on-collection-errors \
     ${TEST_ARGS[@]+"${TEST_ARGS[@]}"} >"$OUTDIR/pytest_gpu.log" 2>&1
   rc=$?
   if [ $rc = 124 ] || [ $rc = 137 ]; then TESTS="TIMED OUT after ${TEST_LIMIT}s"; else TESTS="rc=$rc: $(tail -n 1 "$OUTDIR/pytest_gpu.log") ($((SECONDS - T0)) s)"; fi
+  [ ${#SAN[@]} -gt 0 ] && TESTS="$TESTS; memcheck: $(tail -n 1 "$OUTDIR/memcheck.txt" 2>/dev/null | sed 's/^=* *//')"
 fi
 
 if [ -n "$DG_PID" ]; then
