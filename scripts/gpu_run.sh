@@ -9,8 +9,8 @@
 #   bash scripts/gpu_run.sh tests [PYTEST ARGS...]  # pytest -m gpu only (TEST_LIMIT default 560 s); the files or
 #                                           # -k/--deselect given split the GPU tests over calls that each fit
 #   bash scripts/gpu_run.sh memcheck [PYTEST ARGS...]  # the same under compute-sanitizer's memcheck (out-of-bounds
-#                                           # and misaligned accesses, errors of CUDA calls): memcheck.txt, its
-#                                           # report, and a non-zero rc where it found one (TEST_LIMIT as tests)
+#                                           # and misaligned accesses, errors of CUDA calls): memcheck.PID.txt per
+#                                           # process; rc 0 only when the tests pass with 0 errors (TEST_LIMIT as tests)
 # With .peers/ in the checkout the peers run: scripts/fetch_peer_wheels.sh fills .peers/whl (SGLang's
 # Triton FP4 scorer), scripts/pack_deepgemm.sh writes .peers/deepgemm.tar.xz (DeepGEMM's FP8
 # scorers, built here by scripts/build_deepgemm.sh while the GPU tests run),
@@ -88,9 +88,13 @@ SAN=()
 if [ "${SANITIZE:-0}" = 1 ]; then
   CS="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)}"
   if [ -n "$CS" ] && [ -x "$CS" ]; then
-    SAN=("$CS" --tool memcheck --error-exitcode 9 --log-file "$OUTDIR/memcheck.txt")
+    # One report per process (%p: a test may start CUDA child processes); torch's caching allocator off, so
+    # that an access past a tensor is past its allocation, where memcheck sees it.
+    rm -f "$OUTDIR"/memcheck.*.txt
+    SAN=("$CS" --tool memcheck --error-exitcode 9 --log-file "$OUTDIR/memcheck.%p.txt")
+    export PYTORCH_NO_CUDA_MEMORY_CACHING=1
   else
-    RUN_TESTS=0; TESTS="not run: no compute-sanitizer (COMPUTE_SANITIZER, PATH, /usr/local/cuda*/bin) ${CS:+at $CS}"
+    RUN_TESTS=0; TESTS="not run: no compute-sanitizer (COMPUTE_SANITIZER, PATH, /usr/local/cuda*/bin)${CS:+ at $CS}"
   fi
 fi
 if [ "$RUN_TESTS" = 1 ]; then
@@ -99,7 +103,11 @@ if [ "$RUN_TESTS" = 1 ]; then
     ${TEST_ARGS[@]+"${TEST_ARGS[@]}"} >"$OUTDIR/pytest_gpu.log" 2>&1
   rc=$?
   if [ $rc = 124 ] || [ $rc = 137 ]; then TESTS="TIMED OUT after ${TEST_LIMIT}s"; else TESTS="rc=$rc: $(tail -n 1 "$OUTDIR/pytest_gpu.log") ($((SECONDS - T0)) s)"; fi
-  [ ${#SAN[@]} -gt 0 ] && TESTS="$TESTS; memcheck: $(tail -n 1 "$OUTDIR/memcheck.txt" 2>/dev/null | sed 's/^=* *//')"
+  if [ ${#SAN[@]} -gt 0 ]; then  # the ERROR SUMMARY line of every process's report, errors added up
+    MC_ERRORS=$(cat "$OUTDIR"/memcheck.*.txt 2>/dev/null | awk '/ERROR SUMMARY:/ {n += $4; k++} END {print (k ? n : "none")}')
+    TESTS="$TESTS; memcheck: $( [ "$MC_ERRORS" = none ] && echo "no ERROR SUMMARY written (timed out?)" \
+      || echo "ERROR SUMMARY: $MC_ERRORS errors in $(ls "$OUTDIR"/memcheck.*.txt | wc -l) report(s)")"
+  fi
 fi
 
 if [ -n "$DG_PID" ]; then
@@ -162,7 +170,7 @@ bench_status() {  # name rc limit log seconds
 }
 [ "${RUN_BENCH:-1}" = 1 ] && bench_status bench "$BENCH_RC" "$BENCH_LIMIT" bench.log "$BENCH_S"
 [ -n "$PREFILL_RC" ] && bench_status "bench --prefill" "$PREFILL_RC" "$PREFILL_LIMIT" prefill.log "$PREFILL_S"
-echo "== logs: $OUTDIR (pytest_gpu.log, bench.log, bench.json, bench.png, prefill.log, prefill.json, pip.log)"
+echo "== logs: $OUTDIR (pytest_gpu.log, bench.log, bench.json, bench.png, prefill.log, prefill.json, pip.log$([ "$MODE" = memcheck ] && echo ", memcheck.PID.txt"))"
 if [ -s "$OUTDIR/bench.json" ]; then
   "$PY" -m sglang_fp4_indexer.bench.report "$OUTDIR/bench.json"
 fi
@@ -170,5 +178,9 @@ if [ -s "$OUTDIR/prefill.json" ]; then
   "$PY" -m sglang_fp4_indexer.bench.report "$OUTDIR/prefill.json"
 fi
 [ -s "$OUTDIR/bench.json" ] && { cp benchmarks/results/headline.csv "$OUTDIR/headline.csv" && "$PY" -m sglang_fp4_indexer.bench.history append "$OUTDIR/headline.csv" "$OUTDIR/bench.json" --commit "$(git describe --always --dirty 2>/dev/null)" || echo "== headline.csv: not appended (see above); the run's result is unaffected"; }  # a copy of the headline table with this run's rows
+if [ "$MODE" = memcheck ]; then  # the tests passed under memcheck, and every report says 0 errors
+  [ "$RUN_TESTS" = 1 ] && [ "${MC_ERRORS:-none}" = 0 ] && grep -qE "^[0-9]+ passed" <(tail -n 1 "$OUTDIR/pytest_gpu.log") \
+    && ! grep -qE "failed|error" <(tail -n 1 "$OUTDIR/pytest_gpu.log"); exit $?
+fi
 if [ "$MODE" = tests ]; then grep -qE "^[0-9]+ passed" <(tail -n 1 "$OUTDIR/pytest_gpu.log") && ! grep -qE "failed|error" <(tail -n 1 "$OUTDIR/pytest_gpu.log"); exit $?; fi
 [ "$BENCH_RC" = 0 ] && [ "${PREFILL_RC:-0}" = 0 ]

@@ -749,8 +749,9 @@ def test_fewer_gpus_than_the_flags_take_is_one_line(tmp_path, capsys):
         assert command.main(_ab_args(_v32_folder(tmp_path), "--out", str(out), "--", *given),
                             read_sglang=read_sglang_facts, gpus=one) == 1
         assert capsys.readouterr().err.strip().splitlines()[-1] == (
-            f"sglang-fp4-indexer ab: not run: the server flags, as SGLang's parser reads them, take {need} GPUs per "
-            "server; nvidia-smi lists 1 on this machine (NVIDIA H100 80GB HBM3)"), given
+            "sglang-fp4-indexer ab: not run: the server flags, as SGLang's parser reads them (tensor x pipeline "
+            f"parallel x data-parallel replicas), take {need} GPUs per server; nvidia-smi lists 1 on this machine "
+            "(NVIDIA H100 80GB HBM3)"), given
         assert not out.exists()
 
 
@@ -1087,14 +1088,27 @@ sys.exit(cli.main(["ab", "/nonexistent/model", "--out", {str(out)!r}]))
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    deadline = time.time() + 120
-    while not (log.exists() and log.read_text().strip()) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    server_pid = int(log.read_text().split()[0])
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert err.strip().splitlines() == [f"sglang-fp4-indexer ab: interrupted (the arms finished so far are kept in "
-                                        f"{out}; the same command resumes there)"]
-    with pytest.raises(ProcessLookupError):  # terminated and reaped by launched_server on the way out
-        os.kill(server_pid, 0)
+    try:
+        deadline = time.time() + 120
+        while not (log.exists() and log.read_text().strip()) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        if not (log.exists() and log.read_text().strip()):
+            proc.kill()
+            pytest.fail(f"the stand-in server never started (rc {proc.poll()}): {proc.communicate()[1][-2000:]}")
+        server_pid = int(log.read_text().split()[0])
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert err.strip().splitlines() == [f"sglang-fp4-indexer ab: interrupted (the arms finished so far are kept "
+                                            f"in {out}; the same command resumes there)"]
+        with pytest.raises(ProcessLookupError):  # terminated and reaped by launched_server on the way out
+            os.kill(server_pid, 0)
+    finally:  # nothing left running when the test fails (after the checks above: they see what the command left)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if log.exists() and log.read_text().strip():
+            try:
+                os.kill(int(log.read_text().split()[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

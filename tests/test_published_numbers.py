@@ -418,6 +418,9 @@ def test_perf_notes_query_round_trip_runs_quote_their_runs():
     p1, q1 = us(first, 64, 1, 128, 4, "ab[product]"), us(first, 64, 1, 128, 4, "ab[q_one_chunk]")
     p4, q4 = us(first, 64, 4, 128, 4, "ab[product]"), us(first, 64, 4, 128, 4, "ab[q_one_chunk]")
     assert f"{p1 - q1:.1f} µs ({100 * (p1 - q1) / p1:.0f} %) faster at 1 x 128K next_n 4 and {p4 - q4:.1f} µs" in page
+    d1 = p1 - us(first, 64, 1, 128, 4, "ab[no_qload_dense]")
+    assert (f"about {100 * (p1 - q1) / d1:.0f} % of what reading the queries costs ({p1 - q1:.1f} of the {d1:.1f} µs "
+            "between the product and `no_qload_dense` in the same run)") in page
     shapes = (("1 x 128K next_n 4 ({pct:.0f} %)", 64, 1, 128), ("4 x 128K", 64, 4, 128), ("8 x 128K", 64, 8, 128),
               ("32 x 32K", 64, 32, 32))
     for text, heads, batch, ctx in shapes:

@@ -371,7 +371,8 @@ def _no_gpu(flags: list[str], gpus: Callable[[], dict], config: dict | None = No
         return f"no GPU found on this machine ({found['error']})"
     need, said = _gpus_needed(flags, config or {})
     if parsed is not None and parsed != need:
-        need, said = parsed, "the server flags, as SGLang's parser reads them,"
+        need, said = parsed, ("the server flags, as SGLang's parser reads them (tensor x pipeline parallel x "
+                              "data-parallel replicas),")
     if isinstance(found.get("count"), int) and found["count"] < need:
         verb = "take" if said.endswith(",") else "takes"
         return (f"{said} {verb} {need} GPUs per server; nvidia-smi lists {found['count']} on this machine "
