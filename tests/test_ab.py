@@ -753,6 +753,23 @@ def test_fewer_gpus_than_the_flags_take_is_one_line(tmp_path, capsys):
             f"parallel x data-parallel replicas), take {need} GPUs per server; nvidia-smi lists 1 on this machine "
             "(NVIDIA H100 80GB HBM3)"), given
         assert not out.exists()
+    # The GPU indices a server takes (SGLang: --base-gpu-id + rank x --gpu-id-step), and a server over nodes.
+    four = lambda: {"name": "NVIDIA H100 80GB HBM3", "driver": "580", "count": 4}  # noqa: E731
+    for given, line in ((["--tp-size", "4", "--base-gpu-id", "2"],
+                         "--tp-size 4 takes 4 GPUs per server from GPU 2 with --gpu-id-step 1: up to GPU 5; nvidia-smi "
+                         "lists 4 on this machine (NVIDIA H100 80GB HBM3)"),
+                        (["--tp-size", "2", "--gpu-id-step", "4"],
+                         "--tp-size 2 takes 2 GPUs per server from GPU 0 with --gpu-id-step 4: up to GPU 4; nvidia-smi "
+                         "lists 4 on this machine (NVIDIA H100 80GB HBM3)"),
+                        (["--tp-size", "8", "--nnodes", "2"],
+                         "--nnodes 2: ab launches both servers on this machine only; launch them on your nodes and "
+                         "give their URLs as --fp8-url and --fp4-url")):
+        assert command.main(_ab_args(_v32_folder(tmp_path), "--out", str(out), "--", *given),
+                            read_sglang=read_sglang_facts, gpus=four) == 1
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"sglang-fp4-indexer ab: not run: {line}", given
+        assert not out.exists()
+    layout = {"gpus": 2, "nnodes": 1, "base_gpu_id": 2, "gpu_id_step": 1}
+    assert command._no_gpu(["--tp-size", "2", "--base-gpu-id", "2"], four, None, layout) is None  # GPUs 2 and 3
 
 
 def test_a_server_that_exits_at_start_is_named_with_its_error_line(tmp_path):

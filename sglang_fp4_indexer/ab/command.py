@@ -291,10 +291,11 @@ def _check_gsm8k(path: str, questions: int, answer_value: Callable | None = None
                          "or the whole test set")
 
 
-def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | None, str | None, int | None]:
-    """``(refusal, check text, GPUs per server)``: the plugin's own decision for the model and flags
+def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | None, str | None, dict | None]:
+    """``(refusal, check text, GPU layout)``: the plugin's own decision for the model and flags
     (``check.run_check``, its decision only: the servers size their own KV pools), and the GPUs one server takes as
-    SGLang's parser reads the flags (``run_check``'s ``gpus_per_server``; None where it did not read them).
+    SGLang's parser reads the flags (``gpus``: ``run_check``'s ``gpus_per_server``, with its ``gpu_layout``:
+    ``nnodes``, ``base_gpu_id``, ``gpu_id_step``; None where it did not read them).
 
     Raises:
         ValueError: what ``run_check`` raises for the model and flags, and a load longer than the model's context
@@ -313,7 +314,7 @@ def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | N
         raise ValueError(_ab_terms(str(e))) from None
     d = res["decision"]
     if not d.enabled:
-        return d.reason, "FP4 refused: " + d.reason, res.get("gpus_per_server")
+        return d.reason, "FP4 refused: " + d.reason, _layout(res)
     positions = res.get("positions")
     if positions:
         longest = max(args.input_lens) + args.output_len
@@ -328,7 +329,14 @@ def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | N
     device = str(res.get("device") or "")
     assumed = " (CUDA 9.0 assumed: no GPU on this machine, and the servers' GPUs are not read)" if "assumed" in device \
         else ""
-    return None, "FP4 enabled: " + d.reason + assumed, res.get("gpus_per_server")
+    return None, "FP4 enabled: " + d.reason + assumed, _layout(res)
+
+
+def _layout(res: dict) -> dict | None:
+    """The GPU layout ``run_check`` read through SGLang's parser (``_refusal``), or None."""
+    if res.get("gpus_per_server") is None or not res.get("gpu_layout"):
+        return None
+    return dict(res["gpu_layout"], gpus=int(res["gpus_per_server"]))
 
 
 def _ab_terms(text: str) -> str:
@@ -358,24 +366,31 @@ def _gpus_needed(flags: list[str], config: dict) -> tuple[int, str]:
 
 
 def _no_gpu(flags: list[str], gpus: Callable[[], dict], config: dict | None = None,
-            parsed: int | None = None) -> str | None:
-    """Why the servers cannot start on this machine (no NVIDIA GPU that ``nvidia-smi`` lists, or fewer than one
-    server takes), or None; None also when the flags ask SGLang for another ``--device``. ``parsed``: the GPUs
-    per server as SGLang's parser reads the flags (``_refusal``; it takes abbreviations such as ``--tp 8``),
-    which wins over this module's own reading of the flags and config (``_gpus_needed``)."""
+            parsed: dict | None = None) -> str | None:
+    """Why the servers cannot start on this machine (no NVIDIA GPU that ``nvidia-smi`` lists, fewer than one
+    server takes or than its highest GPU index needs, or a server over several nodes), or None; None also when
+    the flags ask SGLang for another ``--device``. ``parsed``: the GPU layout as SGLang's parser reads the flags
+    (``_refusal``; it takes abbreviations such as ``--tp 8``), whose count wins over this module's own reading of
+    the flags and config (``_gpus_needed``)."""
     device = (_flag_values(flags, "--device") or ["cuda"])[0]
     if not device.startswith("cuda"):
         return None
+    if parsed and parsed.get("nnodes", 1) > 1:
+        return (f"--nnodes {parsed['nnodes']}: ab launches both servers on this machine only; launch them on your "
+                "nodes and give their URLs as --fp8-url and --fp4-url")
     found = gpus()
     if "error" in found:
         return f"no GPU found on this machine ({found['error']})"
     need, said = _gpus_needed(flags, config or {})
-    if parsed is not None and parsed != need:
-        need, said = parsed, ("the server flags, as SGLang's parser reads them (tensor x pipeline parallel x "
-                              "data-parallel replicas),")
-    if isinstance(found.get("count"), int) and found["count"] < need:
-        verb = "take" if said.endswith(",") else "takes"
-        return (f"{said} {verb} {need} GPUs per server; nvidia-smi lists {found['count']} on this machine "
+    if parsed and parsed.get("gpus") is not None and parsed["gpus"] != need:
+        need, said = parsed["gpus"], ("the server flags, as SGLang's parser reads them (tensor x pipeline "
+                                      "parallel x data-parallel replicas),")
+    base, step = (parsed or {}).get("base_gpu_id", 0), (parsed or {}).get("gpu_id_step", 1)
+    top = base + (need - 1) * step  # the highest GPU index a server takes (SGLang: base + rank x step)
+    verb = "take" if said.endswith(",") else "takes"
+    if isinstance(found.get("count"), int) and found["count"] <= top:
+        where = (f" from GPU {base} with --gpu-id-step {step}: up to GPU {top}" if (base, step) != (0, 1) else "")
+        return (f"{said} {verb} {need} GPUs per server{where}; nvidia-smi lists {found['count']} on this machine "
                 f"({found.get('name', '?')})")
     return None
 
@@ -758,11 +773,11 @@ def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_v
     if mode == "urls" and args.model is None and not (config.get("model-path") or config.get("model_path")):
         print("sglang-fp4-indexer ab: warning: no MODEL given, so the plugin's check of the model and flags is not "
               "run: give the model path and, after --, the flags the servers run with", file=sys.stderr)
-    refusal, check_text, gpus_per_server = _refusal(args, flags, config, read_sglang)
+    refusal, check_text, layout = _refusal(args, flags, config, read_sglang)
     if refusal is not None:
         refusal = f"FP4 would not serve this deployment ({refusal})"
     elif to_run:  # servers needed: on this machine's GPUs, or answering at the given URLs; and SGLang's clients
-        refusal = ((_no_gpu(flags, gpus, config, gpus_per_server) if mode == "launch" else _servers_problem(args))
+        refusal = ((_no_gpu(flags, gpus, config, layout) if mode == "launch" else _servers_problem(args))
                    or _clients_problem(_CLIENTS if args.gsm8k_data is not None else _CLIENTS[:1], run))
     if refusal is not None:
         print(f"sglang-fp4-indexer ab: not run: {refusal}", file=sys.stderr)

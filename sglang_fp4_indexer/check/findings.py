@@ -186,7 +186,8 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
         verify's rows per request from the speculative flags and how, or None), ``fp8_gemm_backend`` and
         ``tp_size`` (the server flags' ``--fp8-gemm-backend`` and ``--tp-size``, SGLang's defaults ``auto`` and 1
         without them), ``gpus_per_server`` (``--tp-size`` x ``--pp-size`` x data-parallel replicas as SGLang's
-        parser reads the flags, abbreviations included; None without SGLang), ``model_refusal`` (the refusal is the
+        parser reads the flags, abbreviations included; None without SGLang), ``gpu_layout`` (``nnodes``,
+        ``base_gpu_id``, ``gpu_id_step`` as SGLang reads them; None without SGLang), ``model_refusal`` (the refusal is the
         model's own, ``MODEL_REFUSALS``: then nothing below is given); for DSA
         models FP4 can serve ``index_keys`` (whether the index keys are Hadamard-rotated, by
         SGLang or the plugin: ``gate.index_key_rotation``), ``kv_dtype``, ``kv_dtype_why``, ``kv_bytes``, ``capacity
@@ -255,7 +256,8 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
            # Without SGLang no flags are read: the server's would be SGLang's defaults.
            "fp8_gemm_backend": memory["fp8_gemm_backend"] if memory else "auto",
            "tp_size": memory["tp"] if memory else 1,
-           "gpus_per_server": memory["tp"] * memory["pp"] * memory["dp_replicas"] if memory else None}
+           "gpus_per_server": memory["tp"] * memory["pp"] * memory["dp_replicas"] if memory else None,
+           "gpu_layout": {k: memory[k] for k in ("nnodes", "base_gpu_id", "gpu_id_step")} if memory else None}
     if model_facts.is_dsa and not out["model_refusal"]:
         out["index_keys"] = index_key_rotation(model_facts, server)[1]
         # The plugin's rotation inside SGLang's fused indexer (interleaved indexer RoPE, fusion not disabled) runs

@@ -95,7 +95,8 @@ def memory_facts(record) -> dict:
     also the FP8 GEMM backend (the measured SGLang decode step holds for one backend only).
 
     Returns:
-        dict: ``tp``, ``pp`` (``--pp-size``), ``fp8_gemm_backend`` (``--fp8-gemm-backend``, SGLang's ``auto`` when not given), ``attn_dp``
+        dict: ``tp``, ``pp`` (``--pp-size``), ``nnodes``, ``base_gpu_id`` and ``gpu_id_step`` (``--nnodes``,
+        ``--base-gpu-id``, ``--gpu-id-step``: which GPUs a server takes), ``fp8_gemm_backend`` (``--fp8-gemm-backend``, SGLang's ``auto`` when not given), ``attn_dp``
         (the DP-attention size: ``--attn-dp-size``, or ``--dp-size`` with ``--enable-dp-attention``, or
         ``--dwdp-size``, which also turns CUDA graphs off; 1 without),
         ``dp_replicas`` (``--dp-size`` without DP attention: data-parallel replicas, each a whole server),
@@ -167,6 +168,9 @@ def memory_facts(record) -> dict:
     eager, graph_max_bs = _decode_graphs(record)
     eager = eager or dwdp > 1
     return {"tp": tp, "pp": int(server_field(record, "pp_size", 1) or 1), "attn_dp": attn_dp,
+            "nnodes": int(server_field(record, "nnodes", 1) or 1),
+            "base_gpu_id": int(server_field(record, "base_gpu_id", 0) or 0),
+            "gpu_id_step": int(server_field(record, "gpu_id_step", 1) or 1),
             "dp_replicas": 1 if dp_attention else dp,
             "device": server_field(record, "device", None),
             "eager_decode": eager, "decode_graph_max_bs": graph_max_bs,
