@@ -178,9 +178,8 @@ if [ -s "$OUTDIR/prefill.json" ]; then
   "$PY" -m sglang_fp4_indexer.bench.report "$OUTDIR/prefill.json"
 fi
 [ -s "$OUTDIR/bench.json" ] && { cp benchmarks/results/headline.csv "$OUTDIR/headline.csv" && "$PY" -m sglang_fp4_indexer.bench.history append "$OUTDIR/headline.csv" "$OUTDIR/bench.json" --commit "$(git describe --always --dirty 2>/dev/null)" || echo "== headline.csv: not appended (see above); the run's result is unaffected"; }  # a copy of the headline table with this run's rows
-if [ "$MODE" = memcheck ]; then  # the tests passed under memcheck, and every report says 0 errors
-  [ "$RUN_TESTS" = 1 ] && [ "${MC_ERRORS:-none}" = 0 ] && grep -qE "^[0-9]+ passed" <(tail -n 1 "$OUTDIR/pytest_gpu.log") \
-    && ! grep -qE "failed|error" <(tail -n 1 "$OUTDIR/pytest_gpu.log"); exit $?
-fi
-if [ "$MODE" = tests ]; then grep -qE "^[0-9]+ passed" <(tail -n 1 "$OUTDIR/pytest_gpu.log") && ! grep -qE "failed|error" <(tail -n 1 "$OUTDIR/pytest_gpu.log"); exit $?; fi
+tests_passed() { grep -qE "^[0-9]+ passed" <(tail -n 1 "$OUTDIR/pytest_gpu.log") && ! grep -qE "failed|error" <(tail -n 1 "$OUTDIR/pytest_gpu.log"); }
+# memcheck: the tests passed under memcheck, and every report says 0 errors
+if [ "$MODE" = memcheck ]; then [ "$RUN_TESTS" = 1 ] && [ "${MC_ERRORS:-none}" = 0 ] && tests_passed; exit $?; fi
+if [ "$MODE" = tests ]; then tests_passed; exit $?; fi
 [ "$BENCH_RC" = 0 ] && [ "${PREFILL_RC:-0}" = 0 ]

@@ -265,8 +265,6 @@ def kv_pool_tokens(log_text: str) -> dict:
 
 
 _RUNNING = re.compile(r"#running-req: (\d+)")
-
-
 _DP_RANK = re.compile(r"^\[[^\]]* DP(\d+)\b")
 
 

@@ -294,8 +294,7 @@ def _check_gsm8k(path: str, questions: int, answer_value: Callable | None = None
 def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | None, str | None, dict | None]:
     """``(refusal, check text, GPU layout)``: the plugin's own decision for the model and flags
     (``check.run_check``, its decision only: the servers size their own KV pools), and the GPUs one server takes as
-    SGLang's parser reads the flags (``gpus``: ``run_check``'s ``gpus_per_server``, with its ``gpu_layout``:
-    ``nnodes``, ``base_gpu_id``, ``gpu_id_step``; None where it did not read them).
+    SGLang's parser reads the flags (``run_check``'s ``gpu_layout``; None where it did not read them).
 
     Raises:
         ValueError: what ``run_check`` raises for the model and flags, and a load longer than the model's context
@@ -314,7 +313,7 @@ def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | N
         raise ValueError(_ab_terms(str(e))) from None
     d = res["decision"]
     if not d.enabled:
-        return d.reason, "FP4 refused: " + d.reason, _layout(res)
+        return d.reason, "FP4 refused: " + d.reason, res.get("gpu_layout")
     positions = res.get("positions")
     if positions:
         longest = max(args.input_lens) + args.output_len
@@ -329,14 +328,7 @@ def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | N
     device = str(res.get("device") or "")
     assumed = " (CUDA 9.0 assumed: no GPU on this machine, and the servers' GPUs are not read)" if "assumed" in device \
         else ""
-    return None, "FP4 enabled: " + d.reason + assumed, _layout(res)
-
-
-def _layout(res: dict) -> dict | None:
-    """The GPU layout ``run_check`` read through SGLang's parser (``_refusal``), or None."""
-    if res.get("gpus_per_server") is None or not res.get("gpu_layout"):
-        return None
-    return dict(res["gpu_layout"], gpus=int(res["gpus_per_server"]))
+    return None, "FP4 enabled: " + d.reason + assumed, res.get("gpu_layout")
 
 
 def _ab_terms(text: str) -> str:

@@ -185,9 +185,9 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
         else None) and ``positions_from``, ``verify_next_n`` and ``verify_how`` (target
         verify's rows per request from the speculative flags and how, or None), ``fp8_gemm_backend`` and
         ``tp_size`` (the server flags' ``--fp8-gemm-backend`` and ``--tp-size``, SGLang's defaults ``auto`` and 1
-        without them), ``gpus_per_server`` (``--tp-size`` x ``--pp-size`` x data-parallel replicas as SGLang's
-        parser reads the flags, abbreviations included; None without SGLang), ``gpu_layout`` (``nnodes``,
-        ``base_gpu_id``, ``gpu_id_step`` as SGLang reads them; None without SGLang), ``model_refusal`` (the refusal is the
+        without them), ``gpu_layout`` (the GPUs one server takes as SGLang's parser reads the flags, abbreviations
+        included: ``gpus``, ``--tp-size`` x ``--pp-size`` x data-parallel replicas, and ``nnodes``,
+        ``base_gpu_id``, ``gpu_id_step``; None without SGLang), ``model_refusal`` (the refusal is the
         model's own, ``MODEL_REFUSALS``: then nothing below is given); for DSA
         models FP4 can serve ``index_keys`` (whether the index keys are Hadamard-rotated, by
         SGLang or the plugin: ``gate.index_key_rotation``), ``kv_dtype``, ``kv_dtype_why``, ``kv_bytes``, ``capacity
@@ -256,8 +256,8 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
            # Without SGLang no flags are read: the server's would be SGLang's defaults.
            "fp8_gemm_backend": memory["fp8_gemm_backend"] if memory else "auto",
            "tp_size": memory["tp"] if memory else 1,
-           "gpus_per_server": memory["tp"] * memory["pp"] * memory["dp_replicas"] if memory else None,
-           "gpu_layout": {k: memory[k] for k in ("nnodes", "base_gpu_id", "gpu_id_step")} if memory else None}
+           "gpu_layout": dict({k: memory[k] for k in ("nnodes", "base_gpu_id", "gpu_id_step")},
+                              gpus=memory["tp"] * memory["pp"] * memory["dp_replicas"]) if memory else None}
     if model_facts.is_dsa and not out["model_refusal"]:
         out["index_keys"] = index_key_rotation(model_facts, server)[1]
         # The plugin's rotation inside SGLang's fused indexer (interleaved indexer RoPE, fusion not disabled) runs
