@@ -729,9 +729,9 @@ def test_fewer_gpus_than_the_flags_take_is_one_line(tmp_path, capsys):
 
     one = lambda: {"name": "NVIDIA H100 80GB HBM3", "driver": "580", "count": 1}  # noqa: E731
     assert command._no_gpu(["--tp-size", "8"], one) == (
-        "--tp-size 8 takes 8 GPUs per server; nvidia-smi lists 1 on this machine (NVIDIA H100 80GB HBM3)")
-    assert command._no_gpu(["--tp-size=4", "--pp-size", "2"], one).startswith("--tp-size 4 x --pp-size 2 takes 8 GPUs")
-    assert command._no_gpu([], one, {"tp-size": 8}).startswith("tp-size 8 in --config takes 8 GPUs")
+        "a server takes 8 GPUs (--tp-size 8); nvidia-smi lists 1 on this machine (NVIDIA H100 80GB HBM3)")
+    assert command._no_gpu(["--tp-size=4", "--pp-size", "2"], one).startswith("a server takes 8 GPUs (--tp-size 4 x --pp-size 2);")
+    assert command._no_gpu([], one, {"tp-size": 8}).startswith("a server takes 8 GPUs (tp-size 8 in --config);")
     assert command._no_gpu(["--tp-size", "1"], one, {"tp-size": 8}) is None  # the flags win
     assert command._no_gpu(["--tp-size", "8"], lambda: {"name": "H200", "count": 8}) is None
     from sglang_fp4_indexer.sglang_plugin.check_facts import read_sglang_facts
@@ -740,7 +740,7 @@ def test_fewer_gpus_than_the_flags_take_is_one_line(tmp_path, capsys):
     assert command.main(_ab_args(_v32_folder(tmp_path), "--out", str(out), "--", "--tp-size", "8"),
                         read_sglang=read_sglang_facts, gpus=one) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "sglang-fp4-indexer ab: not run: --tp-size 8 takes 8 GPUs per server; nvidia-smi lists 1 on this machine "
+        "sglang-fp4-indexer ab: not run: a server takes 8 GPUs (--tp-size 8); nvidia-smi lists 1 on this machine "
         "(NVIDIA H100 80GB HBM3)")
     assert not out.exists()
     # SGLang's parser takes an unambiguous prefix of an option (argparse's abbreviations): --tp 8 is --tp-size 8,
@@ -749,18 +749,21 @@ def test_fewer_gpus_than_the_flags_take_is_one_line(tmp_path, capsys):
         assert command.main(_ab_args(_v32_folder(tmp_path), "--out", str(out), "--", *given),
                             read_sglang=read_sglang_facts, gpus=one) == 1
         assert capsys.readouterr().err.strip().splitlines()[-1] == (
-            "sglang-fp4-indexer ab: not run: the server flags, as SGLang's parser reads them (tensor x pipeline "
-            f"parallel x data-parallel replicas), take {need} GPUs per server; nvidia-smi lists 1 on this machine "
+            f"sglang-fp4-indexer ab: not run: a server takes {need} GPUs (tensor x pipeline parallel x data-parallel "
+            "replicas, as SGLang's parser reads the server flags); nvidia-smi lists 1 on this machine "
             "(NVIDIA H100 80GB HBM3)"), given
         assert not out.exists()
     # The GPU indices a server takes (SGLang: --base-gpu-id + rank x --gpu-id-step), and a server over nodes.
     four = lambda: {"name": "NVIDIA H100 80GB HBM3", "driver": "580", "count": 4}  # noqa: E731
     for given, line in ((["--tp-size", "4", "--base-gpu-id", "2"],
-                         "--tp-size 4 takes 4 GPUs per server from GPU 2 with --gpu-id-step 1: up to GPU 5; nvidia-smi "
-                         "lists 4 on this machine (NVIDIA H100 80GB HBM3)"),
+                         "a server takes 4 GPUs (--tp-size 4), up to GPU index 5 (--base-gpu-id 2, --gpu-id-step 1); "
+                         "nvidia-smi lists 4 on this machine (NVIDIA H100 80GB HBM3)"),
                         (["--tp-size", "2", "--gpu-id-step", "4"],
-                         "--tp-size 2 takes 2 GPUs per server from GPU 0 with --gpu-id-step 4: up to GPU 4; nvidia-smi "
-                         "lists 4 on this machine (NVIDIA H100 80GB HBM3)"),
+                         "a server takes 2 GPUs (--tp-size 2), up to GPU index 4 (--base-gpu-id 0, --gpu-id-step 4); "
+                         "nvidia-smi lists 4 on this machine (NVIDIA H100 80GB HBM3)"),
+                        (["--base-gpu-id", "4"],
+                         "a server takes 1 GPU, up to GPU index 4 (--base-gpu-id 4, --gpu-id-step 1); nvidia-smi lists "
+                         "4 on this machine (NVIDIA H100 80GB HBM3)"),
                         (["--tp-size", "8", "--nnodes", "2"],
                          "--nnodes 2: ab launches both servers on this machine only; launch them on your nodes and "
                          "give their URLs as --fp8-url and --fp4-url")):

@@ -375,15 +375,15 @@ def _no_gpu(flags: list[str], gpus: Callable[[], dict], config: dict | None = No
         return f"no GPU found on this machine ({found['error']})"
     need, said = _gpus_needed(flags, config or {})
     if parsed and parsed.get("gpus") is not None and parsed["gpus"] != need:
-        need, said = parsed["gpus"], ("the server flags, as SGLang's parser reads them (tensor x pipeline "
-                                      "parallel x data-parallel replicas),")
+        need, said = parsed["gpus"], ("tensor x pipeline parallel x data-parallel replicas, as SGLang's parser "
+                                      "reads the server flags")
     base, step = (parsed or {}).get("base_gpu_id", 0), (parsed or {}).get("gpu_id_step", 1)
     top = base + (need - 1) * step  # the highest GPU index a server takes (SGLang: base + rank x step)
-    verb = "take" if said.endswith(",") else "takes"
     if isinstance(found.get("count"), int) and found["count"] <= top:
-        where = (f" from GPU {base} with --gpu-id-step {step}: up to GPU {top}" if (base, step) != (0, 1) else "")
-        return (f"{said} {verb} {need} GPUs per server{where}; nvidia-smi lists {found['count']} on this machine "
-                f"({found.get('name', '?')})")
+        what = f"a server takes {need} GPU{'s' if need > 1 else ''}" + (f" ({said})" if said else "")
+        if (base, step) != (0, 1):
+            what += f", up to GPU index {top} (--base-gpu-id {base}, --gpu-id-step {step})"
+        return f"{what}; nvidia-smi lists {found['count']} on this machine ({found.get('name', '?')})"
     return None
 
 
