@@ -425,8 +425,11 @@ def test_context_adds_what_fp4_gains_and_costs(tmp_path, capsys, cfg, layers, he
     if r4 > r8:  # FP4 fits more requests of this length: exit 0
         assert code == 0
         # The gain first, in requests of the asked length (an independent count: the pools' tokens over 128K).
+        # Where the batch of 8 fits FP8's pool too, the extra requests count only under a larger load.
+        where = (f" (more than {r8} requests of 128K at once; your batch of 8 fits either way)" if 8 <= r8
+                 else "; your batch fits only with FP4")
         assert verdict.startswith(f"verdict: FP4 fits {r4} requests of 128K where FP8 fits {r8} "
-                                  f"(+{(r4 / r8 - 1) * 100:.0f} %): turn FP4 on where KV memory limits you, "
+                                  f"(+{(r4 / r8 - 1) * 100:.0f} %): turn FP4 on where KV memory limits you{where}, "
                                   f"with {speed}; measured cost: ")
     else:  # the same number either way: exit 3
         assert code == 3
@@ -1491,6 +1494,35 @@ def test_the_same_requests_with_an_unmeasured_or_slower_indexer_is_no_turn_it_on
     assert w["verdict"].startswith(f"FP4 fits no more requests of 160K than FP8 ({w['requests_fp8']} either way; ")
     assert ", and its indexer is 2.00x slower here: FP4 gains nothing for this deployment, keep FP8; measured cost: " \
         in w["verdict"] and "turn it on" not in w["verdict"]
+
+
+def test_a_batch_that_fits_fp8_too_or_a_running_cap_is_said_in_the_verdict(capsys):
+    """FP4's extra requests count only under a load larger than FP8's pool holds: where the batch asked fits FP8's
+    pool, the verdict says so (exit 0 still: more fit); where --max-running-requests lets no more run than FP8's
+    pool holds, FP4 buys no request (exit 3, the "same" verdicts)."""
+    from sglang_fp4_indexer.check import run_check, worth_it
+    from sglang_fp4_indexer.sglang_plugin.check_facts import read_sglang_facts
+
+    found = run_check("deepseek-v3.2", memory_gib=100, gpu="H200")
+    cap = found["capacity"]
+    r8, r4 = cap.tokens_fp8 // 4096, cap.tokens_fp4_replicated // 4096  # independent count: pool tokens / 4K
+    assert r4 > r8 > 8
+    w = worth_it(found, context=4096, batch=8)
+    assert (w["decision"], w["exit_code"]) == ("more", 0)
+    assert w["verdict"].startswith(f"FP4 fits {r4} requests of 4K where FP8 fits {r8} (+{(r4 / r8 - 1) * 100:.1f} %): "
+                                   f"turn FP4 on where KV memory limits you (more than {r8} requests of 4K at once; "
+                                   "your batch of 8 fits either way), with "), w["verdict"]
+    for running, decision in ((8, "same"), (r8, "same"), (r8 + 1, "more")):
+        capped = run_check("deepseek-v3.2", memory_gib=100, gpu="H200",
+                           server_flags=["--max-running-requests", str(running)], read_sglang=read_sglang_facts)
+        w = worth_it(capped, context=4096, batch=8)
+        assert (w["decision"], w["exit_code"]) == (decision, 3 if decision == "same" else 0), running
+        said = f", but --max-running-requests lets {running} run at once, which FP8's pool holds already"
+        assert (said in w["verdict"]) is (decision == "same"), w["verdict"]
+        assert ("turn FP4 on" in w["verdict"]) is (decision == "more"), w["verdict"]
+    code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H200", "--context", "4096", "--batch", "8",
+                     "--sglang-args=--max-running-requests 8")
+    assert code == 3 and ", but --max-running-requests lets 8 run at once, which FP8's pool holds already" in out
 
 
 def test_the_user_guides_dp_attention_mtp_example_prints_the_measured_verify_cycle(capsys):

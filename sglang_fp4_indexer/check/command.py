@@ -86,8 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"deployment was measured (per rank: {measured_cycles_text()}), the top-k recall FP4 vs "
                              "FP8 (measured accuracy study) and the loss cost on a "
                              "real model -- and a verdict, also as the exit code: 0 FP4 fits more requests of that "
-                             "length, 3 the same number either way (FP4 buys only indexer time, at the measured "
-                             "cost), 4 the batch fits neither; 1 FP4 refused")
+                             "length, 3 no more run with FP4 (the same number fit, or --max-running-requests allows no "
+                             "more than FP8's pool holds: FP4 buys only indexer time, at the measured cost), 4 the "
+                             "batch fits neither; 1 FP4 refused")
     parser.add_argument("--batch", type=integer(1), default=None, metavar="B",
                         help="with --context: requests decoded together (default 1)")
     parser.add_argument("--next-n", type=integer(1, MAX_NEXT_N), default=None, metavar="N",

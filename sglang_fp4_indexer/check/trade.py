@@ -501,6 +501,11 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     out["cycle_load"] = out.get("cycle_load") if load_text else None
     if load_text:
         gain_text += f"; {load_text}"
+    # --max-running-requests at or below what FP8's pool holds: FP4's extra room is never used.
+    capped = running is not None and rf4 > rf8 and running <= rf8
+    if capped:
+        gain_text += (f", but --max-running-requests lets {running} run at once"
+                      f"{' per ' + unit.split()[-1] if limit_split else ''}, which FP8's pool holds already")
     measure = MEASURE_FUSED if found.get("fused_rotation") else f"with {MEASURE_SPEED}"
     cost_text = (f"measured cost: {cost}" if cost is not None else f"its cost is not measured ({topk_unmeasured})")
     if out["tokens_needed"] > tokens_fp4:
@@ -508,8 +513,12 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         out["verdict"] = (f"{gain_text}; neither fits the batch asked: {rank_batch} x {_k(context)} needs "
                           f"{out['tokens_needed']} KV tokens, FP8 holds {cap.tokens_fp8}, FP4 {tokens_fp4}; lower "
                           "--batch or add memory")
-    elif rf4 > rf8:
-        only = "; your batch fits only with FP4" if out["tokens_needed"] > cap.tokens_fp8 else ""
+    elif rf4 > rf8 and not capped:
+        # Where the batch asked fits FP8's pool too, FP4's extra requests count only under a larger load.
+        per = f" per {unit.split()[-1]}" if dp > 1 else ""
+        only = ("; your batch fits only with FP4" if out["tokens_needed"] > cap.tokens_fp8 else
+                f" (more than {rf8} requests of {_k(context)} at once{per}; your batch of {rank_batch}{per} fits "
+                "either way)")
         out["decision"], out["exit_code"] = "more", EXIT_FP4_FITS_MORE
         if found.get("fused_rotation") and measured_speed is None and step is None and fused_longer:
             out["verdict"] = (f"{gain_text}{only}, but {fused_said}: turn FP4 on only where those "
