@@ -1496,6 +1496,31 @@ def test_the_same_requests_with_an_unmeasured_or_slower_indexer_is_no_turn_it_on
         in w["verdict"] and "turn it on" not in w["verdict"]
 
 
+@pytest.mark.parametrize("listed", ["other", "fp4_indexer", "other, fp4_indexer ", ",", " ", "", None])
+def test_sglang_plugins_whitelist_is_read_as_sglangs_loader_reads_it(capsys, monkeypatch, listed):
+    """SGLANG_PLUGINS as SGLang's own loader reads it (the oracle: load_plugins_by_group over the installed entry
+    points): where it leaves the plugin out, check says NOT LOADED with the fix, verdict and exit 1; else as without."""
+    from sglang.srt.plugins import load_plugins_by_group
+
+    from sglang_fp4_indexer.check.findings import plugin_not_listed
+
+    if listed is None:
+        monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_PLUGINS", listed)
+    loaded = "fp4_indexer" in load_plugins_by_group("sglang.srt.plugins")
+    assert (plugin_not_listed() is None) is loaded, listed
+    code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H200", "--context", "131072")
+    if loaded:
+        assert code in (0, 3) and "FP4 indexer: ENABLED" in out and "NOT LOADED" not in out
+    else:
+        assert code == 1 and (f"FP4 indexer: NOT LOADED - SGLANG_PLUGINS={listed!r} does not list fp4_indexer, so "
+                              "SGLang does not load the plugin and launch_server stops at --enable-fp4-indexer "
+                              "(unrecognized arguments) fix: add fp4_indexer to SGLANG_PLUGINS, or unset it") in out
+        assert out.endswith("verdict: SGLang does not load the plugin in this environment (above): list it in "
+                            "SGLANG_PLUGINS first"), out
+
+
 def test_a_batch_that_fits_fp8_too_or_a_running_cap_is_said_in_the_verdict(capsys):
     """FP4's extra requests count only under a load larger than FP8's pool holds: where the batch asked fits FP8's
     pool, the verdict says so (exit 0 still: more fit); where --max-running-requests lets no more run than FP8's

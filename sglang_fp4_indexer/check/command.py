@@ -17,7 +17,7 @@ from ..tables import load_tables
 from .budget import GPUS
 from .cycle import cycle_line, verify_cycle
 from .model import PACKAGED_MODELS
-from .findings import run_check
+from .findings import NOT_LISTED, run_check
 from .trade import _k, _pm, _shape_text, model_indexer_text, worth_it
 
 __all__ = [
@@ -347,6 +347,9 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
         console.print(f"speculative decoding: {res['verify_how']}; the trade below uses {used}", markup=False)
     if d.enabled:
         console.print(f"FP4 indexer: ENABLED - {d.reason}", markup=False)
+    elif NOT_LISTED in d.codes:  # SGLang does not load the plugin: the FP4 server does not start at all
+        console.print(f"FP4 indexer: NOT LOADED - {d.reason}", markup=False)
+        console.print(f"fix: {d.fix}", markup=False)
     elif "not_dsa" in d.codes:
         console.print(f"FP4 indexer: not applicable - {d.reason}; SGLang serves it as without the plugin",
                       markup=False)
@@ -389,5 +392,7 @@ def main(args: argparse.Namespace, read_sglang: Callable[[dict, str, list[str]],
         _print_worth_it(console, res, verdict, batch, next_n, context)
         return verdict["exit_code"]
     else:
-        console.print("verdict: FP4 is refused for this deployment (above), so SGLang keeps FP8 at any context")
+        console.print("verdict: SGLang does not load the plugin in this environment (above): list it in SGLANG_PLUGINS "
+                      "first" if NOT_LISTED in d.codes else
+                      "verdict: FP4 is refused for this deployment (above), so SGLang keeps FP8 at any context")
     return 0 if d.enabled else 1

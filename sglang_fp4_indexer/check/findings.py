@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from fractions import Fraction
 from typing import Callable
 
 from ..argtypes import MAX_MEMORY_GIB
 from ..dcp import DcpCapacity, REPLICATED, SHARDED, bytes_per_token, dcp_capacity
 from ..gate import Decision, DeviceFacts, ServerFacts, dcp_mode_for, decide, index_key_rotation
+from ..sglang_plugin import ENTRY_POINT_NAME
 from . import budget
 from .budget import ASSUMED_GPU, GPUS, UNNAMED_GPU, KvBudget, gpu_key, gpu_memory, kv_budget
 from .weights import Parallel
@@ -34,6 +36,26 @@ __all__ = [
 
 #: Refusal codes (``Decision.codes``) that come from the model itself: no server flag or environment lifts them,
 #: so ``check`` gives no FP4 figure for such a model.
+#: The refusal code where SGLang's plugin whitelist leaves this plugin out (``plugin_not_listed``).
+NOT_LISTED = "not_listed"
+
+
+def plugin_not_listed(environ: dict | None = None) -> str | None:
+    """Why SGLang will not load this plugin, or None: ``SGLANG_PLUGINS`` set (non-empty; ``","`` lists nothing)
+    without this plugin's entry-point name (``fp4_indexer``). SGLang's ``load_plugins_by_group`` (sglang/srt/plugins) loads only the
+    comma-separated names that variable lists; without the plugin, ``--enable-fp4-indexer`` is an argument SGLang's
+    parser does not know, so launch_server stops at it.
+
+    Args:
+        environ: the environment to read (default ``os.environ``).
+    """
+    listed = (os.environ if environ is None else environ).get("SGLANG_PLUGINS", "")
+    if not listed or ENTRY_POINT_NAME in {x.strip() for x in listed.split(",")}:  # as SGLang reads it
+        return None
+    return (f"SGLANG_PLUGINS={listed!r} does not list {ENTRY_POINT_NAME}, so SGLang does not load the plugin and "
+            "launch_server stops at --enable-fp4-indexer (unrecognized arguments)")
+
+
 MODEL_REFUSALS = frozenset({"not_dsa", "deepseek_v4", "index_head_dim", "index_heads", "index_kpool"})
 #: The line ``check`` prints on stderr before SGLang's import (docs/user-guide.md: 10-30 s,
 #: 13-27 s measured on 2-core machines).
@@ -237,6 +259,10 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
         if kind != "cuda":
             device, device_text = DeviceFacts(kind), f"{asked} (--device in --sglang-args)"
     decision: Decision = decide(model_facts, server, device)
+    unlisted = plugin_not_listed()
+    if unlisted is not None and decision.enabled:
+        decision = Decision(False, unlisted, fix=f"add {ENTRY_POINT_NAME} to SGLANG_PLUGINS, or unset it",
+                            codes=(NOT_LISTED,))
     arch = model_facts.architecture or f"no architectures in config, model_type {cfg.get('model_type')!r}"
     positions = context_length or cfg.get("max_position_embeddings")
     out = {"decision": decision, "device": device_text, "detection": detection, "model": model_facts,
