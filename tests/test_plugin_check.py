@@ -821,6 +821,20 @@ def test_no_speed_is_quoted_for_a_configuration_that_was_not_measured(tmp_path, 
     assert "faster indexer" in out and "not measured for this configuration" not in out
 
 
+def test_a_derived_fraction_out_of_range_names_sglangs_default_not_a_flag_never_given(capsys):
+    """--tp-size 1024 makes SGLang's own default --mem-fraction-static negative: the error says it is SGLang's
+    default and what to give, not as if the user had passed that value; a value the user gave is named as theirs."""
+    for flags, said in (("--tp-size 1024", "--sglang-args: SGLang's default for this GPU and flags is a "
+                         "--mem-fraction-static of -0.008 (the memory it reserves for these flags exceeds the GPU's), "
+                         "which leaves no KV pool: give --mem-fraction-static in --sglang-args, or --memory-gib"),
+                        ("--tp-size 8 --mem-fraction-static 1.5",
+                         "--sglang-args: --mem-fraction-static 1.5: expected a number in (0, 1]")):
+        with pytest.raises(SystemExit) as e:
+            main(["check", "deepseek-v3.2", "--gpu", "H200", f"--sglang-args={flags}"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and err[-1] == f"sglang-fp4-indexer check: error: {said}", err
+
+
 def test_a_capability_without_a_gpu_name_claims_no_time_measured_on_one_gpu(tmp_path, capsys, monkeypatch):
     """--capability 9.0 alone, no local GPU: the GPU is unknown, so no H200 time or speed-up; memory claims stay."""
     from sglang_fp4_indexer.check import budget

@@ -117,7 +117,11 @@ def kv_budget(cfg: dict, par: Parallel, gpu_mib: int, gpu_text: str, fraction: f
             (0, 1], or what ``weight_bytes_per_gpu`` raises.
     """
     if not 0 < fraction <= 1:
-        raise ValueError(f"--sglang-args: --mem-fraction-static {fraction:g}: expected a number in (0, 1]")
+        if fraction_how.startswith("--mem-fraction-static"):  # the user's own value
+            raise ValueError(f"--sglang-args: --mem-fraction-static {fraction:g}: expected a number in (0, 1]")
+        raise ValueError(f"--sglang-args: {fraction_how} is a --mem-fraction-static of {fraction:g} (the memory it "
+                         "reserves for these flags exceeds the GPU's), which leaves no KV pool: give "
+                         "--mem-fraction-static in --sglang-args, or --memory-gib")
     weights = weight_bytes_per_gpu(cfg, par)
     static = gpu_mib * 2**20 * fraction
     budget = int(static - weights.total)
