@@ -479,9 +479,10 @@ def test_config_naming_another_model_is_refused_in_abs_terms(tmp_path):
         command.main(_ab_args(model, "--out", str(tmp_path / "o"), "--config", str(cfg)),
                      read_sglang=read_sglang_facts)
     msg = str(e.value)
-    assert msg.startswith("the server flags after --: the --config file names model-path zai-org/GLM-5, another "
-                          f"model than {model} (") and msg.endswith("give zai-org/GLM-5 as the model, or the "
-                                                                         "same model in both")
+    assert msg.startswith("--config: the file names model-path zai-org/GLM-5, another "
+                          f"model than {model} (") and msg.endswith("; ab launches the model it is given: give "
+                                                                         "zai-org/GLM-5 as the model, or the same "
+                                                                         "model in both")
 
 
 def test_a_load_longer_than_the_context_is_refused_before_any_server(tmp_path):
@@ -1132,3 +1133,31 @@ sys.exit(cli.main(["ab", "/nonexistent/model", "--out", {str(out)!r}]))
                 os.kill(int(log.read_text().split()[0]), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_config_and_model_errors_are_one_line_in_abs_terms(tmp_path, capsys):
+    """A --config file that is not YAML, one naming another model, one whose flag takes no value, and a short name
+    of check's packaged configs as MODEL: each one line (exit 2) saying it in ab's terms, before any server."""
+    model = _v32_folder(tmp_path)
+    files = {"bad.yaml": "model-path: [unclosed\n", "glm.yaml": "model-path: zai-org/GLM-5\n",
+             "maybe.yaml": "enable-fp4-indexer: maybe\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    cases = [([model, "--config", str(tmp_path / "bad.yaml")],
+              f"--config: {tmp_path / 'bad.yaml'} is not YAML (while parsing a flow sequence in "),
+             ([model, "--config", str(tmp_path / "glm.yaml")],
+              f"--config: the file names model-path zai-org/GLM-5, another model than {model} (architectures "),
+             ([model, "--config", str(tmp_path / "maybe.yaml")],
+              "server flags: SGLang does not know 'maybe' after --enable-fp4-indexer, which takes no value (in a "
+              "--config file: true or false)"),
+             (["deepseek-v3.2"], "model: expected the checkpoint's folder or its Hugging Face name (ORG/NAME), as "
+              "launch_server's --model-path takes it, got 'deepseek-v3.2' (deepseek-v3.2 names a config packaged "
+              "for check, without weights: give deepseek-ai/DeepSeek-V3.2 or its folder)")]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as e:
+            cli_main(["ab", *argv, "--out", str(tmp_path / "o")])
+        err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("loading SGLang")]
+        assert e.value.code == 2 and len(err) == 1 and err[0].startswith("sglang-fp4-indexer ab: error: " + message), (
+            argv, err)
+        assert "check describes" not in err[0] and "--sglang-args" not in err[0]
+    assert not (tmp_path / "o").exists()

@@ -21,6 +21,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from ..argtypes import integer, int_list
+from ..check.model import PACKAGED_MODELS
 from ..serving import (bench_serving_command, client_error, get_json, gpu_description, kv_pool_tokens,
                        launch_command, launched_server, peak_running_requests, running_peaks, read_jsonl, versions)
 from . import quality
@@ -157,7 +158,7 @@ def _read_config(path: str | None) -> dict:
     except OSError as e:
         raise ValueError(f"--config: cannot read {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
-        raise ValueError(f"--config: {path} is not YAML ({e})") from None
+        raise ValueError(f"--config: {path} is not YAML ({' '.join(str(e).split())})") from None
     if not isinstance(data, dict):
         raise ValueError(f"--config: {path} must hold a mapping of server options, got {type(data).__name__}")
     return data
@@ -239,8 +240,11 @@ def _validate(args: argparse.Namespace, answer_value: Callable | None = None) ->
         raise ValueError("server flags: --model-path: give the model as ab's MODEL instead")
     if args.model is not None and (os.path.isfile(args.model) or (not os.path.exists(args.model)
                                                                   and "/" not in args.model)):
+        repo = PACKAGED_MODELS.get(args.model.lower())
+        packaged = (f" ({args.model} names a config packaged for check, without weights: give {repo} or its folder)"
+                    if repo else "")
         raise ValueError(f"model: expected the checkpoint's folder or its Hugging Face name (ORG/NAME), as "
-                         f"launch_server's --model-path takes it, got {args.model!r}")
+                         f"launch_server's --model-path takes it, got {args.model!r}{packaged}")
     if args.model is not None and _missing_local(args.model):
         raise ValueError(f"model: no folder {args.model} on this machine; give the checkpoint's folder (with its "
                          "config.json), as launch_server's --model-path takes it")
@@ -332,8 +336,11 @@ def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | N
 
 
 def _ab_terms(text: str) -> str:
-    """``check``'s text in ab's terms: its ``--sglang-args`` are ab's server flags after ``--``."""
-    return text.replace("--sglang-args", "the server flags after --").replace("as check's model", "as the model")
+    """``check``'s text in ab's terms: its ``--sglang-args`` are ab's server flags after ``--``, where a ``--config``
+    file is ab's own ``--config``, and it is ab that launches the model it is given."""
+    text = text.replace("--sglang-args: the --config file", "--config: the file")
+    return (text.replace("--sglang-args", "the server flags after --").replace("as check's model", "as the model")
+            .replace("check describes the model it is given", "ab launches the model it is given"))
 
 
 def _gpus_needed(flags: list[str], config: dict) -> tuple[int, str]:
