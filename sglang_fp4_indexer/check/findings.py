@@ -34,17 +34,15 @@ __all__ = [
 ]
 
 
-#: Refusal codes (``Decision.codes``) that come from the model itself: no server flag or environment lifts them,
-#: so ``check`` gives no FP4 figure for such a model.
 #: The refusal code where SGLang's plugin whitelist leaves this plugin out (``plugin_not_listed``).
 NOT_LISTED = "not_listed"
 
 
 def plugin_not_listed(environ: dict | None = None) -> str | None:
     """Why SGLang will not load this plugin, or None: ``SGLANG_PLUGINS`` set (non-empty; ``","`` lists nothing)
-    without this plugin's entry-point name (``fp4_indexer``). SGLang's ``load_plugins_by_group`` (sglang/srt/plugins) loads only the
-    comma-separated names that variable lists; without the plugin, ``--enable-fp4-indexer`` is an argument SGLang's
-    parser does not know, so launch_server stops at it.
+    without this plugin's entry-point name (``fp4_indexer``). SGLang's ``load_plugins_by_group``
+    (sglang/srt/plugins) loads only the comma-separated names that variable lists; without the plugin,
+    ``--enable-fp4-indexer`` is an argument SGLang's parser does not know, so launch_server stops at it.
 
     Args:
         environ: the environment to read (default ``os.environ``).
@@ -56,6 +54,8 @@ def plugin_not_listed(environ: dict | None = None) -> str | None:
             "launch_server stops at --enable-fp4-indexer (unrecognized arguments)")
 
 
+#: Refusal codes (``Decision.codes``) that come from the model itself: no server flag or environment lifts them,
+#: so ``check`` gives no FP4 figure for such a model.
 MODEL_REFUSALS = frozenset({"not_dsa", "deepseek_v4", "index_head_dim", "index_heads", "index_kpool"})
 #: The line ``check`` prints on stderr before SGLang's import (docs/user-guide.md: 10-30 s,
 #: 13-27 s measured on 2-core machines).
