@@ -29,11 +29,10 @@ Probe variants (wrong scores by construction, so they fail the check; their time
   (the board's clock limit, docs/perf-notes.md);
 * ``no_qload_dense``: the same with dense constant queries (every byte a nonzero e4m3 of either sign, varying
   with the thread): the load's cost without the power confound;
-* ``q_one_chunk``: every one of a thread's query loads issued before the first is used (one round trip to
-  memory instead of one per chunk of 8; at next_n 4 and 64 heads, 16 loads instead of two chunks of 8; next_n 1
-  and 2 already take one chunk), at the cost of their registers (NVRTC for sm_90a: 12 bytes of spills at next_n 4,
-  64 heads; none at next_n 4, 32 heads, nor at next_n 1 and 2);
-* ``q_cp_async``: the same one round trip without the registers: every query copy issued at once as
+* (``q_one_chunk``, every one of a thread's query loads issued before the first is used, one round trip to
+  memory instead of two at next_n 4 and 64 heads, was measured faster at 1 x 128K next_n 4 and is now the
+  product's load; docs/perf-notes.md)
+* ``q_cp_async``: one round trip without holding the queries in registers: every query copy issued at once as
   ``cp.async`` (global to shared, 16 bytes each, at the copy's own head row of the query tile), then, once they
   have landed, each head row permuted in place by the 8 lanes that copied it (read, ``__syncwarp``, write); the
   copies are issued after the barrier that ends the previous request's wgmma (NVRTC for sm_90a: no spills at
@@ -211,10 +210,6 @@ VARIANT_EDITS = {
         ("""                v[k] = __ldg(reinterpret_cast<const uint4*>(
                     q + static_cast<i64>(b * NEXT_N + i) * stride_q_row + h * stride_q_head + 16 * m));""",
          """                v[k] = make_uint4(static_cast<u32>(i + h + m), 0u, 0u, 0u);""", 1),
-    ],
-    "q_one_chunk": [
-        ("        constexpr int Q_CHUNK = QV % 8 == 0 ? 8 : QV % 7 == 0 ? 7 : QV % 6 == 0 ? 6 : QV % 5 == 0 ? 5 : QV % 4 == 0 ? 4 : QV % 3 == 0 ? 3 : QV % 2 == 0 ? 2 : 1;",
-         "        constexpr int Q_CHUNK = QV;  // q_one_chunk: every query load in flight at once", 1),
     ],
     "q_cp_async": [
         ('        uint4 v[Q_CHUNK];\n        auto load_chunk = [&](int k0) {\n#pragma unroll\n            for (int k = 0; k < Q_CHUNK; ++k) {\n                const int idx = tid + (k0 + k) * MATH_THREADS;\n                const int i = idx / (HEADS * 8), h = (idx >> 3) % HEADS, m = idx & 7;\n                v[k] = __ldg(reinterpret_cast<const uint4*>(\n                    q + static_cast<i64>(b * NEXT_N + i) * stride_q_row + h * stride_q_head + 16 * m));\n            }\n        };\n        load_chunk(0);     // in flight across the barrier\n        math_barrier(wg);  // every wgmma reading the previous queries has completed',

@@ -203,7 +203,11 @@ def test_nvrtc_builds_within_the_register_budget(next_n, heads, dtype, lens_2d):
     assert (sm90.THREADS, sm90.PRODUCER_REGS, sm90.MATH_REGS) == (640, 24, 112)
     assert 128 * sm90.PRODUCER_REGS + 128 * sm90.WGS * sm90.MATH_REGS <= sm90.THREADS * regs
     assert "C7507" not in log and "C7508" not in log, log
-    assert spilled <= (0 if next_n <= 4 else 32), log
+    # next_n 4 at 64 heads loads a request's 16 index-query vectors in one round trip (the query round trip in
+    # docs/perf-notes.md: 6-8 % faster at batch 1 with these spills than in two round trips without them);
+    # their live range leaves 12 bytes spilled, all inside load_request (the branch a math warpgroup takes when
+    # its next tile is of another request; SASS: 3 STL and 3 LDL there), none on the per-tile path.
+    assert spilled <= (12 if (next_n, heads) == (4, 64) else 0 if next_n <= 4 else 32), log
     # Named barriers: 0 for the CTA and one per math warpgroup, as immediates (an id in a register
     # makes ptxas reserve all 16, which limits the CTAs per SM).
     assert re.search(r"used %d barriers" % (1 + sm90.WGS), log), log

@@ -386,12 +386,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
 
     // New request: its index queries (permuted, swizzled), weights and row lengths. Every global
     // load of a chunk is issued before the first shared store that needs one, so a request costs one
-    // global round trip per Q_CHUNK uint4 per thread (one at next_n 1, H <= 128), not one per load.
+    // global round trip per Q_CHUNK uint4 per thread, not one per load. Up to next_n 4 at <= 64 heads
+    // (what MTP serves) one chunk: every load in flight at once (next_n 4 at 64 heads: 12 bytes of spills,
+    // and 1 x 128K next_n 4 7-8 % faster on an H100 than in two chunks of 8, docs/perf-notes.md); above,
+    // chunks of up to 8 (one chunk spills more there: 20 bytes at next_n 8, H 32; 36 at next_n 2, H 128).
     auto load_request = [&](int b) {
         constexpr int QV = NEXT_N * HEADS * 8 / MATH_THREADS;             // uint4 of queries per thread
         constexpr int WV = (NEXT_N * HEADS + MATH_THREADS - 1) / MATH_THREADS;  // weights per thread
-        // Largest divisor of QV up to 8 (QV = next_n x heads / 16: e.g. 12 at next_n 3, H 64).
-        constexpr int Q_CHUNK = QV % 8 == 0 ? 8 : QV % 7 == 0 ? 7 : QV % 6 == 0 ? 6 : QV % 5 == 0 ? 5 : QV % 4 == 0 ? 4 : QV % 3 == 0 ? 3 : QV % 2 == 0 ? 2 : 1;
+        // QV = next_n x heads / 16 (e.g. 12 at next_n 3, H 64): one chunk up to next_n 4 at <= 64 heads,
+        // else its largest divisor up to 8.
+        constexpr int Q_CHUNK = NEXT_N <= 4 && HEADS <= 64 ? QV : QV % 8 == 0 ? 8 : QV % 7 == 0 ? 7 : QV % 6 == 0 ? 6 : QV % 5 == 0 ? 5 : QV % 4 == 0 ? 4 : QV % 3 == 0 ? 3 : QV % 2 == 0 ? 2 : 1;
         static_assert(QV * MATH_THREADS == NEXT_N * HEADS * 8 && QV % Q_CHUNK == 0, "queries per thread");
         float wv[WV];
 #pragma unroll
