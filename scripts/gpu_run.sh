@@ -89,9 +89,13 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   CS="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)}"
   if [ -n "$CS" ] && [ -x "$CS" ]; then
     # One report per process (%p: a test may start CUDA child processes); torch's caching allocator off, so
-    # that an access past a tensor is past its allocation, where memcheck sees it.
+    # that an access past a tensor is past its allocation, where memcheck sees it. API errors are not reported:
+    # cuda-python looks up driver entry points with cuGetProcAddress, and the ones this driver lacks return
+    # CUDA_ERROR_INVALID_VALUE (34 of them, and no other error, in the Hopper GPU tests on an H100 with driver 580;
+    # benchmarks/results/memcheck_sm90_api_errors_h100_2026-12-07.txt); a failing
+    # call of the code under test raises in the test itself.
     rm -f "$OUTDIR"/memcheck.*.txt
-    SAN=("$CS" --tool memcheck --error-exitcode 9 --log-file "$OUTDIR/memcheck.%p.txt")
+    SAN=("$CS" --tool memcheck --report-api-errors no --error-exitcode 9 --log-file "$OUTDIR/memcheck.%p.txt")
     export PYTORCH_NO_CUDA_MEMORY_CACHING=1
   else
     RUN_TESTS=0; TESTS="not run: no compute-sanitizer (COMPUTE_SANITIZER, PATH, /usr/local/cuda*/bin)${CS:+ at $CS}"

@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 _STAND_IN = """#!/usr/bin/env bash
 printf '%s\\n' "$@" > {record}
-log="$6"; log="${{log//%p/$$}}"
-shift 6
+log="$8"; log="${{log//%p/$$}}"
+shift 8
 "$@"; rc=$?
 echo "========= ERROR SUMMARY: {errors} errors" > "$log"
 [ {errors} -gt 0 ] && exit 9
@@ -58,8 +58,9 @@ def test_memcheck_mode_runs_the_gpu_tests_under_the_sanitizer(tmp_path):
     sanitizer, record = _stand_in(tmp_path, 0)
     rc, stdout, out = _run(tmp_path, str(sanitizer), "tests/test_wrapped.py", "-k", "wrapped")
     argv = record.read_text().splitlines()
-    assert argv[:6] == ["--tool", "memcheck", "--error-exitcode", "9", "--log-file", str(out / "memcheck.%p.txt")]
-    assert argv[6:11] == [sys.executable, "-m", "pytest", "-m", "gpu"]
+    assert argv[:8] == ["--tool", "memcheck", "--report-api-errors", "no", "--error-exitcode", "9", "--log-file",
+                        str(out / "memcheck.%p.txt")]
+    assert argv[8:13] == [sys.executable, "-m", "pytest", "-m", "gpu"]
     assert argv[-3:] == ["tests/test_wrapped.py", "-k", "wrapped"]
     line = _summary(stdout)
     assert line.startswith("== pytest -m gpu: rc=0: 1 passed") and line.endswith(
