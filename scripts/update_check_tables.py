@@ -10,7 +10,7 @@
          [--cycle-more-load-other-order FP8_JSONL FP4_JSONL PRINTED]]]
         [--cycle-fused JSON:NEXT_N --cycle-fused-gpu NAME --cycle-fused-date DATE --cycle-fused-stack TEXT
          --cycle-fused-rank TEXT --cycle-fused-model NAME]
-        [--out PATH]
+        [--bench-more BENCH_JSON [BENCH_JSON ...]] [--out PATH]
 
 BENCH_JSON: a ``sglang-fp4-indexer bench --device cuda --json`` report measured
 on an H200 (the FP8 times come from its ``deepgemm-fp8`` column when it has
@@ -40,7 +40,10 @@ lines) and the next_n its servers verified; check quotes its output tokens/s at 
 and context; ``--cycle-more-load-other-order``: the same load with the FP4 server first, quoted beside it.
 ``--cycle-fused``: timeline summaries of FP8 and FP4 servers of a model whose index path FP4 changes (GLM-5's
 layers, ``PROFILE_SIZE=glm5-layers``: SGLang's fused index-query kernel for FP8, its unfused path and the plugin's
-rotation for FP4), with its own ``--cycle-fused-*`` facts: check quotes it for that path. Writes ``sglang_fp4_indexer/data/h200_tables.json``
+rotation for FP4), with its own ``--cycle-fused-*`` facts: check quotes it for that path. ``--bench-more``: further
+``bench --json`` reports of other GPUs (e.g. the H100's runs beside DeepGEMM's newer SM90 kernel at next_n 1, 2 and
+4), one ``timing_more`` section per GPU; a shape measured by several takes the median of their times: check quotes
+them for that GPU where its in-server rows have none near the shape. Writes ``sglang_fp4_indexer/data/h200_tables.json``
 (shipped inside the wheel) unless ``--out`` says otherwise, and prints what it took.
 """
 
@@ -53,6 +56,7 @@ from pathlib import Path
 
 from sglang_fp4_indexer.tables import (
     TABLES_RESOURCE,
+    bench_timing_section,
     build_tables,
     serving_timing_section,
     sglang_decode_section,
@@ -150,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(GLM-5's layers), as --cycle")
     _add_run_facts(parser, "--cycle-fused", "DP-attention + EP8 rank")
     parser.add_argument("--cycle-fused-model", default=None, help="the model whose layers it ran, e.g. 'GLM-5'")
+    parser.add_argument("--bench-more", nargs="+", default=[], metavar="BENCH_JSON",
+                        help="bench --json reports of other GPUs (adds timing_more: one section per GPU, the median "
+                             "of the reports' times where several measured a shape)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     if args.sglang_one_batch and not (args.sglang_gpu and args.sglang_date):
@@ -264,12 +271,17 @@ def main(argv: list[str] | None = None) -> int:
                 method="inside SGLang's server, its profiler over 5 decode steps of DeepSeek-V3.2's layer sizes "
                        f"({args.serving_layers} layers), CUDA graphs, MTP off",
                 sources=list(map(_source, args.serving_profile)))
+        by_gpu: dict = {}  # the reports of each GPU, in the order given
+        for path in args.bench_more:
+            doc = _read(path)
+            by_gpu.setdefault(str((doc.get("meta") or {}).get("device")), []).append((doc, _source(path)))
+        timing_more = [bench_timing_section([d for d, _ in docs], [n for _, n in docs]) for docs in by_gpu.values()]
         tables = build_tables(_read(args.bench_json), _read(args.accuracy_json),
                               bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json),
                               model_accuracy=model,
                               model_source=[_source(p) for p in args.model_accuracy] if args.model_accuracy else "",
                               sglang=sglang, timing_serving=serving, cycle=cycle, cycle_more=cycle_more,
-                              cycle_fused=cycle_fused)
+                              cycle_fused=cycle_fused, timing_more=timing_more or None)
     except ValueError as exc:
         parser.exit(2, f"update_check_tables: {exc}\n")
     out = Path(args.out)
@@ -286,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
              if "timing_serving" in tables else "")
           + "".join(f", {len(sec['rows'])} cycle rows ({sec['gpu']})" for sec in cycle_sections(tables))
           + (f", {len(tables['cycle_fused']['rows'])} cycle rows of {tables['cycle_fused']['model']} "
-             f"({tables['cycle_fused']['gpu']})" if "cycle_fused" in tables else ""))
+             f"({tables['cycle_fused']['gpu']})" if "cycle_fused" in tables else "")
+          + "".join(f", {len(sec['rows'])} kernel timing rows ({sec['gpu']})" for sec in tables.get("timing_more", [])))
     return 0
 
 

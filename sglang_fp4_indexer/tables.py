@@ -15,6 +15,8 @@ Timing rows (per scorer call of one layer, microseconds):
 - ``fp8_us``: DeepGEMM's FP8 scorer as SGLang 0.5.23 calls it on that GPU (the
   ``deepgemm-fp8`` column), ``None`` when the report has no such measurement;
 - ``fp8_native_us``: DeepGEMM with its native next_n (``deepgemm-fp8-native``), or ``None``;
+- ``fp8_sm90_newer_us``: DeepGEMM's newer SM90 kernel (native next_n up to 4; SGLang 0.5.23 does not call it), from
+  the ``deepgemm-fp8-sm90-multicast`` column, or ``None`` where the report has no passing time of it;
 - ``fp4_floor_us`` / ``fp8_floor_us``: the HBM floors of the two formats at
   that shape (bytes over the copy bandwidth measured in the same run), a lower
   bound for any scorer of that format, not a measurement of one.
@@ -46,6 +48,12 @@ decode steps of DeepSeek-V3.2's layer sizes, FP8 and FP4 servers on one machine)
 kernel time per decode step over the model's indexer layers (``serving_timing_section``); no floors,
 no native next_n. ``check`` quotes them for that GPU, as it quotes ``timing`` for its own.
 
+Further kernel-benchmark timing sections (optional, ``timing_more``: a list, one section per GPU, e.g. an H100's
+runs at next_n 1, 2 and 4): the same timing-row fields from one or more ``bench --json`` reports of that GPU
+(``bench_timing_section``); a shape measured by several reports takes, per column, the median of their passing
+times (``runs``: how many reports measured it). ``check`` quotes them for that GPU where ``timing_serving`` has no
+row near the shape asked about.
+
 Verify-cycle rows (optional, ``cycle``): a whole decode step or MTP verify cycle inside SGLang's server on the
 GPU's timeline, FP8 against FP4 (``scripts/sglang_bench.py timeline``: the busy time, the union of kernel
 intervals, median over traces of both run orders), on one DP-attention + EP8 rank of DeepSeek-V3.2 cut to a
@@ -66,6 +74,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from importlib import resources
 from pathlib import Path
 
@@ -81,6 +90,7 @@ __all__ = [
     "model_indexers",
     "sglang_decode_section",
     "serving_timing_section",
+    "bench_timing_section",
     "measured_decode",
     "verify_cycle_section",
     "measured_cycle",
@@ -98,6 +108,8 @@ TABLES_RESOURCE = "data/h200_tables.json"
 #: Benchmark columns: DeepGEMM FP8 as SGLang calls it, and with its native next_n.
 _FP8_COLUMN = "deepgemm-fp8"
 _FP8_NATIVE_COLUMN = "deepgemm-fp8-native"
+#: DeepGEMM's newer SM90 kernel (native next_n up to 4), which SGLang 0.5.23 does not call.
+_FP8_NEWER_COLUMN = "deepgemm-fp8-sm90-multicast"
 
 
 def _us(seconds) -> float | None:
@@ -142,6 +154,7 @@ def _timing(bench: dict, source: str) -> dict:
             continue  # no passing measurement of ours at this shape
         entry["fp8_us"] = _ok_us(results, _FP8_COLUMN)
         entry["fp8_native_us"] = _ok_us(results, _FP8_NATIVE_COLUMN)
+        entry["fp8_sm90_newer_us"] = _ok_us(results, _FP8_NEWER_COLUMN)
         entry["fp4_floor_us"] = _us(row.get("fp4_floor_s"))
         entry["fp8_floor_us"] = _us(row.get("fp8_floor_s"))
         out.append(entry)
@@ -328,6 +341,57 @@ def serving_timing_section(profiles: dict, *, gpu: str, date: str, stack: str, l
         raise ValueError("serving profiles: no shape profiled with both FP8 and FP4 (fp8_BxL / fp4_BxL traces)")
     return {"gpu": gpu, "date": date, "stack": stack, "method": method, "layers": layers, "fp4_column": "ours",
             "fp8_measured": True, "sources": sources, "rows": rows}
+
+
+#: The timing-row fields a ``timing_more`` row takes the median of over the reports that measured its shape (µs).
+_MEDIAN_FIELDS = ("fp4_us", "fp8_us", "fp8_native_us", "fp8_sm90_newer_us", "fp4_floor_us", "fp8_floor_us")
+
+
+def bench_timing_section(benches: list[dict], sources: list[str]) -> dict:
+    """One ``timing_more`` section: the scorer alone, FP4 against FP8, from ``bench --json`` reports of one GPU.
+
+    Each report is read as ``timing`` is (``_timing``: the shapes where this package's scorer passed its check).
+    A shape (heads, batch, context, next_n) measured by several reports takes, per field, the median of the values
+    those reports have (``statistics.median``: of two, their mean; ``None`` where none has one), and records how
+    many reports measured it as ``runs``; rows keep the order in which the reports first give their shapes.
+
+    Args:
+        benches: ``sglang-fp4-indexer bench --json`` reports, each measured on a CUDA device, all on the same GPU
+            (``meta.device``).
+        sources: a name per report, in the same order (messages, and recorded as ``sources``).
+
+    Returns:
+        ``{"gpu", "date", "stack", "method", "fp4_column", "fp8_measured", "sources", "rows"}``: ``date``, ``stack``
+        and ``fp4_column`` the reports' distinct values joined with ", "; a row: ``heads``, ``batch``,
+        ``context``, ``next_n``, ``fp4_us``, ``fp8_us``, ``fp8_native_us``, ``fp8_sm90_newer_us``,
+        ``fp4_floor_us``, ``fp8_floor_us`` (µs per scorer call of one layer) and ``runs``.
+
+    Raises:
+        ValueError: no report, not one source per report, reports of different GPUs, or a report ``_timing``
+            refuses (naming its source).
+    """
+    if not benches or len(sources) != len(benches):
+        raise ValueError(f"sources: expected one name per bench report ({len(benches)}), got {sources!r}")
+    parts = [_timing(bench, source) for bench, source in zip(benches, sources)]
+    gpus = list(dict.fromkeys(p["gpu"] for p in parts))
+    if len(gpus) > 1:
+        raise ValueError(f"{', '.join(sources)}: bench reports of different GPUs ({', '.join(gpus)}); one section "
+                         "per GPU")
+    shapes: dict[tuple, list[dict]] = {}
+    for part in parts:
+        for r in part["rows"]:
+            shapes.setdefault(tuple(r[k] for k in ("heads", "batch", "context", "next_n")), []).append(r)
+    rows = []
+    for shape, measured in shapes.items():
+        row = dict(zip(("heads", "batch", "context", "next_n"), shape))
+        for field in _MEDIAN_FIELDS:
+            values = [r[field] for r in measured if r[field] is not None]
+            row[field] = round(statistics.median(values), 4) if values else None
+        rows.append({**row, "runs": len(measured)})
+    joined = lambda key: ", ".join(dict.fromkeys(p[key] for p in parts if p[key]))  # noqa: E731
+    return {"gpu": gpus[0], "date": joined("date"), "stack": joined("stack"),
+            "method": "the scorer alone, sglang-fp4-indexer bench under CUDA graphs", "fp4_column": joined("fp4_column"),
+            "fp8_measured": any(r["fp8_us"] is not None for r in rows), "sources": list(sources), "rows": rows}
 
 
 def verify_cycle_section(timelines: list[tuple[dict, int]], *, gpu: str, date: str, stack: str, method: str,
@@ -566,7 +630,8 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
                  accuracy_source: str = "accuracy.json", model_accuracy: dict | list[dict] | None = None,
                  model_source: str | list[str] = "model-accuracy.json", sglang: dict | None = None,
                  timing_serving: dict | None = None, cycle: dict | None = None,
-                 cycle_more: list[dict] | None = None, cycle_fused: dict | None = None) -> dict:
+                 cycle_more: list[dict] | None = None, cycle_fused: dict | None = None,
+                 timing_more: list[dict] | None = None) -> dict:
     """The tables file's content from a GPU benchmark report and an accuracy result.
 
     Args:
@@ -585,13 +650,15 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
         cycle_fused: a ``verify_cycle_section`` result of a model whose index path FP4 changes (GLM-5.x's, where
             SGLang fuses the index-query kernel with its interleaved RoPE and FP4 takes SGLang's unfused path with
             the plugin's rotation), with its ``model``; or None (no ``cycle_fused`` section).
+        timing_more: ``bench_timing_section`` results, one per GPU (kernel-benchmark rows of other GPUs, e.g. an
+            H100's at next_n 1, 2 and 4), or None (no ``timing_more`` section); their sources are recorded last.
 
     Returns:
         ``{"format", "timing": {...}, "recall": {...}, "sources": [...]}`` (module docstring).
 
     Raises:
         ValueError: a report of the wrong kind or without usable rows, naming the source; ``cycle_more`` without
-            ``cycle``; ``cycle_fused`` without its ``model``.
+            ``cycle``; ``cycle_fused`` without its ``model``; two ``timing_more`` sections of one GPU.
     """
     if cycle_more and cycle is None:
         raise ValueError("cycle_more: further verify-cycle sections need a first one (cycle)")
@@ -622,6 +689,13 @@ def build_tables(bench: dict, accuracy: dict, *, bench_source: str = "bench repo
             raise ValueError("cycle_fused: expected the model it measured (verify_cycle_section's model)")
         out["cycle_fused"] = cycle_fused
         out["sources"].extend(cycle_fused["sources"] + cycle_fused.get("other_order_sources", []))
+    if timing_more:
+        gpus = [sec["gpu"] for sec in timing_more]
+        if len(set(gpus)) < len(gpus):
+            raise ValueError(f"timing_more: expected one section per GPU, got {', '.join(gpus)}")
+        out["timing_more"] = list(timing_more)
+        for sec in timing_more:
+            out["sources"].extend(sec["sources"])
     return out
 
 

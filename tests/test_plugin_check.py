@@ -388,6 +388,23 @@ def _bench_us(bench, heads, batch, context, next_n, column):
     return res["seconds"] * 1e6 if res.get("status") == "ok" else None, row["fp8_floor_s"] * 1e6
 
 
+#: The H100 kernel benchmarks beside DeepGEMM's newer SM90 kernel (docs/benchmarks.md), read raw here.
+_H100_BENCHES = [_REPO / "benchmarks" / "results" / f"bench_h100_sm90_multicast_{name}_2026-12-06.json"
+                 for name in ("n4n2", "shapes", "repeat", "4x128k", "4x128k_repeat")]
+
+
+def _h100_bench_us(heads, batch, context, next_n, column):
+    """A column's time at a shape on the H100 (µs): the median of its passing times over every run that measured that
+    shape, the rule the tables state; None where no run has one."""
+    import statistics
+
+    times = [r["results"][column]["seconds"] * 1e6 for path in _H100_BENCHES
+             for r in json.loads(path.read_text())["rows"]
+             if (r["heads"], r["batch"], r["context"], r["next_n"]) == (heads, batch, context, next_n)
+             and r["results"].get(column, {}).get("status") == "ok"]
+    return statistics.median(times) if times else None
+
+
 def _recall(acc, workload, context, heads):
     case = next(c for c in acc["cases"] if (c["workload"], c["context"], c["heads"]) == (workload, context, heads))
     return case["formats"]["FP4"]["recall_mean"], case["formats"]["FP8"]["recall_mean"]
@@ -877,7 +894,10 @@ def test_every_gpu_check_names_has_its_nvidia_smi_name_and_the_help_names_the_h1
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     text = " ".join(parser.format_help().split())
-    assert f"on an H100 80GB HBM3 inside SGLang's server, at {shapes}, next_n 1 only" in text
+    (kernel,) = load_tables()["timing_more"]
+    assert kernel["gpu"] == srv["gpu"] and {r["next_n"] for r in kernel["rows"]} == {1, 2, 4}
+    assert (f"on an H100 80GB HBM3 inside SGLang's server, at {shapes}, next_n 1 only, and elsewhere the scorer alone "
+            "in a kernel benchmark at next_n 1, 2 and 4, also against DeepGEMM's newer SM90 kernel)") in text
 
 
 def test_an_h100_gets_the_scorer_times_measured_inside_sglangs_server_on_an_h100(tmp_path, capsys, monkeypatch):
@@ -900,10 +920,16 @@ def test_an_h100_gets_the_scorer_times_measured_inside_sglangs_server_on_an_h100
     code, out = _run(capsys, _write_dir(tmp_path, "h100_near", DSV32), "--context", "131072", "--batch", "8",
                      "--gpu", "H100")
     assert f"at the nearest measured shape, H 64, batch 8 x 64K, next_n 1: FP4 {rows[8, 65536]['fp4_us']:.1f} us" in out
-    # No H100 row at next_n 2: nothing quoted for MTP.
+    # 1 x 128K at next_n 2 is far from every H100 row at next_n 2 (8 x 128K, 32 x 32K and 8 x 4K in the kernel
+    # benchmark), and next_n 3 was never measured there: nothing quoted.
     code, out = _run(capsys, _write_dir(tmp_path, "h100_n2", DSV32), "--context", "131072", "--gpu", "H100",
                      "--next-n", "2")
-    assert "indexer scorer time at next_n 2: not measured (the NVIDIA H100 80GB HBM3 tables have next_n 1" in out
+    assert "indexer scorer time at 1 x 128K, next_n 2: not measured at this shape (the nearest measured one" in out
+    assert "faster indexer" not in out and "an indexer speed that is not measured at this shape" in out
+    code, out = _run(capsys, _write_dir(tmp_path, "h100_n3", DSV32), "--context", "131072", "--gpu", "H100",
+                     "--next-n", "3")
+    assert ("indexer scorer time at next_n 3: not measured (the NVIDIA H100 80GB HBM3 tables have next_n 1, 2, 4; no "
+            "other next_n is quoted for it)") in out
     for local in ("NVIDIA H100 PCIe", "NVIDIA H100", "NVIDIA H200 NVL", "NVIDIA GH200 480GB"):
         monkeypatch.setattr(budget, "local_gpu", lambda: ((9, 0), local))
         code, out = _run(capsys, _write_dir(tmp_path, local.replace(" ", "_"), DSV32), "--context", "131072")
@@ -915,6 +941,75 @@ def test_an_h100_gets_the_scorer_times_measured_inside_sglangs_server_on_an_h100
     assert "(the H100 80GB HBM3 times were measured without DCP, not at DCP 2)" in out and "faster indexer" not in out
     code, out = _run(capsys, _write_dir(tmp_path, "h200", DSV32), "--context", "131072", "--gpu", "H200")
     assert "measured on NVIDIA H200 (torch 2.11.0+cu130, triton 3.6.0) at this shape" in out
+
+
+def test_an_h100_with_mtp_gets_the_kernel_benchmark_rows_against_both_deepgemm_kernels(tmp_path, capsys):
+    """--gpu H100 at next_n 4 and 2, where no in-server row exists: the H100 kernel benchmark's row at that shape (the
+    median of the runs that measured it, read here from the raw reports), with FP4 against DeepGEMM as SGLang 0.5.23
+    calls it and against DeepGEMM's newer SM90 kernel in the scorer line and the verdict. The verdict decides against
+    SGLang's call alone: faster than it but slower than the newer kernel still says "turn it on if that cost is
+    acceptable"; slower than it says keep FP8."""
+    sglang = "DeepGEMM as SGLang 0.5.23 calls it"
+    newer = "DeepGEMM's newer SM90 kernel, which SGLang 0.5.23 does not use"
+    us = {shape: {c: _h100_bench_us(64, *shape, c) for c in ("ours", "deepgemm-fp8", "deepgemm-fp8-sm90-multicast")}
+          for shape in ((1, 131072, 4), (8, 131072, 4), (8, 4096, 2))}
+    for (batch, context, next_n), runs, memory in (((1, 131072, 4), 2, "100"), ((8, 131072, 4), 2, "100"),
+                                                   ((8, 4096, 2), 1, "100")):
+        t = us[batch, context, next_n]
+        code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", str(context), "--batch", str(batch),
+                         "--next-n", str(next_n), "--memory-gib", memory)
+        median = ", the median of 2 runs" if runs == 2 else ""
+        assert (f"measured on NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, triton 3.6.0; the scorer alone, "
+                f"sglang-fp4-indexer bench under CUDA graphs) at this shape{median}: FP4 {t['ours']:.1f} us") in out
+        assert (f"; FP8 (DeepGEMM, as SGLang calls it) {t['deepgemm-fp8']:.1f} us; DeepGEMM's newer SM90 kernel "
+                f"{t['deepgemm-fp8-sm90-multicast']:.1f} us; FP4 is ") in out
+        assert code == 0  # 100 GiB: FP4 fits more requests of either length
+    # 1 x 128K: FP4 faster than SGLang's call, slower than the newer kernel.
+    t = us[1, 131072, 4]
+    r8, rn = t["deepgemm-fp8"] / t["ours"], t["deepgemm-fp8-sm90-multicast"] / t["ours"]
+    assert r8 >= 1 > rn
+    said = f"{r8:.2f}x faster than {sglang}; {rn:.2f}x, i.e. {1 / rn:.2f}x slower, than {newer}"
+    code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "131072", "--next-n", "4")
+    assert f"FP4 is {said}" in out
+    assert (f"with an indexer {r8:.2f}x faster than {sglang} ({rn:.2f}x, i.e. {1 / rn:.2f}x slower, than "
+            f"{newer}); ") in out
+    # The same with the requests equal (90 GiB: 9 of 128K either way): faster than SGLang's call decides, exit 3.
+    code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "131072", "--next-n", "4",
+                     "--memory-gib", "90")
+    verdict = out[out.index("verdict: "):]
+    assert code == 3 and verdict.startswith("verdict: FP4 fits no more requests of 128K than FP8 (9 either way;")
+    assert (f"so it buys only an indexer {r8:.2f}x faster than {sglang} ({rn:.2f}x, i.e. {1 / rn:.2f}x slower, than "
+            f"{newer}), at a measured cost of ") in verdict
+    assert verdict.endswith("turn it on if that cost is acceptable")
+    # 8 x 128K: faster than both.
+    t = us[8, 131072, 4]
+    r8, rn = t["deepgemm-fp8"] / t["ours"], t["deepgemm-fp8-sm90-multicast"] / t["ours"]
+    assert r8 >= 1 and rn >= 1
+    _, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "131072", "--batch", "8", "--next-n", "4")
+    assert f"FP4 is {r8:.2f}x faster than {sglang}; {rn:.2f}x faster than {newer}" in out
+    assert f"with an indexer {r8:.2f}x faster than {sglang} ({rn:.2f}x faster than {newer}); " in out
+    # 8 x 4K next_n 2: slower than SGLang's call, faster than the newer kernel; with the requests equal (3 GiB: 10 of
+    # 4K either way) the slower indexer says keep FP8, exit 3.
+    t = us[8, 4096, 2]
+    r8, rn = t["deepgemm-fp8"] / t["ours"], t["deepgemm-fp8-sm90-multicast"] / t["ours"]
+    assert rn >= 1 > r8
+    code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "4096", "--batch", "8", "--next-n", "2",
+                     "--memory-gib", "3")
+    verdict = out[out.index("verdict: "):]
+    assert f"FP4 is {r8:.2f}x, i.e. {1 / r8:.2f}x slower, than {sglang}; {rn:.2f}x faster than {newer}" in out
+    assert code == 3 and verdict.startswith("verdict: FP4 fits no more requests of 4K than FP8 (10 either way;")
+    assert (f", and its indexer is {1 / r8:.2f}x slower here than {sglang} ({rn:.2f}x faster than {newer}): FP4 gains "
+            "nothing for this deployment, keep FP8; ") in verdict
+    # A shape the H100 did not measure says so (8 x 1K at next_n 4: the nearest, 1 x 128K, is too far) ...
+    _, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "1024", "--batch", "8", "--next-n", "4")
+    assert "indexer scorer time at 8 x 1K, next_n 4: not measured at this shape" in out and "FP4 is " not in out
+    # ... and an H200 gets its own rows, which have no newer-kernel time: the speed as before.
+    bench, _ = _sources()
+    fp4_us, _ = _bench_us(bench, 64, 8, 131072, 4, "ours")
+    fp8_us, _ = _bench_us(bench, 64, 8, 131072, 4, "deepgemm-fp8")
+    _, out = _run(capsys, "deepseek-v3.2", "--gpu", "H200", "--context", "131072", "--batch", "8", "--next-n", "4")
+    assert f"measured on NVIDIA H200 (torch 2.11.0+cu130, triton 3.6.0) at this shape: FP4 {fp4_us:.1f} us" in out
+    assert f"with a {fp8_us / fp4_us:.2f}x faster indexer; " in out and f"than {newer}" not in out
 
 
 def test_check_announces_the_sglang_import_time_of_the_user_guide():
@@ -1272,8 +1367,15 @@ def test_check_quotes_the_full_depth_h100_rank_and_its_verdict_says_that_gain(ca
             f"({ms4['fp8'] / ms4['fp4']:.3f}x); FP8 there is DeepGEMM as SGLang 0.5.23 calls it") in flat  # no projection
     verdict = flat[flat.index("verdict:"):]
     assert code == 3 and verdict.startswith("verdict: FP4 fits no more requests of 128K than FP8 (4 either way;")
-    assert (f"so it buys only a {lo:.3f}-{hi:.3f}x shorter MTP verify cycle (GPU busy time inside SGLang's server, "
-            "FP8 and FP4 servers in both orders, NVIDIA H100 80GB HBM3, all 61 layers), at a measured cost of") in verdict
+    # The scorer at exactly 4 x 128K next_n 4 from the H100 kernel benchmark (the median of its two runs) comes first.
+    us = {c: _h100_bench_us(64, 4, 131072, 4, c) for c in ("ours", "deepgemm-fp8", "deepgemm-fp8-sm90-multicast")}
+    newer = us["deepgemm-fp8-sm90-multicast"] / us["ours"]
+    assert newer < 1  # the newer kernel is the faster one here
+    assert (f"so it buys only an indexer {us['deepgemm-fp8'] / us['ours']:.2f}x faster than DeepGEMM as SGLang 0.5.23 "
+            f"calls it ({newer:.2f}x, i.e. {1 / newer:.2f}x slower, than DeepGEMM's newer SM90 kernel, which SGLang "
+            f"0.5.23 does not use) and a {lo:.3f}-{hi:.3f}x shorter MTP verify cycle (GPU busy time inside SGLang's "
+            "server, FP8 and FP4 servers in both orders, NVIDIA H100 80GB HBM3, all 61 layers), at a measured cost "
+            "of") in verdict
     assert verdict.endswith("turn it on if that cost is acceptable")
     # The experts spread over 16 GPUs (an EP16 deployment): another rank, no cycle quoted, and the verdict says why.
     code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H100", "--context", "131072", "--batch", "64",
@@ -1320,13 +1422,15 @@ def test_a_measured_slower_cycle_without_an_indexer_time_says_keep_fp8():
     says so and to keep FP8, never "turn it on"."""
     from sglang_fp4_indexer.check import run_check, worth_it
     from sglang_fp4_indexer.sglang_plugin.check_facts import read_sglang_facts
+    from sglang_fp4_indexer.tables import load_tables
 
     found = run_check("deepseek-v3.2", memory_gib=26.38, gpu="H100", server_flags=f"{_DP32} {_MTP4}".split(),
                       read_sglang=read_sglang_facts)
     row = {"batch": 4, "context": 131072, "next_n": 4, "layers": 61, "full_depth": 61, "traces": 3,
            "fp8_ms": 30.0, "fp4_ms": 33.0, "fp8_61_ms": 30.0, "fp4_61_ms": 33.0}
     run = {"gpu": "NVIDIA H100 80GB HBM3", "date": "d", "stack": "s", "rank": "DP-attention + EP32 rank"}
-    w = worth_it(found, context=131072, batch=128, next_n=4,
+    no_kernel_rows = {k: v for k, v in load_tables().items() if k != "timing_more"}  # no H100 row at next_n 4
+    w = worth_it(found, context=131072, batch=128, next_n=4, tables=no_kernel_rows,
                  cycle=lambda *a, **k: {"cycle": row, "cycle_why": None, "cycle_run": run})
     assert w["decision"] == "same" and w["timing"] is None
     assert ", and the server's step is 1.10x slower here (a 1.100x longer MTP verify cycle (GPU busy time inside " \
@@ -1583,7 +1687,7 @@ def test_the_user_guides_dp_attention_mtp_example_prints_the_measured_verify_cyc
     out = " ".join(capsys.readouterr().out.split())
     assert code == 3 and ("MTP verify cycle inside SGLang's server at 4 x 128K per rank, next_n 4 (NVIDIA H100 80GB "
                           "HBM3, 2026-12-06; one DP-attention + EP32 rank of DeepSeek-V3.2 with all 61 layers") in out
-    assert "so it buys only a 1.090-1.092x shorter MTP verify cycle" in out[out.index("verdict:"):]
+    assert "and a 1.090-1.092x shorter MTP verify cycle" in out[out.index("verdict:"):]
 
 
 def test_requests_gain_gives_the_percentage_whole_where_it_is_and_to_one_decimal_elsewhere():

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fp4_indexer.tables import (build_tables, load_tables, measured_decode, model_indexers, nearest_model_cost,
-                                      nearest_recall, nearest_timing, serving_timing_section, sglang_decode_section,
-                                      verify_cycle_section, kv_limited_load, kv_pools, cycle_load)
+from sglang_fp4_indexer.tables import (bench_timing_section, build_tables, load_tables, measured_decode, model_indexers,
+                                      nearest_model_cost, nearest_recall, nearest_timing, serving_timing_section,
+                                      sglang_decode_section, verify_cycle_section, kv_limited_load, kv_pools, cycle_load)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,6 +58,9 @@ def test_deepgemm_columns_are_read():
     t = build_tables(bench, _accuracy())
     row = nearest_timing(t, 64, 8, 131072, 1)
     assert (row["fp4_us"], row["fp8_us"], row["fp8_native_us"]) == (30.0, 38.0, 36.5)
+    assert row["fp8_sm90_newer_us"] is None  # no column of DeepGEMM's newer SM90 kernel: not invented
+    newer = build_tables(_bench({"ours": {A: 30.0}, "deepgemm-fp8-sm90-multicast": {A: 31.5}}), _accuracy())
+    assert nearest_timing(newer, 64, 8, 131072, 1)["fp8_sm90_newer_us"] == 31.5
     assert t["timing"]["fp8_measured"] is True and t["timing"]["fp4_column"] == "ours"
     assert nearest_timing(t, 64, 1, 4096, 1)["fp8_us"] is None  # not measured there: not invented
 
@@ -130,6 +133,8 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
                                  loads=[_load_from(m["load_sources"], x) for x in m.get("loads", [])] or None,
                                  load_sources=m.get("load_sources"))
             for m in tables["cycle_more"]]
+    kernel = [bench_timing_section([json.loads((REPO / p).read_text()) for p in sec["sources"]], sec["sources"])
+              for sec in tables["timing_more"]]
     f = tables["cycle_fused"]
     fused = verify_cycle_section([(json.loads((REPO / p).read_text()), 4) for p in f["sources"]], gpu=f["gpu"],
                                  date=f["date"], stack=f["stack"], method=f["method"], sources=f["sources"],
@@ -137,7 +142,7 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
     # Up to date: re-running scripts/update_check_tables.py on the recorded sources changes nothing.
     assert tables == build_tables(bench, acc, bench_source=bench_src, accuracy_source=acc_src, model_accuracy=model,
                                   model_source=model_src, sglang=sglang, timing_serving=serving, cycle=cycle,
-                                  cycle_more=more, cycle_fused=fused)
+                                  cycle_more=more, cycle_fused=fused, timing_more=kernel)
     # GLM-5's layers, where FP4 also changes SGLang's index path: 4 x 64K verifying 4 tokens on an H100.
     assert (f["model"], f["gpu"], f["rank"]) == ("GLM-5", "NVIDIA H100 80GB HBM3", "DP-attention + EP8 rank")
     assert [(r["batch"], r["context"], r["next_n"], r["layers"], r["full_depth"]) for r in f["rows"]] == [
@@ -146,7 +151,8 @@ def test_packaged_tables_are_built_from_their_recorded_sources():
     assert tables["sources"][2 + len(model_src):] == (sec["sources"] + srv["sources"] + cyc["sources"]
                                                       + [p for m in tables["cycle_more"]
                                                          for p in m["sources"] + m.get("other_order_sources", [])
-                                                         + m.get("load_sources", [])] + f["sources"])
+                                                         + m.get("load_sources", [])] + f["sources"]
+                                                      + [p for k in tables["timing_more"] for p in k["sources"]])
     # The full-depth rank's KV-limited load: 9 requests of 64K at once, FP8's pool holding 8 and FP4's 9.
     assert [(x["concurrency"], x["context"], x["next_n"], x["fp8_requests"], x["fp4_requests"])
             for x in tables["cycle_more"][0]["loads"]] == [(9, 65536, 4, 8, 9)]
@@ -474,7 +480,7 @@ def test_the_cycle_rows_are_the_timeline_summaries_and_are_quoted_only_where_mea
 def test_the_packaged_tables_are_what_the_update_script_writes_from_their_recorded_sources(tmp_path):
     """scripts/update_check_tables.py run with every source and fact the packaged tables record (each summary's
     next_n from its name: mtp3x4 verifies 4 rows, the others 1) writes them byte for byte, the KV-limited load in
-    both run orders and GLM-5's section included."""
+    both run orders, GLM-5's section and the H100's kernel benchmarks (--bench-more) included."""
     tables_path = REPO / "sglang_fp4_indexer" / "data" / "h200_tables.json"
     t = json.loads(tables_path.read_text())
     src, s, v, c, m = t["sources"], t["sglang"], t["timing_serving"], t["cycle"], t["cycle_more"][0]
@@ -500,6 +506,7 @@ def test_the_packaged_tables_are_what_the_update_script_writes_from_their_record
             "--cycle-fused", *with_next_n(t["cycle_fused"]["sources"]), "--cycle-fused-gpu", t["cycle_fused"]["gpu"],
             "--cycle-fused-date", t["cycle_fused"]["date"], "--cycle-fused-stack", t["cycle_fused"]["stack"],
             "--cycle-fused-rank", t["cycle_fused"]["rank"], "--cycle-fused-model", t["cycle_fused"]["model"],
+            "--bench-more", *[p for k in t["timing_more"] for p in k["sources"]],
             "--out", str(out)]
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     res = subprocess.run([sys.executable, str(REPO / "scripts" / "update_check_tables.py"), *argv], cwd=REPO,
@@ -514,3 +521,58 @@ def test_the_packaged_tables_are_what_the_update_script_writes_from_their_record
                          capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 2 and (f"--cycle-more-load-other-order: {other}: its pools (589120, 641000) are not "
                                     "the first order's (589120, 641216)") in res.stderr
+
+
+#: The H100 kernel benchmarks beside DeepGEMM's newer SM90 kernel (docs/benchmarks.md), as their files are named.
+_H100_BENCHES = [f"benchmarks/results/bench_h100_sm90_multicast_{name}_2026-12-06.json"
+                 for name in ("n4n2", "shapes", "repeat", "4x128k", "4x128k_repeat")]
+
+
+def test_the_h100_kernel_rows_are_the_median_of_the_runs_that_measured_each_shape():
+    """The packaged ``timing_more`` section is the five H100 bench reports: per shape and column, the median of the
+    passing times of every report that measured that shape (the oracle: the raw files, read here), DeepGEMM's newer
+    SM90 kernel included, None where no report has a column (the 4 x 128K runs have no native next_n)."""
+    import statistics
+
+    (sec,) = load_tables()["timing_more"]
+    assert sec["sources"] == _H100_BENCHES and sec["gpu"] == "NVIDIA H100 80GB HBM3"
+    columns = {"fp4_us": "ours", "fp8_us": "deepgemm-fp8", "fp8_native_us": "deepgemm-fp8-native",
+               "fp8_sm90_newer_us": "deepgemm-fp8-sm90-multicast"}
+    measured: dict = {}
+    for path in _H100_BENCHES:
+        for row in json.loads((REPO / path).read_text())["rows"]:
+            measured.setdefault((row["heads"], row["batch"], row["context"], row["next_n"]), []).append(row["results"])
+    assert {(r["heads"], r["batch"], r["context"], r["next_n"]): r["runs"] for r in sec["rows"]} == {
+        shape: len(runs) for shape, runs in measured.items()}
+    for row in sec["rows"]:
+        runs = measured[row["heads"], row["batch"], row["context"], row["next_n"]]
+        for field, column in columns.items():
+            times = [r[column]["seconds"] * 1e6 for r in runs if r.get(column, {}).get("status") == "ok"]
+            assert (row[field] is None) is (not times), (row, field)
+            if times:
+                assert row[field] == pytest.approx(statistics.median(times), abs=1e-3), (row, field)
+    assert next(r for r in sec["rows"] if r["batch"] == 4 and r["next_n"] == 4)["fp8_native_us"] is None
+
+
+def test_kernel_sections_are_one_gpu_each_and_name_what_they_refuse():
+    one = _bench({"ours": {A: 30.0, B: 3.0}, "deepgemm-fp8": {A: 40.0}})
+    two = _bench({"ours": {A: 32.0}, "deepgemm-fp8": {A: 41.0}, "deepgemm-fp8-sm90-multicast": {A: 33.0}})
+    three = _bench({"ours": {A: 40.0}, "deepgemm-fp8": {A: 45.0}})
+    sec = bench_timing_section([one, two, three], ["a.json", "b.json", "c.json"])
+    rows = {(r["heads"], r["batch"], r["context"], r["next_n"]): r for r in sec["rows"]}
+    assert (rows[A]["fp4_us"], rows[A]["fp8_us"], rows[A]["fp8_sm90_newer_us"], rows[A]["runs"]) == (32.0, 41.0, 33.0, 3)
+    assert (rows[B]["fp4_us"], rows[B]["fp8_us"], rows[B]["runs"]) == (3.0, None, 1)
+    pair = bench_timing_section([one, two], ["a", "b"])["rows"]
+    assert next(r for r in pair if r["batch"] == 8)["fp4_us"] == 31.0  # of two: their mean
+    other = _bench({"ours": {A: 1.0}})
+    other["meta"]["device"] = "NVIDIA H100 80GB HBM3"
+    with pytest.raises(ValueError, match="bench reports of different GPUs"):
+        bench_timing_section([one, other], ["a.json", "h100.json"])
+    with pytest.raises(ValueError, match="sources: expected one name per bench report"):
+        bench_timing_section([one], [])
+    with pytest.raises(ValueError, match="cpu.json: measured on"):
+        bench_timing_section([_bench({"ours": {A: 1.0}}, device_type="cpu")], ["cpu.json"])
+    t = build_tables(one, _accuracy(), timing_more=[sec])
+    assert t["timing_more"] == [sec] and t["sources"][-3:] == ["a.json", "b.json", "c.json"]
+    with pytest.raises(ValueError, match="timing_more: expected one section per GPU"):
+        build_tables(one, _accuracy(), timing_more=[sec, sec])

@@ -18,7 +18,7 @@ from .budget import GPUS
 from .cycle import cycle_line, verify_cycle
 from .model import PACKAGED_MODELS
 from .findings import NOT_LISTED, run_check
-from .trade import _k, _pm, _shape_text, model_indexer_text, worth_it
+from .trade import _k, _pm, _shape_text, model_indexer_text, newer_kernel_text, worth_it
 
 __all__ = [
     "add_arguments",
@@ -82,7 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(max_position_embeddings, or --context-length in --sglang-args): adds what FP4 gains "
                              "and costs at that length -- requests that fit, the indexer's time FP4 vs FP8 (measured "
                              "on H200; on an H100 80GB HBM3 inside SGLang's server, at 1 x 128K and 8 x 64K, next_n "
-                             "1 only), the server's whole MTP verify cycle or decode step FP4 vs FP8 where that "
+                             "1 only, and elsewhere the scorer alone in a kernel benchmark at next_n 1, 2 and 4, also "
+                             "against DeepGEMM's newer SM90 kernel), the server's whole MTP verify cycle or decode "
+                             "step FP4 vs FP8 where that "
                              f"deployment was measured (per rank: {measured_cycles_text()}), the top-k recall FP4 vs "
                              "FP8 (measured accuracy study) and the loss cost on a "
                              "real model -- and a verdict, also as the exit code: 0 FP4 fits more requests of that "
@@ -160,6 +162,11 @@ def _print_worth_it(console, res: dict, w: dict, batch: int, next_n: int, contex
         native = row.get("fp8_native_us")
         if native is not None and row["fp8_us"] is not None and abs(native - row["fp8_us"]) > 0.05 * row["fp8_us"]:
             fp8 += f"; DeepGEMM with its native next_n, which SGLang 0.5.23 does not use on Hopper: {native:.1f} us"
+        both = newer_kernel_text(row)
+        if both:
+            fp8 += f"; DeepGEMM's newer SM90 kernel {row['fp8_sm90_newer_us']:.1f} us; FP4 is {both}"
+        if row.get("runs", 1) > 1:
+            where += f", the median of {row['runs']} runs"
         how = "; ".join(x for x in (w.get("timing_stack"), w.get("timing_method")) if x)
         stack = f" ({how})" if how else ""
         console.print(f"indexer scorer per layer and step, measured on {w['timing_gpu']}{stack} {where}: "

@@ -10,6 +10,7 @@ from .budget import ASSUMED_GPU, UNNAMED_GPU
 
 __all__ = [
     "worth_it",
+    "newer_kernel_text",
     "cycle_gain_text",
     "load_gain_text",
     "requests_gain",
@@ -114,13 +115,44 @@ def _named_gpu(dev: DeviceFacts) -> str | None:
     return dev.name if dev.kind == "cuda" and dev.name not in (ASSUMED_GPU, UNNAMED_GPU, None) else None
 
 
-def _timing_section(tables: dict, dev: DeviceFacts) -> dict:
-    """The timing section measured on this device's GPU: ``timing_serving`` where its GPU is this one, else
-    ``timing`` (whose GPU ``_unmeasured_configuration`` then compares)."""
-    serving, name = tables.get("timing_serving"), _named_gpu(dev)
-    if serving and name and measured_on(serving["gpu"], name) and not measured_on(tables["timing"]["gpu"], name):
-        return serving
-    return tables["timing"]
+def _timing_sections(tables: dict, dev: DeviceFacts) -> list[dict]:
+    """The timing sections measured on this device's GPU, in the order ``worth_it`` takes a near row from them.
+
+    Where ``timing`` (the H200's kernel benchmark) is not this GPU's: ``timing_serving`` (measured inside SGLang's
+    server, closer to what a server runs, so it wins where it has a near row) then each ``timing_more`` section (the
+    scorer alone in a kernel benchmark) measured on this GPU. Else, or where none is this GPU's: ``[timing]``, whose
+    GPU ``_unmeasured_configuration`` then compares."""
+    name = _named_gpu(dev)
+    if name and not measured_on(tables["timing"]["gpu"], name):
+        own = [sec for sec in (tables.get("timing_serving"), *(tables.get("timing_more") or []))
+               if sec and measured_on(sec["gpu"], name)]
+        if own:
+            return own
+    return [tables["timing"]]
+
+
+#: FP8's scorer in SGLang 0.5.23's server (the incumbent the verdict decides against), and DeepGEMM's newer SM90
+#: kernel, which takes the verify rows natively but which SGLang 0.5.23 does not call.
+_SGLANG_FP8 = "DeepGEMM as SGLang 0.5.23 calls it"
+_NEWER_FP8 = "DeepGEMM's newer SM90 kernel, which SGLang 0.5.23 does not use"
+
+
+def _against(ratio: float, what: str) -> str:
+    """FP4's scorer against an FP8 one from their time ratio FP8 / FP4: "1.02x faster than X", or "0.79x, i.e.
+    1.27x slower, than X"."""
+    if ratio >= 1:
+        return f"{ratio:.2f}x faster than {what}"
+    return f"{ratio:.2f}x, i.e. {1 / ratio:.2f}x slower, than {what}"
+
+
+def newer_kernel_text(row: dict) -> str | None:
+    """FP4's scorer against both FP8 kernels of a timing row that has the newer kernel's time (``fp8_us`` and
+    ``fp8_sm90_newer_us``): "1.02x faster than DeepGEMM as SGLang 0.5.23 calls it; 0.79x, i.e. 1.27x slower, than
+    DeepGEMM's newer SM90 kernel, which SGLang 0.5.23 does not use"; None where either FP8 time is missing."""
+    newer = row.get("fp8_sm90_newer_us")
+    if newer is None or row.get("fp8_us") is None:
+        return None
+    return f"{_against(row['fp8_us'] / row['fp4_us'], _SGLANG_FP8)}; {_against(newer / row['fp4_us'], _NEWER_FP8)}"
 
 
 #: What FP4 changes in SGLang's index path where the model's indexer RoPE is interleaved (GLM-5.x).
@@ -154,16 +186,17 @@ def fused_cycle_text(sec: dict | None) -> str | None:
 
 def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_size: int,
                               fused_rotation: bool = False, server: str | None = None,
-                              measured_gpus: str | None = None, in_server: bool = False,
+                              measured_gpus: str | None = None, without_dcp: bool = False,
                               fused_measured: str | None = None) -> str | None:
     """Why the measured times (one GPU, ``gpu``, the Hopper kernel, no DCP exchange) do not hold here, or None.
 
     The tables hold the Hopper CUDA kernel against DeepGEMM as SGLang 0.5.23 calls it on Hopper, on ``gpu`` (the
-    section's: an H200, or the H100 measured inside a server), single-GPU; that is what a replicated DCP rank runs
-    too. Anything else was not measured there, and a
+    sections': an H200, or an H100 inside a server and in a kernel benchmark), single-GPU; that is what a replicated
+    DCP rank runs too (measured at DCP 2 on two H200). Anything else was not measured there, and a
     device given by its compute capability alone (``budget.UNNAMED_GPU``) may be another GPU.
     ``measured_gpus``: every GPU the tables hold times for, named where the device is none of them (default
-    ``gpu``). ``in_server``: the times were measured inside one SGLang server (``timing_serving``), without DCP.
+    ``gpu``). ``without_dcp``: the times are a GPU's on which DCP was never measured (the H100's ``timing_serving``
+    and ``timing_more``), so they hold without DCP only.
     ``fused_measured``: ``fused_cycle_text`` of the tables, quoted where ``fused_rotation`` (else "not measured").
     """
     if dev.kind != "cuda":
@@ -184,7 +217,7 @@ def _unmeasured_configuration(dev: DeviceFacts, gpu: str, sharded: bool, dcp_siz
     if sharded and dcp_size > 1:
         return ("the sharded index under DCP adds a candidate exchange per step; at DCP 2 on two H200 it was slower "
                 "than the replicated index at every measured shape (user guide, \"Decode context parallelism\")")
-    if in_server and dcp_size > 1:
+    if without_dcp and dcp_size > 1:
         return f"the {gpu.replace('NVIDIA ', '')} times were measured without DCP, not at DCP {dcp_size}"
     if dcp_size > 2:
         return f"only DCP width 2 was measured (on two H200), not DCP {dcp_size}"
@@ -327,14 +360,16 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     The time is the measured row nearest the shape among rows with the asked
     ``next_n`` (``tables.nearest_timing``), quoted only when it is near
     (``tables.timing_is_near``: same index heads, keys read within 2x, batch within 4x; else
-    ``timing_far`` holds it and no speed is claimed, the reason being the head count where its heads differ from
-    the model's); without such a row none is quoted,
+    ``timing_far`` holds the nearest of all the GPU's sections and no speed is claimed, the reason being the head
+    count where its heads differ from the model's); for an H100 80GB HBM3 the rows measured inside one SGLang server
+    (``timing_serving``) win where one is near, else the kernel benchmark's (``timing_more``; ``_timing_sections``).
+    Where the row has DeepGEMM's newer SM90 kernel's time, the speed names FP4 against it too (the decision stays
+    against FP8 as SGLang 0.5.23 calls it). Without such a row none is quoted,
     and none where the measured configuration (an H200 at compute capability
-    9.0 running the Hopper kernel, single-GPU or a replicated DCP rank; for an H100 80GB HBM3, the rows
-    measured inside one SGLang server, ``timing_serving``, without DCP) is not
+    9.0 running the Hopper kernel, single-GPU or a replicated DCP rank; for an H100 80GB HBM3, without DCP) is not
     the one asked about: another GPU (by its whole name: H20, H100 PCIe, H200 NVL) or capability, a GPU not
     named (``--capability`` without ``--gpu`` and no local GPU of that capability), the sharded DCP index, a
-    replicated DCP width other than 2 (any DCP for the in-server rows), a PD prefill or decode server, the
+    replicated DCP width other than 2 (any DCP for the H100's rows), a PD prefill or decode server, the
     hierarchical cache, two-batch overlap, a batch above the largest decode CUDA graph or above
     ``--max-running-requests`` (per DP-attention rank: its share), or
     the plugin's rotation inside SGLang's fused indexer (``timing_unmeasured`` says why).
@@ -367,7 +402,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         quote), ``timing_heads_shapes`` (the batch x context measured with this next_n and the model's index
         heads, as text), ``timing_next_n``
         (the measured next_n values), ``timing_exact``, ``timing_gpu``, ``timing_stack`` (torch and triton of that run),
-        ``timing_method`` (how the in-server rows were measured, or None),
+        ``timing_method`` (how the quoted row's section measured it: inside a server, or the scorer alone on an
+        H100; None for the H200's),
         ``recall`` (rows at the nearest measured context), ``recall_exact``,
         ``recall_device``, ``model_cost`` (``tables.nearest_model_cost`` per indexer in
         ``tables.model_indexers``' order; empty without a model section), ``sglang_decode`` (the decode step measured inside SGLang at
@@ -398,10 +434,12 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     tokens_fp4 = cap.tokens_fp4_sharded if sharded else cap.tokens_fp4_replicated
     gain = cap.gain_sharded if sharded else cap.gain_replicated
     dev: DeviceFacts = found["device_facts"]
-    timing = _timing_section(tables, dev)
-    measured_n = sorted({r["next_n"] for r in timing["rows"]})
+    sections = _timing_sections(tables, dev)
+    timing = sections[0]
+    measured_n = sorted({r["next_n"] for sec in sections for r in sec["rows"]})
     gpu = timing["gpu"]
-    all_gpus = " and ".join(sec["gpu"] for sec in (tables["timing"], tables.get("timing_serving")) if sec)
+    every = (tables["timing"], tables.get("timing_serving"), *(tables.get("timing_more") or []))
+    all_gpus = " and ".join(dict.fromkeys(sec["gpu"] for sec in every if sec))
     fused = tables.get("cycle_fused") if found.get("fused_rotation") else None
     fused_text = fused_cycle_text(fused)
     # Every measured step of that path longer with FP4: what the verdict says instead of "not measured".
@@ -410,7 +448,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
                   f"shorter ({fused_text})")
     unmeasured = _unmeasured_configuration(dev, gpu, sharded, found["dcp_size"], found.get("fused_rotation", False),
                                           found.get("server_unmeasured"), all_gpus,
-                                          in_server=timing is tables.get("timing_serving"), fused_measured=fused_text)
+                                          without_dcp=timing is not tables["timing"], fused_measured=fused_text)
     graph_max = found.get("decode_graph_max_bs")
     if unmeasured is None and graph_max is not None and rank_batch > graph_max:
         unmeasured = (f"reason: a batch of {rank_batch} is above the largest decode CUDA graph ({graph_max}, set by "
@@ -422,12 +460,18 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     if unmeasured is None and running is not None and rank_batch > running:
         unmeasured = (f"reason: a batch of {rank_batch} is above --max-running-requests ({running}"
                       f"{' per rank' if limit_split else ''}), so the server never decodes it at once; not measured")
-    same_n = [r for r in timing["rows"] if r["next_n"] == next_n]
-    row = (nearest_timing({"timing": {"rows": same_n}}, heads, rank_batch, context, next_n)
-           if same_n and unmeasured is None else None)
-    far = None
-    if row is not None and not timing_is_near(row, heads, rank_batch, context):
-        far, row = row, None
+    # The near row of the first section that has one (in-server before kernel benchmark); else the nearest of all.
+    same_n = [r for sec in sections for r in sec["rows"] if r["next_n"] == next_n]
+    row = far = None
+    if same_n and unmeasured is None:
+        for sec in sections:
+            own = [r for r in sec["rows"] if r["next_n"] == next_n]
+            near = own and nearest_timing({"timing": {"rows": own}}, heads, rank_batch, context, next_n)
+            if near and timing_is_near(near, heads, rank_batch, context):
+                row, timing = near, sec
+                break
+        else:
+            far = nearest_timing({"timing": {"rows": same_n}}, heads, rank_batch, context, next_n)
     recall = nearest_recall(tables, heads, context)
     topk = int(tables["recall"]["topk"])
     model_topk = found.get("index_topk") or topk
@@ -443,7 +487,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         "timing": row, "timing_next_n": measured_n, "timing_gpu": gpu,
         "timing_stack": timing.get("stack", ""), "timing_method": timing.get("method"),
         "timing_unmeasured": unmeasured, "timing_far": far,
-        "timing_heads_shapes": [f"{r['batch']} x {_k(r['context'])}" for r in same_n if r["heads"] == heads],
+        "timing_heads_shapes": list(dict.fromkeys(f"{r['batch']} x {_k(r['context'])}" for r in same_n
+                                                  if r["heads"] == heads)),
         "timing_exact": row is not None and (row["heads"], row["batch"], row["context"]) == (heads, rank_batch, context),
         "recall": recall, "recall_exact": recall[0]["context"] == context, "recall_device": tables["recall"]["device"],
         "model_cost": model_cost, "topk": topk, "heads": heads,
@@ -468,6 +513,10 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         measured_speed = float("inf")  # FP4 under FP8's bandwidth floor: faster, by an unmeasured factor
     else:
         speed_unknown = "not measured against FP8 at this shape"
+    # Against DeepGEMM's newer SM90 kernel too where the row has it: in the words only, the decision being against
+    # FP8 as SGLang 0.5.23 calls it, what its server runs.
+    newer = (f" ({_against(row['fp8_sm90_newer_us'] / row['fp4_us'], _NEWER_FP8)})"
+             if measured_speed not in (None, float("inf")) and row.get("fp8_sm90_newer_us") is not None else "")
     # The server's whole step, where measured for this deployment, is a measured speed too.
     cycle_ratio = out["cycle"]["fp8_ms"] / out["cycle"]["fp4_ms"] if out.get("cycle") is not None else None
     if measured_speed is None and step is not None:
@@ -476,6 +525,8 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
         speed = f"an indexer speed that is {speed_unknown}"
     elif measured_speed == float("inf"):
         speed = "a faster indexer (FP4 under FP8's bandwidth floor)"
+    elif newer:
+        speed = f"an indexer {_against(measured_speed, _SGLANG_FP8)}{newer}"
     else:
         speed = (f"a {measured_speed:.2f}x faster indexer" if measured_speed >= 1
                  else f"a {1 / measured_speed:.2f}x slower indexer")
@@ -545,6 +596,7 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
                               f"speed before turning FP4 on, {measure}{measured_cost}")
         elif slower is not None:
             out["verdict"] = (f"{gain_text}, and {slower_what} {slower:.2f}x slower here"
+                              + (f" than {_SGLANG_FP8}{newer}" if newer else "")
                               + (f" ({step})" if step else "") + f": FP4 gains nothing for this deployment, keep FP8; "
                               f"{cost_text}")
         elif cost is None:
