@@ -42,7 +42,8 @@ and context; ``--cycle-more-load-other-order``: the same load with the FP4 serve
 layers, ``PROFILE_SIZE=glm5-layers``: SGLang's fused index-query kernel for FP8, its unfused path and the plugin's
 rotation for FP4), with its own ``--cycle-fused-*`` facts: check quotes it for that path. ``--bench-more``: further
 ``bench --json`` reports of other GPUs (e.g. the H100's runs beside DeepGEMM's newer SM90 kernel at next_n 1, 2 and
-4), one ``timing_more`` section per GPU; a shape measured by several takes the median of their times: check quotes
+4), one ``timing_more`` section per GPU; a shape measured by several takes the median of the times of the newest day's
+reports that measured it: check quotes
 them for that GPU where its in-server rows have none near the shape. Writes ``sglang_fp4_indexer/data/h200_tables.json``
 (shipped inside the wheel) unless ``--out`` says otherwise, and prints what it took.
 """
@@ -155,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_run_facts(parser, "--cycle-fused", "DP-attention + EP8 rank")
     parser.add_argument("--cycle-fused-model", default=None, help="the model whose layers it ran, e.g. 'GLM-5'")
     parser.add_argument("--bench-more", nargs="+", default=[], metavar="BENCH_JSON",
-                        help="bench --json reports of other GPUs (adds timing_more: one section per GPU, the median "
-                             "of the reports' times where several measured a shape)")
+                        help="bench --json reports of other GPUs (adds timing_more: one section per GPU; where several "
+                             "measured a shape, the median of the newest day's reports' times)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output file (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     if args.sglang_one_batch and not (args.sglang_gpu and args.sglang_date):

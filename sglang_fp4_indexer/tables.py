@@ -351,9 +351,10 @@ def bench_timing_section(benches: list[dict], sources: list[str]) -> dict:
     """One ``timing_more`` section: the scorer alone, FP4 against FP8, from ``bench --json`` reports of one GPU.
 
     Each report is read as ``timing`` is (``_timing``: the shapes where this package's scorer passed its check).
-    A shape (heads, batch, context, next_n) measured by several reports takes, per field, the median of the values
-    those reports have (``statistics.median``: of two, their mean; ``None`` where none has one), and records how
-    many reports measured it as ``runs``; rows keep the order in which the reports first give their shapes.
+    A shape (heads, batch, context, next_n) measured by several reports takes the reports of the newest date that
+    measured it (``meta.date``'s day: an older report may have measured an older kernel) and, per field, the median
+    of the values those have (``statistics.median``: of two, their mean; ``None`` where none has one), and records
+    how many reports it took as ``runs``; rows keep the order in which the reports first give their shapes.
 
     Args:
         benches: ``sglang-fp4-indexer bench --json`` reports, each measured on a CUDA device, all on the same GPU
@@ -377,12 +378,14 @@ def bench_timing_section(benches: list[dict], sources: list[str]) -> dict:
     if len(gpus) > 1:
         raise ValueError(f"{', '.join(sources)}: bench reports of different GPUs ({', '.join(gpus)}); one section "
                          "per GPU")
-    shapes: dict[tuple, list[dict]] = {}
+    shapes: dict[tuple, list[tuple[str, dict]]] = {}
     for part in parts:
         for r in part["rows"]:
-            shapes.setdefault(tuple(r[k] for k in ("heads", "batch", "context", "next_n")), []).append(r)
+            shapes.setdefault(tuple(r[k] for k in ("heads", "batch", "context", "next_n")), []).append((part["date"], r))
     rows = []
-    for shape, measured in shapes.items():
+    for shape, dated in shapes.items():
+        newest = max(day for day, _ in dated)
+        measured = [r for day, r in dated if day == newest]
         row = dict(zip(("heads", "batch", "context", "next_n"), shape))
         for field in _MEDIAN_FIELDS:
             values = [r[field] for r in measured if r[field] is not None]
