@@ -9,7 +9,7 @@
 #   bash scripts/gpu_run.sh tests [PYTEST ARGS...]  # pytest -m gpu only (TEST_LIMIT default 560 s); the files or
 #                                           # -k/--deselect given split the GPU tests over calls that each fit
 #   bash scripts/gpu_run.sh memcheck [PYTEST ARGS...]  # the same under compute-sanitizer's memcheck (out-of-bounds
-#                                           # and misaligned accesses, errors of CUDA calls): memcheck.PID.txt per
+#                                           # and misaligned accesses in kernels; API errors not reported): memcheck.PID.txt per
 #                                           # process; rc 0 only when the tests pass with 0 errors (TEST_LIMIT as tests)
 # With .peers/ in the checkout the peers run: scripts/fetch_peer_wheels.sh fills .peers/whl (SGLang's
 # Triton FP4 scorer), scripts/pack_deepgemm.sh writes .peers/deepgemm.tar.xz (DeepGEMM's FP8

@@ -52,6 +52,9 @@ __all__ = [
 
 logger = logging.getLogger("sglang_fp4_indexer")
 
+#: Name of this plugin's entry point in SGLang's ``sglang.srt.plugins`` group (what ``SGLANG_PLUGINS`` lists).
+ENTRY_POINT_NAME = "fp4_indexer"
+
 #: Tokens per page of the index-key cache the FP4 path serves.
 FP4_INDEX_PAGE_SIZE = 64
 #: Smallest CUDA compute capability with FP8 (e4m3) MMA.

@@ -480,7 +480,7 @@ def test_config_naming_another_model_is_refused_in_abs_terms(tmp_path):
                      read_sglang=read_sglang_facts)
     msg = str(e.value)
     assert msg.startswith("--config: the file names model-path zai-org/GLM-5, another "
-                          f"model than {model} (") and msg.endswith("; ab launches the model it is given: give "
+                          f"model than {model} (") and msg.endswith("; ab checks the model it is given: give "
                                                                          "zai-org/GLM-5 as the model, or the same "
                                                                          "model in both")
 
@@ -1161,3 +1161,37 @@ def test_config_and_model_errors_are_one_line_in_abs_terms(tmp_path, capsys):
             argv, err)
         assert "check describes" not in err[0] and "--sglang-args" not in err[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_a_plugin_whitelist_without_the_plugin_refuses_a_launch_but_not_servers_by_url(tmp_path, capsys, monkeypatch):
+    """SGLANG_PLUGINS here without fp4_indexer: the FP4 server ab would launch stops at --enable-fp4-indexer, so ab
+    refuses in one line before anything starts; servers given by URL run in their own environment: not read."""
+    from sglang_fp4_indexer.ab import command
+    from sglang_fp4_indexer.sglang_plugin.check_facts import read_sglang_facts
+
+    monkeypatch.setenv("SGLANG_PLUGINS", "other")
+    model, out = _v32_folder(tmp_path), tmp_path / "o"
+    assert command.main(_ab_args(model, "--out", str(out)), read_sglang=read_sglang_facts,
+                        gpus=lambda: {"name": "NVIDIA H100 80GB HBM3", "count": 8}) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "sglang-fp4-indexer ab: not run: FP4 would not serve this deployment (SGLANG_PLUGINS='other' does not list "
+        "fp4_indexer, so SGLang does not load the plugin and launch_server stops at --enable-fp4-indexer "
+        "(unrecognized arguments))")
+    assert not out.exists()
+    by_url = _ab_args(model, "--out", str(out), "--fp8-url", "http://127.0.0.1:1", "--fp4-url", "http://127.0.0.1:2")
+    refusal, text, _ = command._refusal(by_url, [], {}, read_sglang_facts)
+    assert refusal is None and text.startswith("FP4 enabled: "), text
+
+
+def test_a_value_after_a_flag_that_takes_none_names_that_flag_wherever_it_repeats(tmp_path):
+    """SGLang leaves a value after a flag that takes none unparsed: the error names that flag, even where the same
+    word is also a valid value of an earlier flag (which argparse consumed)."""
+    from sglang_fp4_indexer.sglang_plugin.server_args import server_args_from_flags
+
+    with pytest.raises(ValueError) as e:
+        server_args_from_flags(_v32_folder(tmp_path), ["--served-model-name", "maybe", "--enable-dp-lm-head", "maybe"])
+    assert str(e.value) == ("server flags: SGLang does not know 'maybe' after --enable-dp-lm-head, which takes no "
+                            "value (in a --config file: true or false)")
+    with pytest.raises(ValueError) as e:
+        server_args_from_flags(_v32_folder(tmp_path), ["--bogus", "3"])
+    assert str(e.value) == "server flags: SGLang does not know '--bogus', '3'"

@@ -1632,6 +1632,9 @@ def test_sglang_plugins_whitelist_is_read_as_sglangs_loader_reads_it(capsys, mon
     loaded = "fp4_indexer" in load_plugins_by_group("sglang.srt.plugins")
     assert (plugin_not_listed() is None) is loaded, listed
     code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H200", "--context", "131072")
+    if not loaded:  # before any other refusal: a launch with the flag stops there (here --page-size 32's refusal)
+        code_refused, refused = _run(capsys, "deepseek-v3.2", "--gpu", "H200", "--sglang-args=--page-size 32")
+        assert code_refused == 1 and "FP4 indexer: NOT LOADED - SGLANG_PLUGINS=" in refused, refused
     if loaded:
         assert code in (0, 3) and "FP4 indexer: ENABLED" in out and "NOT LOADED" not in out
     else:
@@ -1669,6 +1672,12 @@ def test_a_batch_that_fits_fp8_too_or_a_running_cap_is_said_in_the_verdict(capsy
     code, out = _run(capsys, "deepseek-v3.2", "--gpu", "H200", "--context", "4096", "--batch", "8",
                      "--sglang-args=--max-running-requests 8")
     assert code == 3 and ", but --max-running-requests lets 8 run at once, which FP8's pool holds already" in out
+    # A cap between the pools: only some of FP4's extra requests can run, and the verdict says how many.
+    between = run_check("deepseek-v3.2", memory_gib=100, gpu="H200", read_sglang=read_sglang_facts,
+                        server_flags=["--max-running-requests", str(r8 + 1)])
+    w = worth_it(between, context=4096, batch=8)
+    assert w["decision"] == "more" and (f"(+{(r4 / r8 - 1) * 100:.1f} %) (--max-running-requests lets {r8 + 1} run "
+                                        f"at once: 1 more than FP8's pool holds)") in w["verdict"], w["verdict"]
 
 
 def test_the_user_guides_dp_attention_mtp_example_prints_the_measured_verify_cycle(capsys):

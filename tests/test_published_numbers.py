@@ -1637,7 +1637,7 @@ def test_benchmarks_full_depth_rank_bench_and_arithmetic_are_the_raw_files():
     readme = _flat(_page("README.md"))
     now = next(r for r in _json(_Q1[1])["rows"] if (r["heads"], r["batch"], r["context"], r["next_n"]) == (64, 4, 131072, 4))
     now = now["results"]["deepgemm-fp8"]["seconds"] / now["results"]["ours"]["seconds"]
-    assert f"with 4 query tokens, as MTP ships, {sgl[0] / ours[0]:.2f}-{now:.2f}x at 4 × 128K (H100)" in readme
+    assert f"with 4 query tokens, as MTP ships, {now:.2f}x at 4 × 128K (H100)" in readme  # the current kernel's run
     assert f"{round(100 * (1 - mc[0] / ours[0]))} % faster than ours at 4 × 128K" in readme
     assert round(100 * (1 - mc[1] / ours[1])) == round(100 * (1 - mc[0] / ours[0]))  # both runs say the same
 

@@ -312,7 +312,8 @@ def _refusal(args, flags: list[str], config: dict, read_sglang) -> tuple[str | N
     check_flags = flags + (["--config", args.config] if args.config else [])
     try:
         res = run_check(model, server_flags=check_flags, read_sglang=read_sglang, capacity=False,
-                        announce=lambda line: print(line, file=sys.stderr, flush=True))
+                        announce=lambda line: print(line, file=sys.stderr, flush=True),
+                        whitelist=not (args.fp8_url or args.fp4_url))  # servers by URL: their environment's
     except ValueError as e:
         raise ValueError(_ab_terms(str(e))) from None
     d = res["decision"]
@@ -340,7 +341,7 @@ def _ab_terms(text: str) -> str:
     file is ab's own ``--config``, and it is ab that launches the model it is given."""
     text = text.replace("--sglang-args: the --config file", "--config: the file")
     return (text.replace("--sglang-args", "the server flags after --").replace("as check's model", "as the model")
-            .replace("check describes the model it is given", "ab launches the model it is given"))
+            .replace("check describes the model it is given", "ab checks the model it is given"))
 
 
 def _gpus_needed(flags: list[str], config: dict) -> tuple[int, str]:

@@ -301,7 +301,10 @@ def _memory_table(res: dict, d: Decision, memory_gib: float):
         mode = ("sharded (--fp4-indexer-dcp-shard, or SGLANG_FP4_INDEXER_DCP_SHARD set)" if res["fp4_mode"] == SHARDED
                 else "replicated (the default; --fp4-indexer-dcp-shard would shard the index)")
         notes.append("* the mode " + ("the server would use" if d.enabled else "these flags give") + f": {mode}")
-    if not d.enabled:
+    if NOT_LISTED in d.codes:
+        notes.append("FP4 rows: what FP4 would give with the plugin loaded; a server with --enable-fp4-indexer "
+                     "does not start here")
+    elif not d.enabled:
         notes.append("FP4 rows: what FP4 would give if the refusal were lifted; the server keeps FP8")
     table = Table(title=f"memory effect, {memory_gib:.4g} GiB KV pool {where}", caption="\n".join(notes) or None)
     table.add_column("index cache", no_wrap=True)

@@ -12,8 +12,7 @@ from typing import Callable
 
 from ..argtypes import MAX_MEMORY_GIB
 from ..dcp import DcpCapacity, REPLICATED, SHARDED, bytes_per_token, dcp_capacity
-from ..gate import Decision, DeviceFacts, ServerFacts, dcp_mode_for, decide, index_key_rotation
-from ..sglang_plugin import ENTRY_POINT_NAME
+from ..gate import ENTRY_POINT_NAME, Decision, DeviceFacts, ServerFacts, dcp_mode_for, decide, index_key_rotation
 from . import budget
 from .budget import ASSUMED_GPU, GPUS, UNNAMED_GPU, KvBudget, gpu_key, gpu_memory, kv_budget
 from .weights import Parallel
@@ -31,6 +30,8 @@ __all__ = [
     "run_check",
     "MODEL_REFUSALS",
     "LOADING_SGLANG",
+    "NOT_LISTED",
+    "plugin_not_listed",
 ]
 
 
@@ -171,7 +172,8 @@ def _derived_budget(cfg: dict, memory: dict | None, gpu: tuple[int, tuple[int, i
 def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = None, capability: str | None = None,
               kv_cache_dtype: str | None = None, server_flags: list[str] | None = None,
               announce: Callable[[str], None] = lambda line: None,
-              read_sglang: Callable[[dict, str, list[str]], tuple] | None = None, capacity: bool = True) -> dict:
+              read_sglang: Callable[[dict, str, list[str]], tuple] | None = None, capacity: bool = True,
+              whitelist: bool = True) -> dict:
     """Do the check and return its findings (what ``main`` prints).
 
     ``model`` is a local model directory or config JSON file, or a packaged
@@ -196,6 +198,11 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
     for the device (``sglang_kv_cache_dtype``). Under DCP (``--dcp-size W``)
     the memory rows are per rank (``dcp.bytes_per_token``, ``dcp.dcp_capacity``):
     the MLA KV is sharded over the W ranks, the index replicated or sharded.
+
+    With ``whitelist`` (the default), an ``SGLANG_PLUGINS`` in this environment that leaves the plugin out
+    (``plugin_not_listed``) is the decision, before any other refusal (code ``NOT_LISTED`` first): a server
+    launched from here with ``--enable-fp4-indexer`` would not start. ``ab`` passes False for servers that run
+    elsewhere (given by URL).
 
     Returns:
         dict with ``decision`` (``Decision``), ``device`` (text), ``detection``
@@ -259,10 +266,10 @@ def run_check(model: str, *, memory_gib: float | None = None, gpu: str | None = 
         if kind != "cuda":
             device, device_text = DeviceFacts(kind), f"{asked} (--device in --sglang-args)"
     decision: Decision = decide(model_facts, server, device)
-    unlisted = plugin_not_listed()
-    if unlisted is not None and decision.enabled:
+    unlisted = plugin_not_listed() if whitelist else None
+    if unlisted is not None:  # before any other refusal: a server with the flag does not start at all
         decision = Decision(False, unlisted, fix=f"add {ENTRY_POINT_NAME} to SGLANG_PLUGINS, or unset it",
-                            codes=(NOT_LISTED,))
+                            codes=(NOT_LISTED, *(c for c in decision.codes if c != "off")))
     arch = model_facts.architecture or f"no architectures in config, model_type {cfg.get('model_type')!r}"
     positions = context_length or cfg.get("max_position_embeddings")
     out = {"decision": decision, "device": device_text, "detection": detection, "model": model_facts,

@@ -20,8 +20,8 @@ from .seams import SEAMS, missing_hooks
 
 __all__ = ["ENTRY_POINT_NAME", "Hook", "hooks", "missing_hooks", "register"]
 
-#: Name of the entry point in the ``sglang.srt.plugins`` group (what ``SGLANG_PLUGINS`` lists).
-ENTRY_POINT_NAME = "fp4_indexer"
+#: Name of the entry point in the ``sglang.srt.plugins`` group (what ``SGLANG_PLUGINS`` lists): the core's.
+from ..gate import ENTRY_POINT_NAME  # noqa: E402
 
 
 class Hook(NamedTuple):

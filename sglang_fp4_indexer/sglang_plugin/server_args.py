@@ -256,12 +256,19 @@ def server_args_from_flags(model_path: str, flags: list[str], *, requested: bool
     except (argparse.ArgumentError, SystemExit) as exc:
         raise ValueError(f"server flags: SGLang's parser rejected {flags}: {exc}") from None
     if unknown:
-        said = []
+        def takes_none(flag: str) -> bool:
+            action = parser._option_string_actions.get(flag)
+            return action is not None and action.nargs == 0
+
+        said, used = [], set()
         for tok in unknown:  # a value after a flag that takes none (a --config file's "flag: maybe") says which
-            i = argv.index(tok) if tok in argv else 0
-            action = parser._option_string_actions.get(argv[i - 1]) if i > 0 else None
-            said.append(f"{tok!r} after {argv[i - 1]}, which takes no value (in a --config file: true or false)"
-                        if action is not None and action.nargs == 0 else repr(tok))
+            i = next((i for i in range(1, len(argv)) if argv[i] == tok and i not in used and takes_none(argv[i - 1])),
+                     None)
+            if i is None:
+                said.append(repr(tok))
+            else:
+                used.add(i)
+                said.append(f"{tok!r} after {argv[i - 1]}, which takes no value (in a --config file: true or false)")
         raise ValueError(f"server flags: SGLang does not know {', '.join(said)}")
     record = ServerArgs.from_cli_args(ns)
     # A --config file's model-path comes before ``model_path`` in the merged flags (the file first): check compares

@@ -388,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) fp4_paged_logits_sm90(
     // load of a chunk is issued before the first shared store that needs one, so a request costs one
     // global round trip per Q_CHUNK uint4 per thread, not one per load. Up to next_n 4 at <= 64 heads
     // (what MTP serves) one chunk: every load in flight at once (next_n 4 at 64 heads: 12 bytes of spills,
-    // and 1 x 128K next_n 4 7-8 % faster on an H100 than in two chunks of 8, docs/perf-notes.md); above,
+    // and 1 x 128K next_n 4 6-8 % faster on an H100 than in two chunks of 8, docs/perf-notes.md); above,
     // chunks of up to 8 (one chunk spills more there: 20 bytes at next_n 8, H 32; 36 at next_n 2, H 128).
     auto load_request = [&](int b) {
         constexpr int QV = NEXT_N * HEADS * 8 / MATH_THREADS;             // uint4 of queries per thread
