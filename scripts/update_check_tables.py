@@ -273,9 +273,16 @@ def main(argv: list[str] | None = None) -> int:
                        f"({args.serving_layers} layers), CUDA graphs, MTP off",
                 sources=list(map(_source, args.serving_profile)))
         by_gpu: dict = {}  # the reports of each GPU, in the order given
+        main_gpu = str(((_read(args.bench_json) or {}).get("meta") or {}).get("device"))
         for path in args.bench_more:
             doc = _read(path)
-            by_gpu.setdefault(str((doc.get("meta") or {}).get("device")), []).append((doc, _source(path)))
+            if not isinstance(doc, dict):
+                raise ValueError(f"--bench-more: {path}: not a 'sglang-fp4-indexer bench --json' report (a JSON object)")
+            gpu = str((doc.get("meta") or {}).get("device"))
+            if gpu == main_gpu:  # check quotes BENCH_JSON's section for that GPU: this one would never be read
+                raise ValueError(f"--bench-more: {path} was measured on {gpu}, the GPU of BENCH_JSON; --bench-more "
+                                 "takes other GPUs' reports")
+            by_gpu.setdefault(gpu, []).append((doc, _source(path)))
         timing_more = [bench_timing_section([d for d, _ in docs], [n for _, n in docs]) for docs in by_gpu.values()]
         tables = build_tables(_read(args.bench_json), _read(args.accuracy_json),
                               bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json),

@@ -582,3 +582,23 @@ def test_kernel_sections_are_one_gpu_each_and_name_what_they_refuse():
     assert t["timing_more"] == [sec] and t["sources"][-3:] == ["a.json", "b.json", "c.json"]
     with pytest.raises(ValueError, match="timing_more: expected one section per GPU"):
         build_tables(one, _accuracy(), timing_more=[sec, sec])
+
+
+def test_bench_more_refuses_what_check_would_never_read(tmp_path):
+    """--bench-more takes other GPUs' bench reports: a file that is no JSON object, or a report of BENCH_JSON's own
+    GPU (whose section check quotes instead, so it would never be read), is one line naming it (exit 2)."""
+    bench, acc, out = tmp_path / "bench.json", tmp_path / "acc.json", tmp_path / "t.json"
+    bench.write_text(json.dumps(_bench({"ours": {A: 30.0}, "deepgemm-fp8": {A: 38.0}})))
+    acc.write_text(json.dumps(_accuracy()))
+    listed, same = tmp_path / "list.json", tmp_path / "same.json"
+    listed.write_text("[1, 2]")
+    same.write_text(json.dumps(_bench({"ours": {A: 31.0}})))
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    for path, said in ((listed, f"--bench-more: {listed}: not a 'sglang-fp4-indexer bench --json' report"),
+                       (same, f"--bench-more: {same} was measured on {json.loads(bench.read_text())['meta']['device']}, "
+                              "the GPU of BENCH_JSON")):
+        res = subprocess.run([sys.executable, str(REPO / "scripts" / "update_check_tables.py"), str(bench), str(acc),
+                              "--bench-more", str(path), "--out", str(out)], cwd=REPO, capture_output=True,
+                             text=True, env=env, timeout=120)
+        assert res.returncode == 2 and said in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert not out.exists()
