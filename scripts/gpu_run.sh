@@ -82,7 +82,7 @@ if [ -f .peers/deepgemm-multicast.tar.xz ]; then
   fi
 fi
 
-# 2. GPU tests (memcheck mode: under compute-sanitizer, its report in memcheck.txt).
+# 2. GPU tests (memcheck mode: under compute-sanitizer, a report per process in memcheck.PID.txt).
 TESTS="skipped ($MODE mode)"
 SAN=()
 if [ "${SANITIZE:-0}" = 1 ]; then

@@ -273,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                        f"({args.serving_layers} layers), CUDA graphs, MTP off",
                 sources=list(map(_source, args.serving_profile)))
         by_gpu: dict = {}  # the reports of each GPU, in the order given
-        main_gpu = str(((_read(args.bench_json) or {}).get("meta") or {}).get("device"))
+        bench = _read(args.bench_json)
+        main_gpu = str((bench.get("meta") or {}).get("device")) if isinstance(bench, dict) else None
         for path in args.bench_more:
             doc = _read(path)
             if not isinstance(doc, dict):
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "takes other GPUs' reports")
             by_gpu.setdefault(gpu, []).append((doc, _source(path)))
         timing_more = [bench_timing_section([d for d, _ in docs], [n for _, n in docs]) for docs in by_gpu.values()]
-        tables = build_tables(_read(args.bench_json), _read(args.accuracy_json),
+        tables = build_tables(bench, _read(args.accuracy_json),
                               bench_source=_source(args.bench_json), accuracy_source=_source(args.accuracy_json),
                               model_accuracy=model,
                               model_source=[_source(p) for p in args.model_accuracy] if args.model_accuracy else "",

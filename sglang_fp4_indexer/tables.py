@@ -50,8 +50,8 @@ no native next_n. ``check`` quotes them for that GPU, as it quotes ``timing`` fo
 
 Further kernel-benchmark timing sections (optional, ``timing_more``: a list, one section per GPU, e.g. an H100's
 runs at next_n 1, 2 and 4): the same timing-row fields from one or more ``bench --json`` reports of that GPU
-(``bench_timing_section``); a shape measured by several reports takes, per column, the median of their passing
-times (``runs``: how many reports measured it). ``check`` quotes them for that GPU where ``timing_serving`` has no
+(``bench_timing_section``); a shape measured by several reports takes, per column, the median of the passing
+times of the newest day's reports that measured it (``runs``: how many). ``check`` quotes them for that GPU where ``timing_serving`` has no
 row near the shape asked about.
 
 Verify-cycle rows (optional, ``cycle``): a whole decode step or MTP verify cycle inside SGLang's server on the

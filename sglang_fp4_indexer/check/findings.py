@@ -39,16 +39,13 @@ __all__ = [
 NOT_LISTED = "not_listed"
 
 
-def plugin_not_listed(environ: dict | None = None) -> str | None:
+def plugin_not_listed() -> str | None:
     """Why SGLang will not load this plugin, or None: ``SGLANG_PLUGINS`` set (non-empty; ``","`` lists nothing)
     without this plugin's entry-point name (``fp4_indexer``). SGLang's ``load_plugins_by_group``
     (sglang/srt/plugins) loads only the comma-separated names that variable lists; without the plugin,
     ``--enable-fp4-indexer`` is an argument SGLang's parser does not know, so launch_server stops at it.
-
-    Args:
-        environ: the environment to read (default ``os.environ``).
     """
-    listed = (os.environ if environ is None else environ).get("SGLANG_PLUGINS", "")
+    listed = os.environ.get("SGLANG_PLUGINS", "")
     if not listed or ENTRY_POINT_NAME in {x.strip() for x in listed.split(",")}:  # as SGLang reads it
         return None
     return (f"SGLANG_PLUGINS={listed!r} does not list {ENTRY_POINT_NAME}, so SGLang does not load the plugin and "

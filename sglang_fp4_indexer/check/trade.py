@@ -552,15 +552,15 @@ def worth_it(found: dict, *, context: int, batch: int = 1, next_n: int = 1, tabl
     out["cycle_load"] = out.get("cycle_load") if load_text else None
     if load_text:
         gain_text += f"; {load_text}"
-    # --max-running-requests at or below what FP8's pool holds: FP4's extra room is never used.
+    # --max-running-requests at or below what FP8's pool holds: FP4's extra room is never used; between the
+    # pools, only some of it.
     capped = running is not None and rf4 > rf8 and running <= rf8
-    if capped:
-        gain_text += (f", but --max-running-requests lets {running} run at once"
-                      f"{' per ' + unit.split()[-1] if limit_split else ''}, which FP8's pool holds already")
-    elif running is not None and rf8 < running < rf4:  # the cap lets only some of FP4's extra requests run
-        gain_text += (f" (--max-running-requests lets {running} run at once"
-                      f"{' per ' + unit.split()[-1] if limit_split else ''}: {running - rf8} more than FP8's pool "
-                      "holds)")
+    if running is not None and rf8 < rf4:
+        lets = f"--max-running-requests lets {running} run at once{' per ' + unit.split()[-1] if limit_split else ''}"
+        if capped:
+            gain_text += f", but {lets}, which FP8's pool holds already"
+        elif running < rf4:
+            gain_text += f" ({lets}: {running - rf8} more than FP8's pool holds)"
     measure = MEASURE_FUSED if found.get("fused_rotation") else f"with {MEASURE_SPEED}"
     cost_text = (f"measured cost: {cost}" if cost is not None else f"its cost is not measured ({topk_unmeasured})")
     if out["tokens_needed"] > tokens_fp4:

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..gate import ENTRY_POINT_NAME  # the entry point's name in sglang.srt.plugins (what SGLANG_PLUGINS lists)
 from .seams import SEAMS, missing_hooks
 
 __all__ = ["ENTRY_POINT_NAME", "Hook", "hooks", "missing_hooks", "register"]
-
-#: Name of the entry point in the ``sglang.srt.plugins`` group (what ``SGLANG_PLUGINS`` lists): the core's.
-from ..gate import ENTRY_POINT_NAME  # noqa: E402
 
 
 class Hook(NamedTuple):
