@@ -172,23 +172,34 @@ def launch_command(model: str | None, port: int, server_flags: list[str], *, fp4
 
 def bench_serving_command(base_url: str, *, input_len: int, output_len: int, prompts: int, concurrency: int,
                           output_file: str, seed: int = 0, dataset: str = "random-ids",
-                          tokenizer: str | None = None, python: str = sys.executable) -> list[str]:
+                          tokenizer: str | None = None, warmup_requests: int = 1, flush_cache: bool = False,
+                          python: str = sys.executable) -> list[str]:
     """SGLang's serving benchmark (``python -m sglang.benchmark.serving``) against ``base_url``: ``prompts``
     requests of ``input_len`` random token ids each (fixed lengths: range ratio 1) asking ``output_len`` tokens,
     ``concurrency`` at a time, seeded; its result line is appended to ``output_file`` (JSON lines).
 
+    Args:
+        warmup_requests: requests SGLang's benchmark sends before the measured ones (``--warmup-requests``: copies
+            of the first prompt, at most 32 tokens asked each, ``concurrency`` at a time; 0 sends none). Default 1,
+            SGLang's own default.
+        flush_cache: ``--flush-cache``: SGLang's benchmark POSTs ``/flush_cache`` after the warm-up, so the
+            measured requests reuse no prefix the warm-up left in the server's cache.
+
     Raises:
-        ValueError: a length, count or concurrency below 1 (named).
+        ValueError: a length, count or concurrency below 1, or ``warmup_requests`` below 0 (named).
     """
     for name, value in (("input_len", input_len), ("output_len", output_len), ("prompts", prompts),
                         ("concurrency", concurrency)):
         if value < 1:
             raise ValueError(f"{name}: expected >= 1, got {value}")
+    if warmup_requests < 0:
+        raise ValueError(f"warmup_requests: expected >= 0, got {warmup_requests}")
     cmd = [python, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--base-url", base_url,
            "--dataset-name", dataset, "--random-input-len", str(input_len), "--random-output-len", str(output_len),
            "--random-range-ratio", "1", "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
-           "--seed", str(seed), "--disable-tqdm", "--output-file", output_file]
-    return cmd + (["--tokenizer", tokenizer] if tokenizer else [])
+           "--seed", str(seed), "--warmup-requests", str(warmup_requests), "--disable-tqdm",
+           "--output-file", output_file]
+    return cmd + (["--flush-cache"] if flush_cache else []) + (["--tokenizer", tokenizer] if tokenizer else [])
 
 
 def serving_table(fp8: list[dict], fp4: list[dict], fields: tuple = SERVING_FIELDS) -> list[dict]:

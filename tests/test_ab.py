@@ -19,7 +19,7 @@ from sglang_fp4_indexer.ab import binomial_se, build_report, paired_difference, 
 from sglang_fp4_indexer.ab import quality
 from sglang_fp4_indexer.ab.command import dummy_weights
 from sglang_fp4_indexer.cli import main as cli_main
-from sglang_fp4_indexer.serving import kv_pool_tokens, launch_command, read_jsonl
+from sglang_fp4_indexer.serving import bench_serving_command, kv_pool_tokens, launch_command, read_jsonl
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "ab"
 
@@ -154,6 +154,36 @@ def test_launch_command_adds_the_switch_to_the_fp4_arm_only():
         launch_command("/m", 1, ["--enable-fp4-indexer"], fp4=True)
     with pytest.raises(ValueError, match="--port is set by the command"):
         launch_command("/m", 1, ["--port=5"], fp4=False)
+
+
+@pytest.mark.parametrize("extra, warmup, flush", [({}, 1, False),  # SGLang's own defaults
+                                                   ({"warmup_requests": 6, "flush_cache": True}, 6, True)])
+def test_bench_serving_command_is_what_sglangs_own_parser_reads(monkeypatch, extra, warmup, flush):
+    """The serving benchmark's command line parsed by SGLang's own ``cli_main``, stopped where it would run."""
+    import sglang.benchmark.serving as serving
+
+    cmd = bench_serving_command("http://127.0.0.1:30741", input_len=2048, output_len=256, prompts=24, concurrency=6,
+                                output_file="bench.jsonl", seed=3, tokenizer="/tok", python="py", **extra)
+    assert cmd[:3] == ["py", "-m", "sglang.benchmark.serving"]
+    parsed = []
+    monkeypatch.setattr(sys, "argv", ["serving.py", *cmd[3:]])
+    monkeypatch.setattr(serving, "run_benchmark", parsed.append)
+    serving.cli_main()
+    (args,) = parsed
+    assert (args.backend, args.base_url, args.dataset_name, args.tokenizer) == (
+        "sglang", "http://127.0.0.1:30741", "random-ids", "/tok")
+    assert (args.random_input_len, args.random_output_len, args.random_range_ratio) == (2048, 256, 1.0)
+    assert (args.num_prompts, args.max_concurrency, args.seed, args.output_file) == (24, 6, 3, "bench.jsonl")
+    assert args.disable_tqdm is True
+    assert (args.warmup_requests, args.flush_cache) == (warmup, flush)
+
+
+def test_bench_serving_command_refuses_a_negative_warmup():
+    with pytest.raises(ValueError, match="warmup_requests: expected >= 0, got -1"):
+        bench_serving_command("http://h:1", input_len=1, output_len=1, prompts=1, concurrency=1, output_file="o",
+                              warmup_requests=-1)
+    assert "--warmup-requests" in bench_serving_command("http://h:1", input_len=1, output_len=1, prompts=1,
+                                                        concurrency=1, output_file="o", warmup_requests=0)
 
 
 def test_passkey_prompts_place_the_key_at_each_depth():
@@ -338,6 +368,13 @@ def _recorded_bench_client(calls):
     return run
 
 
+def _warmed_at_load_concurrency(calls) -> bool:
+    """Every recorded benchmark command warms up with as many requests as its load runs at once, then flushes
+    the prefix cache."""
+    return bool(calls) and all(c[c.index("--warmup-requests") + 1] == c[c.index("--max-concurrency") + 1]
+                               and "--flush-cache" in c for c in calls)
+
+
 def test_two_running_servers_and_resume(tmp_path, capsys):
     from sglang_fp4_indexer.ab import command
     from sglang_fp4_indexer.cli import build_parser
@@ -379,6 +416,7 @@ def test_two_running_servers_and_resume(tmp_path, capsys):
         # the deployer's shape, then the KV-limited load: twice what FP8's pool holds at 2048 + 256 tokens
         assert [c[c.index("--max-concurrency") + 1] for c in calls] == ["4", str(2 * (379968 // 2304))] * 2
         assert all(c[c.index("--tokenizer") + 1] == str(tok) for c in calls)
+        assert _warmed_at_load_concurrency(calls)
         report = json.loads((out / "report.json").read_text())
         assert report["capacity"]["fp8-first"] == {"fp8": 379968, "fp4": 413568,
                                                    "fp4_gain": pytest.approx(413568 / 379968 - 1)}
@@ -1062,6 +1100,7 @@ def test_the_kv_limited_load_counts_every_dp_attention_ranks_pool(tmp_path):
         srv8.shutdown()
         srv4.shutdown()
     assert [c[c.index("--max-concurrency") + 1] for c in calls] == ["4", str(2 * 8 * (100000 // 2304))] * 2
+    assert _warmed_at_load_concurrency(calls)
 
 
 def test_the_plugin_check_says_when_its_gpu_is_assumed(tmp_path, monkeypatch):

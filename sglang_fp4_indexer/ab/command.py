@@ -582,8 +582,12 @@ def _measure(base: str, arm_dir: str, plan: dict, *, with_quality: bool, out: st
         loads.append((max(plan["input_lens"]), kvc, 2 * kvc))
     for il, conc, prompts in loads:
         progress(f"bench {il}x{conc}")
+        # The first server started compiles kernels on first use, which would land in its first load's figures:
+        # SGLang's own warm-up first, as many requests as the load runs at once, then a flush of the prefix cache
+        # so that the measured requests reuse nothing the warm-up left.
         cmd = bench_serving_command(base, input_len=il, output_len=plan["output_len"], prompts=prompts,
-                                    concurrency=conc, output_file=bench_file, tokenizer=plan.get("tokenizer"))
+                                    concurrency=conc, output_file=bench_file, tokenizer=plan.get("tokenizer"),
+                                    warmup_requests=conc, flush_cache=True)
         res["commands"].append(cmd)
         p = run(cmd, capture_output=True, text=True)
         log = os.path.join(arm_dir, "bench_stdout.txt")

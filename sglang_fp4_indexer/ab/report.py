@@ -158,9 +158,9 @@ def _summary(r: dict) -> str | None:
     tokens/s against FP8's over every load and order, and the quality checks. "no verdict" (and why) where
     ``_problems`` finds any; "keep FP8" where a load was slower (below ``SLOWER_BELOW``) or a quality check resolved
     FP4 worse (beyond 2 standard errors); "turn FP4 on" where FP4 holds more KV tokens, or every load in both server
-    orders was faster (above ``1 / SLOWER_BELOW``; in one order the first server on a fresh machine also pays its
-    JIT compiles, so one order's speed gain does not count), and neither happened (with dummy weights: only after a
-    run with the real ones). None before any pair of arms finished."""
+    orders was faster (above ``1 / SLOWER_BELOW``; in one order the first server on a fresh machine may still pay
+    JIT compiles the benchmark's warm-up did not reach, so one order's speed gain does not count), and neither
+    happened (with dummy weights: only after a run with the real ones). None before any pair of arms finished."""
     gains = [c["fp4_gain"] for c in r["capacity"].values() if "fp4_gain" in c]
     rows = [row for rows in r["speed"].values() for row in rows if row.get("output_ratio")]
     if not gains and not rows:
@@ -177,7 +177,7 @@ def _summary(r: dict) -> str | None:
                      + (f" in one server order ({orders[0]}; a speed gain counts only over both orders)"
                         if len(orders) == 1 else ""))
         slow = [x for x in rows if x["output_ratio"] < SLOWER_BELOW]
-        # Faster counts only over both server orders: in one order the first server also pays its compiles.
+        # Faster counts only over both server orders: in one order the first server may still pay compiles.
         faster = lo > 1 / SLOWER_BELOW and len(orders) > 1
         faster_once = lo > 1 / SLOWER_BELOW and len(orders) == 1
         if slow:
