@@ -218,9 +218,15 @@ stage_or_bisect() {  # name limit out command...
 # each trace folder's records in the order they were written, those that fit 14 MB together (a record larger than
 # what is left is skipped, not the rest): the rows behind a failed check, to read here.
 soak_check() {  # tag fmt: scripts/soak.py check on the load $OUTDIR/<tag>_<fmt>.json, its server log and its trace
-  local tag=$1 fmt=$2
+  local tag=$1 fmt=$2 size extra=()
+  # The tag names the run (soak[_hicache][_SIZE]): no oracle row where the soak step recorded none (index_scale),
+  # and the HiCache row required where the step started HiCache (not only where the server's info says so).
+  size=${tag#soak}; size=${size#_hicache}; size=${size#_}
+  [ -z "$(index_scale "${size:-tiny}")" ] && extra+=(--no-oracle)
+  case "$tag" in soak_hicache*) extra+=(--expect-hicache) ;; esac
   "$PY" scripts/soak.py check "$OUTDIR/${tag}_$fmt.json" --log "$WORK/logs/${tag}_server_$fmt.log" \
-    --trace "$WORK/trace_${tag}_$fmt" --draft-tokens 4 --json "$OUTDIR/${tag}_checks_$fmt.json" >>"$OUTDIR/table.txt" 2>&1 \
+    --trace "$WORK/trace_${tag}_$fmt" --draft-tokens 4 --json "$OUTDIR/${tag}_checks_$fmt.json" \
+    ${extra[@]+"${extra[@]}"} >>"$OUTDIR/table.txt" 2>&1 \
     || { echo "${tag} $fmt: a check failed (table.txt)"; pack_trace "$OUTDIR/trace_${tag}_$fmt.tar.gz" "$WORK/trace_${tag}_$fmt"; }
   cp "$OUTDIR/${tag}_checks_$fmt.json" "$WORK/soak/" 2>/dev/null
   gzip -c "$WORK/logs/${tag}_server_$fmt.log" >"$OUTDIR/${tag}_server_$fmt.log.gz" 2>/dev/null
@@ -252,6 +258,13 @@ make_rank_model() {  # size layers-or-empty ep-or-empty
 # it; SGLang's dummy weights stay as they are on the FP8 block-quantized ones.
 index_scale() {  # size
   case "$1" in tiny*) echo "${TRACE_INDEX_SCALE-real}" ;; *) echo "" ;; esac
+}
+
+# The GEMM flag of a model size's servers (soak, ab): the FP8 block-quantized sizes take SGLang's Triton block-FP8 GEMMs,
+# as the e2e, serving and profile steps do; with DeepGEMM importable SGLang would otherwise pick DeepGEMM's GEMMs and
+# pre-compile every shape of them at the server's start (10-20 minutes, SGLang's log says). The tiny sizes are bf16.
+size_flags() {  # size
+  case "$1" in tiny*) ;; *) echo --fp8-gemm-backend triton ;; esac
 }
 
 M="$WORK/tiny"
@@ -526,6 +539,11 @@ case "$STEP" in
     # The tiny model's indexer at a real checkpoint's logit scale (TRACE_INDEX_SCALE, as in the mtp step); the
     # FP8 block-quantized sizes keep SGLang's dummy weights as they are.
     SCALE="$(index_scale "${SOAK_SIZE:-tiny}")"
+    # The fp64 oracle layer only on the tiny sizes: the FP8 block-quantized sizes keep SGLang's dummy-weight logit
+    # scale, at which SGLang's own top-k kernels differ from the exact top-k on long rows (scripts/sglang_topk_probe.py,
+    # benchmarks/results/sglang_topk_probe_h100_2026-12-06.txt): there no oracle layer is recorded, soak_check leaves
+    # its row out (soak.py check --no-oracle) and the top-k rows are checked for validity.
+    ORACLE=0; [ -z "$SCALE" ] && ORACLE=
     tag=soak; [ "${SOAK_HICACHE:-0}" = 1 ] && tag=soak_hicache
     if [ "${SOAK_SIZE:-tiny}" != tiny ]; then
       M="$WORK/$SOAK_SIZE"; tag="${tag}_$SOAK_SIZE"
@@ -534,28 +552,33 @@ case "$STEP" in
     for fmt in ${SOAK_FORMATS:-fp4 fp8}; do
       log="$WORK/logs/${tag}_server_$fmt.log"
       rm -rf "$WORK/trace_${tag}_$fmt"
-      FP4_INDEXER_TOPK_TRACE_DIR="$WORK/trace_${tag}_$fmt" FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS=0 \
+      FP4_INDEXER_TOPK_TRACE_DIR="$WORK/trace_${tag}_$fmt" FP4_INDEXER_TOPK_TRACE_ORACLE_LAYERS="$ORACLE" \
         FP4_INDEXER_TOPK_TRACE_INDEX_SCALE="$SCALE" \
         FP4_INDEXER_TOPK_TRACE_EVERY="${SOAK_TRACE_EVERY:-20}" \
         SGLANG_INIT_NEW_TOKEN_RATIO="${SOAK_NEW_TOKEN_RATIO:-0.05}" \
-        mtp_server "$M" "$fmt" 30791 "$log" ${HICACHE[@]+"${HICACHE[@]}"}
+        mtp_server "$M" "$fmt" 30791 "$log" ${HICACHE[@]+"${HICACHE[@]}"} $(size_flags "${SOAK_SIZE:-tiny}")
       spid=$!
       # /health answers 503 until SGLang's own warm-up request has finished (on a fresh machine its first prefill
       # compiles kernels for about 40 s after "Application startup complete"). The load starts only on a server
       # that answered 200: a load sent earlier batched its sampled warm-up with SGLang's greedy one, and that verify
       # batch took FlashInfer's top_k_renorm_prob, which this runtime lacks (the server stopped).
       t0=$SECONDS; ready=0
-      wait_healthy 30791 $spid "${SOAK_READY_S:-540}" && ready=1
+      READY_S="${SOAK_READY_S:-540}"
+      [ -n "${SOAK_CALL_S:-}" ] && [ "$(call_left "$SOAK_CALL_S")" -lt "$READY_S" ] && READY_S=$(call_left "$SOAK_CALL_S")
+      wait_healthy 30791 $spid "$READY_S" && ready=1
       LIMIT="${SOAK_LIMIT:-420}"
       # SOAK_CALL_S: the seconds this step may take in all (the device's limit per command); the load's limit is
-      # what is left once the server is ready, less 20 s to stop it and pack the output, so that a slow start
-      # shortens the load instead of cutting it.
+      # what is left once the server is ready, less 20 s to stop it and pack the output and, with the checks in the
+      # same command (SOAK_CHECK=1), 150 s more for them (they took 106 s after a 231 s load), so that a slow start
+      # shortens the load instead of cutting it or its checks. A load limit under 320 s (140 s of sending, the
+      # shortest load that retracted and reloaded in the runs so far) sends nothing: a shorter load could fail the
+      # retraction and HiCache checks for want of load, not for the server.
       short=0
       if [ -n "${SOAK_CALL_S:-}" ]; then
-        LIMIT=$(call_left "$SOAK_CALL_S" 20); [ "$LIMIT" -lt 210 ] && short=1
+        LIMIT=$(call_left "$SOAK_CALL_S" $([ "${SOAK_CHECK:-1}" = 1 ] && echo 170 || echo 20)); [ "$LIMIT" -lt 320 ] && short=1
       fi
       if [ $ready = 0 ] || [ $short = 1 ]; then
-        echo "${tag}_${fmt} server $([ $ready = 1 ] && echo "ready after $((SECONDS - t0)) s, with $LIMIT s of SOAK_CALL_S left (under 210)" \
+        echo "${tag}_${fmt} server $([ $ready = 1 ] && echo "ready after $((SECONDS - t0)) s, with $LIMIT s of SOAK_CALL_S left for the load (under 320)" \
           || echo "not ready after $((SECONDS - t0)) s"): no load sent" | tee -a "$WORK/stages.txt"
         kill $spid 2>/dev/null; wait $spid 2>/dev/null
         echo "## ${tag} ${fmt}: no load sent" >>"$OUTDIR/table.txt"
@@ -636,7 +659,7 @@ case "$STEP" in
       --orders "${AB_ORDERS:-fp8-first,fp4-first}" --input-lens "${AB_INPUT_LEN:-4096}" --output-len "${AB_OUTPUT_LEN:-64}" \
       --concurrency 8 --prompts 16 --kv-limited-concurrency "${AB_KV_CONCURRENCY:-64}" ${GSM[@]+"${GSM[@]}"} \
       --passkey-trials 2 --port 30793 --ready-timeout "${AB_READY_S:-540}" -- \
-      "${MTP_FLAGS[@]}" --max-total-tokens "${AB_POOL_TOKENS:-131072}"
+      "${MTP_FLAGS[@]}" $(size_flags "$AB_SIZE") --max-total-tokens "${AB_POOL_TOKENS:-131072}"
     mkdir -p "$AB_DIR"
     cat "$WORK/logs/ab_$AB_SIZE.log" >>"$AB_DIR/ab_command.log" 2>/dev/null
     tar -czf "$OUTDIR/ab_$AB_SIZE.tar.gz" -C "$WORK" "ab_$AB_SIZE"
@@ -675,6 +698,9 @@ SERVER=()
 [ -f "$WORK/server.json" ] && SERVER=(--server "$WORK/server.json")
 RUNS=()
 [ -f "$WORK/fp8.pt" ] && [ -f "$WORK/fp4.pt" ] && [ -f "$WORK/fp4_eager.pt" ] && RUNS=("$WORK/fp8.pt" "$WORK/fp4.pt" "$WORK/fp4_eager.pt")
+# Not after the soak, soak-check, warm and ab steps, which make none of these runs: a warm machine may still hold
+# another step's, and compare would overwrite the soak's check lines in table.txt.
+case "$STEP" in soak|soak-check|warm|ab) RUNS=(); ENGINE=(); SERVER=() ;; esac
 if [ ${#RUNS[@]} -gt 0 ] || [ ${#ENGINE[@]} -gt 0 ] || [ ${#SERVER[@]} -gt 0 ]; then
   "$PY" scripts/sglang_one_batch.py compare ${RUNS[@]+"${RUNS[@]}"} ${ENGINE[@]+"${ENGINE[@]}"} \
     ${SERVER[@]+"${SERVER[@]}"} --json "$OUTDIR/summary.json" >"$OUTDIR/table.txt" 2>"$WORK/logs/compare.log"

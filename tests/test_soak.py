@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "scripts" / "soak.py"
+ROOT = Path(__file__).resolve().parents[1]
+_PATH = ROOT / "scripts" / "soak.py"
 _spec = importlib.util.spec_from_file_location("soak", _PATH)
 soak = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(soak)
@@ -506,3 +509,95 @@ def test_check_reads_a_gzipped_log_and_table_names_a_missing_file(tmp_path):
     assert r.returncode == 2 and "--json: the folder" in r.stderr, r.stderr
     r = _cli("table", f"FP4={path},{tmp_path / 'none.json'},{tmp_path / 'server.log'}")
     assert r.returncode == 2 and "FP4's CHECKS.json: no file" in r.stderr, r.stderr
+
+
+def test_a_load_cut_before_its_readings_fails_those_rows_and_the_cli_still_writes_them(tmp_path):
+    """A load killed by a time limit leaves the JSON ``load`` wrote right after sending, without the readings after
+    it: the probe and health rows fail, saying why, and ``check`` still prints and writes every row (exit 1)."""
+    run = _run(requests=5, disconnect_frac=0.0, abort_frac=0.0)
+    cut = {k: v for k, v in run.items() if k not in ("probes_after", "healthy_after", "pool_after", "bad_inputs")}
+    rows = {r["check"]: r for r in soak.checks(cut)}
+    assert rows["probes give the same tokens before and after the load"]["ok"] is False
+    assert "not read after the load" in rows["probes give the same tokens before and after the load"]["detail"]
+    assert rows["healthy after the load"]["ok"] is False and "not read" in rows["healthy after the load"]["detail"]
+    assert rows["KV pool: as many free tokens after the load as before, none in use"]["ok"] is False
+    assert _ok(soak.checks(run))["probes give the same tokens before and after the load"] is True
+    path, out = tmp_path / "cut.json", tmp_path / "checks.json"
+    path.write_text(json.dumps(cut))
+    r = _cli("check", str(path), "--json", str(out))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert {x["check"]: x["ok"] for x in json.loads(out.read_text())}["healthy after the load"] is False
+
+
+def test_no_oracle_leaves_only_the_oracle_row_out_and_says_so(tmp_path):
+    run = _run(requests=3, disconnect_frac=0.0, abort_frac=0.0)
+    oracle_row = "sampled rows = fp64 oracle top-k on the server's pages (within the bound)"
+    valid = {"DECODE": {"calls": 3, "rows": 12, "stale": 0, "count": 0, "duplicate": 0, "out_of_range": 0,
+                        "missing_rows": 0}}
+    trace = {"records": 1, "valid": valid, "oracle": {}}
+    assert _ok(soak.checks(run, trace=trace))[oracle_row] is False  # no oracle rows recorded: fails by default
+    ok = _ok(soak.checks(run, trace=trace, with_oracle=False))
+    assert oracle_row not in ok and ok["sampled top-k rows valid (count, range, no duplicates)"] is True
+    # A failing oracle row is left out too, but the rows' validity still fails an invalid row.
+    bad = dict(trace, valid={"DECODE": dict(valid["DECODE"], duplicate=1)})
+    assert _ok(soak.checks(run, trace=bad, with_oracle=False))[
+        "sampled top-k rows valid (count, range, no duplicates)"] is False
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    tdir = tmp_path / "trace"
+    tdir.mkdir()
+    r = _cli("check", str(path), "--trace", str(tdir), "--no-oracle")
+    assert oracle_row not in r.stdout
+    assert r.stdout.strip().splitlines()[-1].endswith(
+        "not checked: the server log's (--log) and the fp64 oracle's (--no-oracle)"), r.stdout
+
+
+def test_expect_hicache_checks_the_reload_whatever_the_server_info_says():
+    check = "HiCache exercised: prefix tokens evicted to host memory and loaded back"
+    run = _run(shared_frac=1.0, disconnect_frac=0.0, abort_frac=0.0)  # no HiCache: nothing loaded back
+    run["info_before"] = {}  # a server whose /get_server_info said nothing
+    assert check not in _ok(soak.checks(run))
+    assert _ok(soak.checks(run, expect_hicache=True))[check] is False
+    hc = _run(hicache=True, shared_frac=1.0, disconnect_frac=0.0, abort_frac=0.0)
+    hc["info_before"] = {}
+    assert _ok(soak.checks(hc, expect_hicache=True))[check] is True
+
+
+def _script_functions(*names: str) -> str:
+    """The named shell functions of scripts/sglang_gpu_check.sh, as text (each from ``name() {`` to its ``}``)."""
+    text = (ROOT / "scripts" / "sglang_gpu_check.sh").read_text()
+    out = []
+    for name in names:
+        m = re.search(rf"^{name}\(\) {{.*?^}}$", text, re.S | re.M)
+        assert m, name
+        out.append(m.group(0))
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("tag, want", [
+    ("soak", []), ("soak_hicache", ["--expect-hicache"]), ("soak_v32-layers", ["--no-oracle"]),
+    ("soak_hicache_v32-layers", ["--no-oracle", "--expect-hicache"]),
+])
+def test_the_gpu_script_checks_a_run_by_what_its_tag_says(tmp_path, tag, want):
+    """The script's soak_check, run with ``soak.py`` stood in by a command that prints its arguments: the oracle's
+    row is left out exactly where the soak step recorded no oracle layer (a size whose logits keep SGLang's
+    dummy-weight scale), and the HiCache row is required where the step started HiCache."""
+    stub = tmp_path / "py"
+    stub.write_text("#!/bin/sh\nshift\necho \"$@\"\n")  # drops the script path, prints the rest
+    stub.chmod(0o755)
+    body = _script_functions("index_scale", "soak_check")
+    cmd = (f"{body}\nPY={stub}; OUTDIR={tmp_path}; WORK={tmp_path}; mkdir -p {tmp_path}/soak; "
+           f"pack_trace() {{ :; }}; soak_check {tag} fp4; cat {tmp_path}/table.txt")
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=30)
+    args = r.stdout.split()
+    assert args[:2] == ["check", f"{tmp_path}/{tag}_fp4.json"], r.stdout + r.stderr
+    assert [a for a in args if a in ("--no-oracle", "--expect-hicache")] == want
+    # The soak step records the oracle layer exactly where soak_check keeps its row.
+    assert ("--no-oracle" in want) == (tag.endswith("v32-layers"))
+
+
+def test_the_gpu_script_gives_the_fp8_block_quantized_sizes_tritons_gemms():
+    body = _script_functions("size_flags")
+    for size, want in (("tiny", ""), ("tiny-interleaved", ""), ("v32-layers", "--fp8-gemm-backend triton")):
+        r = subprocess.run(["bash", "-c", f"{body}\nsize_flags {size}"], capture_output=True, text=True, timeout=30)
+        assert r.stdout.strip() == want, (size, r.stdout)
