@@ -184,8 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "ab":
             raise
         # Ctrl-C during an A/B: the arm running is dropped (its server stopped on the way out), the finished kept.
-        parser.exit(130, f"\n{parser.prog} ab: interrupted (the arms finished so far are kept in {args.out}; the "
-                         "same command resumes there)\n")
+        from sglang_fp4_indexer.ab.command import finished_arms
+
+        kept = finished_arms(args.out) if os.path.isdir(args.out) else []
+        parser.exit(130, f"\n{parser.prog} ab: interrupted (" + (
+            f"the arms finished so far are kept in {args.out}; the same command resumes there" if kept
+            else "before any arm finished: nothing kept") + ")\n")
 
 
 if __name__ == "__main__":

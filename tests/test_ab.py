@@ -17,6 +17,7 @@ import pytest
 
 from sglang_fp4_indexer.ab import binomial_se, build_report, paired_difference, plot_report
 from sglang_fp4_indexer.ab import quality
+from sglang_fp4_indexer.ab import command as command_module
 from sglang_fp4_indexer.ab.command import dummy_weights
 from sglang_fp4_indexer.cli import main as cli_main
 from sglang_fp4_indexer.serving import bench_serving_command, kv_pool_tokens, launch_command, read_jsonl
@@ -260,8 +261,9 @@ def test_a_server_that_does_not_start_stops_the_run_in_one_line(monkeypatch, cap
                    "(the arms finished so far are kept in d; the same command resumes there)"]
 
 
-def test_ctrl_c_during_an_ab_is_one_line_saying_the_run_resumes(monkeypatch, capsys):
-    """Ctrl-C (KeyboardInterrupt) in ``ab``: one line saying where the finished arms are, exit 130, no traceback."""
+def test_ctrl_c_during_an_ab_is_one_line_saying_the_run_resumes(monkeypatch, capsys, tmp_path):
+    """Ctrl-C (KeyboardInterrupt) in ``ab``: one line, exit 130, no traceback: where the finished arms are kept, or,
+    before any arm finished, that nothing is kept."""
     from sglang_fp4_indexer.ab import command
 
     def interrupted(args, read_sglang=None, answer_value=None):
@@ -269,11 +271,20 @@ def test_ctrl_c_during_an_ab_is_one_line_saying_the_run_resumes(monkeypatch, cap
 
     monkeypatch.setattr(command, "main", interrupted)
     monkeypatch.setattr("sglang_fp4_indexer.ab.main", interrupted, raising=False)
+    out = tmp_path / "d"
     with pytest.raises(SystemExit) as e:
-        cli_main(["ab", "/m", "--out", "d", "--", "--tp-size", "8"])
+        cli_main(["ab", "/m", "--out", str(out), "--", "--tp-size", "8"])
     assert e.value.code == 130
     assert capsys.readouterr().err.strip().splitlines() == [
-        "sglang-fp4-indexer ab: interrupted (the arms finished so far are kept in d; the same command resumes there)"]
+        "sglang-fp4-indexer ab: interrupted (before any arm finished: nothing kept)"]
+    (out / "fp8-first" / "fp8").mkdir(parents=True)
+    (out / "fp8-first" / "fp8" / "result.json").write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        cli_main(["ab", "/m", "--out", str(out), "--", "--tp-size", "8"])
+    assert e.value.code == 130
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"sglang-fp4-indexer ab: interrupted (the arms finished so far are kept in {out}; the same command resumes "
+        "there)"]
 
 
 def test_refuses_a_model_fp4_would_not_serve_before_anything_runs(tmp_path):
@@ -349,8 +360,8 @@ def _recorded_bench_client(calls):
     appends the recorded result line of the format the command's ``--base-url`` belongs to, as
     ``--output-file`` would get it."""
     def run(cmd, **kwargs):
-        if cmd[1] == "-c":  # the command's check that SGLang's clients import: they do here
-            assert cmd[2] == "import sglang.benchmark.serving"
+        if cmd[1] == "-c":  # the command's checks that SGLang's clients import and load the tokenizer: they do here
+            assert cmd[2] in ("import sglang.benchmark.serving", command_module._TOKENIZER_CHECK), cmd
             return subprocess.CompletedProcess(cmd, 0, "", "")
         assert cmd[1:3] == ["-m", "sglang.benchmark.serving"]
         calls.append(cmd)
@@ -622,22 +633,34 @@ def test_kept_files_that_are_not_results_are_named(tmp_path):
     path.write_text(json.dumps(good))
     assert read_result(str(path)) == good
 
-    # A plan without a finished arm is replaced (nothing to resume); with one, other settings are refused and a
-    # plan.json that is not JSON is named.
+    # This command's plan without a finished arm is replaced (nothing to resume); with one, other settings are
+    # refused and a plan.json that is not JSON is named. A plan.json or passkey prompts this command did not write
+    # are named and kept, never replaced.
+    plan = {"mode": "launch", "input_lens": [4096], "kv_limited_concurrency": None}
     out = tmp_path / "o"
     out.mkdir()
-    (out / "plan.json").write_text(json.dumps({"concurrency": 2}))
+    (out / "plan.json").write_text(json.dumps(dict(plan, concurrency=2)))
     (out / "passkey_prompts.json").write_text("[]")
-    assert _load_plan(str(out), {"concurrency": 8, "kv_limited_concurrency": None}) == {
-        "concurrency": 8, "kv_limited_concurrency": None}
+    assert _load_plan(str(out), dict(plan, concurrency=8)) == dict(plan, concurrency=8)
     assert not (out / "passkey_prompts.json").exists()
     (out / "fp8-first" / "fp8").mkdir(parents=True)
     (out / "fp8-first" / "fp8" / "result.json").write_text(json.dumps(good))
     with pytest.raises(ValueError, match=r"holds a run with other settings \(concurrency\)"):
-        _load_plan(str(out), {"concurrency": 4, "kv_limited_concurrency": None})
+        _load_plan(str(out), dict(plan, concurrency=4))
     (out / "plan.json").write_text("{")
     with pytest.raises(ValueError, match=r"--out: .*plan.json is not the plan of an A/B run \(Expecting"):
-        _load_plan(str(out), {"concurrency": 8, "kv_limited_concurrency": None})
+        _load_plan(str(out), dict(plan, concurrency=8))
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "plan.json").write_text('{"experiment": "my own notes"}')
+    with pytest.raises(ValueError, match=r"plan.json is not the plan of an A/B run \(this command's plan.json\)"):
+        _load_plan(str(foreign), dict(plan, concurrency=8))
+    assert json.loads((foreign / "plan.json").read_text()) == {"experiment": "my own notes"}
+    (foreign / "plan.json").unlink()
+    (foreign / "passkey_prompts.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"passkey_prompts.json is there without the run's plan.json"):
+        _load_plan(str(foreign), dict(plan, concurrency=8))
+    assert (foreign / "passkey_prompts.json").read_text() == "[1, 2]" and not (foreign / "plan.json").exists()
 
 
 def test_quality_from_arms_that_answered_different_items_is_refused():
@@ -887,6 +910,18 @@ def test_the_verdict_line_says_turn_fp4_on_or_keep_fp8_and_why():
                                                                  "tok/s FP4 / FP8 1.500 over 2 loads, ")
     assert build_report(same, meta={"dummy_weights": True})["verdict"][0].startswith(
         "verdict: FP4 was faster, but turn it on only after a run with the real weights: +0.0 % KV tokens")
+    # Two servers given by URL were running before the run (no first-start compiles in it): their one measurement
+    # counts, a gain as a loss.
+    assert build_report(same, meta={"mode": "urls"})["verdict"][0].startswith(
+        "verdict: turn FP4 on: +0.0 % KV tokens, output tok/s FP4 / FP8 1.500 over 2 loads, ")
+    one_url = arms(fp4_speed=1.5)
+    one_url["fp8-first"]["fp4"]["kv"] = dict(one_url["fp8-first"]["fp8"]["kv"], fp4_indexer_active="MXFP4 ...")
+    assert build_report(one_url, meta={"mode": "urls"})["verdict"][0].startswith(
+        "verdict: turn FP4 on: +0.0 % KV tokens, output tok/s FP4 / FP8 1.500 over 1 load, ")
+    slow_url = arms(fp4_speed=0.9)
+    slow_url["fp8-first"]["fp4"]["kv"] = dict(slow_url["fp8-first"]["fp8"]["kv"], fp4_indexer_active="MXFP4 ...")
+    assert build_report(slow_url, meta={"mode": "urls"})["verdict"][0].startswith(
+        "verdict: keep FP8 (FP4 slower at ")
     # An FP8 server whose log says FP4 was active (the environment switched it on): no verdict.
     on8 = arms()
     on8["fp8-first"]["fp8"]["kv"] = dict(on8["fp8-first"]["fp8"]["kv"], fp4_indexer_active="MXFP4 ...")
@@ -1159,8 +1194,8 @@ sys.exit(cli.main(["ab", "/nonexistent/model", "--out", {str(out)!r}]))
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
-        assert err.strip().splitlines() == [f"sglang-fp4-indexer ab: interrupted (the arms finished so far are kept "
-                                            f"in {out}; the same command resumes there)"]
+        assert err.strip().splitlines() == ["sglang-fp4-indexer ab: interrupted (before any arm finished: nothing "
+                                            "kept)"]
         with pytest.raises(ProcessLookupError):  # terminated and reaped by launched_server on the way out
             os.kill(server_pid, 0)
     finally:  # nothing left running when the test fails (after the checks above: they see what the command left)
@@ -1234,3 +1269,98 @@ def test_a_value_after_a_flag_that_takes_none_names_that_flag_wherever_it_repeat
     with pytest.raises(ValueError) as e:
         server_args_from_flags(_v32_folder(tmp_path), ["--bogus", "3"])
     assert str(e.value) == "server flags: SGLang does not know '--bogus', '3'"
+
+
+def test_options_a_deployer_gets_wrong_are_named_before_any_gpu_is_asked_for(tmp_path):
+    """Repeated --input-lens (each would be reported against one FP4 row), --gsm8k-questions without the data it
+    counts, and a --tokenizer folder without tokenizer files in launch mode (the benchmark loads it after the
+    servers start): one line naming the option, before the GPU question."""
+    from sglang_fp4_indexer.ab import command
+
+    out, model = tmp_path / "o", _v32_folder(tmp_path)
+    empty = tmp_path / "tok"
+    empty.mkdir()
+    for argv, message in ((["--input-lens", "256,256"], "--input-lens: each length once, got 256,256"),
+                          (["--gsm8k-questions", "20"], "--gsm8k-questions: GSM8K runs only with --gsm8k-data"),
+                          (["--tokenizer", str(empty)], f"--tokenizer: {empty} holds none of ")):
+        with pytest.raises(ValueError) as e:
+            command.main(_ab_args(model, "--out", str(out), *argv), read_sglang=None,
+                         gpus=lambda: pytest.fail("no GPU asked for"))
+        assert str(e.value).startswith(message), e.value
+    assert not out.exists()
+    args = _ab_args(model, "--out", str(out))
+    command._validate(args)
+    assert args.gsm8k_questions == command.GSM8K_QUESTIONS == 200
+
+
+def test_a_tokenizer_the_benchmark_cannot_load_stops_the_run_before_any_arm(tmp_path, capsys, monkeypatch):
+    """Servers given by URL whose tokenizer this machine cannot load (a Hugging Face name, offline): SGLang's own
+    tokenizer loader, run as the benchmark would run it, fails before any GSM8K or load; one line, exit 1, nothing
+    written. A folder with the tokenizer files loads."""
+    from sglang_fp4_indexer.ab import command
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    srv8 = _standin_server({"generate": 0}, pool=1000, wrong_depth=None)
+    srv4 = _standin_server({"generate": 0}, pool=1100, wrong_depth=None)
+    asked = []
+
+    def run(cmd, **kwargs):  # the real checks: the clients' import, then SGLang's tokenizer loader
+        asked.append(cmd[2])
+        return subprocess.run(cmd, **kwargs)
+
+    out = tmp_path / "o"
+    try:
+        urls = ["--fp8-url", f"http://127.0.0.1:{srv8.server_port}", "--fp4-url", f"http://127.0.0.1:{srv4.server_port}"]
+        assert command.main(_ab_args("--out", str(out), *urls, "--tokenizer", "no-such-org/no-such-tokenizer"),
+                            read_sglang=None, run=run) == 1
+        err = [ln for ln in capsys.readouterr().err.strip().splitlines() if "warning: no MODEL given" not in ln]
+        assert asked[-1] == command._TOKENIZER_CHECK
+        assert len(err) == 1 and err[0].startswith(
+            "sglang-fp4-indexer ab: not run: SGLang's serving benchmark cannot load the tokenizer "
+            "no-such-org/no-such-tokenizer here ("), err
+        assert err[0].endswith("); give --tokenizer, a folder with the checkpoint's tokenizer files")
+        assert not out.exists()
+        tok = tmp_path / "tiny"
+        subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "sglang_one_batch.py"),
+                        "make-model", str(tok), "--size", "tiny"], check=True, capture_output=True, timeout=300)
+        ok = subprocess.run([sys.executable, "-c", command._TOKENIZER_CHECK, str(tok)], capture_output=True, text=True,
+                            timeout=300)
+        assert ok.returncode == 0, ok.stderr
+    finally:
+        srv8.shutdown()
+        srv4.shutdown()
+
+
+def test_a_server_answering_html_is_one_line(tmp_path, capsys):
+    """A URL where a web server answers /server_info with an HTML page: the refusal stays one line."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from sglang_fp4_indexer.ab import command
+
+    class Html(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"<!DOCTYPE HTML>\n<html>\n<head><title>Error</title></head>\n<body>\n<p>404</p>\n</body>\n</html>\n"
+            self.send_response(404)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    html = ThreadingHTTPServer(("127.0.0.1", 0), Html)
+    threading.Thread(target=html.serve_forever, daemon=True).start()
+    srv4 = _standin_server({"generate": 0}, pool=1100, wrong_depth=None)
+    try:
+        urls = ["--fp8-url", f"http://127.0.0.1:{html.server_port}", "--fp4-url", f"http://127.0.0.1:{srv4.server_port}"]
+        assert command.main(_ab_args("--out", str(tmp_path / "o"), *urls), read_sglang=None) == 1
+        err = [ln for ln in capsys.readouterr().err.strip().splitlines() if "warning: no MODEL given" not in ln]
+        assert len(err) == 1 and err[0].startswith(
+            f"sglang-fp4-indexer ab: not run: --fp8-url: no SGLang server answers at http://127.0.0.1:"
+            f"{html.server_port} (/server_info: "), err
+        assert "<!DOCTYPE HTML> <html>" in err[0]
+    finally:
+        html.shutdown()
+        srv4.shutdown()

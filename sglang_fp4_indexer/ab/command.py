@@ -70,6 +70,10 @@ def parse_depths(text: str) -> list[float]:
     return depths
 
 
+#: GSM8K questions asked where --gsm8k-data is given without --gsm8k-questions.
+GSM8K_QUESTIONS = 200
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``ab``."""
     parser.add_argument("model", nargs="?", default=None,
@@ -116,8 +120,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gsm8k-data", metavar="PATH", default=None,
                         help="GSM8K test set as local JSONL (question and answer per line; no network is used); "
                              "without it GSM8K is left out")
-    parser.add_argument("--gsm8k-questions", type=integer(1), default=200, metavar="N",
-                        help="GSM8K questions asked (default 200)")
+    parser.add_argument("--gsm8k-questions", type=integer(1), default=None, metavar="N",
+                        help=f"GSM8K questions asked, with --gsm8k-data (default {GSM8K_QUESTIONS})")
     parser.add_argument("--passkey-lengths", type=int_list(0), default=None, metavar="N,...",
                         help="passkey prompt lengths in tokens (default the longest --input-lens; 0 leaves the "
                              "passkey check out)")
@@ -211,6 +215,13 @@ def _validate(args: argparse.Namespace, answer_value: Callable | None = None) ->
         if args.fp8_url.rstrip("/") == args.fp4_url.rstrip("/"):
             raise ValueError(f"--fp4-url: {args.fp4_url} is --fp8-url's server too; give the URL of the server "
                              "launched with --enable-fp4-indexer")
+    if len(set(args.input_lens)) < len(args.input_lens):
+        raise ValueError(f"--input-lens: each length once, got {','.join(map(str, args.input_lens))}")
+    if args.gsm8k_questions is not None and args.gsm8k_data is None:
+        raise ValueError("--gsm8k-questions: GSM8K runs only with --gsm8k-data (a local copy of its test set); "
+                         "give it, or drop --gsm8k-questions")
+    if args.gsm8k_questions is None:
+        args.gsm8k_questions = GSM8K_QUESTIONS
     if args.gsm8k_data is not None:
         _check_gsm8k(args.gsm8k_data, args.gsm8k_questions, answer_value)
     if not args.out or (os.path.exists(args.out) and not os.path.isdir(args.out)):
@@ -221,13 +232,15 @@ def _validate(args: argparse.Namespace, answer_value: Callable | None = None) ->
     if tokenizer is not None and _missing_local(tokenizer):
         raise ValueError(f"--tokenizer: no folder {tokenizer} on this machine; give a folder with the checkpoint's "
                          "tokenizer files (or its Hugging Face name)")
+    # SGLang's serving benchmark loads --tokenizer in either mode, and MODEL's with servers given by URL (a launched
+    # server loads MODEL's itself).
+    folder = tokenizer or (args.model if args.fp8_url else None)
+    if folder is not None and os.path.isdir(folder) and not any(
+            os.path.exists(os.path.join(folder, f)) for f in _TOKENIZER_FILES):
+        option = "--tokenizer" if tokenizer else "model"
+        raise ValueError(f"{option}: {folder} holds none of {', '.join(_TOKENIZER_FILES)}, which SGLang's "
+                         "serving benchmark loads; give a folder with the checkpoint's tokenizer files")
     if args.fp8_url:
-        folder = tokenizer or args.model
-        if folder is not None and os.path.isdir(folder) and not any(
-                os.path.exists(os.path.join(folder, f)) for f in _TOKENIZER_FILES):
-            option = "--tokenizer" if tokenizer else "model"
-            raise ValueError(f"{option}: {folder} holds none of {', '.join(_TOKENIZER_FILES)}, which SGLang's "
-                             "serving benchmark loads; give a folder with the checkpoint's tokenizer files")
         return "urls", config
     if args.model is None and not (config.get("model-path") or config.get("model_path")):
         raise ValueError("model: give the model path (or --config with model-path, or --fp8-url and --fp4-url)")
@@ -414,7 +427,8 @@ def _servers_problem(args) -> str | None:
         url, option = getattr(args, name), "--" + name.replace("_", "-")
         info = get_json(url.rstrip("/") + "/server_info", 30.0)
         if "error" in info:
-            return f"{option}: no SGLang server answers at {url} (/server_info: {info['error']})"
+            why = " ".join(str(info["error"]).split())[:200]  # one line, whatever the server answered
+            return f"{option}: no SGLang server answers at {url} (/server_info: {why})"
         said = info.get("enable_fp4_indexer")  # where the server reports the plugin's switch
         if said is not None and bool(said) != fp4:
             return (f"{option}: the server at {url} runs with enable_fp4_indexer {said} (its /server_info); "
@@ -462,6 +476,31 @@ def _clients_problem(modules: tuple[str, ...], run: Callable) -> str | None:
             f"({client_error((p.stdout or '') + (p.stderr or ''))}); install what it names in this environment")
 
 
+#: What the tokenizer check runs: SGLang's serving benchmark's own tokenizer loader, on the name it would load.
+_TOKENIZER_CHECK = "import sys; from sglang.benchmark.utils import get_tokenizer; get_tokenizer(sys.argv[1])"
+
+
+def _tokenizer_problem(args, mode: str, run: Callable) -> str | None:
+    """Why SGLang's serving benchmark could not load its tokenizer here, or None: the tokenizer it will load
+    (``--tokenizer``; with servers given by URL also MODEL, else what the FP8 server's ``/model_info`` names, as
+    the benchmark reads it) loaded by the benchmark's own ``sglang.benchmark.utils.get_tokenizer`` in one ``python
+    -c`` run through ``run`` (``subprocess.run``) before any arm, so that a name this machine cannot resolve (a
+    Hugging Face name offline, a folder without tokenizer files) stops the run before any GSM8K or load, not after.
+    A launched server's MODEL is not loaded here: the server loads it itself."""
+    name = args.tokenizer if mode == "launch" else _tokenizer(args)
+    if name is None and mode == "urls":
+        info = get_json(args.fp8_url.rstrip("/") + "/model_info", 30.0)
+        name = info.get("tokenizer_path") or info.get("model_path")
+    if not name:
+        return None
+    p = run([sys.executable, "-c", _TOKENIZER_CHECK, str(name)], capture_output=True, text=True)
+    if p.returncode == 0:
+        return None
+    return (f"SGLang's serving benchmark cannot load the tokenizer {name} here "
+            f"({client_error((p.stdout or '') + (p.stderr or ''))}); give --tokenizer, a folder with the "
+            "checkpoint's tokenizer files")
+
+
 def _plan(args, mode: str) -> dict:
     return {"mode": mode, "model": args.model, "server_flags": args.server_flags, "config": args.config,
             "fp8_url": args.fp8_url, "fp4_url": args.fp4_url, "tokenizer": _tokenizer(args), "input_lens": args.input_lens,
@@ -490,8 +529,9 @@ def _read_json(path: str, what: str, then: str):
         raise ValueError(f"--out: {path} is not {what} ({e}); {then}") from None
 
 
-def _finished_arms(out: str) -> list[str]:
-    """The arms kept in ``out`` (``ORDER/ARM/result.json`` that exist)."""
+def finished_arms(out: str) -> list[str]:
+    """The arms kept in the output folder ``out``: ``ORDER/ARM`` names (e.g. ``fp8-first/fp8``) whose
+    ``result.json`` exists, in run order; empty for a folder without any (or no folder). Raises nothing."""
     return [f"{o}/{a}" for o, arms in ORDERS.items() for a in arms
             if os.path.exists(os.path.join(out, o, a, "result.json"))]
 
@@ -501,20 +541,23 @@ def _load_plan(out: str, plan: dict) -> dict:
     written there; a kept plan without a finished arm is replaced (nothing to resume), with its passkey prompts.
 
     Raises:
-        ValueError: naming ``--out``, when the folder holds finished arms run with other settings, or a plan.json
-            that is not one.
+        ValueError: naming ``--out``, when the folder holds finished arms run with other settings, a plan.json
+            that is not this command's (never removed), or passkey prompts without a plan.
     """
-    path = os.path.join(out, "plan.json")
-    if os.path.exists(path) and not _finished_arms(out):
-        os.remove(path)
-        prompts = os.path.join(out, "passkey_prompts.json")
-        if os.path.exists(prompts):
-            os.remove(prompts)
+    path, prompts = os.path.join(out, "plan.json"), os.path.join(out, "passkey_prompts.json")
+    then = "use another --out, or delete it (the kept arms then count as run with these options)"
     if os.path.exists(path):
-        then = "use another --out, or delete it (the kept arms then count as run with these options)"
         kept = _read_json(path, "the plan of an A/B run", then)
-        if not isinstance(kept, dict):
-            raise ValueError(f"--out: {path} is not the plan of an A/B run (a JSON {type(kept).__name__}); {then}")
+        if not isinstance(kept, dict) or kept.get("mode") not in ("launch", "urls") or "input_lens" not in kept:
+            raise ValueError(f"--out: {path} is not the plan of an A/B run (this command's plan.json); {then}")
+        if not finished_arms(out):  # nothing to resume: this command's plan and prompts are replaced
+            os.remove(path)
+            if os.path.exists(prompts):
+                os.remove(prompts)
+    elif os.path.exists(prompts):  # prompts without a plan: not what this command left
+        raise ValueError(f"--out: {prompts} is there without the run's plan.json, so it is not this command's; use "
+                         "another --out, or delete it")
+    if os.path.exists(path):
         fixed = {k: v for k, v in kept.items() if k not in ("kv_limited_auto",)}
         want = dict(plan, kv_limited_concurrency=plan["kv_limited_concurrency"] if plan["kv_limited_concurrency"]
                     is not None else fixed.get("kv_limited_concurrency"))
@@ -773,7 +816,7 @@ def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_v
     """
     mode, config = _validate(args, answer_value)
     flags = list(args.server_flags)
-    to_run = {f"{o}/{a}" for o in args.orders for a in ORDERS[o]} - set(_finished_arms(args.out))
+    to_run = {f"{o}/{a}" for o in args.orders for a in ORDERS[o]} - set(finished_arms(args.out))
     if mode == "urls" and args.model is None and not (config.get("model-path") or config.get("model_path")):
         print("sglang-fp4-indexer ab: warning: no MODEL given, so the plugin's check of the model and flags is not "
               "run: give the model path and, after --, the flags the servers run with", file=sys.stderr)
@@ -782,7 +825,8 @@ def main(args: argparse.Namespace, read_sglang: Callable | None = None, answer_v
         refusal = f"FP4 would not serve this deployment ({refusal})"
     elif to_run:  # servers needed: on this machine's GPUs, or answering at the given URLs; and SGLang's clients
         refusal = ((_no_gpu(flags, gpus, config, layout) if mode == "launch" else _servers_problem(args))
-                   or _clients_problem(_CLIENTS if args.gsm8k_data is not None else _CLIENTS[:1], run))
+                   or _clients_problem(_CLIENTS if args.gsm8k_data is not None else _CLIENTS[:1], run)
+                   or _tokenizer_problem(args, mode, run))
     if refusal is not None:
         print(f"sglang-fp4-indexer ab: not run: {refusal}", file=sys.stderr)
         return 1

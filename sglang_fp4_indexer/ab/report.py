@@ -159,8 +159,9 @@ def _summary(r: dict) -> str | None:
     ``_problems`` finds any; "keep FP8" where a load was slower (below ``SLOWER_BELOW``) or a quality check resolved
     FP4 worse (beyond 2 standard errors); "turn FP4 on" where FP4 holds more KV tokens, or every load in both server
     orders was faster (above ``1 / SLOWER_BELOW``; in one order the first server on a fresh machine may still pay
-    JIT compiles the benchmark's warm-up did not reach, so one order's speed gain does not count), and neither
-    happened (with dummy weights: only after a run with the real ones). None before any pair of arms finished."""
+    JIT compiles the benchmark's warm-up did not reach, so one order's speed gain does not count; two servers
+    given by URL run already, and their one measurement counts), and neither happened (with dummy weights: only
+    after a run with the real ones). None before any pair of arms finished."""
     gains = [c["fp4_gain"] for c in r["capacity"].values() if "fp4_gain" in c]
     rows = [row for rows in r["speed"].values() for row in rows if row.get("output_ratio")]
     if not gains and not rows:
@@ -172,14 +173,17 @@ def _summary(r: dict) -> str | None:
     if rows:
         lo, hi = min(x["output_ratio"] for x in rows), max(x["output_ratio"] for x in rows)
         orders = [o for o, rs in r["speed"].items() if any(x.get("output_ratio") for x in rs)]
+        # Faster counts only over both server orders where the command launched the servers: in one order the
+        # first server may still pay compiles. Two servers given by URL were started before the run: their one
+        # measurement counts either way.
+        counted = len(orders) > 1 or (r.get("meta") or {}).get("mode") == "urls"
         parts.append(f"output tok/s FP4 / FP8 {lo:.3f}" + (f" to {hi:.3f}" if hi - lo >= 0.0005 else "")
                      + f" over {len(rows)} load{'s' if len(rows) > 1 else ''}"
                      + (f" in one server order ({orders[0]}; a speed gain counts only over both orders)"
-                        if len(orders) == 1 else ""))
+                        if not counted else ""))
         slow = [x for x in rows if x["output_ratio"] < SLOWER_BELOW]
-        # Faster counts only over both server orders: in one order the first server may still pay compiles.
-        faster = lo > 1 / SLOWER_BELOW and len(orders) > 1
-        faster_once = lo > 1 / SLOWER_BELOW and len(orders) == 1
+        faster = lo > 1 / SLOWER_BELOW and counted
+        faster_once = lo > 1 / SLOWER_BELOW and not counted
         if slow:
             x = min(slow, key=lambda x: x["output_ratio"])
             against.append(f"FP4 slower at {x['input_len']} in / {x['output_len']} out, {x['concurrency']} at a time")
