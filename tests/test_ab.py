@@ -1364,3 +1364,47 @@ def test_a_server_answering_html_is_one_line(tmp_path, capsys):
     finally:
         html.shutdown()
         srv4.shutdown()
+
+
+def test_flags_given_for_servers_by_url_must_be_what_they_run_with(tmp_path, capsys):
+    """With servers given by URL, the flags after -- feed the plugin's check: one that differs from what both
+    servers report in /server_info (here an FP8 KV cache and 8 GPUs given, servers on auto and 1) stops the run
+    in one line; the same flags the servers report pass that check (and the run goes on to the next one)."""
+    from sglang_fp4_indexer.ab import command
+
+    info = {"kv_cache_dtype": "auto", "tp_size": 1, "speculative_algorithm": "EAGLE"}
+    srv8 = _standin_server({"generate": 0}, pool=1000, wrong_depth=None, info=info)
+    srv4 = _standin_server({"generate": 0}, pool=1100, wrong_depth=None, info=info)
+    try:
+        urls = ["--fp8-url", f"http://127.0.0.1:{srv8.server_port}", "--fp4-url", f"http://127.0.0.1:{srv4.server_port}"]
+        for flags, line in ((["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3, but the servers run with "
+                                                                "kv_cache_dtype auto"),
+                            (["--tp-size=8"], "--tp-size 8, but the servers run with tp_size 1"),
+                            (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2, but the servers run with "
+                                                              "tp_size 1")):
+            args = _ab_args("--out", str(tmp_path / "o"), *urls, "--", *flags)
+            assert command._servers_problem(args) == (
+                f"server flags: {line} (their /server_info): the plugin's check would describe another deployment "
+                "than the one measured; give after -- the flags the servers run with")
+        ok = _ab_args("--out", str(tmp_path / "o"), *urls, "--", "--kv-cache-dtype", "auto", "--tp-size", "1",
+                      "--speculative-algorithm", "eagle", "--page-size", "64")  # page_size not reported: not compared
+        assert command._flags_problem(list(ok.server_flags), info) is None
+        assert command._servers_problem(ok).startswith("--tokenizer: ")  # past the flags, to the next check
+    finally:
+        srv8.shutdown()
+        srv4.shutdown()
+    assert command._flags_problem(["--tp-size", "x"], {"tp_size": 1}).startswith("server flags: --tp-size x, but")
+
+
+def test_a_hub_name_without_a_packaged_config_says_how_to_give_the_checkpoint(tmp_path):
+    """A Hugging Face name whose config this package does not carry: ab's own words (download the checkpoint, give
+    its folder as MODEL), not check's."""
+    from sglang_fp4_indexer.ab import command
+
+    with pytest.raises(ValueError) as e:
+        command.main(_ab_args("foo-org/not-a-model", "--out", str(tmp_path / "o")), read_sglang=None,
+                     gpus=lambda: pytest.fail("no GPU asked for"))
+    assert str(e.value).endswith(
+        "ab reads the model's config.json from its local folder, not from the hub: download the checkpoint with: "
+        "hf download foo-org/not-a-model --local-dir DIR, then give DIR as MODEL"), e.value
+    assert "run check" not in str(e.value)

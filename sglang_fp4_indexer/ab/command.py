@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -77,9 +78,10 @@ GSM8K_QUESTIONS = 200
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``ab``."""
     parser.add_argument("model", nargs="?", default=None,
-                        help="the model you serve (local directory with config.json, or its Hugging Face name "
-                             "ORG/NAME, which launch_server downloads the first time as it always does), as "
-                             "--model-path; optional "
+                        help="the model you serve (local directory with config.json, or, for the models whose "
+                             f"config this package carries ({', '.join(sorted(set(PACKAGED_MODELS.values())))}), "
+                             "its Hugging Face name, which launch_server downloads the first time as it always "
+                             "does), as --model-path; optional "
                              "with --config when the YAML names model-path, and with --fp8-url/--fp4-url (then "
                              "the plugin's check reads its config.json and the serving benchmark its tokenizer)")
     # After "--": the SGLang server flags (cli.main splits them off before argparse sees them).
@@ -353,6 +355,14 @@ def _ab_terms(text: str) -> str:
     """``check``'s text in ab's terms: its ``--sglang-args`` are ab's server flags after ``--``, where a ``--config``
     file is ab's own ``--config``, and it is ab that launches the model it is given."""
     text = text.replace("--sglang-args: the --config file", "--config: the file")
+    # A hub name check has no config for: ab reads the config from the checkpoint's folder, which it also launches.
+    text = re.sub(r"check reads a local config\.json or model directory, not the hub: get the config with: "
+                  r"hf download (\S+) config\.json --local-dir DIR, then run check DIR",
+                  r"ab reads the model's config.json from its local folder, not from the hub: download the "
+                  r"checkpoint with: hf download \1 --local-dir DIR, then give DIR as MODEL", text)
+    text = text.replace("(give a model directory with config.json, a config JSON file, or a packaged config:",
+                        "(give the checkpoint's folder with its config.json, or the Hugging Face name of a packaged "
+                        "config:")
     return (text.replace("--sglang-args", "the server flags after --").replace("as check's model", "as the model")
             .replace("check describes the model it is given", "ab checks the model it is given"))
 
@@ -415,10 +425,43 @@ _SAME_ON_BOTH = ("model_path", "load_format", "kv_cache_dtype", "speculative_alg
                  "page_size")
 
 
+#: Server flags (both spellings SGLang takes) and the ``/server_info`` field each sets: with servers given by URL a
+#: flag given after ``--`` must match what the servers report, or the plugin's check describes another deployment.
+_FLAG_FIELDS = (("--kv-cache-dtype", "kv_cache_dtype"), ("--tp-size", "tp_size"), ("--tensor-parallel-size", "tp_size"),
+                ("--dp-size", "dp_size"), ("--data-parallel-size", "dp_size"),
+                ("--speculative-algorithm", "speculative_algorithm"),
+                ("--speculative-num-steps", "speculative_num_steps"),
+                ("--speculative-num-draft-tokens", "speculative_num_draft_tokens"), ("--page-size", "page_size"),
+                ("--load-format", "load_format"))
+
+
+def _flags_problem(flags: list[str], info: dict) -> str | None:
+    """The first server flag of ``flags`` (ab's flags after ``--``) in ``_FLAG_FIELDS`` whose value differs from
+    the field a server reports in ``info`` (its ``/server_info``; a field it does not report is not compared), as
+    one line, or None. Numbers compare as numbers, names without regard to case."""
+    for flag, key in _FLAG_FIELDS:
+        given = _flag_values(flags, flag)
+        have = info.get(key)
+        if not given or have is None:
+            continue
+        want = given[-1]
+        try:
+            same = int(want) == have if isinstance(have, int) and not isinstance(have, bool) else \
+                want.lower() == str(have).lower()
+        except ValueError:
+            same = False
+        if not same:
+            return (f"server flags: {flag} {want}, but the servers run with {key} {have} (their /server_info): the "
+                    "plugin's check would describe another deployment than the one measured; give after -- the flags "
+                    "the servers run with")
+    return None
+
+
 def _servers_problem(args) -> str | None:
     """With ``--fp8-url``/``--fp4-url``: why the first of the two cannot be measured as its arm (no server answers
     ``/server_info``, it reports ``enable_fp4_indexer`` contrary to its arm, or it does not answer ``/v1/models``,
-    which SGLang's serving benchmark waits on), then whether they differ in a field of ``_SAME_ON_BOTH``, then why
+    which SGLang's serving benchmark waits on), then whether they differ in a field of ``_SAME_ON_BOTH``, then
+    whether a server flag after ``--`` differs from what they report (``_flags_problem``), then why
     SGLang's serving benchmark
     could not load their tokenizer here (no MODEL or ``--tokenizer``, and a model path this machine does not
     have), or None."""
@@ -444,6 +487,10 @@ def _servers_problem(args) -> str | None:
         if a is not None and b is not None and a != b:
             return (f"--fp4-url: the two servers differ in {key} (FP8 server {a}, FP4 server {b}, their "
                     "/server_info): an A/B needs the same model and flags on both, FP4's switch apart")
+    for info in infos:
+        problem = _flags_problem(list(args.server_flags), info)
+        if problem:
+            return problem
     for info in infos:
         path = str(info.get("model_path") or "")
         if _tokenizer(args) is None and _missing_local(path):
