@@ -1386,14 +1386,18 @@ def test_flags_given_for_servers_by_url_must_be_what_they_run_with(tmp_path, cap
             assert command._servers_problem(args) == (
                 f"server flags: {line} (their /server_info): the plugin's check would describe another deployment "
                 "than the one measured; give after -- the flags the servers run with")
-        ok = _ab_args("--out", str(tmp_path / "o"), *urls, "--", "--kv-cache-dtype", "auto", "--tp-size", "1",
-                      "--speculative-algorithm", "eagle", "--page-size", "64")  # page_size not reported: not compared
+        # The same values (any case, NEXTN for EAGLE), "auto" and a flag SGLang resolves itself are not a difference.
+        ok = _ab_args("--out", str(tmp_path / "o"), *urls, "--", "--kv-cache-dtype", "AUTO", "--tp-size", "1",
+                      "--speculative-algorithm", "NEXTN", "--page-size", "1")
         assert command._flags_problem(list(ok.server_flags), info) is None
         assert command._servers_problem(ok).startswith("--tokenizer: ")  # past the flags, to the next check
     finally:
         srv8.shutdown()
         srv4.shutdown()
     assert command._flags_problem(["--tp-size", "x"], {"tp_size": 1}).startswith("server flags: --tp-size x, but")
+    assert command._flags_problem(["--kv-cache-dtype", "auto"], {"kv_cache_dtype": "fp8_e4m3"}) is None
+    assert command._flags_problem(["--speculative-algorithm", "NGRAM"], {"speculative_algorithm": "EAGLE"}) \
+        .startswith("server flags: --speculative-algorithm NGRAM, but the servers run with speculative_algorithm EAGLE")
 
 
 def test_a_hub_name_without_a_packaged_config_says_how_to_give_the_checkpoint(tmp_path):

@@ -427,27 +427,32 @@ _SAME_ON_BOTH = ("model_path", "load_format", "kv_cache_dtype", "speculative_alg
 
 #: Server flags (both spellings SGLang takes) and the ``/server_info`` field each sets: with servers given by URL a
 #: flag given after ``--`` must match what the servers report, or the plugin's check describes another deployment.
+#: ``/server_info`` reports resolved values, so only flags SGLang keeps as given are compared (not ``--page-size``,
+#: which the DSA backend sets itself), ``auto`` is not compared, and NEXTN is SGLang's other name for EAGLE.
 _FLAG_FIELDS = (("--kv-cache-dtype", "kv_cache_dtype"), ("--tp-size", "tp_size"), ("--tensor-parallel-size", "tp_size"),
                 ("--dp-size", "dp_size"), ("--data-parallel-size", "dp_size"),
                 ("--speculative-algorithm", "speculative_algorithm"),
                 ("--speculative-num-steps", "speculative_num_steps"),
-                ("--speculative-num-draft-tokens", "speculative_num_draft_tokens"), ("--page-size", "page_size"),
-                ("--load-format", "load_format"))
+                ("--speculative-num-draft-tokens", "speculative_num_draft_tokens"), ("--load-format", "load_format"))
+_SAME_NAME = {"nextn": "eagle"}
 
 
 def _flags_problem(flags: list[str], info: dict) -> str | None:
     """The first server flag of ``flags`` (ab's flags after ``--``) in ``_FLAG_FIELDS`` whose value differs from
     the field a server reports in ``info`` (its ``/server_info``; a field it does not report is not compared), as
-    one line, or None. Numbers compare as numbers, names without regard to case."""
+    one line, or None. Numbers compare as numbers, names without regard to case (NEXTN as EAGLE); ``auto`` is not
+    compared."""
     for flag, key in _FLAG_FIELDS:
         given = _flag_values(flags, flag)
         have = info.get(key)
         if not given or have is None:
             continue
         want = given[-1]
+        if want.lower() == "auto":
+            continue
         try:
             same = int(want) == have if isinstance(have, int) and not isinstance(have, bool) else \
-                want.lower() == str(have).lower()
+                _SAME_NAME.get(want.lower(), want.lower()) == _SAME_NAME.get(str(have).lower(), str(have).lower())
         except ValueError:
             same = False
         if not same:
